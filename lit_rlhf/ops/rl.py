@@ -1,0 +1,81 @@
+"""Pure RL helpers: KL estimators, GAE, EOS truncation (D23), reward placement at EOS (D12)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+def kl_penalty(logps: Tensor, ref_logps: Tensor, estimator: KLEstimator = "k1") -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi (Schulman, "Approximating KL").
+
+    With `log_ratio = logps - ref_logps` (log pi - log pi_ref on the sampled token):
+    - k1 = log_ratio                              (unbiased, can be negative; the N+ paper's choice)
+    - k2 = log_ratio**2 / 2                       (biased, low variance)
+    - k3 = exp(-log_ratio) - 1 + log_ratio        (unbiased, always >= 0; GRPO's, DeepSeekMath eq. 4)
+    """
+    log_ratio = logps - ref_logps
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio**2
+    if estimator == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected 'k1', 'k2' or 'k3'")
+
+
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over the response tokens (Schulman et al. 2016, eq. 16).
+
+    rewards, values: (B, R); mask: (B, R) bool, True on response tokens (a prefix of each row).
+    delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1}, with V and A
+    taken as 0 past the last kept token. Returns (advantages, returns = advantages + values),
+    both 0 where `mask` is False.
+    """
+    zeros = torch.zeros((), dtype=values.dtype, device=values.device)
+    values = torch.where(mask, values, zeros)
+    rewards = torch.where(mask, rewards, zeros)
+    length = rewards.shape[1]
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(length)):
+        next_value = values[:, t + 1] if t + 1 < length else torch.zeros_like(last)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = delta + gamma * lam * last
+        last = torch.where(mask[:, t], last, torch.zeros_like(last))
+        advantages[:, t] = last
+    returns = torch.where(mask, advantages + values, zeros)
+    return advantages, returns
+
+
+def truncate_after_eos(response_ids: Tensor, eos_token_id: int, pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """D23: keep each response up to and including its first EOS; PAD-fill the rest.
+
+    response_ids: (B, R) -> (truncated_ids (B, R), response_mask (B, R) bool, has_eos (B,) bool).
+    A response without EOS keeps all R tokens.
+    """
+    is_eos = response_ids == eos_token_id
+    has_eos = is_eos.any(dim=1)
+    # number of EOS tokens strictly before position t; position t is kept when that count is 0
+    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
+    response_mask = eos_before == 0
+    truncated = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_token_id))
+    return truncated, response_mask, has_eos
+
+
+def last_true_index(mask: Tensor) -> Tensor:
+    """Index of the last True of each row, (B, T) -> (B,) long. Rows without True raise."""
+    if not bool(mask.any(dim=1).all()):
+        raise ValueError("every row needs at least one True in the mask")
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=1).values
+
+
+def place_at_last(scores: Tensor, mask: Tensor) -> Tensor:
+    """A (B, T) tensor of zeros with `scores[b]` at the last True position of row b (D12)."""
+    out = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
+    return out.scatter(1, last_true_index(mask).unsqueeze(1), scores.unsqueeze(1))

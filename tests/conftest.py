@@ -1,0 +1,40 @@
+"""Shared fixtures: the tiny model, its tokenizer, and paths to the shared real data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("LIT_RLHF_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+TLDR_COMPARISONS_SAMPLE = SHARED_DATA / "tldr" / "comparisons.sample.jsonl"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from lit_rlhf.models import load_tokenizer
+
+    return load_tokenizer("tiny-random-llama")
+
+
+@pytest.fixture()
+def tiny_model(tiny_tokenizer):
+    from lit_rlhf.models import load_causal_lm
+
+    return load_causal_lm("tiny-random-llama", tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tldr_comparisons_sample() -> Path:
+    if not TLDR_COMPARISONS_SAMPLE.is_file():
+        raise FileNotFoundError(
+            f"the shared TL;DR sample is missing at {TLDR_COMPARISONS_SAMPLE}; "
+            "set LIT_RLHF_SHARED_DATA to the shared/data directory"
+        )
+    return TLDR_COMPARISONS_SAMPLE
