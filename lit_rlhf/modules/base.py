@@ -1,0 +1,245 @@
+"""Shared plumbing of every method: policy and reference models, log-probs, optimizers, export.
+
+A method is a subclass of `PolicyModule` that turns its batch into the tensors its loss needs
+(see `SFTModule` for the smallest one). What lives here exists once:
+
+- the policy (`self.policy`) and its tokenizer (`self.tokenizer`), loaded by `lit_rlhf.models`
+  with PAD != EOS (D3) and dropout off (D7);
+- frozen models (`self.add_frozen(...)`: a reference policy, a reward model): in eval mode, no
+  gradients, and left out of checkpoints, since they are rebuilt from their names;
+- `policy_logps` / `frozen_logps`: per-token log-probs right under either padding side (D5);
+- AdamW with warmup and a cosine/linear/constant schedule (`configure_optimizers`, overridable
+  through `optimizer_param_groups`);
+- metric logging under `{stage}/{group}/{name}`, tokens per second;
+- export of the policy in Hugging Face format (`export_hf`), at the end of fit when
+  `export_dir` is set, and from any checkpoint with `python -m lit_rlhf.export`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning import LightningModule
+from torch import Tensor, nn
+
+from lit_rlhf import models
+from lit_rlhf.ops import masked_sum, per_token_logps
+
+log = logging.getLogger(__name__)
+
+SchedulerName = Literal["cosine", "linear", "constant"]
+CHECKPOINT_KEY = "lit_rlhf"
+
+
+class PolicyModule(LightningModule):
+    """Base class of every method. Subclasses implement `training_step` and `validation_step`.
+
+    Args:
+        model: the policy: a builtin name (`tiny-random-llama`, `smollm2-135m-instruct`), a local
+            directory, a `.gguf` file or a hub id (see `lit_rlhf.models`).
+        tokenizer: tokenizer name; defaults to `model`.
+        dtype: dtype the weights are loaded in (`float32`, `bfloat16`, `float16`). Mixed precision
+            is the trainer's `precision`, not this.
+        lr: peak learning rate of AdamW.
+        weight_decay: AdamW weight decay (not applied to biases and norm weights).
+        adam_eps: AdamW epsilon (the N+ paper uses 1e-5).
+        adam_betas: AdamW betas.
+        warmup_steps: linear warmup length in optimizer steps; `warmup_ratio` is used when 0.
+        warmup_ratio: warmup as a fraction of the total number of optimizer steps.
+        lr_scheduler: decay after warmup: `cosine`, `linear` (both to 0) or `constant`.
+        gradient_checkpointing: recompute activations in the backward pass to save memory.
+        export_dir: when set, the policy is exported there in Hugging Face format at the end of fit.
+    """
+
+    def __init__(
+        self,
+        model: str = models.TINY_RANDOM_LLAMA,
+        tokenizer: str | None = None,
+        dtype: str = "float32",
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        warmup_ratio: float = 0.0,
+        lr_scheduler: SchedulerName = "cosine",
+        gradient_checkpointing: bool = False,
+        export_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        # collects the init args of the whole class chain (this frame and the subclass's)
+        self.save_hyperparameters()
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        if not 0.0 <= warmup_ratio < 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        self.model_name = model
+        self.tokenizer = models.load_tokenizer(tokenizer or model)
+        self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
+        if gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._frozen_names: list[str] = []
+        self._step_started_at: float | None = None
+
+    # ----------------------------------------------------------------------------------------
+    # frozen models (reference policy, reward model): never trained, never checkpointed
+    # ----------------------------------------------------------------------------------------
+
+    def add_frozen(self, name: str, module: nn.Module) -> nn.Module:
+        """Register `module` as a frozen submodule `self.<name>` (eval mode, no grads, not saved)."""
+        module.eval()
+        module.requires_grad_(False)
+        setattr(self, name, module)
+        if name not in self._frozen_names:
+            self._frozen_names.append(name)
+        return module
+
+    def load_reference(self, name: str | None, dtype: str = "float32") -> nn.Module:
+        """The reference policy: `name` loaded fresh, or a frozen copy of the initial policy."""
+        ref = models.frozen_copy(self.policy) if name is None else models.load_reference_model(name, self.tokenizer, dtype)
+        return self.add_frozen("ref_model", ref)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for name in self._frozen_names:  # frozen models stay in eval mode (D7)
+            getattr(self, name).eval()
+        return self
+
+    def _frozen_prefixes(self) -> tuple[str, ...]:
+        return tuple(f"{name}." for name in self._frozen_names)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        cls = type(self)
+        checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
+        prefixes = self._frozen_prefixes()
+        if prefixes and "state_dict" in checkpoint:
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(prefixes)}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Frozen models are not in checkpoints: keep the ones this module was built with."""
+        prefixes = self._frozen_prefixes()
+        if prefixes:
+            state_dict = dict(state_dict)
+            for key, value in super().state_dict().items():
+                if key.startswith(prefixes) and key not in state_dict:
+                    state_dict[key] = value
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    # ----------------------------------------------------------------------------------------
+    # log-probs
+    # ----------------------------------------------------------------------------------------
+
+    def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """Per-token log-probs (B, T) of the policy on the tokens where `loss_mask` is True."""
+        return per_token_logps(self.policy, input_ids, attention_mask, loss_mask, temperature)
+
+    @torch.no_grad()
+    def frozen_logps(self, name: str, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """Per-token log-probs (B, T) of a frozen causal LM (e.g. `ref_model`), without grad."""
+        return per_token_logps(getattr(self, name), input_ids, attention_mask, loss_mask, temperature)
+
+    @staticmethod
+    def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:
+        """Sum of per-token log-probs over the kept tokens: (B, T) -> (B,)."""
+        return masked_sum(per_token, mask, dim=1)
+
+    # ----------------------------------------------------------------------------------------
+    # optimisation
+    # ----------------------------------------------------------------------------------------
+
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
+        """Parameter groups for AdamW; override to add models or learning rates (e.g. DRO-V's value)."""
+        return decay_groups(self.policy, self.hparams.get("weight_decay", 0.0))
+
+    def num_training_steps(self) -> int:
+        """Total optimizer steps of the fit (override for methods measured in episodes)."""
+        steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(steps) or steps <= 0:
+            raise ValueError("cannot schedule the learning rate: set trainer.max_steps or trainer.max_epochs")
+        return int(steps)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(
+            self.optimizer_param_groups(), lr=hp.lr, eps=hp.adam_eps, betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay
+        )
+        total = self.num_training_steps()
+        warmup = hp.warmup_steps or int(hp.warmup_ratio * total)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(hp.lr_scheduler, warmup, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ----------------------------------------------------------------------------------------
+    # logging
+    # ----------------------------------------------------------------------------------------
+
+    def log_stats(self, stage: str, stats: dict[str, Tensor | float], prog_bar: tuple[str, ...] = (), **kwargs) -> None:
+        """Log `{stage}/{name}` for every entry (names already carry their group: `rewards/margins`)."""
+        on_step = stage == "train"
+        for name, value in stats.items():
+            if isinstance(value, Tensor):
+                value = value.detach().float()
+            self.log(
+                f"{stage}/{name}", value, prog_bar=name in prog_bar, on_step=on_step, on_epoch=not on_step,
+                sync_dist=not on_step, **kwargs,
+            )
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_started_at = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        mask = getattr(batch, "attention_mask", None)
+        if self._step_started_at is None or mask is None:
+            return
+        elapsed = time.perf_counter() - self._step_started_at
+        self.log("train/perf/tokens_per_sec", float(mask.sum()) / max(elapsed, 1e-9), on_step=True, on_epoch=False)
+
+    # ----------------------------------------------------------------------------------------
+    # export
+    # ----------------------------------------------------------------------------------------
+
+    def export_hf(self, directory: str | Path) -> Path:
+        """Write the policy and tokenizer with `save_pretrained` (loadable by plain transformers)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.policy.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        log.info("exported %s to %s", type(self).__name__, directory)
+        return directory
+
+    def on_fit_end(self) -> None:
+        export_dir = self.hparams.get("export_dir")
+        if export_dir and self.trainer.is_global_zero:
+            self.export_hf(export_dir)
+
+
+def decay_groups(module: nn.Module, weight_decay: float, **extra: Any) -> list[dict[str, Any]]:
+    """Split trainable parameters into decayed (matrices) and non-decayed (biases, norms) groups."""
+    decay, no_decay = [], []
+    for param in module.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay, **extra}, {"params": no_decay, "weight_decay": 0.0, **extra}]
+    return [g for g in groups if g["params"]]
+
+
+def lr_lambda(name: SchedulerName, warmup: int, total: int):
+    """Multiplier of the peak learning rate at optimizer step `step`: linear warmup, then decay."""
+    if name not in ("cosine", "linear", "constant"):
+        raise ValueError(f"unknown lr_scheduler {name!r}; expected 'cosine', 'linear' or 'constant'")
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if name == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if name == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
