@@ -1,0 +1,51 @@
+"""Pure loss functions on tensors (no Lightning, no transformers).
+
+Each returns a NamedTuple whose first field is the loss, followed by detached statistics.
+"""
+
+from lit_rlhf.losses.dpo import DPOLossOutput, DPOLossType, dpo_loss
+from lit_rlhf.losses.drov import DROVLossOutput, drov_loss
+from lit_rlhf.losses.grpo import (
+    Aggregation,
+    AdvantageScale,
+    GRPOLossOutput,
+    grpo_advantages,
+    grpo_policy_loss,
+    rloo_advantages,
+)
+from lit_rlhf.losses.kto import KTOLossOutput, kto_kl_estimate, kto_loss, labels_from_rewards
+from lit_rlhf.losses.ppo import (
+    PPOPolicyLossOutput,
+    PPORewardsOutput,
+    PPOValueLossOutput,
+    ppo_policy_loss,
+    ppo_rewards,
+    ppo_value_loss,
+)
+from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
+
+__all__ = [
+    "AdvantageScale",
+    "Aggregation",
+    "DPOLossOutput",
+    "DPOLossType",
+    "DROVLossOutput",
+    "GRPOLossOutput",
+    "KTOLossOutput",
+    "PPOPolicyLossOutput",
+    "PPORewardsOutput",
+    "PPOValueLossOutput",
+    "RewardLossOutput",
+    "bradley_terry_loss",
+    "dpo_loss",
+    "drov_loss",
+    "grpo_advantages",
+    "grpo_policy_loss",
+    "kto_kl_estimate",
+    "kto_loss",
+    "labels_from_rewards",
+    "ppo_policy_loss",
+    "ppo_rewards",
+    "ppo_value_loss",
+    "rloo_advantages",
+]

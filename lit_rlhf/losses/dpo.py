@@ -1,0 +1,74 @@
+"""Direct preference losses: DPO, SLiC hinge and IPO as one family f(beta * h)."""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch.nn.functional as F
+from torch import Tensor
+
+DPOLossType = Literal["sigmoid", "hinge", "ipo"]
+
+
+class DPOLossOutput(NamedTuple):
+    loss: Tensor  # () mean over pairs of f(z)
+    chosen_rewards: Tensor  # (B,) beta * (log pi - log pi_ref)(y_c), detached
+    rejected_rewards: Tensor  # (B,) beta * (log pi - log pi_ref)(y_r), detached
+    margins: Tensor  # (B,) chosen_rewards - rejected_rewards = z, detached
+    accuracies: Tensor  # () fraction of pairs with chosen_reward > rejected_reward, detached
+    losses: Tensor  # (B,) per-pair f(z), detached
+
+
+def dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    beta: float,
+    loss_type: DPOLossType = "sigmoid",
+) -> DPOLossOutput:
+    """Pairwise direct-alignment loss `mean_b f(z_b)` with `z = beta * h`.
+
+    All inputs are (B,) sequence log-probs (sums over completion tokens) of the chosen (y_c) and
+    rejected (y_r) completions under the policy and the frozen reference. With the log-ratio
+    difference
+
+        h = [log pi(y_c) - log pi_ref(y_c)] - [log pi(y_r) - log pi_ref(y_r)]
+
+    `beta` has one meaning for every `loss_type`: the strength of the KL regularisation, i.e. the
+    implicit reward is `beta * log(pi / pi_ref)` and `z = beta * h` is the implicit reward margin.
+
+    - "sigmoid" (DPO, Rafailov et al. 2023, eq. 7):      f(z) = -log sigmoid(z)
+    - "hinge"   (SLiC-HF rank calibration, Zhao et al. 2023, with the reference log-ratio as in
+                 Liu et al. 2024 "RSO"; margin delta = 1 in units of z): f(z) = max(0, 1 - z)
+    - "ipo"     (IPO, Azar et al. 2024, eq. 17, where the regulariser tau plays beta's role):
+                 f(z) = (2z - 1)^2 = 4 beta^2 * (h - 1/(2 beta))^2.
+      Normalisation: this is the paper's per-pair loss (h - 1/(2 beta))^2 multiplied by the
+      constant 4 beta^2, written as a function of z alone. The minimiser is the same (the paper's
+      target h* = 1/(2 beta), i.e. z* = 1/2) and f(0) = 1, but the gradient is 4 beta^2 times the
+      paper's (implementations that use the unscaled form, e.g. TRL, need a learning rate
+      1/(4 beta^2) larger to match). The sequence log-probs are used as given: the IPO paper's
+      experiments average log-probs over tokens; pass length-normalised logps for that.
+    """
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps  # (B,)
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps  # (B,)
+    z = beta * (chosen_logratios - rejected_logratios)  # (B,)
+    if loss_type == "sigmoid":
+        losses = -F.logsigmoid(z)
+    elif loss_type == "hinge":
+        losses = F.relu(1.0 - z)
+    elif loss_type == "ipo":
+        losses = (2.0 * z - 1.0) ** 2
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected 'sigmoid', 'hinge' or 'ipo'")
+    chosen_rewards = beta * chosen_logratios.detach()
+    rejected_rewards = beta * rejected_logratios.detach()
+    margins = chosen_rewards - rejected_rewards
+    return DPOLossOutput(
+        loss=losses.mean(),
+        chosen_rewards=chosen_rewards,
+        rejected_rewards=rejected_rewards,
+        margins=margins,
+        accuracies=(chosen_rewards > rejected_rewards).float().mean(),
+        losses=losses.detach(),
+    )

@@ -1,0 +1,71 @@
+"""DRO-V: Direct Reward Optimisation with a value network (Richemond et al. 2024)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import Tensor
+
+
+class DROVLossOutput(NamedTuple):
+    loss: Tensor  # () policy_loss + value_loss (what the optimiser steps on)
+    policy_loss: Tensor  # () surrogate whose policy gradient is Eq. 8 / tau
+    value_loss: Tensor  # () 1/2 mean (r - V - tau * logratio.detach())^2; its V-gradient is Eq. 7
+    objective: Tensor  # () the DRO loss L = 1/2 mean (r - V - tau * logratio)^2, detached
+    logratio: Tensor  # () mean log pi/pi_ref of the batch, detached
+    values: Tensor  # () mean V(x), detached
+    advantages: Tensor  # () mean r - V(x), detached
+    residuals: Tensor  # () mean r - V - tau * logratio (0 at the optimum), detached
+
+
+def drov_loss(
+    policy_logps: Tensor,
+    ref_logps: Tensor,
+    values: Tensor,
+    rewards: Tensor,
+    tau: float = 1.0,
+) -> DROVLossOutput:
+    """The DRO-V losses on single-trajectory data (prompt x, completion y, scalar reward r).
+
+    policy_logps, ref_logps: (B,) sequence log-probs log pi(y|x), log pi_ref(y|x);
+    values: (B,) V(x) from the value network (one value per prompt); rewards: (B,) r(x, y)
+    (normalised to mean 0, variance 1 upstream, DESIGN Sec. 2); tau > 0 the KL strength.
+
+    The DRO objective (Richemond et al. 2024, Sec. 4) is, over the batch,
+
+        L = 1/2 mean_b (r - V(x) - tau * log(pi(y|x) / pi_ref(y|x)))^2,
+
+    minimised at pi*(y|x) ∝ pi_ref(y|x) exp(r(x,y)/tau) and V*(x) = tau log E_ref[exp(r/tau)]
+    for any data distribution with full support (Theorem 1). The two networks get separate
+    surrogates whose gradients are exactly the paper's updates:
+
+    - policy_loss = mean_b[ -(r - sg(V)) * log pi + (tau/2) * (log pi - log pi_ref)^2 ]
+      grad_theta = mean_b[ -(r - V) grad log pi + (tau/2) grad (log pi/pi_ref)^2 ], which is
+      Eq. 8 (= grad_theta L) divided by tau. Algorithm 1's box drops the tau on the second term;
+      Eq. 8 is what follows from L, and the division by tau keeps the first term's scale
+      independent of tau (DESIGN Sec. 2). Its value is not L.
+    - value_loss = 1/2 mean_b (r - V - tau * sg(log pi/pi_ref))^2,
+      grad_V = -(r - V - tau * log pi/pi_ref) / B per example: Eq. 7.
+
+    sg = stop-gradient. The policy part never moves V and the value part never moves pi, so
+    `loss = policy_loss + value_loss` can be stepped by one optimiser with separate learning
+    rates per parameter group.
+    """
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    logratio = policy_logps - ref_logps  # (B,)
+    advantages = rewards - values.detach()  # (B,)
+    policy_loss = (-advantages * policy_logps + 0.5 * tau * logratio**2).mean()
+    residual_for_value = rewards - values - tau * logratio.detach()  # (B,)
+    value_loss = 0.5 * (residual_for_value**2).mean()
+    residual = residual_for_value.detach()  # = r - V - tau * logratio, all detached
+    return DROVLossOutput(
+        loss=policy_loss + value_loss,
+        policy_loss=policy_loss,
+        value_loss=value_loss,
+        objective=0.5 * (residual**2).mean(),
+        logratio=logratio.detach().mean(),
+        values=values.detach().mean(),
+        advantages=advantages.detach().mean(),
+        residuals=residual.mean(),
+    )

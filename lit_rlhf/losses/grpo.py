@@ -1,0 +1,159 @@
+"""Group-relative policy optimisation: group advantages, RLOO, and the clipped GRPO loss."""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from lit_rlhf.ops import kl_penalty, masked_mean, masked_sum
+
+AdvantageScale = Literal["group", "batch", "none"]
+Aggregation = Literal["token_mean", "sequence_mean", "constant_normalizer"]
+
+
+class GRPOLossOutput(NamedTuple):
+    loss: Tensor  # () aggregated per-token loss (surrogate + beta * k3 KL)
+    policy_loss: Tensor  # () the clipped-surrogate part alone, same aggregation, detached
+    kl: Tensor  # () masked token mean of the k3 KL to the reference (0 without ref_logps), detached
+    clipfrac_low: Tensor  # () fraction of tokens clipped at 1 - eps_low (A < 0), detached
+    clipfrac_high: Tensor  # () fraction of tokens clipped at 1 + eps_high (A > 0), detached
+    clipfrac: Tensor  # () clipfrac_low + clipfrac_high, detached
+    ratio_mean: Tensor  # () masked token mean of pi / pi_old, detached
+
+
+def _groups(rewards: Tensor, group_size: int) -> Tensor:
+    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
+        raise ValueError(
+            f"rewards must be flat (B*G,) with G = group_size >= 2 dividing its length; "
+            f"got shape {tuple(rewards.shape)} and group_size {group_size}"
+        )
+    return rewards.view(-1, group_size)  # (B, G)
+
+
+def grpo_advantages(
+    rewards: Tensor,
+    group_size: int,
+    scale: AdvantageScale = "group",
+    eps: float = 1e-4,
+) -> Tensor:
+    """GRPO outcome advantages (DeepSeekMath, Shao et al. 2024, Sec. 4.1.2), one per completion.
+
+    rewards: (B*G,) scalar rewards, the G completions of each prompt contiguous -> (B*G,).
+    Every variant first subtracts the group mean; then `scale` divides by
+
+    - "group": the std of the group's G rewards, plus eps (GRPO);
+    - "batch": the std of all B*G rewards, plus eps (a single scale for the batch, which avoids
+      up-weighting groups whose rewards barely differ);
+    - "none":  nothing (Dr. GRPO, Liu et al. 2025, drops the std as a source of bias).
+
+    Stds are unbiased (Bessel-corrected, torch's default, as in TRL's GRPO). A group whose G
+    rewards are all equal carries no signal and gets exactly 0 (not a rounding residue, never
+    NaN), whatever the scale.
+    """
+    grouped = _groups(rewards, group_size)  # (B, G)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale == "group":
+        advantages = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    elif scale == "batch":
+        advantages = centred / (rewards.std() + eps)
+    elif scale == "none":
+        advantages = centred
+    else:
+        raise ValueError(f"unknown scale {scale!r}; expected 'group', 'batch' or 'none'")
+    all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
+    return torch.where(all_equal, torch.zeros_like(advantages), advantages).reshape(-1)
+
+
+def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """REINFORCE leave-one-out advantages (Ahmadian et al. 2024, "Back to Basics").
+
+    rewards: (B*G,) with each prompt's G completions contiguous -> (B*G,).
+    A_i = r_i - 1/(G-1) sum_{j != i} r_j = G/(G-1) * (r_i - mean_j r_j). Groups with all-equal
+    rewards get exactly 0.
+    """
+    grouped = _groups(rewards, group_size)  # (B, G)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+    advantages = grouped - baseline
+    all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(all_equal, torch.zeros_like(advantages), advantages).reshape(-1)
+
+
+def grpo_policy_loss(
+    logps: Tensor,
+    old_logps: Tensor | None,
+    ref_logps: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    beta: float = 0.0,
+    aggregation: Aggregation = "token_mean",
+    max_completion_length: int | None = None,
+) -> GRPOLossOutput:
+    """Clipped GRPO loss with the KL to the reference inside the loss (DeepSeekMath eq. 3).
+
+    logps: (N, T) per-token log-probs of the N = B*G completions under the current policy;
+    old_logps: (N, T) under the sampling policy, or None for a single on-policy step (then
+    old = logps.detach() and the ratio is 1 with the gradient of A * log pi); ref_logps: (N, T)
+    under the reference, may be None when beta == 0; advantages: (N,), one per completion,
+    broadcast to its tokens; mask: (N, T) bool, True on completion tokens.
+
+    Per token, with ratio = exp(logps - old_logps) and A the sequence's advantage:
+
+        l_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) + beta * k3_t
+
+    where k3_t = exp(ref - logps) - 1 - (ref - logps) is the unbiased non-negative KL estimator
+    (DeepSeekMath eq. 4; `ops.kl_penalty(..., "k3")`). eps_high > eps_low is DAPO's clip-higher.
+    `aggregation` turns the (N, T) losses into a scalar:
+
+    - "token_mean":          sum over all kept tokens / number of kept tokens (DAPO, Yu et al.
+                             2025: every token weighs the same, long answers weigh more);
+    - "sequence_mean":       mean over each sequence's tokens, then mean over sequences
+                             (original GRPO eq. 3: every sequence weighs the same);
+    - "constant_normalizer": sum over all kept tokens / (N * max_completion_length) (Dr. GRPO,
+                             Liu et al. 2025: no length-dependent normaliser). `max_completion_length`
+                             defaults to T, the padded completion length.
+    """
+    if beta != 0.0 and ref_logps is None:
+        raise ValueError("ref_logps is required when beta != 0")
+    if advantages.shape != logps.shape[:1]:
+        raise ValueError(f"advantages must be (N,) = {tuple(logps.shape[:1])}, got {tuple(advantages.shape)}")
+    old_logps = logps.detach() if old_logps is None else old_logps.detach()
+    adv = advantages.detach().unsqueeze(1)  # (N, 1)
+    ratio = torch.exp(logps - old_logps)  # (N, T)
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    surrogate = -torch.minimum(ratio * adv, clipped_ratio * adv)  # (N, T)
+    if ref_logps is not None:
+        kl = kl_penalty(logps, ref_logps.detach(), "k3")  # (N, T)
+        per_token = surrogate + beta * kl if beta != 0.0 else surrogate
+        kl_mean = masked_mean(kl.detach(), mask)
+    else:
+        per_token = surrogate
+        kl_mean = logps.new_zeros(())
+
+    def aggregate(values: Tensor) -> Tensor:
+        if aggregation == "token_mean":
+            return masked_mean(values, mask)
+        if aggregation == "sequence_mean":
+            return masked_mean(values, mask, dim=1).mean()
+        if aggregation == "constant_normalizer":
+            length = mask.shape[1] if max_completion_length is None else max_completion_length
+            return masked_sum(values, mask) / (mask.shape[0] * length)
+        raise ValueError(
+            f"unknown aggregation {aggregation!r}; expected 'token_mean', 'sequence_mean' or 'constant_normalizer'"
+        )
+
+    ratio_d = ratio.detach()
+    low = masked_mean(((ratio_d < 1.0 - clip_eps_low) & (adv < 0)).float(), mask)
+    high = masked_mean(((ratio_d > 1.0 + clip_eps_high) & (adv > 0)).float(), mask)
+    return GRPOLossOutput(
+        loss=aggregate(per_token),
+        policy_loss=aggregate(surrogate.detach()),
+        kl=kl_mean,
+        clipfrac_low=low,
+        clipfrac_high=high,
+        clipfrac=low + high,
+        ratio_mean=masked_mean(ratio_d, mask),
+    )

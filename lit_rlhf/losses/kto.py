@@ -1,0 +1,87 @@
+"""KTO: Kahneman-Tversky Optimisation on unpaired desirable / undesirable completions."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class KTOLossOutput(NamedTuple):
+    loss: Tensor  # () mean over the batch of the per-example losses
+    rewards: Tensor  # (B,) beta * (log pi - log pi_ref), detached
+    desirable_rewards: Tensor  # () mean reward of the desirable examples (0 when there are none), detached
+    undesirable_rewards: Tensor  # () mean reward of the undesirable examples (0 when none), detached
+    num_desirable: Tensor  # () long
+    num_undesirable: Tensor  # () long
+    kl: Tensor  # () the reference point z0 actually used (detached, >= 0)
+    losses: Tensor  # (B,) per-example losses, detached
+
+
+def kto_loss(
+    policy_logps: Tensor,
+    ref_logps: Tensor,
+    desirable: Tensor,
+    kl: Tensor | float,
+    beta: float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> KTOLossOutput:
+    """KTO loss (Ethayarajh et al. 2024, Sec. 4, "Kahneman-Tversky Optimization").
+
+    policy_logps, ref_logps: (B,) sequence log-probs of the completions; desirable: (B,) bool,
+    True = desirable; kl: scalar estimate of KL(pi || pi_ref) (see `kto_kl_estimate`).
+    With r = log pi(y|x) - log pi_ref(y|x) and the reference point z0 = max(kl, 0), detached
+    (the paper neither backpropagates through z0 nor lets it go negative):
+
+        desirable:   lambda_D * (1 - sigmoid(beta * (r - z0)))
+        undesirable: lambda_U * (1 - sigmoid(beta * (z0 - r)))
+
+    i.e. lambda_y - v(x, y) of the paper. Normalisation: the plain mean over all B examples,
+    desirable and undesirable together (not a mean per class), so the class balance of the
+    batch weighs the two terms; `desirable_weight` / `undesirable_weight` (lambda_D, lambda_U)
+    correct for imbalance (the paper suggests lambda_D n_D / (lambda_U n_U) in [1, 4/3]).
+    """
+    desirable = desirable.bool()
+    z0 = torch.as_tensor(kl, dtype=policy_logps.dtype, device=policy_logps.device).detach().clamp(min=0)
+    logratios = policy_logps - ref_logps  # (B,)
+    desirable_losses = desirable_weight * (1.0 - torch.sigmoid(beta * (logratios - z0)))
+    undesirable_losses = undesirable_weight * (1.0 - torch.sigmoid(beta * (z0 - logratios)))
+    losses = torch.where(desirable, desirable_losses, undesirable_losses)  # (B,)
+    rewards = beta * logratios.detach()
+    num_desirable = desirable.sum()
+    num_undesirable = (~desirable).sum()
+    zero = rewards.new_zeros(())
+    return KTOLossOutput(
+        loss=losses.mean(),
+        rewards=rewards,
+        desirable_rewards=torch.where(desirable, rewards, zero).sum() / num_desirable.clamp(min=1),
+        undesirable_rewards=torch.where(~desirable, rewards, zero).sum() / num_undesirable.clamp(min=1),
+        num_desirable=num_desirable,
+        num_undesirable=num_undesirable,
+        kl=z0,
+        losses=losses.detach(),
+    )
+
+
+def kto_kl_estimate(policy_mismatched_logps: Tensor, ref_mismatched_logps: Tensor) -> Tensor:
+    """The KTO reference point z0 from one micro-batch: mean log-ratio on mismatched pairs, >= 0.
+
+    policy_mismatched_logps, ref_mismatched_logps: (B,) log-probs of completions paired with the
+    *wrong* prompts (y_j with x_i, i != j), so the estimate does not reuse the examples the loss
+    is computed on (Ethayarajh et al. 2024, Sec. 4: a biased but cheap estimate of
+    KL(pi || pi_ref)). Returns a detached scalar clamped at 0. Under data parallelism the module
+    averages it across ranks before passing it to `kto_loss` (which clamps again).
+    """
+    return (policy_mismatched_logps - ref_mismatched_logps).detach().mean().clamp(min=0)
+
+
+def labels_from_rewards(rewards: Tensor) -> Tensor:
+    """Binary KTO labels from scalar rewards: desirable when the reward beats the batch mean.
+
+    rewards: (B,) -> (B,) bool. This is how the DRO paper (Richemond et al. 2024) builds its KTO
+    baseline from single-trajectory rewards (DESIGN.md Sec. 2). Ties with the mean (an
+    all-equal batch, say) are undesirable.
+    """
+    return rewards > rewards.mean()

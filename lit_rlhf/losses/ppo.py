@@ -1,0 +1,125 @@
+"""PPO for RLHF: clipped policy loss, clipped value loss, KL-shaped per-token rewards.
+
+Follows "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024) and its cleanrl-style
+reference code (summarize_from_feedback_details). All tensors are per response token, (B, R),
+with `mask` True on the response tokens (up to and including the first EOS, D23).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from lit_rlhf.ops import kl_penalty, masked_mean, masked_var, place_at_last
+from lit_rlhf.ops.rl import KLEstimator
+
+
+class PPOPolicyLossOutput(NamedTuple):
+    loss: Tensor  # () masked token mean of max(-A * ratio, -A * clip(ratio))
+    clipfrac: Tensor  # () fraction of tokens where the clipped term is the larger loss, detached
+    approxkl: Tensor  # () masked mean of 0.5 * (log ratio)^2, detached
+    ratio_mean: Tensor  # () masked mean of pi / pi_old, detached
+    ratio_var: Tensor  # () masked (biased) variance of pi / pi_old, detached
+
+
+class PPOValueLossOutput(NamedTuple):
+    loss: Tensor  # () 0.5 * masked mean of max(unclipped sq. error, clipped sq. error)
+    clipfrac: Tensor  # () fraction of tokens where the clipped error is the larger, detached
+    vpred: Tensor  # () masked mean of the predicted values, detached
+    error: Tensor  # () masked mean of the unclipped squared error (values - returns)^2, detached
+
+
+class PPORewardsOutput(NamedTuple):
+    rewards: Tensor  # (B, R) -kl_coef * kl_t, plus the score at the last response token; 0 off mask
+    kl: Tensor  # (B, R) per-token KL estimate, 0 off mask, detached
+
+
+def ppo_policy_loss(
+    logps: Tensor,
+    old_logps: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float = 0.2,
+) -> PPOPolicyLossOutput:
+    """PPO-Clip policy loss (Schulman et al. 2017, eq. 7, negated), token mean over `mask`.
+
+    logps: (B, R) log-probs of the sampled tokens under the current policy (with grad);
+    old_logps: (B, R) the same under the policy that sampled them (no grad); advantages: (B, R)
+    (whitened upstream, D25); mask: (B, R) bool. With ratio = exp(logps - old_logps):
+
+        loss = masked_mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))
+
+    On the first minibatch of a rollout (D7: no dropout) ratio == 1 exactly and the loss is
+    -masked_mean(A). `approxkl` is the N+ code's 0.5 * mean(log ratio^2) (the k2 estimator).
+    """
+    old_logps = old_logps.detach()
+    advantages = advantages.detach()
+    logratio = logps - old_logps  # (B, R)
+    ratio = torch.exp(logratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    ratio_d = ratio.detach()
+    return PPOPolicyLossOutput(
+        loss=loss,
+        clipfrac=masked_mean((clipped > unclipped).float().detach(), mask),
+        approxkl=masked_mean(0.5 * logratio.detach() ** 2, mask),
+        ratio_mean=masked_mean(ratio_d, mask),
+        ratio_var=masked_var(ratio_d, mask, unbiased=False),
+    )
+
+
+def ppo_value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip_eps: float = 0.2,
+) -> PPOValueLossOutput:
+    """Clipped value loss of the N+ code / cleanrl (`clip_vloss`), token mean over `mask`.
+
+    values: (B, R) current predictions (with grad); old_values: (B, R) predictions at rollout
+    time; returns: (B, R) GAE returns (advantages + old values); mask: (B, R) bool.
+    With v_clip = old_values + clip(values - old_values, -eps, +eps):
+
+        loss = 0.5 * masked_mean(max((values - returns)^2, (v_clip - returns)^2))
+    """
+    old_values = old_values.detach()
+    returns = returns.detach()
+    clipped_values = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
+    unclipped_sq = (values - returns) ** 2
+    clipped_sq = (clipped_values - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped_sq, clipped_sq), mask)
+    return PPOValueLossOutput(
+        loss=loss,
+        clipfrac=masked_mean((clipped_sq > unclipped_sq).float().detach(), mask),
+        vpred=masked_mean(values.detach(), mask),
+        error=masked_mean(unclipped_sq.detach(), mask),
+    )
+
+
+def ppo_rewards(
+    scores: Tensor,
+    logps: Tensor,
+    ref_logps: Tensor,
+    mask: Tensor,
+    kl_coef: float,
+    estimator: KLEstimator = "k1",
+) -> PPORewardsOutput:
+    """Per-token RLHF rewards: a KL penalty on every response token, the score on the last one.
+
+    scores: (B,) reward-model scores (after the D23 EOS trick); logps, ref_logps: (B, R) log-probs
+    of the sampled tokens under the rollout policy and the reference; mask: (B, R) bool, each
+    row with at least one True. With kl_t = kl_penalty(logps, ref_logps, estimator) (k1 =
+    log pi - log pi_ref, the N+ choice):
+
+        rewards[b, t] = -kl_coef * kl[b, t] + (t == last response token of b) * scores[b]
+
+    The score sits on the EOS token (D12), found as the last True of `mask`.
+    """
+    zero = logps.new_zeros(())
+    kl = torch.where(mask, kl_penalty(logps.detach(), ref_logps.detach(), estimator), zero)  # (B, R)
+    rewards = -kl_coef * kl + place_at_last(scores.detach().to(kl.dtype), mask)
+    return PPORewardsOutput(rewards=rewards, kl=kl)
