@@ -1,0 +1,35 @@
+"""Pairwise judges (issue 7) and the statistics of their verdicts.
+
+- `PairwiseJudge`: the interface, `judge(prompts, completions_a, completions_b) -> list[Judgement]`.
+- `RewardModelJudge`: the completion with the higher reward wins.
+- `ChatAPIJudge`: an LLM behind an OpenAI-compatible chat-completions endpoint.
+- `LocalLMJudge`: a local causal LM, read from the next-token probabilities of "A" and "B".
+- `win_rate` / `win_rate_by_length_ratio`: win rate with a Wilson 95% interval, overall and
+  bucketed by log length ratio.
+
+LM judges show each pair in a seeded random order and map verdicts back to the caller's a/b.
+"""
+
+from lit_rlhf.judges.base import Judgement, PairwiseJudge, RandomOrderJudge, order_is_swapped
+from lit_rlhf.judges.chat_api import ChatAPIJudge
+from lit_rlhf.judges.local_lm import LocalLMJudge
+from lit_rlhf.judges.reward import RewardModelJudge
+from lit_rlhf.judges.stats import LengthRatioBuckets, WinRateStats, wilson_interval, win_rate, win_rate_by_length_ratio
+from lit_rlhf.judges.templates import JudgeTemplate, get_template
+
+__all__ = [
+    "ChatAPIJudge",
+    "JudgeTemplate",
+    "Judgement",
+    "LengthRatioBuckets",
+    "LocalLMJudge",
+    "PairwiseJudge",
+    "RandomOrderJudge",
+    "RewardModelJudge",
+    "WinRateStats",
+    "get_template",
+    "order_is_swapped",
+    "wilson_interval",
+    "win_rate",
+    "win_rate_by_length_ratio",
+]

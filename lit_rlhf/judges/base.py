@@ -1,0 +1,134 @@
+"""The pairwise judge interface and the per-item A/B order randomisation shared by LM judges.
+
+A judge compares, for each item i, two completions of the same prompt: `completions_a[i]` and
+`completions_b[i]`, and returns one `Judgement` per item. `Judgement.winner` is always stated in
+the caller's a/b terms, after any randomised presentation order has been mapped back, so win
+rates can be computed without knowing how the judge saw the pair.
+
+LM judges have a position bias (they prefer the first or the second answer more often than the
+content warrants). Showing the pair in a random order per item turns that bias into noise that
+averages out, instead of a systematic shift of the win rate. The order is a pure function of
+`(seed, item index)`, so an evaluation is reproducible and two judges given the same seed see the
+same orders.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+Winner = Literal["a", "b", "tie", "invalid"]
+WINNERS: tuple[str, ...] = ("a", "b", "tie", "invalid")
+
+# What a judge said about the pair in the order it was shown: the first shown, the second shown,
+# a tie, or nothing usable (None).
+ShownVerdict = Literal["first", "second", "tie"]
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One pairwise verdict.
+
+    winner: "a" | "b" | "tie" | "invalid", relative to the caller's completions_a/completions_b
+        (already mapped back through the randomised order).
+    raw: what the judge produced, kept for inspection: the reply text of an API judge, the two
+        verdict probabilities of a local LM judge, the two rewards of a reward-model judge.
+        Stated in the order the judge saw (see `swapped`).
+    swapped: True when the judge was shown b first (as "A") and a second (as "B").
+    error: why the item is invalid (transport error, unparseable reply, ...), else None.
+    """
+
+    winner: Winner
+    raw: str = ""
+    swapped: bool = False
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.winner not in WINNERS:
+            raise ValueError(f"winner must be one of {WINNERS}, got {self.winner!r}")
+
+
+def order_is_swapped(seed: int, index: int) -> bool:
+    """Whether item `index` is shown to the judge as (b, a) under `seed`: a fair coin per item.
+
+    Seeded from the string f"{seed}:{index}" (string seeds are hashed with SHA-512 by `random`, so
+    the result is the same in every process and Python version, unlike `hash()` of a tuple).
+    """
+    return random.Random(f"{seed}:{index}").random() < 0.5
+
+
+def shown_to_winner(verdict: ShownVerdict | None, swapped: bool) -> Winner:
+    """Map a verdict about the shown order back to the caller's a/b."""
+    if verdict is None:
+        return "invalid"
+    if verdict == "tie":
+        return "tie"
+    first_is_a = not swapped
+    if verdict == "first":
+        return "a" if first_is_a else "b"
+    if verdict == "second":
+        return "b" if first_is_a else "a"
+    raise ValueError(f"unknown shown verdict {verdict!r}")
+
+
+def check_lengths(prompts: Sequence[str], completions_a: Sequence[str], completions_b: Sequence[str]) -> int:
+    n = len(prompts)
+    if len(completions_a) != n or len(completions_b) != n:
+        raise ValueError(
+            f"prompts, completions_a and completions_b must have the same length, got "
+            f"{n}, {len(completions_a)}, {len(completions_b)}"
+        )
+    return n
+
+
+class PairwiseJudge(abc.ABC):
+    """Compares two completions of each prompt. Subclasses implement `judge`.
+
+    Contract: `judge` returns exactly one `Judgement` per item, in input order, and does not raise
+    for a failure confined to one item (that item is `invalid`, with `error` set); it raises only
+    for misuse (mismatched lengths) or a failure that makes every item meaningless.
+    """
+
+    @abc.abstractmethod
+    def judge(self, prompts: list[str], completions_a: list[str], completions_b: list[str]) -> list[Judgement]:
+        """One Judgement per item: which of completions_a[i] / completions_b[i] answers prompts[i] better."""
+
+
+class RandomOrderJudge(PairwiseJudge):
+    """A judge that is shown each pair in a seeded random order (see `order_is_swapped`).
+
+    Subclasses implement `_judge_shown(prompts, firsts, seconds, swapped)`, which judges the pairs
+    exactly as shown and returns, per item, `(shown verdict or None, raw, error)`; this class does
+    the shuffling and maps the verdicts back.
+    """
+
+    def __init__(self, seed: int = 0, randomise_order: bool = True) -> None:
+        self.seed = int(seed)
+        self.randomise_order = bool(randomise_order)
+
+    def swaps(self, n: int) -> list[bool]:
+        """The presentation order of items 0..n-1: True = b is shown first."""
+        if not self.randomise_order:
+            return [False] * n
+        return [order_is_swapped(self.seed, i) for i in range(n)]
+
+    def judge(self, prompts: list[str], completions_a: list[str], completions_b: list[str]) -> list[Judgement]:
+        n = check_lengths(prompts, completions_a, completions_b)
+        swapped = self.swaps(n)
+        firsts = [b if s else a for a, b, s in zip(completions_a, completions_b, swapped)]
+        seconds = [a if s else b for a, b, s in zip(completions_a, completions_b, swapped)]
+        shown = self._judge_shown(list(prompts), firsts, seconds)
+        if len(shown) != n:
+            raise RuntimeError(f"{type(self).__name__}._judge_shown returned {len(shown)} results for {n} items")
+        return [
+            Judgement(winner=shown_to_winner(verdict, s), raw=raw, swapped=s, error=error)
+            for (verdict, raw, error), s in zip(shown, swapped)
+        ]
+
+    @abc.abstractmethod
+    def _judge_shown(
+        self, prompts: list[str], firsts: list[str], seconds: list[str]
+    ) -> list[tuple[ShownVerdict | None, str, str | None]]:
+        """Judge pairs in the order shown: per item (verdict about first/second or None, raw, error)."""

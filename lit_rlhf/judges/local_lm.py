@@ -1,0 +1,181 @@
+"""A local Hugging Face causal LM as a pairwise judge, read from next-token probabilities.
+
+No sampling: the judge prompt (rendered through the tokenizer's chat template when it has one,
+with the assistant turn opened) is followed by the template's `answer_prefix` (e.g. "Preferred:"
+for TL;DR, "[[" for MT-Bench), and the judge's verdict is whichever of the two verdict letters
+gets the higher next-token probability.
+
+Tokenisation variants: a letter can be spelled by several first tokens ("A" and " A" are distinct
+tokens in BPE vocabularies; a byte-level vocabulary spells " A" as " " then "A"). For each verdict
+string ("A"/"B", with and without a leading space) we take the FIRST token of its encoding, drop
+any token shared by both verdicts (such as a bare space), and sum the probabilities of each
+verdict's remaining tokens: P(A) = sum over A's spellings, P(B) likewise.
+
+Batched with left padding, so the last column is every row's next-token position, and position
+ids from `lit_rlhf.ops.position_ids_from_mask` (D5).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from typing import Any
+
+import torch
+
+from lit_rlhf.judges.base import RandomOrderJudge, ShownVerdict
+from lit_rlhf.judges.templates import JudgeTemplate, get_template
+from lit_rlhf.ops import position_ids_from_mask
+
+log = logging.getLogger(__name__)
+
+
+def verdict_token_ids(tokenizer, verdicts: tuple[str, str] = ("A", "B")) -> tuple[list[int], list[int]]:
+    """First-token ids of each verdict's spellings (bare and space-prefixed), minus shared ids."""
+    spellings = []
+    for v in verdicts:
+        ids = set()
+        for text in (v, " " + v):
+            encoded = tokenizer.encode(text, add_special_tokens=False)
+            if encoded:
+                ids.add(encoded[0])
+        spellings.append(ids)
+    shared = spellings[0] & spellings[1]
+    first, second = (sorted(s - shared) for s in spellings)
+    if not first or not second:
+        raise ValueError(f"the tokenizer cannot tell the verdicts {verdicts} apart by their first token")
+    return first, second
+
+
+class LocalLMJudge(RandomOrderJudge):
+    """Pairwise judge on a local causal LM (any name `lit_rlhf.models.load_causal_lm` accepts).
+
+    Args:
+        model_name: e.g. "smollm2-135m-instruct", a local directory, a .gguf file.
+        template: "tldr", "mt_bench", a custom string with {prompt}/{a}/{b}, or a JudgeTemplate.
+        seed, randomise_order: the per-item A/B presentation order (as in every LM judge).
+        batch_size: rows per forward pass.
+        max_length: a judge prompt longer than this many tokens makes its item invalid (nothing is
+            truncated: cutting a judge prompt silently changes what is judged). None = no limit.
+        answer_prefix: what the judge has "already written" before the verdict letter; None = the
+            template's own.
+        dtype, device: where and how the model runs.
+        model, tokenizer: already loaded objects to use instead of loading `model_name` (e.g. to
+            share weights); the tokenizer must have a PAD token.
+
+    `raw` is "P(A)=<p> P(B)=<p>": the next-token probabilities of the verdicts as shown (A = the
+    completion shown first). Equal probabilities are a tie; non-finite ones make the item invalid.
+    The model is loaded on the first call of `judge`, so constructing the judge is cheap.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        template: str | dict | JudgeTemplate = "tldr",
+        seed: int = 0,
+        randomise_order: bool = True,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        answer_prefix: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        model: Any = None,
+        tokenizer: Any = None,
+    ) -> None:
+        super().__init__(seed=seed, randomise_order=randomise_order)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model_name = model_name
+        self.template = get_template(template)
+        self.batch_size = int(batch_size)
+        self.max_length = max_length
+        self.answer_prefix = self.template.answer_prefix if answer_prefix is None else answer_prefix
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._model = model
+        self._tokenizer = tokenizer
+        self._verdict_ids: tuple[list[int], list[int]] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(model_name={self.model_name!r}, template={self.template.name!r}, "
+            f"seed={self.seed}, randomise_order={self.randomise_order}, batch_size={self.batch_size})"
+        )
+
+    def _load(self) -> None:
+        from lit_rlhf.models import load_causal_lm, load_tokenizer
+
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.model_name)
+        if self._model is None:
+            self._model = load_causal_lm(self.model_name, self._tokenizer, dtype=self.dtype)
+        self._model.to(self.device).eval()
+        self._verdict_ids = verdict_token_ids(self._tokenizer)
+
+    def judge_prompt(self, prompt: str, first: str, second: str) -> str:
+        """The full text the judge model reads, ending where the verdict letter goes."""
+        tok = self._tokenizer
+        messages = self.template.messages(prompt, first, second)
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+        return text + self.answer_prefix
+
+    @torch.no_grad()
+    def _judge_shown(self, prompts: list[str], firsts: list[str], seconds: list[str]):
+        if not prompts:
+            return []
+        if self._model is None or self._verdict_ids is None:
+            self._load()
+        tok = self._tokenizer
+        # Texts from a chat template carry their own special tokens (BOS, ...); a plain prompt gets
+        # the tokenizer's usual ones.
+        add_special = not getattr(tok, "chat_template", None)
+        encoded = [
+            tok.encode(self.judge_prompt(p, f, s), add_special_tokens=add_special)
+            for p, f, s in zip(prompts, firsts, seconds)
+        ]
+        results: list[tuple[ShownVerdict | None, str, str | None]] = [None] * len(encoded)  # type: ignore[list-item]
+        runnable = []
+        for i, ids in enumerate(encoded):
+            if self.max_length is not None and len(ids) > self.max_length:
+                results[i] = (None, "", f"judge prompt has {len(ids)} tokens > max_length={self.max_length}")
+            else:
+                runnable.append(i)
+        for start in range(0, len(runnable), self.batch_size):
+            rows = runnable[start : start + self.batch_size]
+            probs = self._verdict_probs([encoded[i] for i in rows])  # (b, 2)
+            for i, (p_a, p_b) in zip(rows, probs.tolist()):
+                results[i] = _verdict_from_probs(p_a, p_b)
+        return results
+
+    def _verdict_probs(self, rows: list[list[int]]) -> torch.Tensor:
+        """(b, 2) next-token probabilities of the first and second verdict after each row."""
+        pad = self._tokenizer.pad_token_id
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (b, T) left padded
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.bool)  # (b, T)
+        for k, r in enumerate(rows):
+            input_ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            attention_mask[k, width - len(r) :] = True
+        kwargs = {}
+        if "logits_to_keep" in inspect.signature(self._model.forward).parameters:
+            kwargs["logits_to_keep"] = 1  # only the last position's logits: (b, 1, V)
+        out = self._model(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            position_ids=position_ids_from_mask(attention_mask).to(self.device),
+            **kwargs,
+        )
+        probs = torch.softmax(out.logits[:, -1, :].float(), dim=-1)  # (b, V)
+        ids_a, ids_b = self._verdict_ids
+        return torch.stack([probs[:, ids_a].sum(-1), probs[:, ids_b].sum(-1)], dim=-1).cpu()
+
+
+def _verdict_from_probs(p_a: float, p_b: float) -> tuple[ShownVerdict | None, str, str | None]:
+    raw = f"P(A)={p_a:.6g} P(B)={p_b:.6g}"
+    if not (math.isfinite(p_a) and math.isfinite(p_b)):
+        return None, raw, "non-finite verdict probabilities"
+    return ("first" if p_a > p_b else "second" if p_b > p_a else "tie"), raw, None
