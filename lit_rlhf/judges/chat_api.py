@@ -146,7 +146,9 @@ class ChatAPIJudge(RandomOrderJudge):
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chat-judge") as pool:
             return list(pool.map(self._judge_one, range(len(prompts)), prompts, firsts, seconds))
 
-    def _judge_one(self, index: int, prompt: str, first: str, second: str) -> tuple[ShownVerdict | None, str, str | None]:
+    def _judge_one(
+        self, index: int, prompt: str, first: str, second: str
+    ) -> tuple[ShownVerdict | None, str, str | None]:
         body = {
             "model": self.model,
             "messages": self.template.messages(prompt, first, second),
@@ -220,6 +222,8 @@ def _read_error_body(err: urllib.error.HTTPError) -> str:
         return err.read(_MAX_ERROR_BODY).decode("utf-8", "replace").strip()
     except Exception:  # the body is a courtesy; the status code is what matters
         return ""
+    finally:
+        err.close()
 
 
 def _retry_after(err: urllib.error.HTTPError) -> float | None:

@@ -119,7 +119,8 @@ class JudgeTemplate:
     def __post_init__(self) -> None:
         missing = {"prompt", "a", "b"} - set(_FIELDS.findall(self.user))
         if missing:
-            raise ValueError(f"judge template {self.name!r} lacks the field(s) {sorted('{' + m + '}' for m in missing)}")
+            fields = sorted("{" + m + "}" for m in missing)
+            raise ValueError(f"judge template {self.name!r} lacks the field(s) {fields}")
         if self.parser not in _PARSERS:
             raise ValueError(f"unknown parser {self.parser!r}; expected one of {sorted(_PARSERS)}")
 
@@ -153,4 +154,6 @@ def get_template(template: str | dict | JudgeTemplate) -> JudgeTemplate:
         return TEMPLATES[template]
     if _FIELDS.search(template):
         return JudgeTemplate("custom", template, parser="any")
-    raise ValueError(f"unknown judge template {template!r}: use one of {sorted(TEMPLATES)} or a string with {{prompt}}, {{a}}, {{b}}")
+    raise ValueError(
+        f"unknown judge template {template!r}: use one of {sorted(TEMPLATES)} or a string with {{prompt}}, {{a}}, {{b}}"
+    )

@@ -159,7 +159,8 @@ def test_unparseable_and_malformed_replies_are_invalid_with_the_text_kept(chat_s
         return ("reply", "Preferred: A")
 
     chat_server.behaviour = behaviour
-    judgements = make_judge(chat_server, randomise_order=False).judge(["item-0", "item-1", "item-2"], ["a"] * 3, ["b"] * 3)
+    judge = make_judge(chat_server, randomise_order=False)
+    judgements = judge.judge(["item-0", "item-1", "item-2"], ["a"] * 3, ["b"] * 3)
 
     assert [j.winner for j in judgements] == ["invalid", "invalid", "a"]
     assert judgements[0].raw == "I would rather not say. Preferred: neither" and "unparseable" in judgements[0].error
@@ -184,7 +185,8 @@ def test_concurrency_is_bounded(chat_server):
         return ("reply", "Preferred: A")
 
     chat_server.behaviour = behaviour
-    judgements = make_judge(chat_server, max_concurrency=3).judge([f"item-{i}" for i in range(12)], ["a"] * 12, ["b"] * 12)
+    judge = make_judge(chat_server, max_concurrency=3)
+    judgements = judge.judge([f"item-{i}" for i in range(12)], ["a"] * 12, ["b"] * 12)
     assert all(j.winner in ("a", "b") for j in judgements)
     assert 2 <= chat_server.in_flight_max <= 3
 
