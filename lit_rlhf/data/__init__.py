@@ -1,0 +1,25 @@
+"""DataModules for TL;DR and UltraFeedback, their formatting (D2, D3) and collators (D5)."""
+
+from lit_rlhf.data.base import BadRowError, DataSourceError, RLHFDataModule, bundled_aliases
+from lit_rlhf.data.formatting import BadRow, NoChatTemplateError
+from lit_rlhf.data.tldr import TLDRPreferenceDataModule, TLDRPromptDataModule, TLDRSFTDataModule
+from lit_rlhf.data.ultrafeedback import (
+    UltraFeedbackPreferenceDataModule,
+    UltraFeedbackPromptDataModule,
+    UltraFeedbackSingleDataModule,
+)
+
+__all__ = [
+    "BadRow",
+    "BadRowError",
+    "DataSourceError",
+    "NoChatTemplateError",
+    "RLHFDataModule",
+    "TLDRPreferenceDataModule",
+    "TLDRPromptDataModule",
+    "TLDRSFTDataModule",
+    "UltraFeedbackPreferenceDataModule",
+    "UltraFeedbackPromptDataModule",
+    "UltraFeedbackSingleDataModule",
+    "bundled_aliases",
+]

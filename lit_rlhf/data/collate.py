@@ -1,0 +1,144 @@
+"""Collators: lists of tokenised examples -> the typed batches of `lit_rlhf.types` (D5).
+
+An example is a dict as stored in a processed dataset: token-id lists and numbers under keys
+starting with `_` (`_prompt_ids`, `_completion_ids`, `_chosen_ids`, `_rejected_ids`,
+`_margin`, `_reward`, `_label`, ...) and metadata (prompt text, reference, ids, grouping
+columns) under every other key; metadata goes to `batch.meta` as lists of length B.
+
+- prompt+completion sequences are right padded (SFT, reward, DPO, KTO, DRO-V);
+- prompts for generation are left padded;
+- PAD is distinct from EOS (D3), and masks are bool, so an EOS is never taken for padding.
+
+The collators are small classes (not closures) so DataLoader workers can pickle them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from lit_rlhf.types import PreferenceBatch, PromptBatch, SFTBatch, SingleBatch
+
+
+def pad_right(seqs: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) ids and bool mask, each row followed by PAD up to the longest row."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = True
+    return ids, mask
+
+
+def pad_left(seqs: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) ids and bool mask, each row preceded by PAD up to the longest row."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, width - len(s):] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = True
+    return ids, mask
+
+
+def prompt_completion_tensors(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded prompt+completion: (input_ids, attention_mask, loss_mask, prompt_lengths).
+
+    `loss_mask` is True exactly on the completion tokens (its final EOS included).
+    """
+    seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    ids, attention_mask = pad_right(seqs, pad_token_id)
+    loss_mask = torch.zeros_like(attention_mask)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        loss_mask[i, len(p): len(p) + len(c)] = True
+    prompt_lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    return ids, attention_mask, loss_mask, prompt_lengths
+
+
+def collect_meta(examples: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Every key not starting with `_` becomes `meta[key]`, a list of length B."""
+    if not examples:
+        return {}
+    keys = [k for k in examples[0] if not k.startswith("_")]
+    return {k: [ex.get(k) for ex in examples] for k in keys}
+
+
+class SFTCollator:
+    """Examples with `_prompt_ids`, `_completion_ids` -> `SFTBatch` (right padded)."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = int(pad_token_id)
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> SFTBatch:
+        ids, attn, loss_mask, _ = prompt_completion_tensors(
+            [ex["_prompt_ids"] for ex in examples], [ex["_completion_ids"] for ex in examples], self.pad_token_id
+        )
+        return SFTBatch(ids, attn, loss_mask, collect_meta(examples))
+
+
+class PreferenceCollator:
+    """Examples with `_prompt_ids`, `_chosen_ids`, `_rejected_ids` (and `_margin`) ->
+    `PreferenceBatch`: rows [:B] chosen, rows [B:] rejected, all padded to one T."""
+
+    def __init__(self, pad_token_id: int, with_margin: bool = False):
+        self.pad_token_id = int(pad_token_id)
+        self.with_margin = with_margin
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> PreferenceBatch:
+        prompts = [ex["_prompt_ids"] for ex in examples]
+        completions = [ex["_chosen_ids"] for ex in examples] + [ex["_rejected_ids"] for ex in examples]
+        ids, attn, loss_mask, prompt_lengths = prompt_completion_tensors(prompts + prompts, completions, self.pad_token_id)
+        margin = None
+        if self.with_margin:
+            margin = torch.tensor([float(ex["_margin"]) for ex in examples], dtype=torch.float32)
+        return PreferenceBatch(ids, attn, loss_mask, prompt_lengths, margin, collect_meta(examples))
+
+
+class SingleCollator:
+    """Examples with `_prompt_ids`, `_completion_ids`, `_reward` and/or `_label` -> `SingleBatch`.
+
+    Rewards are stored raw in the dataset and normalised here with `(r - mean) / std`, so
+    statistics restored from a checkpoint (after the data was set up) apply unchanged.
+    Labels are `_label` when the data has them, or `raw reward > label_threshold` when a
+    threshold is given.
+    """
+
+    def __init__(self, pad_token_id: int, reward_mean: float | None = None, reward_std: float | None = None,
+                 with_labels: bool = False, label_threshold: float | None = None):
+        self.pad_token_id = int(pad_token_id)
+        self.reward_mean = reward_mean
+        self.reward_std = reward_std
+        self.with_labels = with_labels
+        self.label_threshold = label_threshold
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> SingleBatch:
+        ids, attn, loss_mask, prompt_lengths = prompt_completion_tensors(
+            [ex["_prompt_ids"] for ex in examples], [ex["_completion_ids"] for ex in examples], self.pad_token_id
+        )
+        rewards = labels = None
+        if self.reward_mean is not None or self.label_threshold is not None:
+            raw = torch.tensor([float(ex["_reward"]) for ex in examples], dtype=torch.float64)
+        if self.reward_mean is not None:
+            rewards = ((raw - self.reward_mean) / self.reward_std).to(torch.float32)
+        if self.with_labels:
+            if self.label_threshold is not None:
+                labels = raw > self.label_threshold
+            else:
+                labels = torch.tensor([bool(ex["_label"]) for ex in examples], dtype=torch.bool)
+        return SingleBatch(ids, attn, loss_mask, prompt_lengths, rewards, labels, collect_meta(examples))
+
+
+class PromptCollator:
+    """Examples with `_prompt_ids` -> left-padded `PromptBatch` (meta: "prompt", "reference", ...)."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = int(pad_token_id)
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> PromptBatch:
+        ids, mask = pad_left([ex["_prompt_ids"] for ex in examples], self.pad_token_id)
+        return PromptBatch(ids, mask, collect_meta(examples))

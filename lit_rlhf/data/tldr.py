@@ -1,0 +1,329 @@
+"""TL;DR DataModules: SFT, preferences (reward model / DPO) and prompts (PPO / GRPO).
+
+Sources (defaults are the real hub datasets; see `lit_rlhf.data.base` for local paths):
+- SFT and prompts: `vwxyzjn/summarize_from_feedback_tldr_3_filtered`, columns
+  `id, subreddit, title, post, summary`, splits train / validation / test;
+- preferences: `openai/summarize_from_feedback`, config `comparisons`, columns
+  `info{id, post, title, subreddit[, site, article]}, summaries[{text, policy, note}] (2),
+  choice, worker, batch, split, extra{confidence}`, splits train / validation.
+
+Formatting (DESIGN.md): D2 query with paragraph truncation to `max_prompt_length` tokens; D3
+completion = " " + summary + EOS (exactly one leading space); D5 right padding for SFT and
+pairs, left padding for prompts. A completion longer than `max_completion_length` tokens (EOS
+included) is a bad row, as the N+ paper filters them, unless `truncate_completions=True`,
+which cuts it to `max_completion_length - 1` tokens and appends EOS.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import datasets
+
+from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
+from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator
+from lit_rlhf.data.formatting import (
+    BAD_CHOICE,
+    BAD_STRUCTURE,
+    IDENTICAL,
+    MISSING,
+    BadRow,
+    encode_completion,
+    fit_completion,
+    format_tldr_completion,
+    require_finite,
+    require_text,
+    truncate_tldr_query,
+)
+
+TLDR_SFT_HUB = "vwxyzjn/summarize_from_feedback_tldr_3_filtered"
+TLDR_COMPARISONS_HUB = "openai/summarize_from_feedback"
+TLDR_COMPARISONS_CONFIG = "comparisons"
+
+MarginFrom = Literal["confidence", "score_difference"]
+
+_IDS = datasets.Sequence(datasets.Value("int32"))
+_STR = datasets.Value("string")
+_INT = datasets.Value("int32")
+
+
+def _query(tokenizer, max_prompt_length: int, subreddit, title, post, prefix: str = "") -> tuple[str, list[int]]:
+    subreddit = require_text(subreddit, prefix + "subreddit")
+    title = require_text(title, prefix + "title")
+    post = require_text(post, prefix + "post")
+    query = truncate_tldr_query(tokenizer, subreddit, title, post, max_prompt_length)
+    return query.text, query.input_ids
+
+
+class TLDRSFTFormatter(Formatter):
+    """`{subreddit, title, post, summary, ...}` -> D2 prompt ids + D3 completion ids."""
+
+    consumed = ("post", "summary")
+
+    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
+                 passthrough: tuple[str, ...]):
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+        self.passthrough = passthrough
+
+    def features(self) -> dict[str, Any]:
+        return {"prompt": _STR, "reference": _STR, "_prompt_ids": _IDS, "_completion_ids": _IDS,
+                "_prompt_len": _INT, "_completion_len": _INT}
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, row.get("subreddit"), row.get("title"),
+                                  row.get("post"))
+        reference = format_tldr_completion(require_text(row.get("summary"), "summary"))
+        completion_ids = fit_completion(encode_completion(self.tokenizer, reference), self.max_completion_length,
+                                        self.tokenizer.eos_token_id, truncate=self.truncate_completions,
+                                        field="summary")
+        return [{"prompt": text, "reference": reference, "_prompt_ids": prompt_ids, "_completion_ids": completion_ids,
+                 "_prompt_len": len(prompt_ids), "_completion_len": len(completion_ids)}]
+
+
+class TLDRPromptFormatter(Formatter):
+    """`{subreddit, title, post[, summary], ...}` -> D2 prompt ids; the summary (when the data has
+    one) becomes the D3-formatted "reference" text."""
+
+    def __init__(self, tokenizer, max_prompt_length: int, passthrough: tuple[str, ...]):
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.passthrough = passthrough
+
+    def features(self) -> dict[str, Any]:
+        return {"prompt": _STR, "reference": _STR, "_prompt_ids": _IDS, "_prompt_len": _INT}
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, row.get("subreddit"), row.get("title"),
+                                  row.get("post"))
+        reference = None
+        if "summary" in row:
+            reference = format_tldr_completion(require_text(row["summary"], "summary"))
+        return [{"prompt": text, "reference": reference, "_prompt_ids": prompt_ids, "_prompt_len": len(prompt_ids)}]
+
+
+class TLDRComparisonFormatter(Formatter):
+    """A comparisons row -> prompt ids and the chosen (`summaries[choice]`) and rejected
+    completion ids, with the grouping columns the reward model's accuracy table uses."""
+
+    passthrough = ("batch", "worker", "split")
+
+    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
+                 margin_from: str | None):
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+        self.margin_from = margin_from
+
+    def features(self) -> dict[str, Any]:
+        return {"prompt": _STR, "chosen": _STR, "rejected": _STR, "id": _STR, "chosen_policy": _STR,
+                "rejected_policy": _STR, "confidence": datasets.Value("int64"),
+                "_prompt_ids": _IDS, "_chosen_ids": _IDS, "_rejected_ids": _IDS, "_margin": datasets.Value("float32"),
+                "_prompt_len": _INT, "_chosen_len": _INT, "_rejected_len": _INT}
+
+    def _completion(self, text: str, field: str) -> list[int]:
+        return fit_completion(encode_completion(self.tokenizer, text), self.max_completion_length,
+                              self.tokenizer.eos_token_id, truncate=self.truncate_completions, field=field)
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        info = row.get("info")
+        if not isinstance(info, dict):
+            raise BadRow(MISSING if info is None else BAD_STRUCTURE, "info", "expected a dict {id, post, title, subreddit}")
+        # CNN/DM rows of the comparisons data have an `article` instead of a `post`: not a TL;DR query
+        text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, info.get("subreddit"), info.get("title"),
+                                  info.get("post"), prefix="info.")
+        summaries = row.get("summaries")
+        if not isinstance(summaries, list) or len(summaries) != 2:
+            raise BadRow(MISSING if not summaries else BAD_STRUCTURE, "summaries", "expected exactly two summaries")
+        for i, s in enumerate(summaries):
+            if not isinstance(s, dict):
+                raise BadRow(BAD_STRUCTURE, f"summaries[{i}]", "expected a dict {text, policy, note}")
+        choice = row.get("choice")
+        if choice is None:
+            raise BadRow(MISSING, "choice", "missing (None)")
+        if isinstance(choice, bool) or choice not in (0, 1):
+            raise BadRow(BAD_CHOICE, "choice", f"expected 0 or 1, got {choice!r}")
+        texts = [format_tldr_completion(require_text(s.get("text"), f"summaries[{i}].text"))
+                 for i, s in enumerate(summaries)]
+        chosen, rejected = texts[choice], texts[1 - choice]
+        if chosen == rejected:
+            raise BadRow(IDENTICAL, "summaries", "the two summaries have the same text")
+        extra = row.get("extra")
+        confidence = extra.get("confidence") if isinstance(extra, dict) else None
+        margin = None
+        if self.margin_from == "confidence":
+            margin = require_finite(confidence, "extra.confidence")
+        chosen_ids = self._completion(chosen, f"summaries[{choice}].text")
+        rejected_ids = self._completion(rejected, f"summaries[{1 - choice}].text")
+        return [{
+            "prompt": text, "chosen": chosen, "rejected": rejected, "id": info.get("id"),
+            "chosen_policy": summaries[choice].get("policy"), "rejected_policy": summaries[1 - choice].get("policy"),
+            "confidence": confidence,
+            "_prompt_ids": prompt_ids, "_chosen_ids": chosen_ids, "_rejected_ids": rejected_ids, "_margin": margin,
+            "_prompt_len": len(prompt_ids), "_chosen_len": len(chosen_ids), "_rejected_len": len(rejected_ids),
+        }]
+
+
+def _passthrough(dm: RLHFDataModule, role: str, consumed: tuple[str, ...]) -> tuple[str, ...]:
+    """Every source column not consumed by formatting is kept as metadata."""
+    raw = dm.source.load(dm.splits[role])
+    return tuple(c for c in raw.column_names if c not in consumed)
+
+
+class _ReferenceTexts:
+    def reference_texts(self, split: str = "val") -> tuple[list[str], list[str]]:
+        """(prompt texts, reference completion texts) of a split ("train", "val" or "test").
+
+        Prompts are the D2 queries as the model sees them; completions carry the D3 leading
+        space and no EOS text (append `tokenizer.eos_token_id` when tokenising, as the
+        collators do). Used for D15 reward normalisation. Rows without a reference are left out.
+        """
+        ds = self.dataset(split)
+        pairs = [(p, r) for p, r in zip(ds["prompt"], ds["reference"]) if r is not None]
+        if not pairs:
+            raise ValueError(f"split {split!r} has no reference completions")
+        prompts, references = zip(*pairs)
+        return list(prompts), list(references)
+
+
+class TLDRSFTDataModule(_ReferenceTexts, RLHFDataModule):
+    """TL;DR SFT: (D2 query, D3 reference summary) -> `SFTBatch` (right padded, D5).
+
+    Metadata: "prompt", "reference" and every other source column but `post` (`id`,
+    `subreddit`, `title`).
+    """
+
+    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+
+    def __init__(
+        self,
+        path: str = TLDR_SFT_HUB,
+        tokenizer: Any = None,
+        name: str | None = None,
+        train_split: str | None = "train",
+        val_split: str | None = "validation",
+        test_split: str | None = "test",
+        split_map: dict[str, str] | None = None,
+        data_files: dict[str, Any] | str | None = None,
+        max_prompt_length: int = 512,
+        max_completion_length: int = 53,
+        truncate_completions: bool = False,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        num_proc: int | None = None,
+        seed: int = 0,
+        on_bad_rows: BadRowPolicy = "error",
+        limit: int | None = None,
+    ):
+        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
+                         test_split=test_split, split_map=split_map, data_files=data_files,
+                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def _formatter(self, role: str) -> Formatter:
+        return TLDRSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
+                                self.truncate_completions, _passthrough(self, role, TLDRSFTFormatter.consumed))
+
+    def _collator(self, role: str) -> SFTCollator:
+        return SFTCollator(self.tokenizer.pad_token_id)
+
+
+class TLDRPromptDataModule(_ReferenceTexts, RLHFDataModule):
+    """TL;DR prompts for PPO / GRPO -> left-padded `PromptBatch` (D5).
+
+    Metadata: "prompt" (the D2 query), "reference" (" " + summary, when the data has a
+    `summary` column) and every other source column but `post` (`id`, `subreddit`, `title`).
+    The train loader reshuffles at every pass over the data (D21).
+    """
+
+    def __init__(
+        self,
+        path: str = TLDR_SFT_HUB,
+        tokenizer: Any = None,
+        name: str | None = None,
+        train_split: str | None = "train",
+        val_split: str | None = "validation",
+        test_split: str | None = "test",
+        split_map: dict[str, str] | None = None,
+        data_files: dict[str, Any] | str | None = None,
+        max_prompt_length: int = 512,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        num_proc: int | None = None,
+        seed: int = 0,
+        on_bad_rows: BadRowPolicy = "error",
+        limit: int | None = None,
+    ):
+        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
+                         test_split=test_split, split_map=split_map, data_files=data_files,
+                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def _formatter(self, role: str) -> Formatter:
+        return TLDRPromptFormatter(self.tokenizer, self.max_prompt_length,
+                                   _passthrough(self, role, ("post", "summary")))
+
+    def _collator(self, role: str) -> PromptCollator:
+        return PromptCollator(self.tokenizer.pad_token_id)
+
+
+class TLDRPreferenceDataModule(RLHFDataModule):
+    """TL;DR human comparisons -> `PreferenceBatch` (rows [:B] chosen = `summaries[choice]`,
+    rows [B:] rejected, one T, right padded).
+
+    `margin_from="confidence"` fills `batch.margin` with the labeller's `extra.confidence`
+    (rows without one are then bad rows). Metadata for per-group tables: "batch", "confidence",
+    "chosen_policy", "rejected_policy", "worker", "split" (the row's own, e.g. `valid1`), "id",
+    plus the texts "prompt", "chosen", "rejected".
+    """
+
+    length_columns = {"prompt": "_prompt_len", "chosen": "_chosen_len", "rejected": "_rejected_len"}
+
+    def __init__(
+        self,
+        path: str = TLDR_COMPARISONS_HUB,
+        tokenizer: Any = None,
+        name: str | None = TLDR_COMPARISONS_CONFIG,
+        train_split: str | None = "train",
+        val_split: str | None = "validation",
+        test_split: str | None = None,
+        split_map: dict[str, str] | None = None,
+        data_files: dict[str, Any] | str | None = None,
+        max_prompt_length: int = 512,
+        max_completion_length: int = 53,
+        truncate_completions: bool = False,
+        margin_from: MarginFrom | None = None,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        num_proc: int | None = None,
+        seed: int = 0,
+        on_bad_rows: BadRowPolicy = "error",
+        limit: int | None = None,
+    ):
+        if margin_from not in (None, "confidence"):
+            raise ValueError(f"TL;DR comparisons support margin_from None or 'confidence', got {margin_from!r}")
+        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
+                         test_split=test_split, split_map=split_map, data_files=data_files,
+                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+        self.margin_from = margin_from
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def _formatter(self, role: str) -> Formatter:
+        return TLDRComparisonFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
+                                       self.truncate_completions, self.margin_from)
+
+    def _collator(self, role: str) -> PreferenceCollator:
+        return PreferenceCollator(self.tokenizer.pad_token_id, with_margin=self.margin_from is not None)

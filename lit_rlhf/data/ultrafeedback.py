@@ -1,0 +1,412 @@
+"""UltraFeedback DataModules: pairs (reward model / DPO), single trajectories (KTO / DRO-V)
+and prompts (online methods), all formatted with the tokenizer's chat template.
+
+Sources (defaults are the real hub datasets; see `lit_rlhf.data.base` for local paths):
+- pairs and prompts: `HuggingFaceH4/ultrafeedback_binarized`, splits `train_prefs` /
+  `test_prefs`, columns `prompt, prompt_id, chosen, rejected, score_chosen, score_rejected`,
+  where `chosen` / `rejected` are lists of `{role, content}` messages ending with the
+  assistant's answer;
+- single trajectories: `openbmb/UltraFeedback` (one split, `train`; hold out a slice such as
+  `val_split: "train[98%:]"` with `train_split: "train[:98%]"`), columns `source, instruction,
+  models, completions[{model, response, overall_score, fine-grained_score, annotations,
+  custom_system_prompt, principle, critique}]`.
+
+Formatting: prompt = chat template of the conversation before the last assistant message with
+`add_generation_prompt=True`; completion = the template's continuation (the assistant content
+and its turn end) followed by EOS, see `formatting.chat_prompt_and_completion`. Chat prompts
+are not truncated (a cut would break the template): a prompt longer than `max_prompt_length`
+tokens is a bad row. A completion longer than `max_completion_length` tokens (EOS included) is
+a bad row too, unless `truncate_completions=True` (cut to `max_completion_length - 1` tokens
++ EOS).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import datasets
+import torch
+
+from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
+from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SingleCollator
+from lit_rlhf.data.formatting import (
+    BAD_STRUCTURE,
+    IDENTICAL,
+    MISSING,
+    PROMPT_TOO_LONG,
+    BadRow,
+    chat_prompt,
+    chat_prompt_and_completion,
+    encode_completion,
+    encode_prompt,
+    fit_completion,
+    require_chat_template,
+    require_finite,
+    require_messages,
+    require_text,
+)
+from lit_rlhf.data.tldr import MarginFrom, _passthrough, _ReferenceTexts
+
+ULTRAFEEDBACK_BINARIZED_HUB = "HuggingFaceH4/ultrafeedback_binarized"
+ULTRAFEEDBACK_HUB = "openbmb/UltraFeedback"
+
+LabelMode = Literal["threshold", "pairs"]
+NO_PAIR = "no pair (fewer than two distinct scores)"
+
+_IDS = datasets.Sequence(datasets.Value("int32"))
+_STR = datasets.Value("string")
+_INT = datasets.Value("int32")
+_FLOAT = datasets.Value("float64")
+
+
+class _ChatFormatter(Formatter):
+    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int = 0,
+                 truncate_completions: bool = False):
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+
+    def prompt_ids(self, text: str, field: str) -> list[int]:
+        ids = encode_prompt(self.tokenizer, text, chat=True)
+        if len(ids) > self.max_prompt_length:
+            raise BadRow(PROMPT_TOO_LONG, field,
+                         f"chat prompt of {len(ids)} tokens > max_prompt_length={self.max_prompt_length} "
+                         "(chat prompts are not truncated)")
+        return ids
+
+    def completion_ids(self, text: str, field: str) -> list[int]:
+        return fit_completion(encode_completion(self.tokenizer, text), self.max_completion_length,
+                              self.tokenizer.eos_token_id, truncate=self.truncate_completions, field=field)
+
+
+class UltraFeedbackPairFormatter(_ChatFormatter):
+    """A binarized row -> prompt ids and chosen / rejected completion ids."""
+
+    passthrough = ("prompt_id", "score_chosen", "score_rejected")
+
+    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions, margin_from):
+        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
+        self.margin_from = margin_from
+
+    def features(self) -> dict[str, Any]:
+        return {"prompt": _STR, "chosen": _STR, "rejected": _STR, "raw_prompt": _STR,
+                "_prompt_ids": _IDS, "_chosen_ids": _IDS, "_rejected_ids": _IDS, "_margin": datasets.Value("float32"),
+                "_prompt_len": _INT, "_chosen_len": _INT, "_rejected_len": _INT}
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        raw_prompt = require_text(row.get("prompt"), "prompt")
+        chosen = require_messages(row.get("chosen"), "chosen")
+        rejected = require_messages(row.get("rejected"), "rejected")
+        if chosen[:-1] != rejected[:-1]:
+            raise BadRow(BAD_STRUCTURE, "rejected", "the conversation before the last message differs from chosen's")
+        if chosen[-1]["content"] == rejected[-1]["content"]:
+            raise BadRow(IDENTICAL, "rejected", "the chosen and rejected answers are identical")
+        scores = {}
+        for key in ("score_chosen", "score_rejected"):
+            if key in row or self.margin_from == "score_difference":
+                scores[key] = require_finite(row.get(key), key)
+        prompt, chosen_text = chat_prompt_and_completion(self.tokenizer, chosen)
+        _, rejected_text = chat_prompt_and_completion(self.tokenizer, rejected)
+        prompt_ids = self.prompt_ids(prompt, "chosen")
+        chosen_ids = self.completion_ids(chosen_text, f"chosen[{len(chosen) - 1}].content")
+        rejected_ids = self.completion_ids(rejected_text, f"rejected[{len(rejected) - 1}].content")
+        margin = None
+        if self.margin_from == "score_difference":
+            margin = scores["score_chosen"] - scores["score_rejected"]
+        return [{"prompt": prompt, "chosen": chosen_text, "rejected": rejected_text, "raw_prompt": raw_prompt,
+                 "_prompt_ids": prompt_ids, "_chosen_ids": chosen_ids, "_rejected_ids": rejected_ids,
+                 "_margin": margin, "_prompt_len": len(prompt_ids), "_chosen_len": len(chosen_ids),
+                 "_rejected_len": len(rejected_ids)}]
+
+
+class UltraFeedbackSingleFormatter(_ChatFormatter):
+    """An openbmb/UltraFeedback row -> one (prompt, completion, raw reward) example per completion
+    (or, with `label_mode="pairs"`, the best- and worst-scored completions labelled True/False).
+
+    A bad completion is reported (or skipped) on its own; the row's other completions stay.
+    """
+
+    passthrough = ("source",)
+
+    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions,
+                 reward_field: str, label_mode: str | None):
+        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
+        self.reward_field = reward_field
+        self.label_mode = label_mode
+
+    def features(self) -> dict[str, Any]:
+        return {"prompt": _STR, "completion": _STR, "raw_prompt": _STR, "model": _STR,
+                "completion_index": _INT, "_reward": _FLOAT, "_label": datasets.Value("bool"),
+                "_prompt_ids": _IDS, "_completion_ids": _IDS, "_prompt_len": _INT, "_completion_len": _INT}
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        instruction = require_text(row.get("instruction"), "instruction")
+        completions = row.get("completions")
+        if not isinstance(completions, list) or not completions:
+            raise BadRow(MISSING if not completions else BAD_STRUCTURE, "completions", "expected a non-empty list")
+        prompt = chat_prompt(self.tokenizer, [{"role": "user", "content": instruction}])
+        prompt_ids = self.prompt_ids(prompt, "instruction")
+        good, bad = [], []
+        for i, c in enumerate(completions):
+            field = f"completions[{i}]"
+            try:
+                if not isinstance(c, dict):
+                    raise BadRow(BAD_STRUCTURE, field, "expected a dict")
+                response = require_text(c.get("response"), f"{field}.response")
+                reward = require_finite(c.get(self.reward_field), f"{field}.{self.reward_field}")
+                messages = [{"role": "user", "content": instruction}, {"role": "assistant", "content": response}]
+                _, text = chat_prompt_and_completion(self.tokenizer, messages)
+                ids = self.completion_ids(text, f"{field}.response")
+            except BadRow as err:
+                bad.append(self.bad(err))
+                continue
+            good.append({"prompt": prompt, "completion": text, "raw_prompt": instruction, "model": c.get("model"),
+                         "completion_index": i, "_reward": reward, "_label": None, "_prompt_ids": prompt_ids,
+                         "_completion_ids": ids, "_prompt_len": len(prompt_ids), "_completion_len": len(ids)})
+        if self.label_mode == "pairs" and good:
+            rewards = [g["_reward"] for g in good]
+            best = max(range(len(good)), key=lambda j: (rewards[j], -j))  # first of the best
+            worst = min(range(len(good)), key=lambda j: (rewards[j], j))  # first of the worst
+            if rewards[best] == rewards[worst]:
+                bad.append(self.bad(BadRow(NO_PAIR, f"completions[*].{self.reward_field}",
+                                           f"{len(good)} valid completion(s) with equal scores: no pair")))
+                good = []
+            else:
+                good = [dict(good[best], _label=True), dict(good[worst], _label=False)]
+        return good + bad
+
+
+class UltraFeedbackPromptFormatter(_ChatFormatter):
+    """A binarized row (conversation = `chosen` without its answer; reference = the chosen
+    answer) or an openbmb row (`instruction`, no reference) -> chat generation prompt ids."""
+
+    consumed = ("chosen", "rejected", "messages", "completions", "instruction", "prompt")
+
+    def __init__(self, tokenizer, max_prompt_length, passthrough):
+        super().__init__(tokenizer, max_prompt_length)
+        self.passthrough = passthrough
+
+    def features(self) -> dict[str, Any]:
+        return {"prompt": _STR, "reference": _STR, "raw_prompt": _STR, "_prompt_ids": _IDS, "_prompt_len": _INT}
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        reference = None
+        if "chosen" in row:
+            raw = require_text(row.get("prompt"), "prompt")
+            chosen = require_messages(row.get("chosen"), "chosen")
+            prompt, reference = chat_prompt_and_completion(self.tokenizer, chosen)
+            field = "chosen"
+        elif "instruction" in row:
+            raw = require_text(row.get("instruction"), "instruction")
+            prompt, field = chat_prompt(self.tokenizer, [{"role": "user", "content": raw}]), "instruction"
+        else:
+            raw = require_text(row.get("prompt"), "prompt")
+            prompt, field = chat_prompt(self.tokenizer, [{"role": "user", "content": raw}]), "prompt"
+        ids = self.prompt_ids(prompt, field)
+        return [{"prompt": prompt, "reference": reference, "raw_prompt": raw, "_prompt_ids": ids,
+                 "_prompt_len": len(ids)}]
+
+
+def _no_template_check(dm: RLHFDataModule) -> None:
+    require_chat_template(dm.tokenizer, f"{type(dm).__name__} ({dm.source.describe()})")
+
+
+class UltraFeedbackPreferenceDataModule(RLHFDataModule):
+    """UltraFeedback pairs -> `PreferenceBatch` (rows [:B] chosen, [B:] rejected, right padded).
+
+    `margin_from="score_difference"` fills `batch.margin` with `score_chosen - score_rejected`.
+    Metadata: "prompt" (templated), "chosen", "rejected" (completion texts), "raw_prompt",
+    "prompt_id", "score_chosen", "score_rejected".
+    """
+
+    length_columns = {"prompt": "_prompt_len", "chosen": "_chosen_len", "rejected": "_rejected_len"}
+
+    def __init__(
+        self,
+        path: str = ULTRAFEEDBACK_BINARIZED_HUB,
+        tokenizer: Any = None,
+        name: str | None = None,
+        train_split: str | None = "train_prefs",
+        val_split: str | None = "test_prefs",
+        test_split: str | None = None,
+        split_map: dict[str, str] | None = None,
+        data_files: dict[str, Any] | str | None = None,
+        max_prompt_length: int = 512,
+        max_completion_length: int = 1024,
+        truncate_completions: bool = False,
+        margin_from: MarginFrom | None = None,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        num_proc: int | None = None,
+        seed: int = 0,
+        on_bad_rows: BadRowPolicy = "error",
+        limit: int | None = None,
+    ):
+        if margin_from not in (None, "score_difference"):
+            raise ValueError(f"UltraFeedback pairs support margin_from None or 'score_difference', got {margin_from!r}")
+        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
+                         test_split=test_split, split_map=split_map, data_files=data_files,
+                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+        self.margin_from = margin_from
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def _formatter(self, role: str) -> Formatter:
+        _no_template_check(self)
+        return UltraFeedbackPairFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
+                                          self.truncate_completions, self.margin_from)
+
+    def _collator(self, role: str) -> PreferenceCollator:
+        return PreferenceCollator(self.tokenizer.pad_token_id, with_margin=self.margin_from is not None)
+
+
+class UltraFeedbackSingleDataModule(RLHFDataModule):
+    """openbmb/UltraFeedback flattened to single trajectories -> `SingleBatch` (right padded).
+
+    - `rewards`: `completion[reward_field]` (`overall_score` by default; `fine-grained_score` or
+      any other numeric key of a completion) normalised to mean 0, variance 1 with the mean and
+      (population) standard deviation of the *training* split (DRO paper, Sec. 4). The
+      statistics are in `reward_stats` and in `state_dict()`, so a checkpoint carries them and
+      validation always uses the training ones. Set `with_rewards=False` to leave them out.
+    - `labels` (KTO's desirable / undesirable), when `label_mode` is set:
+      `"threshold"`: desirable when the raw reward is above `label_threshold` (default: the
+      training mean, i.e. a normalised reward above 0);
+      `"pairs"`: per prompt, the best-scored completion is desirable and the worst one
+      undesirable (first in order on ties); the completions in between are not used, and a
+      prompt whose valid completions all score the same is a bad row (reason `no pair`).
+    Metadata: "prompt" (templated), "completion", "raw_prompt" (the instruction), "model",
+    "completion_index", "source".
+    """
+
+    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+
+    def __init__(
+        self,
+        path: str = ULTRAFEEDBACK_HUB,
+        tokenizer: Any = None,
+        name: str | None = None,
+        train_split: str | None = "train",
+        val_split: str | None = None,
+        test_split: str | None = None,
+        split_map: dict[str, str] | None = None,
+        data_files: dict[str, Any] | str | None = None,
+        max_prompt_length: int = 512,
+        max_completion_length: int = 1024,
+        truncate_completions: bool = False,
+        reward_field: str = "overall_score",
+        with_rewards: bool = True,
+        label_mode: LabelMode | None = None,
+        label_threshold: float | None = None,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        num_proc: int | None = None,
+        seed: int = 0,
+        on_bad_rows: BadRowPolicy = "error",
+        limit: int | None = None,
+    ):
+        if label_mode not in (None, "threshold", "pairs"):
+            raise ValueError(f"label_mode must be None, 'threshold' or 'pairs', got {label_mode!r}")
+        if not with_rewards and label_mode is None:
+            raise ValueError("with_rewards=False needs a label_mode: the batches would carry neither rewards nor labels")
+        if label_threshold is not None and label_mode != "threshold":
+            raise ValueError("label_threshold is only used with label_mode='threshold'")
+        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
+                         test_split=test_split, split_map=split_map, data_files=data_files,
+                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+        self.reward_field = reward_field
+        self.with_rewards = with_rewards
+        self.label_mode = label_mode
+        self.label_threshold = label_threshold
+        self.reward_stats: dict[str, Any] | None = None
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def _formatter(self, role: str) -> Formatter:
+        _no_template_check(self)
+        return UltraFeedbackSingleFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
+                                            self.truncate_completions, self.reward_field, self.label_mode)
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        self.ensure_reward_stats()
+
+    def ensure_reward_stats(self) -> dict[str, Any]:
+        """The training reward statistics: restored ones if any, else computed from the train split."""
+        if self.reward_stats is None:
+            if self.splits["train"] is None:
+                raise ValueError("reward normalisation needs the train split (or statistics restored from a checkpoint)")
+            raw = torch.tensor(list(self.dataset("train")["_reward"]), dtype=torch.float64)
+            if raw.numel() < 2:
+                raise ValueError(f"cannot normalise rewards over {raw.numel()} training example(s)")
+            mean, std = float(raw.mean()), float(raw.std(correction=0))
+            if not std > 0 or not math.isfinite(std):
+                raise ValueError(f"training rewards ({self.reward_field}) have standard deviation {std}: cannot normalise")
+            self.reward_stats = {"field": self.reward_field, "mean": mean, "std": std, "count": int(raw.numel())}
+        elif self.reward_stats.get("field") != self.reward_field:
+            raise ValueError(f"restored reward statistics are for {self.reward_stats.get('field')!r}, "
+                             f"but reward_field is {self.reward_field!r}")
+        return self.reward_stats
+
+    def _collator(self, role: str) -> SingleCollator:
+        stats = self.ensure_reward_stats()
+        threshold = None
+        if self.label_mode == "threshold":
+            threshold = self.label_threshold if self.label_threshold is not None else stats["mean"]
+        return SingleCollator(self.tokenizer.pad_token_id, stats["mean"] if self.with_rewards else None, stats["std"],
+                              with_labels=self.label_mode is not None, label_threshold=threshold)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reward_stats": dict(self.reward_stats) if self.reward_stats is not None else None}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        stats = state_dict.get("reward_stats")
+        self.reward_stats = dict(stats) if stats is not None else None
+
+
+class UltraFeedbackPromptDataModule(_ReferenceTexts, RLHFDataModule):
+    """UltraFeedback prompts for online methods -> left-padded `PromptBatch` (chat template with
+    the generation prompt). Reads the binarized schema (reference = the chosen answer) or the
+    openbmb schema (`instruction`, no reference). Metadata: "prompt", "reference",
+    "raw_prompt", and the other scalar source columns (e.g. `prompt_id`, scores, `source`).
+    """
+
+    def __init__(
+        self,
+        path: str = ULTRAFEEDBACK_BINARIZED_HUB,
+        tokenizer: Any = None,
+        name: str | None = None,
+        train_split: str | None = "train_prefs",
+        val_split: str | None = "test_prefs",
+        test_split: str | None = None,
+        split_map: dict[str, str] | None = None,
+        data_files: dict[str, Any] | str | None = None,
+        max_prompt_length: int = 512,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        num_proc: int | None = None,
+        seed: int = 0,
+        on_bad_rows: BadRowPolicy = "error",
+        limit: int | None = None,
+    ):
+        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
+                         test_split=test_split, split_map=split_map, data_files=data_files,
+                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def _formatter(self, role: str) -> Formatter:
+        _no_template_check(self)
+        return UltraFeedbackPromptFormatter(self.tokenizer, self.max_prompt_length,
+                                            _passthrough(self, role, UltraFeedbackPromptFormatter.consumed + ("models",)))
+
+    def _collator(self, role: str) -> PromptCollator:
+        return PromptCollator(self.tokenizer.pad_token_id)
