@@ -54,6 +54,9 @@ class PolicyModule(LightningModule):
         lr_scheduler: decay after warmup: `cosine`, `linear` (both to 0) or `constant`.
         gradient_checkpointing: recompute activations in the backward pass to save memory.
         export_dir: when set, the policy is exported there in Hugging Face format at the end of fit.
+        on_nonfinite: what a NaN/inf loss, reward, advantage or gradient does before the optimizer
+            step: `error` (default) stops with an error naming the step, the tensor and the batch
+            rows; `skip` skips that optimizer step and counts it (`train/guard/skipped_steps`).
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class PolicyModule(LightningModule):
         lr_scheduler: SchedulerName = "cosine",
         gradient_checkpointing: bool = False,
         export_dir: str | None = None,
+        on_nonfinite: Literal["error", "skip"] = "error",
     ) -> None:
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)
@@ -83,8 +87,11 @@ class PolicyModule(LightningModule):
         self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
         if gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if on_nonfinite not in ("error", "skip"):
+            raise ValueError(f"on_nonfinite must be 'error' or 'skip', got {on_nonfinite!r}")
         self._frozen_names: list[str] = []
         self._step_started_at: float | None = None
+        self.skipped_steps = 0
 
     # ----------------------------------------------------------------------------------------
     # frozen models (reference policy, reward model): never trained, never checkpointed
@@ -115,7 +122,7 @@ class PolicyModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
-        checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
+        checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
         prefixes = self._frozen_prefixes()
         if prefixes and "state_dict" in checkpoint:
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(prefixes)}
@@ -174,6 +181,69 @@ class PolicyModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ----------------------------------------------------------------------------------------
+    # non-finite guard: nothing non-finite reaches the weights
+    # ----------------------------------------------------------------------------------------
+
+    def check_finite(self, batch: Any = None, **tensors: Tensor | None) -> bool:
+        """True when every given tensor is finite. Otherwise raise `NonFiniteError` (`error`) or
+        count a skipped step and return False (`skip`); the caller then skips its update.
+
+        Per-example tensors (first dimension = batch rows) report which rows are bad, with the
+        dataset row ids of `batch.meta["index"]` when the batch carries them.
+        """
+        for name, tensor in tensors.items():
+            if tensor is None or bool(torch.isfinite(tensor).all()):
+                continue
+            rows = []
+            if tensor.ndim >= 1:
+                bad = ~torch.isfinite(tensor.detach()).reshape(tensor.shape[0], -1).all(dim=1)
+                rows = bad.nonzero().flatten().tolist()
+            ids = (getattr(batch, "meta", None) or {}).get("index")
+            where = f"batch rows {rows}" + (f" (dataset rows {[ids[i] for i in rows if i < len(ids)]})" if ids else "")
+            message = (
+                f"non-finite {name} at global step {self.global_step} (epoch {self.current_epoch}): {where}; "
+                f"values: {tensor.detach().flatten()[:8].tolist()}"
+            )
+            self._nonfinite(message)
+            return False
+        return True
+
+    def _nonfinite(self, message: str) -> None:
+        if self.hparams.get("on_nonfinite", "error") == "error":
+            raise NonFiniteError(message + ". Set on_nonfinite: skip to skip such steps instead.")
+        self.skipped_steps += 1
+        log.warning("skipping the optimizer step: %s (%d skipped so far)", message, self.skipped_steps)
+        if self._trainer is not None:
+            self.log("train/guard/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+
+    def gradients_finite(self) -> bool:
+        """Check every gradient; same behaviour as `check_finite` (error or counted skip)."""
+        bad = [n for n, p in self.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        if not bad:
+            return True
+        more = " ..." if len(bad) > 5 else ""
+        self._nonfinite(f"non-finite gradient at global step {self.global_step} in {bad[:5]}{more}")
+        return False
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """Automatic optimisation: step only when the gradients are finite (see `on_nonfinite`)."""
+
+        def guarded_closure():
+            loss = optimizer_closure() if optimizer_closure is not None else None
+            if not self.gradients_finite():
+                optimizer.zero_grad()
+                raise _SkipStep
+            return loss
+
+        try:
+            optimizer.step(closure=guarded_closure)
+        except _SkipStep:
+            pass
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped_steps = int(checkpoint.get(CHECKPOINT_KEY, {}).get("skipped_steps", 0))
+
+    # ----------------------------------------------------------------------------------------
     # logging
     # ----------------------------------------------------------------------------------------
 
@@ -215,6 +285,14 @@ class PolicyModule(LightningModule):
         export_dir = self.hparams.get("export_dir")
         if export_dir and self.trainer.is_global_zero:
             self.export_hf(export_dir)
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN/inf loss, reward, advantage or gradient was about to reach the weights."""
+
+
+class _SkipStep(Exception):
+    """Raised inside the optimizer closure to skip one step (caught in `optimizer_step`)."""
 
 
 def decay_groups(module: nn.Module, weight_decay: float, **extra: Any) -> list[dict[str, Any]]:

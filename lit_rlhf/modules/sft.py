@@ -27,6 +27,8 @@ class SFTModule(PolicyModule):
 
     def training_step(self, batch: SFTBatch, batch_idx: int):
         loss = self._nll(batch)
+        if not self.check_finite(batch, loss=loss):
+            return None  # Lightning skips backward and the optimizer step
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         return loss
 
