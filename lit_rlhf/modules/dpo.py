@@ -1,0 +1,238 @@
+"""Direct preference optimisation: DPO, IPO and SLiC-hinge on pairs (`lit_rlhf.losses.dpo_loss`).
+
+The reference log-probs come either from a frozen reference model run next to the policy at
+every step, or (`precompute_ref_logps: true`) from a table filled once at the start of fit by
+a reference model that is freed right after, so it never stays in memory during training.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import move_data_to_device
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import Tensor
+
+from lit_rlhf import models
+from lit_rlhf.losses import DPOLossType, dpo_loss
+from lit_rlhf.modules.base import PolicyModule
+from lit_rlhf.ops import masked_mean, per_token_logps
+from lit_rlhf.types import PreferenceBatch, split_pair
+
+log = logging.getLogger(__name__)
+
+
+def sequence_keys(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) -> list[bytes]:
+    """A content fingerprint per row: a hash of its real tokens and of which of them are scored.
+
+    (B, T) x3 -> B keys of 16 bytes. The key depends on neither the padding, nor the row's
+    position in the batch, nor the split or shuffling order, so a table keyed by it stays valid
+    across epochs, ranks and resumed runs. Two rows get the same key only when they would get
+    the same sequence log-prob.
+    """
+    ids, keep, scored = input_ids.detach().cpu(), attention_mask.detach().cpu().bool(), loss_mask.detach().cpu().bool()
+    keys = []
+    for row_ids, row_keep, row_scored in zip(ids, keep, scored):
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(row_ids[row_keep].to(torch.int64).numpy().tobytes())
+        digest.update(row_scored[row_keep].numpy().tobytes())
+        keys.append(digest.digest())
+    return keys
+
+
+def ensure_finite(loss: Tensor, module: PolicyModule, what: str) -> Tensor:
+    """Raise before a non-finite loss reaches the weights, naming the step."""
+    if not torch.isfinite(loss).all():
+        raise FloatingPointError(
+            f"non-finite {what} ({loss.detach().float().item()}) at global step {module.global_step}; "
+            "the weights were not updated. Lower the learning rate or check the batch."
+        )
+    return loss
+
+
+class DPOModule(PolicyModule):
+    """DPO (Rafailov et al. 2023) and its IPO / hinge variants on a `PreferenceBatch`.
+
+    Chosen and rejected sequences go through the policy in ONE forward pass: the batch is
+    already concatenated, rows `[:B]` chosen and `[B:]` rejected, (2B, T). Sequence log-probs
+    are sums over completion tokens; the loss family `f(beta * h)` lives in `dpo_loss`.
+
+    Args:
+        beta: KL strength; the implicit reward is `beta * log(pi / pi_ref)`. 0.1 is the usual
+            value (the DPO paper uses 0.5 for TL;DR summarisation; we use 0.05 following the
+            TRL/N+ reproductions, see configs/tldr/dpo.yaml).
+        loss_type: `sigmoid` (DPO), `hinge` (SLiC) or `ipo`.
+        ref_model: reference policy name; `None` = the initial policy (the `model` checkpoint).
+        precompute_ref_logps: compute every reference sequence log-prob once at the start of
+            fit (over the DataModule's train and val dataloaders, rows split across ranks),
+            keep them in a table keyed by a content hash of each sequence (`sequence_keys`),
+            and free the reference model. The table is not checkpointed: its recipe (the
+            reference name and the data) rebuilds it identically on resume.
+        nll_coef: weight of an added NLL term on the chosen completions (token mean), as in
+            "DPO + NLL" / RPO (Lambert, RLHF book, Sec. 8.2); 0 disables it.
+        **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
+    """
+
+    def __init__(
+        self,
+        beta: float = 0.1,
+        loss_type: DPOLossType = "sigmoid",
+        ref_model: str | None = None,
+        precompute_ref_logps: bool = False,
+        nll_coef: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if beta <= 0:
+            raise ValueError(f"beta must be > 0, got {beta}")
+        if loss_type not in ("sigmoid", "hinge", "ipo"):
+            raise ValueError(f"unknown loss_type {loss_type!r}; expected 'sigmoid', 'hinge' or 'ipo'")
+        if nll_coef < 0:
+            raise ValueError(f"nll_coef must be >= 0, got {nll_coef}")
+        self.beta = beta
+        self.loss_type = loss_type
+        self.nll_coef = nll_coef
+        self.precompute_ref_logps = precompute_ref_logps
+        # content key -> reference sequence log-prob (precompute mode only)
+        self.ref_logps_cache: dict[bytes, float] = {}
+        if not precompute_ref_logps:
+            self.load_reference(ref_model, self.hparams.dtype)
+
+    # ----------------------------------------------------------------------------------------
+    # reference log-probs: live or precomputed
+    # ----------------------------------------------------------------------------------------
+
+    def reference_logps(self, batch: PreferenceBatch) -> Tensor:
+        """Reference sequence log-probs (2B,) of the batch, live or from the precomputed table."""
+        if not self.precompute_ref_logps:
+            per_token = self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask)
+            return self.sequence_logps(per_token, batch.loss_mask)  # (2B,)
+        keys = sequence_keys(batch.input_ids, batch.attention_mask, batch.loss_mask)
+        missing = [i for i, key in enumerate(keys) if key not in self.ref_logps_cache]
+        if missing:
+            raise KeyError(
+                f"no precomputed reference log-probs for rows {missing} of this batch: with "
+                "precompute_ref_logps=true every sequence must come from the DataModule dataloaders "
+                "that were precomputed at the start of fit/validate/test (call `precompute_reference` "
+                "for other data)"
+            )
+        values = [self.ref_logps_cache[key] for key in keys]
+        return torch.tensor(values, dtype=torch.float32, device=batch.input_ids.device)  # (2B,)
+
+    @torch.no_grad()
+    def precompute_reference(self, dataloaders: Iterable[Iterable[PreferenceBatch]]) -> int:
+        """Fill `ref_logps_cache` from `dataloaders` with a freshly loaded reference; returns its size.
+
+        The reference is `ref_model`, or the `model` checkpoint itself (the initial policy), loaded
+        here and freed at the end, so it is the same on a resumed run. Under data parallelism each
+        rank scores every world_size-th batch and the tables are merged on all ranks.
+        """
+        ref = models.load_reference_model(self.hparams.ref_model or self.model_name, self.tokenizer, self.hparams.dtype)
+        ref.to(self.device)
+        trainer = self._trainer
+        world_size = trainer.world_size if trainer is not None else 1
+        rank = trainer.global_rank if trainer is not None else 0
+        context = trainer.precision_plugin.forward_context() if trainer is not None else torch.autocast("cpu", enabled=False)
+        table: dict[bytes, float] = {}
+        step = 0
+        with context:
+            for loader in dataloaders:
+                for batch in loader:
+                    step += 1
+                    if (step - 1) % world_size != rank:
+                        continue
+                    batch = move_data_to_device(batch, self.device)
+                    per_token = per_token_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask)  # (2B, T)
+                    logps = self.sequence_logps(per_token, batch.loss_mask).float().tolist()  # (2B,)
+                    table.update(zip(sequence_keys(batch.input_ids, batch.attention_mask, batch.loss_mask), logps))
+        if world_size > 1:
+            gathered: list[dict[bytes, float] | None] = [None] * world_size
+            torch.distributed.all_gather_object(gathered, table)
+            for part in gathered:
+                table.update(part or {})
+        self.ref_logps_cache.update(table)
+        del ref
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        log.info("precomputed %d reference sequence log-probs", len(self.ref_logps_cache))
+        return len(self.ref_logps_cache)
+
+    def _datamodule_loaders(self, names: tuple[str, ...]) -> list:
+        datamodule = self.trainer.datamodule
+        if datamodule is None:
+            raise RuntimeError(
+                "precompute_ref_logps=true needs a LightningDataModule (trainer.fit(model, datamodule=...)), "
+                "or call `precompute_reference(dataloaders)` yourself before fitting"
+            )
+        loaders = []
+        for name in names:
+            if is_overridden(name, datamodule):
+                loader = getattr(datamodule, name)()
+                loaders.extend(loader if isinstance(loader, (list, tuple)) else [loader])
+        return loaders
+
+    def on_fit_start(self) -> None:
+        if self.precompute_ref_logps:
+            names = ("train_dataloader",) + (("val_dataloader",) if self.trainer.limit_val_batches != 0 else ())
+            self.precompute_reference(self._datamodule_loaders(names))
+
+    def on_validation_start(self) -> None:
+        if self.precompute_ref_logps and self.trainer.state.fn == "validate":
+            self.precompute_reference(self._datamodule_loaders(("val_dataloader",)))
+
+    def on_test_start(self) -> None:
+        if self.precompute_ref_logps:
+            self.precompute_reference(self._datamodule_loaders(("test_dataloader",)))
+
+    # ----------------------------------------------------------------------------------------
+    # steps
+    # ----------------------------------------------------------------------------------------
+
+    def compute_loss(self, batch: PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
+        if not isinstance(batch, PreferenceBatch):
+            raise TypeError(f"DPOModule needs a PreferenceBatch (chosen rows first), got {type(batch).__name__}")
+        per_token = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (2B, T)
+        policy_chosen, policy_rejected = split_pair(self.sequence_logps(per_token, batch.loss_mask))  # (B,), (B,)
+        ref_chosen, ref_rejected = split_pair(self.reference_logps(batch))  # (B,), (B,)
+        out = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta, self.loss_type)
+        stats = {
+            "rewards/chosen": out.chosen_rewards.mean(),
+            "rewards/rejected": out.rejected_rewards.mean(),
+            "rewards/margins": out.margins.mean(),
+            "rewards/accuracies": out.accuracies,
+            "logps/chosen": policy_chosen.detach().mean(),
+            "logps/rejected": policy_rejected.detach().mean(),
+            "loss/preference": out.loss.detach(),
+        }
+        loss = out.loss
+        if self.nll_coef > 0:
+            chosen_per_token, _ = split_pair(per_token)  # (B, T)
+            chosen_mask, _ = split_pair(batch.loss_mask)  # (B, T)
+            nll = -masked_mean(chosen_per_token, chosen_mask)  # token mean over the chosen completions
+            loss = loss + self.nll_coef * nll
+            stats["loss/nll"] = nll.detach()
+        return loss, stats
+
+    def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor:
+        loss, stats = self.compute_loss(batch)
+        ensure_finite(loss, self, "DPO loss")
+        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        self.log_stats("train", stats, prog_bar=("rewards/accuracies",))
+        return loss
+
+    def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
+        loss, stats = self.compute_loss(batch)
+        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
+        self.log_stats("val", stats, prog_bar=("rewards/accuracies",))
+
+    def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
+        loss, stats = self.compute_loss(batch)
+        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
+        self.log_stats("test", stats)

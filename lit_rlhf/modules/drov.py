@@ -1,0 +1,158 @@
+"""DRO-V: a policy and a value network V(x) trained on single-trajectory, scalar-reward data.
+
+Richemond et al. 2024, "Offline Regularised Reinforcement Learning for LLM Alignment": the math
+(the two surrogates whose gradients are Eq. 7 and Eq. 8 / tau) is `lit_rlhf.losses.drov_loss`;
+this module owns the two networks, reads V(x) at the last prompt token, and gives the policy
+and the value their own learning rates in ONE AdamW (two parameter groups).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lit_rlhf import models
+from lit_rlhf.losses import drov_loss
+from lit_rlhf.modules.base import PolicyModule, decay_groups
+from lit_rlhf.modules.dpo import ensure_finite
+from lit_rlhf.types import SingleBatch
+
+ValuePer = Literal["example", "batch"]
+SHARED = "shared"
+
+
+def last_prompt_index(prompt_lengths: Tensor) -> Tensor:
+    """Index of the last prompt token of right-padded prompt+completion rows: (B,) -> (B,)."""
+    if (prompt_lengths < 1).any():
+        raise ValueError(f"every row needs a non-empty prompt to read V(x) at; got prompt_lengths {prompt_lengths.tolist()}")
+    return prompt_lengths.long() - 1
+
+
+class DROVModule(PolicyModule):
+    """DRO-V on `SingleBatch`es (prompt, completion, normalised scalar reward `rewards`).
+
+    L = 1/2 E[(r(x,y) - V(x) - tau * log(pi(y|x)/pi_ref(y|x)))^2] (DESIGN Sec. 2). V(x) is read
+    at the last prompt token (index `prompt_lengths - 1` of the right-padded rows), so it sees the
+    prompt only: one value per example. Only the prompt columns go through the value network.
+
+    Args:
+        tau: KL regularisation strength (> 0); the paper's default is 1.
+        lr: policy learning rate (the paper uses 1e-4 for both networks, with 150 warmup steps).
+        value_lr: value-network learning rate (its own AdamW parameter group).
+        value_model: the value network's initial checkpoint; `None` = the policy's `model`
+            checkpoint with a fresh D11 scalar head on its backbone (a SEPARATE network, no
+            shared parameters); a reward model directory keeps its head (`load_scalar_model`);
+            `shared` = a scalar head on the policy's own backbone (the paper's shared-network
+            ablation: the value loss then also moves the policy's backbone).
+        value_per: `example` (V(x), one value per prompt, the paper's DRO-V) or `batch` (one
+            learnable scalar for all prompts, the paper's single-value ablation; no value network).
+        ref_model: reference policy name; `None` = a frozen copy of the initial policy.
+        **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
+    """
+
+    def __init__(
+        self,
+        tau: float = 1.0,
+        lr: float = 1e-4,
+        value_lr: float = 1e-4,
+        value_model: str | None = None,
+        value_per: ValuePer = "example",
+        ref_model: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(lr=lr, **kwargs)
+        if tau <= 0:
+            raise ValueError(f"tau must be > 0, got {tau}")
+        if value_lr <= 0:
+            raise ValueError(f"value_lr must be > 0, got {value_lr}")
+        if value_per not in ("example", "batch"):
+            raise ValueError(f"unknown value_per {value_per!r}; expected 'example' or 'batch'")
+        if value_per == "batch" and value_model is not None:
+            raise ValueError(f"value_per='batch' learns one scalar and uses no value network; got value_model={value_model!r}")
+        self.tau = tau
+        self.value_per = value_per
+        self.value: models.ScalarHeadModel | None = None
+        self.batch_value: nn.Parameter | None = None
+        if value_per == "batch":
+            self.batch_value = nn.Parameter(torch.zeros(()))
+        elif value_model == SHARED:
+            self.value = models.ScalarHeadModel(models.backbone_of(self.policy))
+        else:
+            self.value = models.load_scalar_model(value_model or self.model_name, self.tokenizer, self.hparams.dtype)
+            self.value.requires_grad_(True)
+        self.load_reference(ref_model, self.hparams.dtype)
+
+    # ----------------------------------------------------------------------------------------
+    # value
+    # ----------------------------------------------------------------------------------------
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        """The value's own trainable parameters (with `shared`: the head only)."""
+        if self.batch_value is not None:
+            return [self.batch_value]
+        if self.hparams.value_model == SHARED:
+            return list(self.value.head.parameters())
+        return list(self.value.parameters())
+
+    def values(self, batch: SingleBatch) -> Tensor:
+        """V(x) of each row (B,), read at the last prompt token (`prompt_lengths - 1`)."""
+        if self.batch_value is not None:
+            return self.batch_value.expand(batch.input_ids.shape[0])  # (B,) one scalar for the batch
+        index = last_prompt_index(batch.prompt_lengths)  # (B,)
+        width = int(index.max()) + 1  # right padding: prompts fill columns [0, prompt_length)
+        return self.value.score(batch.input_ids[:, :width], batch.attention_mask[:, :width], index=index)  # (B,)
+
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
+        """Two learning rates in one AdamW: the policy at `lr`, the value at `value_lr`."""
+        hp = self.hparams
+        value_ids = {id(p) for p in self.value_parameters()}
+        policy_params = nn.ParameterList([p for p in self.policy.parameters() if id(p) not in value_ids])
+        value_params = nn.ParameterList(self.value_parameters())
+        groups = decay_groups(policy_params, hp.weight_decay, lr=hp.lr, name="policy")
+        groups += decay_groups(value_params, hp.weight_decay, lr=hp.value_lr, name="value")
+        return groups
+
+    # ----------------------------------------------------------------------------------------
+    # steps
+    # ----------------------------------------------------------------------------------------
+
+    def compute_loss(self, batch: SingleBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
+        if not isinstance(batch, SingleBatch):
+            raise TypeError(f"DROVModule needs a SingleBatch with scalar rewards, got {type(batch).__name__}")
+        if batch.rewards is None:
+            raise ValueError("DROVModule needs scalar `rewards` in the batch (single-trajectory data with a reward column)")
+        policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
+        ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
+        values = self.values(batch)  # (B,)
+        out = drov_loss(policy, ref, values.float(), batch.rewards.float(), self.tau)
+        stats = {
+            "policy/loss": out.policy_loss.detach(),
+            "value/loss": out.value_loss.detach(),
+            "value/mean": out.values,
+            "objective/dro": out.objective,
+            "objective/logratio": out.logratio,
+            "objective/advantages": out.advantages,
+            "objective/residuals": out.residuals,
+            "rewards/mean": batch.rewards.float().mean(),
+        }
+        return out.loss, stats
+
+    def training_step(self, batch: SingleBatch, batch_idx: int) -> Tensor:
+        loss, stats = self.compute_loss(batch)
+        ensure_finite(loss, self, "DRO-V loss")
+        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        self.log_stats("train", stats, prog_bar=("objective/dro",))
+        return loss
+
+    def validation_step(self, batch: SingleBatch, batch_idx: int) -> None:
+        loss, stats = self.compute_loss(batch)
+        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
+        self.log_stats("val", stats)
+
+    def test_step(self, batch: SingleBatch, batch_idx: int) -> None:
+        loss, stats = self.compute_loss(batch)
+        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
+        self.log_stats("test", stats)

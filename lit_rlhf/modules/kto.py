@@ -1,0 +1,170 @@
+"""KTO: unpaired desirable / undesirable completions (`lit_rlhf.losses.kto_loss`).
+
+The KL reference point z0 is estimated at every step from mismatched prompt/completion pairs
+of the batch (prompt i with the completion of row i+1 mod B, `mismatched_sequences`), without
+gradient, averaged over ranks and clamped at 0 (Ethayarajh et al. 2024, Sec. 4).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from lit_rlhf.losses import kto_kl_estimate, kto_loss, labels_from_rewards
+from lit_rlhf.modules.base import PolicyModule
+from lit_rlhf.modules.dpo import ensure_finite
+from lit_rlhf.types import PreferenceBatch, SingleBatch
+
+LabelsFrom = Literal["labels", "rewards"]
+
+
+def mismatched_sequences(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    loss_mask: Tensor,
+    prompt_lengths: Tensor,
+    pad_token_id: int,
+    shift: int = 1,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Pair the prompt of row i with the completion of row (i + shift) mod B, right padded.
+
+    input_ids, attention_mask, loss_mask: (B, T) right padded (D5); prompt_lengths: (B,).
+    A row's prompt is its first `prompt_lengths[i]` tokens and its completion the tokens where
+    `loss_mask` is True. Returns (input_ids, attention_mask, loss_mask) of the B mismatched
+    sequences, (B, T'), with T' the longest of them; the loss mask covers the moved completion.
+    """
+    batch_size = input_ids.shape[0]
+    if batch_size < 2:
+        raise ValueError(
+            f"KTO's KL estimate pairs each prompt with another row's completion: it needs at least 2 rows "
+            f"per batch, got {batch_size} (raise the batch size or drop the last incomplete batch)"
+        )
+    prompts = [input_ids[i, : int(prompt_lengths[i])] for i in range(batch_size)]
+    completions = [input_ids[i][loss_mask[i].bool()] for i in range(batch_size)]
+    rows = [(prompts[i], completions[(i + shift) % batch_size]) for i in range(batch_size)]
+    length = max(len(p) + len(c) for p, c in rows)
+    ids = input_ids.new_full((batch_size, length), pad_token_id)
+    keep = torch.zeros(batch_size, length, dtype=torch.bool, device=input_ids.device)
+    scored = torch.zeros_like(keep)
+    for i, (prompt, completion) in enumerate(rows):
+        end = len(prompt) + len(completion)
+        ids[i, :end] = torch.cat([prompt, completion])
+        keep[i, :end] = True
+        scored[i, len(prompt) : end] = True
+    return ids, keep, scored
+
+
+class KTOModule(PolicyModule):
+    """KTO (Ethayarajh et al. 2024) on unpaired completions with a desirable / undesirable flag.
+
+    Accepted batches:
+    - `SingleBatch` with `labels` (True = desirable), `labels_from: labels`;
+    - `SingleBatch` with scalar `rewards`, `labels_from: rewards`: desirable when the reward beats
+      the batch mean, the DRO paper's KTO baseline (`labels_from_rewards`);
+    - `PreferenceBatch`: the pairs split into a desirable (chosen, rows [:B]) and an undesirable
+      (rejected, rows [B:]) completion; `labels_from` is ignored.
+
+    z0 (the KL reference point) is the mean log-ratio log pi/pi_ref over the mismatched
+    sequences of the batch (prompt i, completion i+1 mod B), computed without gradient,
+    averaged across ranks, clamped at 0 (`kl_reference_point`).
+
+    Args:
+        beta: KL strength in the value function sigmoid(beta * (r - z0)); the KTO paper uses 0.1
+            (and up to 1 for small models), see configs/ultrafeedback/kto.yaml.
+        desirable_weight: lambda_D, weight of the desirable examples' losses.
+        undesirable_weight: lambda_U, weight of the undesirable examples' losses. The paper
+            suggests lambda_D * n_D / (lambda_U * n_U) in [1, 4/3].
+        labels_from: `labels` (the batch's binary labels) or `rewards` (labels from the batch's
+            scalar rewards compared with the batch mean).
+        ref_model: reference policy name; `None` = a frozen copy of the initial policy.
+        **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
+    """
+
+    def __init__(
+        self,
+        beta: float = 0.1,
+        desirable_weight: float = 1.0,
+        undesirable_weight: float = 1.0,
+        labels_from: LabelsFrom = "labels",
+        ref_model: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if beta <= 0:
+            raise ValueError(f"beta must be > 0, got {beta}")
+        if desirable_weight < 0 or undesirable_weight < 0:
+            raise ValueError(f"desirable_weight / undesirable_weight must be >= 0, got {desirable_weight}, {undesirable_weight}")
+        if labels_from not in ("labels", "rewards"):
+            raise ValueError(f"unknown labels_from {labels_from!r}; expected 'labels' or 'rewards'")
+        self.beta = beta
+        self.desirable_weight = desirable_weight
+        self.undesirable_weight = undesirable_weight
+        self.labels_from = labels_from
+        self.load_reference(ref_model, self.hparams.dtype)
+
+    def desirable_flags(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
+        """(N,) bool, True = desirable, for the N rows of the batch."""
+        if isinstance(batch, PreferenceBatch):
+            pairs = batch.num_pairs
+            return torch.arange(2 * pairs, device=batch.input_ids.device) < pairs  # chosen rows first
+        if not isinstance(batch, SingleBatch):
+            raise TypeError(f"KTOModule needs a SingleBatch or a PreferenceBatch, got {type(batch).__name__}")
+        if self.labels_from == "labels":
+            if batch.labels is None:
+                raise ValueError("labels_from='labels' but the batch has no `labels`; use labels_from='rewards' for scalar rewards")
+            return batch.labels.bool()
+        if batch.rewards is None:
+            raise ValueError("labels_from='rewards' but the batch has no `rewards`")
+        return labels_from_rewards(batch.rewards)
+
+    @torch.no_grad()
+    def kl_reference_point(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
+        """z0: mean log pi/pi_ref of the batch's mismatched sequences, over all ranks, clamped at 0.
+
+        Returns a () tensor without grad. Under data parallelism the per-row log-ratios of every
+        rank are gathered first, so z0 is the global mean (then clamped), not a mean of clamps.
+        """
+        ids, keep, scored = mismatched_sequences(
+            batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths, self.tokenizer.pad_token_id
+        )  # (N, T')
+        policy = self.sequence_logps(self.policy_logps(ids, keep, scored), scored)  # (N,)
+        ref = self.sequence_logps(self.frozen_logps("ref_model", ids, keep, scored), scored)  # (N,)
+        if self._trainer is not None and self.trainer.world_size > 1:
+            policy, ref = self.all_gather(policy).flatten(), self.all_gather(ref).flatten()  # (W*N,)
+        return kto_kl_estimate(policy, ref)
+
+    def compute_loss(self, batch: SingleBatch | PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
+        desirable = self.desirable_flags(batch)  # (N,)
+        z0 = self.kl_reference_point(batch)  # ()
+        policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
+        ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
+        out = kto_loss(policy, ref, desirable, z0, self.beta, self.desirable_weight, self.undesirable_weight)
+        stats = {
+            "rewards/desirable": out.desirable_rewards,
+            "rewards/undesirable": out.undesirable_rewards,
+            "rewards/margins": out.desirable_rewards - out.undesirable_rewards,
+            "objective/kl": out.kl,
+            "logps/policy": policy.detach().mean(),
+            "data/desirable_fraction": desirable.float().mean(),
+        }
+        return out.loss, stats
+
+    def training_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> Tensor:
+        loss, stats = self.compute_loss(batch)
+        ensure_finite(loss, self, "KTO loss")
+        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        self.log_stats("train", stats, prog_bar=("objective/kl",))
+        return loss
+
+    def validation_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> None:
+        loss, stats = self.compute_loss(batch)
+        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
+        self.log_stats("val", stats)
+
+    def test_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> None:
+        loss, stats = self.compute_loss(batch)
+        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
+        self.log_stats("test", stats)

@@ -1,0 +1,140 @@
+"""KTOModule: mismatched pairs, the z0 reference point, label sources, optimisation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_rlhf.modules.kto import KTOModule, mismatched_sequences
+from lit_rlhf.ops import per_token_logps
+from lit_rlhf.types import PreferenceBatch, SingleBatch
+
+PROMPTS = ["Q: 1+1?\nA:", "Say hi.", "Name a colour:", "Count:"]
+COMPLETIONS = [" 2", " hi there", " red", " 1 2 3"]
+
+
+def tokens(tokenizer, prompt: str, completion: str) -> tuple[list[int], list[int]]:
+    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    c = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return p, c
+
+
+def single_batch(tokenizer, prompts=PROMPTS, completions=COMPLETIONS, labels=None, rewards=None) -> SingleBatch:
+    pairs = [tokens(tokenizer, p, c) for p, c in zip(prompts, completions)]
+    length = max(len(p) + len(c) for p, c in pairs)
+    ids = torch.full((len(pairs), length), tokenizer.pad_token_id, dtype=torch.long)
+    keep = torch.zeros(len(pairs), length, dtype=torch.bool)
+    scored = torch.zeros_like(keep)
+    for i, (p, c) in enumerate(pairs):
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        keep[i, : len(p) + len(c)] = True
+        scored[i, len(p) : len(p) + len(c)] = True
+    return SingleBatch(ids, keep, scored, torch.tensor([len(p) for p, _ in pairs]), rewards, labels)
+
+
+def perturb(module: torch.nn.Module, seed: int = 0, scale: float = 0.05) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def test_mismatched_sequences_pair_prompt_i_with_completion_i_plus_1(tiny_tokenizer):
+    batch = single_batch(tiny_tokenizer)
+    ids, keep, scored = mismatched_sequences(
+        batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths, tiny_tokenizer.pad_token_id
+    )
+    n = len(PROMPTS)
+    for i in range(n):
+        p, c = tokens(tiny_tokenizer, PROMPTS[i], COMPLETIONS[(i + 1) % n])
+        assert ids[i, keep[i]].tolist() == p + c
+        assert ids[i, scored[i]].tolist() == c
+        assert keep[i].sum() == len(p) + len(c) and keep[i, : len(p) + len(c)].all()  # right padded
+        assert (ids[i, ~keep[i]] == tiny_tokenizer.pad_token_id).all()
+    assert ids.shape[1] == max(keep.sum(1))
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        mismatched_sequences(ids[:1], keep[:1], scored[:1], batch.prompt_lengths[:1], 0)
+
+
+def _hand_mismatched_logratio(module: KTOModule, tokenizer, ref_shift_per_token: float = 0.0) -> torch.Tensor:
+    n = len(PROMPTS)
+    ratios = []
+    for i in range(n):
+        p, c = tokens(tokenizer, PROMPTS[i], COMPLETIONS[(i + 1) % n])
+        ids = torch.tensor([p + c])
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        scored = torch.tensor([[False] * len(p) + [True] * len(c)])
+        with torch.no_grad():
+            policy = per_token_logps(module.policy, ids, keep, scored).sum()
+            ref = per_token_logps(module.ref_model, ids, keep, scored).sum() + ref_shift_per_token * len(c)
+        ratios.append(policy - ref)
+    return torch.stack(ratios).mean()
+
+
+@pytest.mark.parametrize("ref_shift", [-1.0, 1.0])  # reference made less / more likely: z0 > 0 / clamped to 0
+def test_z0_is_the_detached_clamped_mean_mismatched_logratio(tiny_tokenizer, ref_shift):
+    module = KTOModule()
+    perturb(module.policy)
+    frozen_logps = module.frozen_logps
+
+    def shifted(name, input_ids, attention_mask, loss_mask, temperature=1.0):
+        return frozen_logps(name, input_ids, attention_mask, loss_mask, temperature) + ref_shift * loss_mask
+
+    module.frozen_logps = shifted
+    batch = single_batch(tiny_tokenizer, labels=torch.tensor([True, False, True, False]))
+    z0 = module.kl_reference_point(batch)
+    expected = _hand_mismatched_logratio(module, tiny_tokenizer, ref_shift)
+    if ref_shift < 0:
+        assert expected > 0
+        torch.testing.assert_close(z0, expected, atol=1e-5, rtol=0)
+    else:
+        assert expected < 0
+        assert z0.item() == 0.0
+    assert not z0.requires_grad and z0.grad_fn is None
+    # the loss uses that z0 and no gradient flows through it: only the matched forward has grad
+    loss, stats = module.compute_loss(batch)
+    torch.testing.assert_close(stats["objective/kl"], z0)
+    assert loss.requires_grad
+
+
+def test_desirable_flags_from_labels_rewards_and_pairs(tiny_tokenizer):
+    labelled = single_batch(tiny_tokenizer, labels=torch.tensor([True, False, False, True]))
+    assert KTOModule().desirable_flags(labelled).tolist() == [True, False, False, True]
+    rewarded = single_batch(tiny_tokenizer, rewards=torch.tensor([0.5, -1.0, 2.0, 0.0]))  # mean 0.375
+    assert KTOModule(labels_from="rewards").desirable_flags(rewarded).tolist() == [True, False, True, False]
+    with pytest.raises(ValueError, match="no `labels`"):
+        KTOModule().desirable_flags(rewarded)
+    with pytest.raises(ValueError, match="no `rewards`"):
+        KTOModule(labels_from="rewards").desirable_flags(labelled)
+    pairs = PreferenceBatch(labelled.input_ids, labelled.attention_mask, labelled.loss_mask, labelled.prompt_lengths)
+    assert KTOModule().desirable_flags(pairs).tolist() == [True, True, False, False]  # chosen rows first
+    with pytest.raises(ValueError, match="labels_from"):
+        KTOModule(labels_from="scores")
+
+
+def test_weights_scale_the_two_classes(tiny_tokenizer):
+    batch = single_batch(tiny_tokenizer, labels=torch.tensor([True, True, True, True]))
+    base = KTOModule()
+    weighted = KTOModule(desirable_weight=2.0, undesirable_weight=7.0)
+    loss, _ = base.compute_loss(batch)
+    loss_w, _ = weighted.compute_loss(batch)
+    torch.testing.assert_close(loss_w, 2.0 * loss)
+
+
+@pytest.mark.parametrize("kind", ["labels", "pairs"])
+def test_a_few_steps_lower_the_loss(tiny_tokenizer, kind):
+    torch.manual_seed(0)
+    module = KTOModule(beta=0.5)
+    batch = single_batch(tiny_tokenizer, labels=torch.tensor([True, False, True, False]))
+    if kind == "pairs":
+        batch = PreferenceBatch(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
+    optimizer = torch.optim.AdamW(module.optimizer_param_groups(), lr=3e-3)
+    losses = []
+    for _ in range(6):
+        loss, stats = module.compute_loss(batch)
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert losses[-1] < losses[0] - 0.01, losses
+    assert stats["rewards/margins"] > 0
