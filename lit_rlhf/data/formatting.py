@@ -156,7 +156,7 @@ def truncate_tldr_query(tokenizer, subreddit: str, title: str, post: str, max_le
     if overhead >= max_length:
         raise BadRow(
             PROMPT_TOO_LONG,
-            "post",
+            "title",
             f"the query template with subreddit and title alone takes {overhead} tokens >= max_prompt_length={max_length}",
         )
     post_ids = tokenizer(post, add_special_tokens=False)["input_ids"]

@@ -51,7 +51,10 @@ def _query(tokenizer, max_prompt_length: int, subreddit, title, post, prefix: st
     subreddit = require_text(subreddit, prefix + "subreddit")
     title = require_text(title, prefix + "title")
     post = require_text(post, prefix + "post")
-    query = truncate_tldr_query(tokenizer, subreddit, title, post, max_prompt_length)
+    try:
+        query = truncate_tldr_query(tokenizer, subreddit, title, post, max_prompt_length)
+    except BadRow as err:
+        raise BadRow(err.reason, prefix + err.field, err.detail) from None
     return query.text, query.input_ids
 
 
