@@ -1,0 +1,63 @@
+"""SIGTERM to a running fit writes a checkpoint; `--ckpt_path last` resumes from it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from tests.helpers import REPO_ROOT, read_marker, subprocess_env, write_config
+
+
+def sft_config(tmp_path, max_steps):
+    return {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "precision": "32", "max_steps": max_steps, "logger": False,
+            "enable_progress_bar": False, "enable_model_summary": False, "default_root_dir": str(tmp_path),
+            "limit_val_batches": 0,
+            "callbacks": [
+                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                 "init_args": {"dirpath": str(tmp_path / "ckpts"), "save_last": True, "every_n_train_steps": 10_000}},
+                {"class_path": "callbacks.PreemptionCheckpoint"},
+                {"class_path": "tests.helpers.StepMarker", "init_args": {"path": str(tmp_path / "marker.json")}},
+            ],
+        },
+        "model": {"class_path": "lit_rlhf.modules.SFTModule",
+                  "init_args": {"model": "tiny-random-llama", "lr": 1e-3, "lr_scheduler": "constant"}},
+        "data": {"class_path": "lit_rlhf.data.TLDRSFTDataModule",
+                 "init_args": {"path": "bundled:tldr_sft", "max_prompt_length": 384, "max_completion_length": 64,
+                               "batch_size": 2}},
+    }
+
+
+def test_sigterm_saves_last_checkpoint_and_resume_continues(tmp_path):
+    config = write_config(tmp_path / "sft.yaml", sft_config(tmp_path, max_steps=10_000))
+    cmd = [sys.executable, "main.py", "fit", "--config", str(config)]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while read_marker(tmp_path / "marker.json") < 3:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "training did not start in time"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    last = tmp_path / "ckpts" / "last.ckpt"
+    assert last.is_file(), output[-3000:]
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    step = saved["global_step"]
+    assert 3 <= step < 10_000
+    assert read_marker(tmp_path / "marker.json") == step  # nothing ran after the checkpoint
+
+    resume = write_config(tmp_path / "resume.yaml", sft_config(tmp_path, max_steps=step + 2))
+    done = subprocess.run([sys.executable, "main.py", "fit", "--config", str(resume), "--ckpt_path", "last"],
+                          cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert read_marker(tmp_path / "marker.json") == step + 2

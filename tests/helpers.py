@@ -1,0 +1,43 @@
+"""Test-only helpers importable by subprocesses started from the repository root."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+from lightning import Callback
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class StepMarker(Callback):
+    """Writes {"global_step": N} to `path` after every training batch (to follow a subprocess)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        tmp = f"{self.path}.tmp"
+        Path(tmp).write_text(json.dumps({"global_step": trainer.global_step}))
+        os.replace(tmp, self.path)
+
+
+def read_marker(path: Path) -> int:
+    try:
+        return json.loads(Path(path).read_text())["global_step"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return -1
+
+
+def write_config(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    return env
