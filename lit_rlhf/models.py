@@ -402,3 +402,108 @@ def load_scalar_model(name: str, tokenizer=None, dtype: str | torch.dtype | None
         return ScalarHeadModel(backbone_of(classifier), head)
     causal_lm = load_causal_lm(name, tokenizer, dtype)
     return ScalarHeadModel(backbone_of(causal_lm))
+
+
+# --------------------------------------------------------------------------------------------
+# reward models: export to AutoModelForSequenceClassification and loading back (issue 4)
+# --------------------------------------------------------------------------------------------
+
+# Where the final norm of a backbone lives (its output is the `last_hidden_state` the head reads).
+_FINAL_NORM_NAMES = ("final_layer_norm", "ln_f", "decoder.final_layer_norm", "norm", "final_norm")
+REWARD_BIAS_KEY = "reward_bias"
+
+
+def final_norm_of(backbone: nn.Module) -> tuple[str, nn.Module] | None:
+    """(name, module) of the backbone's final normalisation layer, or None when not found."""
+    modules = dict(backbone.named_modules())
+    for name in _FINAL_NORM_NAMES:
+        if name in modules:
+            return name, modules[name]
+    return None
+
+
+def to_sequence_classifier(scalar: ScalarHeadModel, pad_token_id: int):
+    """An `AutoModelForSequenceClassification` (num_labels=1) giving the rewards of `scalar`.
+
+    Transformers' sequence-classification heads have no bias, so the head bias `c` goes where
+    plain `transformers` still sees it when that can be exact:
+
+    - final norm is a LayerNorm with a bias (GPT-NeoX/Pythia, GPT-2, OPT): the reward is
+      `w . LN(x) + c` with `LN(x) = g * xhat + b`, so `b' = b + c * w / ||w||^2` gives
+      `w . LN'(x) = w . LN(x) + c` exactly (up to float rounding); `config.reward_bias = 0`;
+    - otherwise (RMSNorm: Llama, SmolLM2, Mistral; or a zero head): the bias is written to
+      `config.reward_bias`, which `load_scalar_model` / `load_reward_model` add back. Plain
+      `transformers` then returns `reward - reward_bias` (a constant shift: rankings, accuracies
+      and pairwise judgements are unchanged).
+
+    Returns `(classifier, folded)` where `folded` says whether the bias went into the final norm.
+    The classifier shares no tensors with `scalar`, which is left untouched.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    backbone = scalar.backbone
+    config = copy.deepcopy(backbone.config)
+    config.num_labels = 1
+    config.pad_token_id = pad_token_id
+    config.architectures = None
+    classifier = AutoModelForSequenceClassification.from_config(config, dtype=next(backbone.parameters()).dtype)
+    body = backbone_of(classifier)
+    body.load_state_dict(backbone.state_dict())
+    weight = scalar.head.weight.detach()  # (1, d)
+    bias = float(scalar.head.bias.detach().float()) if scalar.head.bias is not None else 0.0
+    with torch.no_grad():
+        classifier.score.weight.copy_(weight.to(classifier.score.weight.dtype))
+    folded = False
+    norm = final_norm_of(body)
+    w = weight.double().reshape(-1)
+    if bias != 0.0 and norm is not None and isinstance(norm[1], nn.LayerNorm) and norm[1].bias is not None:
+        if float(w.dot(w)) > 0.0:
+            with torch.no_grad():
+                delta = bias * w / w.dot(w)  # (d,)
+                norm[1].bias.copy_((norm[1].bias.double() + delta).to(norm[1].bias.dtype))
+            folded = True
+    classifier.config.pad_token_id = pad_token_id
+    setattr(classifier.config, REWARD_BIAS_KEY, 0.0 if folded else bias)
+    classifier.config.reward_bias_folded = folded
+    return disable_dropout(classifier), folded
+
+
+def _reward_model_from_checkpoint(path: Path, tokenizer=None, dtype: str | torch.dtype | None = None) -> ScalarHeadModel:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    hparams = checkpoint.get("hyper_parameters") or {}
+    state = checkpoint.get("state_dict") or {}
+    prefix = "reward_model."
+    weights = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    if not weights or "model" not in hparams:
+        raise ValueError(
+            f"{path} is not a RewardModule checkpoint: it needs hyper_parameters.model and "
+            f"'{prefix}*' weights (found {len(weights)} such weights, hyper_parameters {sorted(hparams)})"
+        )
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(hparams.get("tokenizer") or hparams["model"])
+    model = load_scalar_model(hparams["model"], tokenizer, dtype if dtype is not None else hparams.get("dtype"))
+    model.load_state_dict(weights)
+    return model
+
+
+def load_reward_model(name_or_ckpt: str, tokenizer=None, dtype: str | torch.dtype | None = None) -> ScalarHeadModel:
+    """A trained reward model as a `ScalarHeadModel` (in eval mode; gradients left enabled).
+
+    `name_or_ckpt` is either
+    - a `RewardModule` Lightning checkpoint (`.ckpt` file): the base model named in its
+      hyper-parameters is rebuilt and the trained weights (head bias included, D15) loaded; or
+    - a directory exported by `RewardModule.export_hf` (or any one-label
+      `AutoModelForSequenceClassification`): its head and `config.reward_bias` are kept.
+    Any other model name gets a fresh D11 head (with a warning: it is not a trained reward model).
+    Rewards are read with `.score(input_ids, attention_mask)` at the last real token (D12, D14).
+    """
+    path = Path(str(name_or_ckpt)).expanduser()
+    if path.suffix == ".ckpt":
+        if not path.is_file():
+            raise ModelNotFoundError(f"reward model checkpoint {path} does not exist")
+        model = _reward_model_from_checkpoint(path, tokenizer, dtype)
+    else:
+        if not (path.is_dir() and _is_sequence_classifier(path)):
+            log.warning("%r is not an exported reward model or a RewardModule checkpoint: its scalar head "
+                        "is freshly initialised (D11), so its rewards are random", str(name_or_ckpt))
+        model = load_scalar_model(str(name_or_ckpt), tokenizer, dtype)
+    return model.eval()

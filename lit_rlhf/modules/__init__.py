@@ -4,6 +4,7 @@ from lit_rlhf.modules.base import PolicyModule
 from lit_rlhf.modules.dpo import DPOModule
 from lit_rlhf.modules.drov import DROVModule
 from lit_rlhf.modules.kto import KTOModule
+from lit_rlhf.modules.reward import RewardModule
 from lit_rlhf.modules.sft import SFTModule
 
-__all__ = ["DPOModule", "DROVModule", "KTOModule", "PolicyModule", "SFTModule"]
+__all__ = ["DPOModule", "DROVModule", "KTOModule", "PolicyModule", "RewardModule", "SFTModule"]

@@ -1,0 +1,486 @@
+"""Reward model training: a causal LM backbone with a scalar head, fitted with Bradley-Terry.
+
+The reward model is `lit_rlhf.models.ScalarHeadModel`: the transformer body of a causal LM (or
+of an exported reward model) and a linear head initialised N(0, 1/sqrt(d_model + 1)) (D11).
+The reward of a sequence is the head's output at its EOS token, the last real token of the
+response (D12); position ids come from the attention mask, so left- and right-padded inputs give
+the same reward (D14).
+
+A `PreferenceBatch` holds the chosen rows then the rejected rows, so both are scored in one
+forward pass; the loss is `lit_rlhf.losses.bradley_terry_loss` (with the data's margin when
+`use_margin` is set, and the optional centring term).
+
+Validation (and test) logs, all correct under DDP (torchmetrics states are synced):
+- `val/loss`, `val/rewards/{accuracy,chosen,rejected,margins}`;
+- accuracy per value of each grouping column of `batch.meta` (TL;DR `batch` and `confidence`,
+  N+ D16): scalars `val/accuracy_by_<column>/<value>` and a markdown table in TensorBoard text;
+- calibration (D18): accuracy against buckets of the reward difference |r_c - r_r|, next to the
+  Bradley-Terry prediction sigmoid(|r_c - r_r|); `val/calibration/ece` and a TensorBoard figure.
+
+D15 (reward normalisation) is `normalize_to(prompts, completions)`, run at the end of fit by
+`callbacks.RewardNormalizationCallback`: the head bias is shifted so that the reference
+responses score 0 on average. The bias is a parameter, so it is in every later checkpoint.
+
+Export (`export_hf`, at the end of fit when `export_dir` is set): a directory that plain
+`transformers` loads as `AutoModelForSequenceClassification` (num_labels=1, pad_token_id set).
+Transformers' classification heads have no bias, so the head bias is folded exactly into the final
+LayerNorm's bias where there is one (GPT-NeoX/Pythia, GPT-2, OPT) and plain transformers gives the
+module's rewards. For RMSNorm models (Llama, SmolLM2, Mistral) no exact fold exists: the bias is
+written to `config.reward_bias`, which `lit_rlhf.models.load_reward_model` adds back, while
+**plain transformers then returns `reward - reward_bias`** (a constant shift; rankings and
+pairwise judgements are unchanged). A warning says so at export.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torchmetrics
+from lightning import LightningModule
+from torch import Tensor, nn
+
+from lit_rlhf import models
+from lit_rlhf.losses import bradley_terry_loss
+from lit_rlhf.modules.base import CHECKPOINT_KEY, SchedulerName, decay_groups, lr_lambda
+from lit_rlhf.types import PreferenceBatch, split_pair
+
+log = logging.getLogger(__name__)
+
+GROUP_LABEL_BYTES = 48  # grouping values are synced across processes as fixed-width utf-8 bytes
+
+
+class RewardModule(LightningModule):
+    """Train a scalar reward model on preference pairs (Bradley-Terry, D11, D12, D14, D15, D16, D18).
+
+    Args:
+        model: the backbone: a builtin name, a local directory (an SFT checkpoint exported by
+            `SFTModule`, or an exported reward model whose head is kept), a `.gguf` file or a hub id.
+            A causal LM gets a fresh scalar head with the D11 initialisation.
+        tokenizer: tokenizer name; defaults to `model`.
+        dtype: dtype the weights are loaded in (`float32`, `bfloat16`, `float16`).
+        lr: peak learning rate of AdamW.
+        weight_decay: AdamW weight decay (not applied to biases and norm weights).
+        adam_eps: AdamW epsilon (the N+ paper uses 1e-5).
+        adam_betas: AdamW betas.
+        warmup_steps: linear warmup length in optimizer steps; `warmup_ratio` is used when 0.
+        warmup_ratio: warmup as a fraction of the total number of optimizer steps.
+        lr_scheduler: decay after warmup: `cosine`, `linear` (both to 0) or `constant`.
+        gradient_checkpointing: recompute activations in the backward pass to save memory.
+        export_dir: when set, the reward model is exported there at the end of fit (see module doc).
+        use_margin: subtract the data's per-pair margin inside the sigmoid (Llama 2 margin loss);
+            the DataModule must fill `PreferenceBatch.margin`, else a clear error is raised.
+        center_coef: weight of the centring term `mean((r_c + r_r)^2)` (0 = off).
+        group_columns: `batch.meta` columns whose values get their own validation accuracy (D16);
+            columns absent from the data are skipped.
+        calibration_bins: number of reward-difference buckets of the calibration plot (D18).
+        score_batch_size: micro-batch size of `score_texts` / `normalize_to` (D15).
+    """
+
+    def __init__(
+        self,
+        model: str = models.TINY_RANDOM_LLAMA,
+        tokenizer: str | None = None,
+        dtype: str = "float32",
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        warmup_ratio: float = 0.0,
+        lr_scheduler: SchedulerName = "cosine",
+        gradient_checkpointing: bool = False,
+        export_dir: str | None = None,
+        use_margin: bool = False,
+        center_coef: float = 0.0,
+        group_columns: Sequence[str] = ("batch", "confidence"),
+        calibration_bins: int = 10,
+        score_batch_size: int = 16,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        if not 0.0 <= warmup_ratio < 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        if center_coef < 0:
+            raise ValueError(f"center_coef must be >= 0, got {center_coef}")
+        if calibration_bins < 1 or score_batch_size < 1:
+            raise ValueError(f"calibration_bins and score_batch_size must be >= 1, got {calibration_bins}, {score_batch_size}")
+        self.model_name = model
+        self.tokenizer = models.load_tokenizer(tokenizer or model)
+        self.reward_model = models.load_scalar_model(model, self.tokenizer, dtype)
+        if gradient_checkpointing:
+            self.reward_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.group_columns = tuple(group_columns)
+        self.eval_metrics = nn.ModuleDict({stage: _pair_metrics() for stage in ("val", "test")})
+        self.eval_records = nn.ModuleDict({stage: PreferenceRecords(self.group_columns) for stage in ("val", "test")})
+
+    # ----------------------------------------------------------------------------------------
+    # rewards
+    # ----------------------------------------------------------------------------------------
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Reward (N,) of each row, read at its last real token (D12), any padding side (D14)."""
+        return self.reward_model.score(input_ids, attention_mask)
+
+    def pair_rewards(self, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
+        """(chosen, rejected) rewards, (B,) each in float32, from one forward over the 2B rows."""
+        if not isinstance(batch, PreferenceBatch):
+            raise TypeError(f"RewardModule needs a PreferenceBatch, got {type(batch).__name__}")
+        rewards = self(batch.input_ids, batch.attention_mask).float()  # (2B,)
+        return split_pair(rewards)
+
+    def _margin(self, batch: PreferenceBatch) -> Tensor | None:
+        if not self.hparams.use_margin:
+            return None
+        if batch.margin is None:
+            raise ValueError(
+                "use_margin=True but the PreferenceBatch has no margin: set the DataModule's `margin_from` "
+                "(TL;DR: 'confidence'; UltraFeedback: the score difference), or set use_margin=False"
+            )
+        return batch.margin.float()  # (B,)
+
+    def _loss(self, batch: PreferenceBatch):
+        chosen, rejected = self.pair_rewards(batch)  # (B,), (B,)
+        return bradley_terry_loss(chosen, rejected, self._margin(batch), self.hparams.center_coef), chosen, rejected
+
+    # ----------------------------------------------------------------------------------------
+    # steps
+    # ----------------------------------------------------------------------------------------
+
+    def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor:
+        out, _, _ = self._loss(batch)
+        if not torch.isfinite(out.loss):
+            raise FloatingPointError(
+                f"non-finite reward loss {out.loss.item()} at global step {self.global_step} (batch {batch_idx}); "
+                "no update was made. Lower lr, or check the data and the margin."
+            )
+        stats = {
+            "loss": out.loss.detach(),
+            "loss/ranking": out.ranking_loss,
+            "rewards/accuracy": out.accuracy,
+            "rewards/chosen": out.chosen_mean,
+            "rewards/rejected": out.rejected_mean,
+            "rewards/margins": out.margin_mean,
+        }
+        if self.hparams.center_coef:
+            stats["loss/center"] = out.center_loss
+        for name, value in stats.items():
+            self.log(f"train/{name}", value, prog_bar=name in ("loss", "rewards/accuracy"), on_step=True, on_epoch=False,
+                     batch_size=batch.num_pairs)
+        return out.loss
+
+    def _eval_step(self, batch: PreferenceBatch, stage: str) -> None:
+        out, chosen, rejected = self._loss(batch)
+        n = batch.num_pairs
+        diff = (chosen - rejected).detach()  # (B,)
+        metrics = self.eval_metrics[stage]
+        for name, value in (("loss", out.loss.detach()), ("accuracy", out.accuracy), ("chosen", out.chosen_mean),
+                            ("rejected", out.rejected_mean), ("margins", out.margin_mean)):
+            metrics[name].update(value, weight=n)
+            key = f"{stage}/loss" if name == "loss" else f"{stage}/rewards/{name}"
+            self.log(key, metrics[name], on_step=False, on_epoch=True, prog_bar=name in ("loss", "accuracy"), batch_size=n)
+        self.eval_records[stage].update(diff, batch.meta or {})
+
+    def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_records("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_records("test")
+
+    # ----------------------------------------------------------------------------------------
+    # grouped accuracy (D16) and calibration (D18)
+    # ----------------------------------------------------------------------------------------
+
+    def _log_records(self, stage: str) -> None:
+        records = self.eval_records[stage]
+        if records.update_count == 0:
+            return
+        diffs, groups = records.compute()  # synced over processes: identical on every rank
+        records.reset()
+        correct = diffs > 0  # (N,) ties count as wrong, as in the loss's accuracy
+        tables = {}
+        for column, labels in groups.items():
+            rows = grouped_accuracy(correct, labels)
+            if not rows:
+                continue
+            tables[column] = rows
+            for value, accuracy, count in rows:
+                self.log(f"{stage}/accuracy_by_{column}/{_metric_safe(value)}", accuracy, on_step=False, on_epoch=True,
+                         sync_dist=False, batch_size=count)
+        buckets = calibration_buckets(diffs, self.hparams.calibration_bins)
+        ece = sum(b["count"] * abs(b["accuracy"] - b["predicted"]) for b in buckets) / max(1, diffs.numel())
+        self.log(f"{stage}/calibration/ece", ece, on_step=False, on_epoch=True, sync_dist=False)
+        if self._trainer is None or self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            return
+        for experiment in self._tensorboard_experiments():
+            step = self.global_step
+            for column, rows in tables.items():
+                experiment.add_text(f"{stage}/accuracy_by_{column}", accuracy_table(column, rows), step)
+            experiment.add_figure(f"{stage}/calibration", calibration_figure(buckets, stage), step, close=True)
+
+    def _tensorboard_experiments(self) -> list[Any]:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return [lg.experiment for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)]
+
+    # ----------------------------------------------------------------------------------------
+    # D15: reward normalisation on reference responses
+    # ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def score_texts(self, prompts: Sequence[str], completions: Sequence[str], batch_size: int | None = None,
+                    chat: bool = False) -> Tensor:
+        """Rewards (N,) of `prompt + completion + EOS` texts, tokenised as the DataModules do.
+
+        Prompts are encoded with `lit_rlhf.data.formatting.encode_prompt` (`chat=True`: the text is
+        already chat-templated) and completions with `encode_completion` (EOS appended, D3), so a
+        TL;DR completion should carry its leading space. Rows are right padded in micro-batches.
+        Under DDP each process scores an equal share (padded by repeats) and the rewards are gathered.
+        """
+        from lit_rlhf.data.formatting import encode_completion, encode_prompt
+
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        if not prompts:
+            raise ValueError("no reference texts to score")
+        size = batch_size or self.hparams.score_batch_size
+        world, rank = self._world()
+        per_rank = math.ceil(len(prompts) / world)
+        indices = [(rank + world * i) % len(prompts) for i in range(per_rank)]  # strided share, padded by wrap-around
+        pad = self.tokenizer.pad_token_id
+        was_training = self.reward_model.training
+        self.reward_model.eval()
+        local = []
+        for start in range(0, per_rank, size):
+            rows = [encode_prompt(self.tokenizer, prompts[i], chat=chat) + encode_completion(self.tokenizer, completions[i])
+                    for i in indices[start:start + size]]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.bool)
+            for j, r in enumerate(rows):
+                ids[j, : len(r)] = torch.as_tensor(r)
+                mask[j, : len(r)] = True
+            local.append(self(ids.to(self.device), mask.to(self.device)).float())
+        self.reward_model.train(was_training)
+        rewards = torch.cat(local)  # (per_rank,)
+        if world > 1:
+            gathered = self.all_gather(rewards)  # (world, per_rank)
+            rewards = gathered.transpose(0, 1).reshape(-1)[: len(prompts)]  # back to the original order
+        return rewards
+
+    @torch.no_grad()
+    def normalize_to(self, prompts: Sequence[str], completions: Sequence[str], batch_size: int | None = None,
+                     chat: bool = False) -> tuple[float, float]:
+        """D15: shift the head bias so the mean reward of these reference responses is 0.
+
+        Returns (mean before, mean after). The reward is linear in the bias, so the mean after is
+        `mean_before - shift` exactly, up to float rounding; it is not re-scored.
+        """
+        rewards = self.score_texts(prompts, completions, batch_size, chat)
+        before = float(rewards.double().mean())
+        head = self.reward_model.head
+        if head.bias is None:
+            raise ValueError("the reward head has no bias: D15 normalisation needs one")
+        head.bias.sub_(before)
+        after = float((rewards.double() - before).mean())
+        log.info("D15 reward normalisation on %d reference responses: mean %.6f -> %.6f (head bias %.6f)",
+                 len(prompts), before, after, float(head.bias))
+        return before, after
+
+    def _world(self) -> tuple[int, int]:
+        if self._trainer is None:
+            return 1, 0
+        return self.trainer.world_size, self.trainer.global_rank
+
+    # ----------------------------------------------------------------------------------------
+    # optimisation, checkpoints, export
+    # ----------------------------------------------------------------------------------------
+
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
+        return decay_groups(self.reward_model, self.hparams.weight_decay)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(self.optimizer_param_groups(), lr=hp.lr, eps=hp.adam_eps, betas=tuple(hp.adam_betas),
+                                      weight_decay=hp.weight_decay)
+        total = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total) or total <= 0:
+            raise ValueError("cannot schedule the learning rate: set trainer.max_steps or trainer.max_epochs")
+        warmup = hp.warmup_steps or int(hp.warmup_ratio * total)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(hp.lr_scheduler, warmup, int(total)))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        cls = type(self)
+        checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
+
+    def export_hf(self, directory: str | Path) -> Path:
+        """Write an `AutoModelForSequenceClassification` (num_labels=1) and the tokenizer.
+
+        See the module docstring (and `lit_rlhf.models.to_sequence_classifier`) for where the head
+        bias goes. Load it back with `lit_rlhf.models.load_reward_model(directory)`.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        classifier, folded = models.to_sequence_classifier(self.reward_model, self.tokenizer.pad_token_id)
+        bias = float(self.reward_model.head.bias)
+        if not folded and bias != 0.0:
+            log.warning(
+                "exporting a reward model whose final norm has no bias to fold the head bias %.6g into: it is stored in "
+                "config.reward_bias. lit_rlhf.models.load_reward_model adds it back; plain transformers "
+                "AutoModelForSequenceClassification returns reward - %.6g.", bias, bias,
+            )
+        classifier.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        log.info("exported the reward model to %s (head bias %s)", directory, "folded into the final LayerNorm" if folded
+                 else "in config.reward_bias")
+        return directory
+
+    def on_fit_end(self) -> None:
+        export_dir = self.hparams.get("export_dir")
+        if export_dir and self.trainer.is_global_zero:
+            self.export_hf(export_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+# --------------------------------------------------------------------------------------------
+
+
+def _pair_metrics() -> nn.ModuleDict:
+    names = ("loss", "accuracy", "chosen", "rejected", "margins")
+    return nn.ModuleDict({name: torchmetrics.MeanMetric() for name in names})
+
+
+def _encode_labels(values: Sequence[Any], n: int, device: torch.device) -> Tensor:
+    """(n, GROUP_LABEL_BYTES) uint8: each value as utf-8 text, zero padded; None -> empty."""
+    out = torch.zeros((n, GROUP_LABEL_BYTES), dtype=torch.uint8)
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        raw = str(value).encode("utf-8")[:GROUP_LABEL_BYTES]
+        out[i, : len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    return out.to(device)
+
+
+def _decode_labels(encoded: Tensor) -> list[str]:
+    return [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace") for row in encoded.cpu().tolist()]
+
+
+class PreferenceRecords(torchmetrics.Metric):
+    """Per-pair reward differences and grouping labels of an evaluation epoch, synced across processes.
+
+    `update(diffs, meta)` takes diffs (B,) = r_c - r_r and the batch's meta; for each column of
+    `columns` the values (or empty labels when the column is missing) are stored as fixed-width
+    utf-8 bytes so they can be all-gathered. `compute()` -> (diffs (N,), {column: [label] * N}).
+    """
+
+    full_state_update = False
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        super().__init__()
+        self.columns = tuple(columns)
+        self.add_state("diffs", default=[], dist_reduce_fx="cat")
+        for i in range(len(self.columns)):
+            self.add_state(f"labels_{i}", default=[], dist_reduce_fx="cat")
+
+    def update(self, diffs: Tensor, meta: dict[str, list[Any]]) -> None:
+        n = diffs.shape[0]
+        self.diffs.append(diffs.detach().float())
+        for i, column in enumerate(self.columns):
+            values = meta.get(column)
+            if values is not None and len(values) != n:
+                raise ValueError(f"meta[{column!r}] has {len(values)} values for {n} pairs")
+            getattr(self, f"labels_{i}").append(_encode_labels(values or [None] * n, n, diffs.device))
+
+    def compute(self) -> tuple[Tensor, dict[str, list[str]]]:
+        diffs = torchmetrics.utilities.dim_zero_cat(self.diffs)
+        groups = {}
+        for i, column in enumerate(self.columns):
+            labels = _decode_labels(torchmetrics.utilities.dim_zero_cat(getattr(self, f"labels_{i}")))
+            if any(labels):
+                groups[column] = labels
+        return diffs, groups
+
+
+def grouped_accuracy(correct: Tensor, labels: Sequence[str]) -> list[tuple[str, float, int]]:
+    """[(value, accuracy, count)] per non-empty label, numbers sorted numerically, else by text."""
+    totals: dict[str, list[int]] = {}
+    for ok, label in zip(correct.tolist(), labels):
+        if label:
+            entry = totals.setdefault(label, [0, 0])
+            entry[0] += int(ok)
+            entry[1] += 1
+
+    def key(label: str):
+        try:
+            return (0, float(label), label)
+        except ValueError:
+            return (1, 0.0, label)
+
+    return [(label, totals[label][0] / totals[label][1], totals[label][1]) for label in sorted(totals, key=key)]
+
+
+def accuracy_table(column: str, rows: Sequence[tuple[str, float, int]]) -> str:
+    """A markdown table `| column | accuracy | pairs |` (TensorBoard renders it as a table)."""
+    lines = [f"| {column} | accuracy | pairs |", "|---|---|---|"]
+    lines += [f"| {value} | {accuracy:.4f} | {count} |" for value, accuracy, count in rows]
+    return "\n".join(lines)
+
+
+def calibration_buckets(diffs: Tensor, num_bins: int) -> list[dict[str, float]]:
+    """D18: accuracy against the size of the reward difference.
+
+    Pairs are sorted by |r_c - r_r| and cut into up to `num_bins` equal-count buckets. Per bucket:
+    `abs_diff` (mean |r_c - r_r|), `predicted` (mean sigmoid(|r_c - r_r|): the Bradley-Terry
+    probability that the pair is ranked right), `accuracy` (fraction with r_c > r_r) and `count`.
+    A calibrated reward model has accuracy close to predicted in every bucket.
+    """
+    diffs = diffs.detach().double().cpu().reshape(-1)
+    if diffs.numel() == 0:
+        return []
+    order = diffs.abs().argsort()
+    out = []
+    for chunk in torch.tensor_split(order, min(num_bins, diffs.numel())):
+        d = diffs[chunk]
+        out.append({
+            "abs_diff": float(d.abs().mean()),
+            "predicted": float(torch.sigmoid(d.abs()).mean()),
+            "accuracy": float((d > 0).double().mean()),
+            "count": int(d.numel()),
+        })
+    return out
+
+
+def calibration_figure(buckets: Sequence[dict[str, float]], stage: str = "val"):
+    """A matplotlib figure of accuracy and predicted probability against |r_c - r_r| buckets."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 4))
+    ax = fig.add_subplot(1, 1, 1)
+    x = [b["abs_diff"] for b in buckets]
+    ax.plot(x, [b["accuracy"] for b in buckets], "o-", label="accuracy")
+    ax.plot(x, [b["predicted"] for b in buckets], "--", label="sigmoid(|r_c - r_r|)")
+    ax.set_xlabel("|r_chosen - r_rejected| (bucket mean)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0.0, 1.05)
+    ax.set_title(f"{stage} reward calibration (D18)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def _metric_safe(value: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", value) or "_"
