@@ -160,6 +160,11 @@ class ChatAPIJudge(RandomOrderJudge):
         except _Fatal as err:
             log.warning("judge item %d invalid: %s", index, err)
             return None, "", str(err)
+        except Exception as err:  # anything unforeseen stays confined to its item
+            key = os.environ.get(self.api_key_env) if self.api_key_env else None
+            message = _redact(f"unexpected error: {type(err).__name__}: {err}", key)
+            log.warning("judge item %d invalid: %s", index, message)
+            return None, "", message
         verdict = self.template.parse(text)
         if verdict is None:
             log.warning("judge item %d invalid: no verdict in the reply", index)

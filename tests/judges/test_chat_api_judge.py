@@ -253,3 +253,19 @@ def test_position_bias_is_averaged_out_by_the_random_order(chat_server):
 
     biased = make_judge(chat_server, randomise_order=False).judge(prompts[:20], a[:20], b[:20])
     assert win_rate(biased).win_rate == 1.0
+
+
+def test_an_unforeseen_error_stays_confined_to_its_item(chat_server, monkeypatch):
+    chat_server.behaviour = lambda r: ("reply", "Preferred: A")
+    judge = make_judge(chat_server, randomise_order=False)
+    real_post = judge._post
+
+    def flaky_post(data, key):
+        if b"item-1" in data:
+            raise UnicodeError(f"cannot encode {key}")
+        return real_post(data, key)
+
+    monkeypatch.setattr(judge, "_post", flaky_post)
+    judgements = judge.judge(["item-0", "item-1"], ["a", "a"], ["b", "b"])
+    assert [j.winner for j in judgements] == ["a", "invalid"]
+    assert "UnicodeError" in judgements[1].error and SECRET not in judgements[1].error

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from lit_rlhf.judges import LocalLMJudge, order_is_swapped
+from lit_rlhf.judges import JudgeTemplate, LocalLMJudge, order_is_swapped
 from lit_rlhf.judges.local_lm import verdict_token_ids
 
 PROMPTS = [
@@ -77,8 +77,11 @@ def test_verdict_tokens_and_prompt_length_limit(tiny_judge, tiny_tokenizer):
 
 @pytest.mark.slow
 def test_smollm2_judge_on_two_items():
-    judge = LocalLMJudge("smollm2-135m-instruct", seed=0, batch_size=2)
-    judgements = judge.judge(PROMPTS[:2], GOOD[:2], BAD[:2])
+    # a short custom template keeps this to ~60 tokens a row on a shared 2-core CPU
+    short = JudgeTemplate("short", "Text: {prompt}\nSummary A:{a}\nSummary B:{b}\nWhich summary is better, A or B?",
+                          answer_prefix="Better:")
+    judge = LocalLMJudge("smollm2-135m-instruct", template=short, seed=0, batch_size=2)
+    judgements = judge.judge(["My cat ran away but came back.", "My bread never rises."], GOOD[:2], BAD[1:3])
     ids_a, ids_b = judge._verdict_ids
     assert len(ids_a) == 2 and len(ids_b) == 2  # "A" and " A" are distinct BPE tokens
     for j in judgements:
