@@ -102,7 +102,7 @@ class RewardNormalizationCallback(Callback):
             prompts, completions = prompts[: self.limit], completions[: self.limit]
         before, after = pl_module.normalize_to(prompts, completions, batch_size=self.batch_size, chat=self.chat)
         self.stats = {"mean_before": before, "mean_after": after, "num_references": float(len(prompts)),
-                      "bias": float(pl_module.reward_model.head.bias)}
+                      "bias": float(pl_module.reward_model.head.bias.detach())}
         metrics = {"train/normalization/mean_before": before, "train/normalization/mean_after": after}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)

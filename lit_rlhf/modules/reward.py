@@ -296,7 +296,7 @@ class RewardModule(LightningModule):
         head.bias.sub_(before)
         after = float((rewards.double() - before).mean())
         log.info("D15 reward normalisation on %d reference responses: mean %.6f -> %.6f (head bias %.6f)",
-                 len(prompts), before, after, float(head.bias))
+                 len(prompts), before, after, float(head.bias.detach()))
         return before, after
 
     def _world(self) -> tuple[int, int]:
@@ -335,7 +335,7 @@ class RewardModule(LightningModule):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         classifier, folded = models.to_sequence_classifier(self.reward_model, self.tokenizer.pad_token_id)
-        bias = float(self.reward_model.head.bias)
+        bias = float(self.reward_model.head.bias.detach())
         if not folded and bias != 0.0:
             log.warning(
                 "exporting a reward model whose final norm has no bias to fold the head bias %.6g into: it is stored in "
