@@ -122,11 +122,14 @@ def grpo_policy_loss(
         raise ValueError(f"advantages must be (N,) = {tuple(logps.shape[:1])}, got {tuple(advantages.shape)}")
     old_logps = logps.detach() if old_logps is None else old_logps.detach()
     adv = advantages.detach().unsqueeze(1)  # (N, 1)
-    ratio = torch.exp(logps - old_logps)  # (N, T)
+    # padding positions get log-ratio 0 *before* exp: masking afterwards would still let an
+    # overflowing exp turn the zero gradient of torch.where into 0 * inf = NaN
+    zero = logps.new_zeros(())
+    ratio = torch.exp(torch.where(mask, logps - old_logps, zero))  # (N, T)
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     surrogate = -torch.minimum(ratio * adv, clipped_ratio * adv)  # (N, T)
     if ref_logps is not None:
-        kl = kl_penalty(logps, ref_logps.detach(), "k3")  # (N, T)
+        kl = kl_penalty(torch.where(mask, logps, zero), torch.where(mask, ref_logps.detach(), zero), "k3")  # (N, T)
         per_token = surrogate + beta * kl if beta != 0.0 else surrogate
         kl_mean = masked_mean(kl.detach(), mask)
     else:

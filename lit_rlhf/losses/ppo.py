@@ -56,7 +56,8 @@ def ppo_policy_loss(
     """
     old_logps = old_logps.detach()
     advantages = advantages.detach()
-    logratio = logps - old_logps  # (B, R)
+    # log-ratio 0 on padding before exp, so garbage there cannot overflow into NaN gradients
+    logratio = torch.where(mask, logps - old_logps, logps.new_zeros(()))  # (B, R)
     ratio = torch.exp(logratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)

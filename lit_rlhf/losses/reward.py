@@ -39,7 +39,9 @@ def bradley_terry_loss(
     towards 0; the Bradley-Terry term alone is invariant to a constant shift of all rewards.
     """
     if chosen_rewards.shape != rejected_rewards.shape:
-        raise ValueError(f"shape mismatch: chosen {tuple(chosen_rewards.shape)} vs rejected {tuple(rejected_rewards.shape)}")
+        raise ValueError(
+            f"shape mismatch: chosen {tuple(chosen_rewards.shape)} vs rejected {tuple(rejected_rewards.shape)}"
+        )
     diff = chosen_rewards - rejected_rewards  # (B,)
     logits = diff if margin is None else diff - margin
     ranking = -F.logsigmoid(logits).mean()

@@ -72,13 +72,15 @@ def test_drov_value_gradient_is_eq7(tau):
     # and loss = policy_loss + value_loss carries both
     g_w, g_v = torch.autograd.grad(out.loss, [w, values])
     assert torch.allclose(g_v, expected, atol=1e-6)
+    assert torch.allclose(g_w, torch.autograd.grad(out.policy_loss, w)[0], atol=1e-6)
 
 
 def _fit_tabular(tau: float, counts: torch.Tensor, steps: int = 300):
     """3 prompts x 4 responses; pi = softmax(theta[x]), V = v[x]. The dataset holds every (x, y)
     counts[x, y] times, i.e. the exact expectation under a behaviour policy mu(y|x) ∝ counts[x, y]
     (full support), so the minimiser is the population one of Theorem 1."""
-    ref_logps = torch.log_softmax(torch.tensor([[1.0, 0.0, -1.0, 0.5], [0.0, 0.0, 2.0, -1.0], [-0.5, 0.3, 0.1, 0.0]]), -1)
+    ref_logits = torch.tensor([[1.0, 0.0, -1.0, 0.5], [0.0, 0.0, 2.0, -1.0], [-0.5, 0.3, 0.1, 0.0]])
+    ref_logps = torch.log_softmax(ref_logits, -1)  # a fixed non-uniform pi_ref
     rewards = torch.tensor([[1.0, -1.0, 0.5, 0.0], [-0.5, 1.5, -1.0, 0.2], [0.3, 0.3, -2.0, 1.0]])
     x, y = torch.meshgrid(torch.arange(3), torch.arange(4), indexing="ij")
     x = x.reshape(-1).repeat_interleave(counts.reshape(-1))

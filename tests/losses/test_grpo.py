@@ -144,3 +144,17 @@ def test_grpo_beta_zero_without_reference():
     single = grpo_policy_loss(logps, None, None, adv, mask)
     expected = -(adv[:, None].expand(4, 5)[mask]).mean()
     assert single.loss.item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_grpo_padding_garbage_gives_finite_gradients():
+    # padding with log-ratios of +-1000 would overflow exp (and k3); it must not leak NaN into the gradient
+    logps = torch.tensor([[-1.0, 0.0], [-2.0, -1000.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -1000.0], [-2.0, 0.0]])
+    ref = torch.tensor([[-1.0, 1000.0], [-2.0, -1000.0]])
+    mask = torch.tensor([[True, False], [True, False]])
+    out = grpo_policy_loss(logps, old, ref, torch.tensor([1.0, -1.0]), mask, beta=0.1)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(logps.grad).all()
+    # kept tokens: ratio 1, k3 = 0 -> loss = mean(-1, +1) = 0; grads -A / 2 (k3'(0) = 0)
+    assert out.loss.item() == 0.0
+    _close(logps.grad, [[-0.5, 0.0], [0.5, 0.0]])

@@ -87,3 +87,12 @@ def test_ppo_rewards_score_at_last_response_token():
     assert out3.kl[0, :2].tolist() == pytest.approx([0.1065307, 0.7182818], abs=1e-6)
     assert out3.rewards[0, 2].item() == pytest.approx(2.0)
     assert out3.kl[0, 3].item() == 0.0
+
+
+def test_ppo_padding_garbage_gives_finite_gradients():
+    logps = torch.tensor([[-1.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -1000.0]])  # padding log-ratio 1000: exp overflows if not masked first
+    out = ppo_policy_loss(logps, old, torch.tensor([[2.0, 1.0]]), torch.tensor([[True, False]]))
+    out.loss.backward()
+    assert out.loss.item() == -2.0
+    _close(logps.grad, [[-2.0, 0.0]])

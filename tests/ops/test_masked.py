@@ -18,7 +18,8 @@ def test_masked_sum_and_mean_by_hand():
 def test_masked_mean_of_nothing_is_zero():
     empty = torch.zeros_like(MASK)
     assert masked_mean(VALUES, empty).item() == 0.0
-    assert masked_mean(VALUES, torch.tensor([[True, False, False], [False, False, False]]), dim=1).tolist() == [1.0, 0.0]
+    first_only = torch.tensor([[True, False, False], [False, False, False]])
+    assert masked_mean(VALUES, first_only, dim=1).tolist() == [1.0, 0.0]
 
 
 def test_masked_var_by_hand():
