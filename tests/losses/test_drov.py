@@ -70,7 +70,7 @@ def test_drov_value_gradient_is_eq7(tau):
     # the value part never reaches the policy
     assert torch.autograd.grad(out.value_loss, w, allow_unused=True)[0] is None
     # and loss = policy_loss + value_loss carries both
-    g_w, g_v = torch.autograd.grad(out.loss, [w, values])
+    g_w, g_v = torch.autograd.grad(out.loss, [w, values], retain_graph=True)
     assert torch.allclose(g_v, expected, atol=1e-6)
     assert torch.allclose(g_w, torch.autograd.grad(out.policy_loss, w)[0], atol=1e-6)
 
