@@ -78,6 +78,9 @@ class PolicyModule(LightningModule):
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)
         self.save_hyperparameters()
+        # the CLI gives the DataModule `tokenizer or model`: record the same resolved name, or a
+        # logger refuses to merge the two hparams ("tokenizer" present in both, different values)
+        self.save_hyperparameters({**self.hparams, "tokenizer": tokenizer or model})
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if not 0.0 <= warmup_ratio < 1.0:
