@@ -16,7 +16,6 @@ from torch import Tensor, nn
 from lit_rlhf import models
 from lit_rlhf.losses import drov_loss
 from lit_rlhf.modules.base import PolicyModule, decay_groups
-from lit_rlhf.modules.dpo import ensure_finite
 from lit_rlhf.types import SingleBatch
 
 ValuePer = Literal["example", "batch"]
@@ -140,9 +139,10 @@ class DROVModule(PolicyModule):
         }
         return out.loss, stats
 
-    def training_step(self, batch: SingleBatch, batch_idx: int) -> Tensor:
+    def training_step(self, batch: SingleBatch, batch_idx: int) -> Tensor | None:
         loss, stats = self.compute_loss(batch)
-        ensure_finite(loss, self, "DRO-V loss")
+        if not self.check_finite(batch, rewards=batch.rewards, loss=loss):
+            return None  # on_nonfinite=skip: Lightning skips backward and the step
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
         self.log_stats("train", stats, prog_bar=("objective/dro",))
         return loss

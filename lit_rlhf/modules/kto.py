@@ -7,6 +7,7 @@ gradient, averaged over ranks and clamped at 0 (Ethayarajh et al. 2024, Sec. 4).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import torch
@@ -14,8 +15,9 @@ from torch import Tensor
 
 from lit_rlhf.losses import kto_kl_estimate, kto_loss, labels_from_rewards
 from lit_rlhf.modules.base import PolicyModule
-from lit_rlhf.modules.dpo import ensure_finite
 from lit_rlhf.types import PreferenceBatch, SingleBatch
+
+log = logging.getLogger(__name__)
 
 LabelsFrom = Literal["labels", "rewards"]
 
@@ -102,6 +104,7 @@ class KTOModule(PolicyModule):
         self.desirable_weight = desirable_weight
         self.undesirable_weight = undesirable_weight
         self.labels_from = labels_from
+        self._last_z0 = 0.0  # fallback for a batch with a single prompt (see `kl_reference_point`)
         self.load_reference(ref_model, self.hparams.dtype)
 
     def desirable_flags(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
@@ -125,7 +128,13 @@ class KTOModule(PolicyModule):
 
         Returns a () tensor without grad. Under data parallelism the per-row log-ratios of every
         rank are gathered first, so z0 is the global mean (then clamped), not a mean of clamps.
+        A batch with fewer than two prompts (one row, or one pair; e.g. the last batch of an
+        epoch) has no mismatched pair: it reuses the previous step's z0 (0 before the first).
         """
+        prompts = batch.num_pairs if isinstance(batch, PreferenceBatch) else batch.input_ids.shape[0]
+        if prompts < 2:
+            log.warning("KTO batch with %d prompt(s): no mismatched pair, reusing the previous z0 = %.4g", prompts, self._last_z0)
+            return batch.input_ids.new_tensor(self._last_z0, dtype=torch.float32)
         ids, keep, scored = mismatched_sequences(
             batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths, self.tokenizer.pad_token_id
         )  # (N, T')
@@ -133,7 +142,10 @@ class KTOModule(PolicyModule):
         ref = self.sequence_logps(self.frozen_logps("ref_model", ids, keep, scored), scored)  # (N,)
         if self._trainer is not None and self.trainer.world_size > 1:
             policy, ref = self.all_gather(policy).flatten(), self.all_gather(ref).flatten()  # (W*N,)
-        return kto_kl_estimate(policy, ref)
+        z0 = kto_kl_estimate(policy, ref)
+        if self.training:
+            self._last_z0 = float(z0)
+        return z0
 
     def compute_loss(self, batch: SingleBatch | PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
@@ -152,9 +164,10 @@ class KTOModule(PolicyModule):
         }
         return out.loss, stats
 
-    def training_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> Tensor:
+    def training_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> Tensor | None:
         loss, stats = self.compute_loss(batch)
-        ensure_finite(loss, self, "KTO loss")
+        if not self.check_finite(batch, loss=loss):
+            return None  # on_nonfinite=skip: Lightning skips backward and the step
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
         self.log_stats("train", stats, prog_bar=("objective/kl",))
         return loss
