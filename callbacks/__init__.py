@@ -2,6 +2,20 @@
 
 A callback changes a knob (the KL coefficient), shapes rollout rewards through the rollout hook
 of the online modules, or evaluates. It keeps its state in `state_dict()` so checkpoints carry it.
+
+The rollout hook (PPO, GRPO; `lit_rlhf.modules.online`): after a rollout is generated and
+scored, and before advantages are computed, the module calls, for each callback of
+`trainer.callbacks` that defines it, in list order,
+
+    def on_rollout_scores(self, trainer, pl_module, rollout: Rollout) -> Rollout
+
+A hook returns a Rollout with scores of the same shape, e.g.
+`rollout.with_scores(torch.where(rollout.has_eos, rollout.scores, -1.0))`, or the rollout
+unchanged when it only observes (`KLControlCallback` measures the KL there).
 """
 
 from callbacks.reward_normalization import RewardNormalizationCallback
+from callbacks.eos_trick import EOSTrickCallback
+from callbacks.kl_control import KLControlCallback
+
+from callbacks.preemption import PreemptionCheckpoint  # noqa: E402

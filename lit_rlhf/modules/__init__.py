@@ -5,6 +5,8 @@ from lit_rlhf.modules.dpo import DPOModule
 from lit_rlhf.modules.drov import DROVModule
 from lit_rlhf.modules.kto import KTOModule
 from lit_rlhf.modules.reward import RewardModule
+from lit_rlhf.modules.grpo import GRPOModule
+from lit_rlhf.modules.ppo import PPOModule
 from lit_rlhf.modules.sft import SFTModule
 
-__all__ = ["DPOModule", "DROVModule", "KTOModule", "PolicyModule", "RewardModule", "SFTModule"]
+__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "PolicyModule", "RewardModule", "SFTModule"]

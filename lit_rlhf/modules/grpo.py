@@ -1,0 +1,134 @@
+"""GRPO / RLOO with in-loop generation: G completions per prompt, group-relative advantages."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from torch import Tensor
+
+from lit_rlhf.generation import token_logps_with_grad
+from lit_rlhf.losses import AdvantageScale, Aggregation, grpo_advantages, grpo_policy_loss, rloo_advantages
+from lit_rlhf.modules.online import OnlineModule
+from lit_rlhf.types import Rollout
+
+
+class GRPOModule(OnlineModule):
+    """Group relative policy optimisation (DeepSeekMath, Shao et al. 2024) and RLOO.
+
+    Each training step takes B prompts and:
+
+    1. samples `num_generations` (G) completions per prompt, the G copies of a prompt
+       contiguous (N = B*G rows), and scores them once: old log-probs, reference log-probs (only
+       when `beta` > 0: with `beta` 0 the reference is never loaded), scores; callbacks shape
+       the scores through the rollout hook (`OnlineModule.apply_rollout_hooks`);
+    2. one advantage per completion: `advantage: grpo` -> (r - mean_group) / (std_group + eps)
+       with `scale: group | batch | none` (`losses.grpo_advantages`), or `advantage: rloo` ->
+       the leave-one-out baseline (`losses.rloo_advantages`); a group whose rewards are all
+       equal gets exactly 0;
+    3. `num_iterations` passes over `num_minibatches` minibatches (one optimizer step each)
+       with the clipped surrogate (eps low/high) plus `beta` times the k3 KL to the reference
+       IN THE LOSS (`losses.grpo_policy_loss`), aggregated by `aggregation`. Micro-batch
+       losses are weighted by their share of rows (exact for `sequence_mean`).
+
+    Logs the `OnlineModule` objective stats (scores, KL, entropy, RLHF reward = score -
+    beta * KL, lengths, EOS fraction, times, tokens/s) plus `policy/{loss,clipfrac,
+    clipfrac_low,clipfrac_high,ratio_mean,first_ratio_mean}`, `objective/kl_loss` (the k3
+    token mean inside the loss), `rewards/group_std` and `rewards/zero_std_fraction` (the
+    fraction of groups whose G rewards are all equal).
+
+    Args:
+        num_generations: G, completions per prompt (>= 2).
+        advantage: `grpo` (group-normalised) or `rloo` (leave-one-out baseline).
+        scale: GRPO's advantage scale: `group` std, `batch` std, or `none` (Dr. GRPO).
+        eps: added to the std in the advantage.
+        clip_eps_low: lower clip range of the ratio (1 - eps_low).
+        clip_eps_high: upper clip range (1 + eps_high; > eps_low is DAPO's clip-higher).
+        beta: weight of the k3 KL to the reference in the loss (0.04, DeepSeekMath); 0 skips the
+            reference model entirely. Adapted by `KLControlCallback` when it is used.
+        aggregation: `token_mean`, `sequence_mean` or `constant_normalizer` (by N * max_new_tokens).
+        num_iterations: passes over each rollout (GRPO's mu).
+        num_minibatches: minibatches per pass; one optimizer step each.
+        temperature: sampling temperature (1.0), also used for every log-prob.
+        **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
+            max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
+    """
+
+    def __init__(
+        self,
+        num_generations: int = 4,
+        advantage: Literal["grpo", "rloo"] = "grpo",
+        scale: AdvantageScale = "group",
+        eps: float = 1e-4,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
+        beta: float = 0.04,
+        aggregation: Aggregation = "token_mean",
+        num_iterations: int = 1,
+        num_minibatches: int = 1,
+        temperature: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(temperature=temperature, **kwargs)
+        if num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (advantages are relative to the group), got {num_generations}")
+        if advantage not in ("grpo", "rloo"):
+            raise ValueError(f"advantage must be 'grpo' or 'rloo', got {advantage!r}")
+        if scale not in ("group", "batch", "none"):
+            raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+        if aggregation not in ("token_mean", "sequence_mean", "constant_normalizer"):
+            raise ValueError(f"aggregation must be 'token_mean', 'sequence_mean' or 'constant_normalizer', got {aggregation!r}")
+        if num_iterations < 1 or num_minibatches < 1:
+            raise ValueError(f"num_iterations and num_minibatches must be >= 1, got {num_iterations} and {num_minibatches}")
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        self.beta = float(beta)
+        if beta > 0:
+            self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+
+    @property
+    def repeats(self) -> int:
+        return self.hparams.num_generations
+
+    @property
+    def kl_weight(self) -> float:
+        return self.beta
+
+    def updates_per_rollout(self) -> int:
+        return self.hparams.num_iterations * self.hparams.num_minibatches
+
+    def update(self, rollout: Rollout) -> dict[str, Tensor]:
+        hp = self.hparams
+        group = hp.num_generations
+        scores = rollout.scores.float()  # (B*G,)
+        if hp.advantage == "rloo":
+            advantages = rloo_advantages(scores, group)  # (B*G,)
+        else:
+            advantages = grpo_advantages(scores, group, hp.scale, hp.eps)  # (B*G,)
+        grouped = scores.view(-1, group)  # (B, G)
+        mask = rollout.response_mask  # (B*G, R)
+        ref_logps = rollout.ref_logps if self.beta > 0 else None
+
+        def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            logps = token_logps_with_grad(
+                self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
+                mask[rows], self.sampling.temperature,
+            )  # (n, R)
+            out = grpo_policy_loss(
+                logps, rollout.logps[rows], None if ref_logps is None else ref_logps[rows], advantages[rows], mask[rows],
+                hp.clip_eps_low, hp.clip_eps_high, self.beta, hp.aggregation, max_completion_length=mask.shape[1],
+            )
+            return out.loss, {
+                "loss/total": out.loss.detach(),
+                "policy/loss": out.policy_loss,
+                "policy/clipfrac": out.clipfrac,
+                "policy/clipfrac_low": out.clipfrac_low,
+                "policy/clipfrac_high": out.clipfrac_high,
+                "policy/ratio_mean": out.ratio_mean,
+                "objective/kl_loss": out.kl,
+            }
+
+        stats = self.run_updates(mask.shape[0], hp.num_iterations, hp.num_minibatches, loss_fn)
+        stats["rewards/group_std"] = grouped.std(dim=1).mean()
+        stats["rewards/zero_std_fraction"] = (grouped == grouped[:, :1]).all(dim=1).float().mean()
+        stats["advantages/abs_mean"] = advantages.abs().mean()
+        return stats

@@ -1,0 +1,429 @@
+"""Shared plumbing of the online methods (PPO, GRPO): rollouts, reward sources, the rollout hook.
+
+One training step of an online method is one rollout followed by several optimizer steps:
+
+1. **generate** (`make_rollout`): the PromptBatch's left-padded prompts (each repeated
+   `repeats` times, GRPO's G) are sampled with the `SamplingConfig` built from the init args
+   (temperature, top-k, top-p, `max_new_tokens` new tokens), with the KV cache, without grad,
+   in eval mode; responses are cut after the first EOS and PAD-filled (D23). Under sharded
+   strategies every rank keeps generating until all are done (`needs_synced_gpus`).
+2. **score once**: the policy's log-probs of the sampled tokens under the sampling temperature
+   (`logps`, the "old" log-probs), the reference's (`ref_logps`, when a reference is used) and,
+   for PPO, the values, all without grad and in micro-batches of `micro_batch_size` rows.
+3. **reward** (`score_rollout`): every reward source (a reward model read at the EOS token,
+   D12, and/or reward functions `(prompts, completions, **batch_columns) -> rewards`) is
+   evaluated and combined with `reward_weights` into `rollout.scores`.
+4. **shape** (`apply_rollout_hooks`): the rollout hook. For each callback in
+   `trainer.callbacks` **in list order** (the order of the config's `trainer.callbacks`) that
+   defines it, the module calls
+
+       rollout = callback.on_rollout_scores(trainer, pl_module, rollout)  # -> Rollout
+
+   A hook returns a new `Rollout` (it is immutable: `rollout.with_scores(new_scores)`) with
+   scores of the same shape; it may also just observe (the KL controller measures the KL
+   here). `callbacks.EOSTrickCallback` (D23) and `callbacks.KLControlCallback` use it.
+5. **update** (`update`, per method): manual optimization over minibatches of the rollout with
+   gradient accumulation over micro-batches, gradient clipping (`max_grad_norm`) and one
+   learning-rate scheduler step per optimizer step (`run_updates`). A non-finite score,
+   value, loss or gradient never reaches the weights: it raises an error naming the step, or
+   skips the optimizer step with `on_nonfinite: skip` (`PolicyModule.check_finite`).
+
+A run is measured in **episodes**: one episode is one sampled response (B prompts x G
+generations x world size per rollout). With `total_episodes` set, the module stops the trainer
+once that many episodes were sampled and sizes the learning-rate schedule to
+`ceil(total_episodes / episodes per rollout) * updates_per_rollout()` optimizer steps; leave
+`trainer.max_steps` at -1 and `trainer.max_epochs` at -1 then (the prompt loader is simply
+reshuffled each epoch, D21). Without it, `trainer.max_steps` counts optimizer steps
+(`updates_per_rollout()` of them per rollout).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from lit_rlhf.generation import (
+    SamplingConfig,
+    decode_responses,
+    generate_responses,
+    needs_synced_gpus,
+    sequence_token_logps,
+)
+from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
+from lit_rlhf.ops import masked_sum
+from lit_rlhf.rewards import call_reward_fn, combine_rewards, function_name, load_reward_model, reward_model_scores
+from lit_rlhf.types import PromptBatch, Rollout
+
+
+class OnlineModule(PolicyModule):
+    """Base of PPO and GRPO: generation, reward sources, the rollout hook, the update loop.
+
+    Args:
+        reward_model: a reward model: a `RewardModule` checkpoint or an exported
+            `AutoModelForSequenceClassification` directory (frozen, read at EOS, D12). It must
+            share the policy's tokenizer.
+        reward_fns: reward functions `(prompts, completions, **batch_columns) -> rewards` (see
+            `lit_rlhf.rewards`); in YAML a dotted function path or `{class_path, init_args}`.
+        reward_weights: one weight per reward source, the reward model first, then
+            `reward_fns` in order (default 1 each); the score is their weighted sum.
+        ref_model: the frozen reference policy; None = a frozen copy of the initial policy.
+        max_new_tokens: response length R: exactly this many tokens are sampled (D23).
+        temperature: sampling temperature, also dividing the logits of every log-prob.
+        top_k: top-k sampling (0 = off).
+        top_p: nucleus sampling (1.0 = off).
+        micro_batch_size: rows per forward pass, for scoring the rollout and for gradient
+            accumulation in the update; None = a whole minibatch at once.
+        max_grad_norm: gradient clipping norm (0 or None = off).
+        total_episodes: stop after this many sampled responses (over all ranks), and size the
+            learning-rate schedule from it; None = `trainer.max_steps` decides.
+        log_completions_every_n_steps: log sample completions as TensorBoard text every this
+            many rollouts (0 = never).
+        num_logged_completions: how many completions each such log shows.
+        **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
+    """
+
+    def __init__(
+        self,
+        reward_model: str | None = None,
+        reward_fns: list[Callable] | None = None,
+        reward_weights: list[float] | None = None,
+        ref_model: str | None = None,
+        max_new_tokens: int = 53,
+        temperature: float = 0.7,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        micro_batch_size: int | None = None,
+        max_grad_norm: float | None = 1.0,
+        total_episodes: int | None = None,
+        log_completions_every_n_steps: int = 50,
+        num_logged_completions: int = 4,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+        self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
+        if total_episodes is not None and total_episodes < 1:
+            raise ValueError(f"total_episodes must be >= 1 or None, got {total_episodes}")
+        self.reward_fns = list(reward_fns or [])
+        for fn in self.reward_fns:
+            if not callable(fn):
+                raise TypeError(f"reward_fns entries must be callables, got {fn!r}")
+        if reward_model is None and not self.reward_fns:
+            raise ValueError("no reward source: set reward_model and/or reward_fns")
+        n_sources = int(reward_model is not None) + len(self.reward_fns)
+        if reward_weights is not None and len(reward_weights) != n_sources:
+            raise ValueError(
+                f"reward_weights has {len(reward_weights)} entries for {n_sources} reward sources "
+                "(the reward model first, then reward_fns in order)"
+            )
+        if reward_model is not None:
+            self.add_frozen("reward_model", load_reward_model(reward_model, self.tokenizer, dtype=self.hparams.dtype))
+        self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints
+        self.rollouts = 0
+
+    # ------------------------------------------------------------------------------------------
+    # what a method defines
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def repeats(self) -> int:
+        """Responses sampled per prompt (GRPO's G)."""
+        return 1
+
+    @property
+    def kl_weight(self) -> float:
+        """The coefficient of the KL to the reference (PPO's `kl_coef`, GRPO's `beta`)."""
+        return 0.0
+
+    def updates_per_rollout(self) -> int:
+        """Optimizer steps taken on each rollout."""
+        raise NotImplementedError
+
+    def rollout_values(self, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor | None:
+        """Values (N, R) of the rollout's states (PPO); None when the method has no critic."""
+        return None
+
+    def update(self, rollout: Rollout) -> dict[str, Tensor]:
+        """Optimise on one shaped rollout; returns the stats to log (names `group/name`)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------
+    # rollouts
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def _synced_gpus(self) -> bool:
+        return needs_synced_gpus(self._trainer)
+
+    def make_rollout(self, batch: PromptBatch, repeats: int = 1) -> tuple[Rollout, dict[str, Tensor]]:
+        """Generate, score once (old/reference log-probs, values) and reward, without grad.
+
+        Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
+        combined, unshaped scores, and each reward source's (N,) rewards by name.
+        """
+        prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
+        meta = dict(batch.meta)
+        if repeats > 1:
+            prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)  # (B*G, P)
+            prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
+            meta = repeat_meta(meta, repeats)
+        response_ids, response_mask, has_eos = generate_responses(
+            self.policy, prompt_ids, prompt_mask, self.sampling, self.tokenizer.eos_token_id,
+            self.tokenizer.pad_token_id, synced_gpus=self._synced_gpus,
+        )  # (N, R), (N, R), (N,)
+        micro = self.hparams.micro_batch_size
+        temperature = self.sampling.temperature
+        args = (prompt_ids, prompt_mask, response_ids, response_mask)
+        logps = sequence_token_logps(self.policy, *args, temperature=temperature, micro_batch_size=micro)  # (N, R)
+        ref = getattr(self, "ref_model", None)
+        ref_logps = None if ref is None else sequence_token_logps(ref, *args, temperature=temperature, micro_batch_size=micro)
+        rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, logps, ref_logps, meta=meta)
+        with torch.no_grad():
+            values = self.rollout_values(rollout.input_ids, rollout.attention_mask, response_ids.shape[1])
+        rollout = rollout._replace(values=values)
+        scores, per_source = self.score_rollout(rollout)
+        self.check_finite(batch, scores=scores, values=values)
+        return rollout.with_scores(scores), per_source
+
+    @torch.no_grad()
+    def score_rollout(self, rollout: Rollout) -> tuple[Tensor, dict[str, Tensor]]:
+        """Every reward source on the rollout -> (weighted score (N,), {source name: (N,)})."""
+        per_source: dict[str, Tensor] = {}
+        if getattr(self, "reward_model", None) is not None:
+            per_source["reward_model"] = reward_model_scores(
+                self.reward_model, rollout.input_ids, rollout.attention_mask, self.hparams.micro_batch_size
+            )
+        if self.reward_fns:
+            prompts = rollout.meta.get("prompt") or self.tokenizer.batch_decode(
+                [ids[m].tolist() for ids, m in zip(rollout.prompt_ids, rollout.prompt_mask)]
+            )
+            completions = decode_responses(self.tokenizer, rollout.response_ids, rollout.response_mask)
+            for fn in self.reward_fns:
+                name = function_name(fn)
+                while name in per_source:
+                    name += "_"
+                per_source[name] = call_reward_fn(fn, list(prompts), completions, rollout.meta)
+        device = rollout.response_ids.device
+        per_source = {k: v.to(device) for k, v in per_source.items()}
+        return combine_rewards(per_source, self.hparams.reward_weights), per_source
+
+    def apply_rollout_hooks(self, rollout: Rollout) -> Rollout:
+        """The rollout hook: `callback.on_rollout_scores(trainer, pl_module, rollout) -> Rollout`
+        for each callback of `trainer.callbacks` that defines it, in list order."""
+        trainer = self._trainer
+        if trainer is None:
+            return rollout
+        for callback in trainer.callbacks:
+            hook = getattr(callback, "on_rollout_scores", None)
+            if hook is None:
+                continue
+            shaped = hook(trainer, self, rollout)
+            name = type(callback).__name__
+            if not isinstance(shaped, Rollout):
+                raise TypeError(f"{name}.on_rollout_scores must return a Rollout, got {type(shaped).__name__}")
+            if shaped.scores is None or shaped.scores.shape != rollout.scores.shape:
+                raise ValueError(f"{name}.on_rollout_scores must keep scores of shape {tuple(rollout.scores.shape)}")
+            rollout = shaped
+        return rollout
+
+    # ------------------------------------------------------------------------------------------
+    # the update loop
+    # ------------------------------------------------------------------------------------------
+
+    def minibatches(self, n_rows: int, num_minibatches: int, shuffle: bool = True) -> Iterator[Tensor]:
+        """Row indices of `num_minibatches` minibatches covering the rollout once."""
+        if n_rows % num_minibatches:
+            raise ValueError(f"the rollout's {n_rows} rows do not split into num_minibatches={num_minibatches} equal minibatches")
+        order = torch.randperm(n_rows) if shuffle else torch.arange(n_rows)
+        return iter(order.view(num_minibatches, -1))
+
+    def run_updates(
+        self,
+        n_rows: int,
+        epochs: int,
+        num_minibatches: int,
+        loss_fn: Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]],
+    ) -> dict[str, Tensor]:
+        """`epochs` passes over the rollout in `num_minibatches` minibatches, one optimizer step
+        each, accumulating gradients over micro-batches of `micro_batch_size` rows.
+
+        `loss_fn(rows)` gets the rollout row indices of a micro-batch and returns (loss, stats),
+        the loss averaged over that micro-batch; it is weighted by the micro-batch's share of
+        its minibatch. Returns the stats averaged over all micro-batches, plus
+        `policy/first_ratio_mean` from the first one (exactly 1: D7).
+        """
+        optimizer = self.optimizers()
+        totals: dict[str, Tensor] = {}
+        count = 0
+        first: dict[str, Tensor] = {}
+        for epoch in range(epochs):
+            # the first pass keeps the rollout's row order, so its first micro-batch is the one
+            # the old log-probs were computed on (bitwise equal ratios, D7)
+            for rows in self.minibatches(n_rows, num_minibatches, shuffle=epoch > 0):
+                micro = self.hparams.micro_batch_size or len(rows)
+                finite = True
+                for start in range(0, len(rows), micro):
+                    micro_rows = rows[start: start + micro]
+                    loss, stats = loss_fn(micro_rows)
+                    finite = self.check_finite(loss=loss)  # raises (on_nonfinite: error) or skips the step
+                    if not finite:
+                        break
+                    self.manual_backward(loss * (len(micro_rows) / len(rows)))
+                    if not first:
+                        first = {k: v.detach() for k, v in stats.items()}
+                    for k, v in stats.items():
+                        totals[k] = totals.get(k, 0.0) + v.detach().float()
+                    count += 1
+                if finite and self.gradients_finite():
+                    self.apply_optimizer_step(optimizer)
+                else:
+                    optimizer.zero_grad(set_to_none=True)
+        out = {k: v / max(count, 1) for k, v in totals.items()}
+        if "policy/ratio_mean" in first:
+            out["policy/first_ratio_mean"] = first["policy/ratio_mean"]
+        return out
+
+    def apply_optimizer_step(self, optimizer) -> None:
+        """Clip, step, zero the grads, advance the learning-rate schedule by one step."""
+        max_norm = self.hparams.max_grad_norm
+        if max_norm:
+            self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedulers = self.lr_schedulers()
+        for scheduler in schedulers if isinstance(schedulers, list) else [schedulers] if schedulers else []:
+            scheduler.step()
+
+    # ------------------------------------------------------------------------------------------
+    # the training step
+    # ------------------------------------------------------------------------------------------
+
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        started = time.perf_counter()
+        rollout, per_source = self.make_rollout(batch, self.repeats)
+        rollout = self.apply_rollout_hooks(rollout)
+        generated = time.perf_counter()
+        stats = self.update(rollout)
+        updated = time.perf_counter()
+
+        n = rollout.response_ids.shape[0]
+        self.rollouts += 1
+        self.episodes += n * max(1, self._trainer.world_size if self._trainer else 1)
+        stats.update(self.rollout_stats(rollout))
+        stats.update({f"rewards/{name}": r.float().mean() for name, r in per_source.items()})
+        stats["time/generation"] = torch.tensor(generated - started)
+        stats["time/update"] = torch.tensor(updated - generated)
+        stats["perf/tokens_per_sec"] = rollout.attention_mask.sum().float() / max(updated - started, 1e-9)
+        stats["objective/episodes"] = torch.tensor(float(self.episodes))
+        self.log_stats("train", stats, prog_bar=("objective/scores", "objective/kl"))
+        every = self.hparams.log_completions_every_n_steps
+        if every and (self.rollouts - 1) % every == 0:
+            self.log_completions(rollout)
+
+    def rollout_stats(self, rollout: Rollout) -> dict[str, Tensor]:
+        """Objective stats of a shaped rollout: scores, KL, entropy, RLHF reward, lengths, EOS."""
+        mask = rollout.response_mask
+        stats = {
+            "objective/scores": rollout.scores.float().mean(),
+            "objective/entropy": -masked_sum(rollout.logps, mask, dim=1).mean(),  # sampled estimate, per sequence
+            "response/length": mask.sum(dim=1).float().mean(),
+            "response/eos_fraction": rollout.has_eos.float().mean(),
+        }
+        if rollout.ref_logps is not None:
+            kl = masked_sum(rollout.logps - rollout.ref_logps, mask, dim=1)  # (N,) k1, summed per sequence
+            stats["objective/kl"] = kl.mean()
+            stats["objective/rlhf_reward"] = (rollout.scores.float() - self.kl_weight * kl).mean()
+        return stats
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass  # tokens/s is logged by training_step (prompt + response tokens)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        total = self.hparams.total_episodes
+        if total and self.episodes >= total:
+            self.trainer.should_stop = True
+
+    def log_completions(self, rollout: Rollout) -> None:
+        """Sample completions as a TensorBoard text table (prompt tail, completion, score)."""
+        logger = self.logger
+        experiment = getattr(logger, "experiment", None) if logger is not None else None
+        if experiment is None or not hasattr(experiment, "add_text") or not self.trainer.is_global_zero:
+            return
+        k = self.hparams.num_logged_completions
+        texts = decode_responses(self.tokenizer, rollout.response_ids[:k], rollout.response_mask[:k])
+        prompts = rollout.meta.get("prompt") or self.tokenizer.batch_decode(
+            [ids[m].tolist() for ids, m in zip(rollout.prompt_ids[:k], rollout.prompt_mask[:k])]
+        )
+
+        def cell(s: str) -> str:
+            return s.replace("|", "\\|").replace("\n", " ")
+
+        rows = ["| prompt (end) | completion | score |", "|---|---|---|"]
+        for p, c, s in zip(prompts, texts, rollout.scores[:k].tolist()):
+            rows.append(f"| {cell(p[-200:])} | {cell(c)} | {s:.3f} |")
+        experiment.add_text("train/completions", "\n".join(rows), self.global_step)
+
+    # ------------------------------------------------------------------------------------------
+    # validation: sample once per prompt and report the unshaped scores
+    # ------------------------------------------------------------------------------------------
+
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        rollout, per_source = self.make_rollout(batch, 1)
+        stats = {
+            "objective/scores": rollout.scores.float().mean(),
+            "response/length": rollout.response_mask.sum(dim=1).float().mean(),
+            "response/eos_fraction": rollout.has_eos.float().mean(),
+        }
+        if rollout.ref_logps is not None:
+            stats["objective/kl"] = masked_sum(rollout.logps - rollout.ref_logps, rollout.response_mask, dim=1).mean()
+        self.log_stats("val", stats, batch_size=rollout.response_ids.shape[0])
+
+    # ------------------------------------------------------------------------------------------
+    # schedule length and checkpointed counters
+    # ------------------------------------------------------------------------------------------
+
+    def prompts_per_rollout(self) -> int:
+        """Prompts per rollout on one rank: the prompt DataModule's (or loader's) batch size."""
+        trainer = self.trainer
+        dm = getattr(trainer, "datamodule", None)
+        size = getattr(dm, "batch_size", None) or (getattr(dm, "hparams", None) or {}).get("batch_size")
+        if not size:
+            trainer.fit_loop.setup_data()  # builds the train dataloader (a no-op once built)
+            size = getattr(trainer.train_dataloader, "batch_size", None)
+        if not size:
+            raise ValueError("cannot tell the prompt batch size: give the DataModule a `batch_size`")
+        return int(size)
+
+    def episodes_per_rollout(self) -> int:
+        return self.prompts_per_rollout() * self.repeats * max(1, self.trainer.world_size)
+
+    def num_training_steps(self) -> int:
+        """Optimizer steps of the fit: from `total_episodes`, else `max_steps`, else epochs."""
+        per_rollout = self.updates_per_rollout()
+        total = self.hparams.total_episodes
+        if total:
+            return math.ceil(total / self.episodes_per_rollout()) * per_rollout
+        if self.trainer.max_steps and self.trainer.max_steps > 0:
+            return int(self.trainer.max_steps)
+        return super().num_training_steps() * per_rollout
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[CHECKPOINT_KEY].update({"episodes": self.episodes, "rollouts": self.rollouts})
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        info = checkpoint.get(CHECKPOINT_KEY, {})
+        self.episodes = int(info.get("episodes", 0))
+        self.rollouts = int(info.get("rollouts", 0))
+
+
+def repeat_meta(meta: dict[str, Sequence[Any]], repeats: int) -> dict[str, list[Any]]:
+    """Each column's entries repeated `repeats` times in place (a prompt's copies contiguous)."""
+    return {k: [v for v in values for _ in range(repeats)] for k, values in meta.items()}

@@ -1,0 +1,168 @@
+"""PPO for RLHF with in-loop generation (N+ implementation details, DESIGN.md D21-D25)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from lit_rlhf.generation import token_logps_with_grad
+from lit_rlhf.losses import ppo_policy_loss, ppo_rewards, ppo_value_loss
+from lit_rlhf.models import load_scalar_model
+from lit_rlhf.modules.base import decay_groups
+from lit_rlhf.modules.online import OnlineModule
+from lit_rlhf.ops import gae, masked_sum, masked_whiten
+from lit_rlhf.rewards import load_reward_model
+from lit_rlhf.types import Rollout
+
+
+class PPOModule(OnlineModule):
+    """PPO with a policy, a value model, a frozen reference and reward sources (N+ Table 7).
+
+    Each training step takes one PromptBatch from the prompt loader (reshuffled every epoch,
+    D21) and:
+
+    1. samples `max_new_tokens` tokens per prompt at `temperature` (0.7 for TL;DR) and scores
+       them once: old log-probs and reference log-probs under that temperature, values, scores
+       (`OnlineModule.make_rollout`); callbacks then shape the scores through the rollout hook
+       (e.g. `callbacks.EOSTrickCallback`, D23; `callbacks.KLControlCallback` adapts `kl_coef`);
+    2. per-token rewards `-kl_coef * kl_t` with the score added on the EOS token, the last
+       response token (`losses.ppo_rewards`, D12), optionally whitened without shifting the
+       mean (D24, off by default); GAE with `gamma`, `lam` -> advantages (B, R) and returns;
+       advantages whitened over the rollout (D25);
+    3. `ppo_epochs` passes over `num_minibatches` minibatches, gradient accumulation over
+       `micro_batch_size` rows: loss = clipped policy loss + `value_coef` * clipped value loss,
+       gradients clipped to `max_grad_norm`, one optimizer step per minibatch. The first pass
+       keeps the rollout's row order, so its first ratio is exactly 1 (D7).
+
+    The value of the state before response token t is the value model's output at position
+    P - 1 + t (the token before it), so values (B, R) line up with the per-token rewards.
+    Policy and value are in ONE AdamW optimizer, two parameter groups (plus no-decay groups).
+
+    Logged every step (`train/...`): `objective/{scores,kl,entropy,rlhf_reward,
+    non_score_reward,episodes}`, `policy/{loss,clipfrac,approxkl,ratio_mean,ratio_var,
+    first_ratio_mean}`, `value/{loss,vpred,error,clipfrac}` (the value model's stats go under
+    `train/value/`, not `val/`, which is the validation stage), `response/{length,eos_fraction}`,
+    `rewards/<source>`, `time/{generation,update}`, `perf/tokens_per_sec`; sample completions
+    as TensorBoard text every `log_completions_every_n_steps` rollouts.
+
+    Args:
+        value_model: the value model's initial weights (D22); None = the reward model (or, when
+            there is none, the policy's backbone with a fresh D11 head).
+        value_lr: learning rate of the value model; None = `lr`.
+        kl_coef: the KL penalty coefficient (0.05, N+ Table 7); adapted by `KLControlCallback`.
+        kl_estimator: per-token KL estimator of the penalty: `k1` (log pi - log pi_ref, N+) or `k3`.
+        gamma: GAE discount (1.0).
+        lam: GAE lambda (0.95).
+        whiten_rewards: whiten the per-token rewards before GAE (D24, off).
+        whiten_advantages: whiten the advantages over the rollout (D25, on).
+        clip_eps: policy ratio clip range (0.2).
+        value_clip_eps: value clip range (0.2).
+        value_coef: weight of the value loss (0.1).
+        ppo_epochs: passes over each rollout (K = 4).
+        num_minibatches: minibatches per pass; one optimizer step each.
+        lr: peak learning rate (3e-6, N+ Table 7).
+        adam_eps: AdamW epsilon (1e-5, N+ Table 7).
+        **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
+            max_grad_norm, total_episodes, completion logging) and `PolicyModule` (model,
+            tokenizer, dtype, optimiser and schedule, export).
+    """
+
+    def __init__(
+        self,
+        value_model: str | None = None,
+        value_lr: float | None = None,
+        kl_coef: float = 0.05,
+        kl_estimator: Literal["k1", "k3"] = "k1",
+        gamma: float = 1.0,
+        lam: float = 0.95,
+        whiten_rewards: bool = False,
+        whiten_advantages: bool = True,
+        clip_eps: float = 0.2,
+        value_clip_eps: float = 0.2,
+        value_coef: float = 0.1,
+        ppo_epochs: int = 4,
+        num_minibatches: int = 1,
+        lr: float = 3e-6,
+        adam_eps: float = 1e-5,
+        temperature: float = 0.7,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(lr=lr, adam_eps=adam_eps, temperature=temperature, **kwargs)
+        if ppo_epochs < 1 or num_minibatches < 1:
+            raise ValueError(f"ppo_epochs and num_minibatches must be >= 1, got {ppo_epochs} and {num_minibatches}")
+        if kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {kl_estimator!r}")
+        if kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+        self.kl_coef = float(kl_coef)
+        self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+        source = value_model or self.hparams.reward_model
+        if source is None:  # no reward model to start from: the policy's backbone with a fresh D11 head
+            self.value_model = load_scalar_model(self.model_name, self.tokenizer, self.hparams.dtype)
+        else:  # D22: the value model starts from the reward model; it is trained
+            self.value_model = load_reward_model(source, self.tokenizer, dtype=self.hparams.dtype)
+
+    @property
+    def kl_weight(self) -> float:
+        return self.kl_coef
+
+    def updates_per_rollout(self) -> int:
+        return self.hparams.ppo_epochs * self.hparams.num_minibatches
+
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
+        wd = self.hparams.weight_decay
+        value_lr = self.hparams.value_lr or self.hparams.lr
+        return decay_groups(self.policy, wd) + decay_groups(self.value_model, wd, lr=value_lr)
+
+    def rollout_values(self, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
+        """V(prompt + response[:t]) for t < R: the value head at positions P-1 ... P+R-2 -> (N, R)."""
+        size = self.hparams.micro_batch_size or input_ids.shape[0]
+        chunks = [
+            self.value_model(input_ids[i: i + size], attention_mask[i: i + size]) for i in range(0, input_ids.shape[0], size)
+        ]
+        full = torch.cat(chunks).float()  # (N, P+R)
+        return full[:, -response_length - 1: -1]  # (N, R)
+
+    def update(self, rollout: Rollout) -> dict[str, Tensor]:
+        hp = self.hparams
+        mask = rollout.response_mask  # (N, R)
+        # 1. per-token rewards: KL penalty everywhere, the score on the EOS token (D12)
+        shaped = ppo_rewards(rollout.scores, rollout.logps, rollout.ref_logps, mask, self.kl_coef, hp.kl_estimator)
+        rewards = masked_whiten(shaped.rewards, mask, shift_mean=False) if hp.whiten_rewards else shaped.rewards  # D24
+        # 2. GAE, then advantage whitening over the whole rollout (D25)
+        advantages, returns = gae(rewards, rollout.values, mask, hp.gamma, hp.lam)  # (N, R) each
+        if hp.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        response_length = mask.shape[1]
+        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+
+        # 3. K epochs of clipped policy + value updates
+        def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            logps = token_logps_with_grad(
+                self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
+                mask[rows], self.sampling.temperature,
+            )  # (n, R)
+            values = self.value_model(input_ids[rows], attention_mask[rows]).float()[:, -response_length - 1: -1]  # (n, R)
+            pg = ppo_policy_loss(logps, rollout.logps[rows], advantages[rows], mask[rows], hp.clip_eps)
+            vf = ppo_value_loss(values, rollout.values[rows], returns[rows], mask[rows], hp.value_clip_eps)
+            loss = pg.loss + hp.value_coef * vf.loss
+            return loss, {
+                "loss/total": loss.detach(),
+                "policy/loss": pg.loss.detach(),
+                "policy/clipfrac": pg.clipfrac,
+                "policy/approxkl": pg.approxkl,
+                "policy/ratio_mean": pg.ratio_mean,
+                "policy/ratio_var": pg.ratio_var,
+                "value/loss": vf.loss.detach(),
+                "value/vpred": vf.vpred,
+                "value/error": vf.error,
+                "value/clipfrac": vf.clipfrac,
+            }
+
+        stats = self.run_updates(mask.shape[0], hp.ppo_epochs, hp.num_minibatches, loss_fn)
+        stats["objective/non_score_reward"] = (-self.kl_coef * masked_sum(shaped.kl, mask, dim=1)).mean()
+        stats["advantages/mean"] = advantages[mask].mean()
+        stats["returns/mean"] = returns[mask].mean()
+        return stats

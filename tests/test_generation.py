@@ -1,0 +1,131 @@
+"""generate_responses end to end (D23 cut + PAD fill) and sequence_token_logps (temperature, D5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lit_rlhf.generation import SamplingConfig, generate_responses, sequence_token_logps
+from lit_rlhf.models import load_causal_lm
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the CPU is shared: one thread is much faster under contention
+    yield
+    torch.set_num_threads(threads)
+
+
+def markov_lm(tokenizer, transitions: dict[int, int]):
+    """The tiny Llama turned into a deterministic Markov chain: next token = transitions[current].
+
+    Every layer's output projections are zeroed, so the last hidden state is the (normalised)
+    embedding of the current token; each token of the chain gets a one-hot embedding and the
+    LM head puts a logit of 80 on its successor (other tokens: 0, so sampling is deterministic).
+    """
+    model = load_causal_lm("tiny-random-llama", tokenizer)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = model.get_input_embeddings().weight
+        emb.zero_()
+        model.lm_head.weight.zero_()
+        tokens = sorted(set(transitions) | set(transitions.values()))
+        for dim, tok in enumerate(tokens):
+            emb[tok, dim] = 1.0
+        for tok, nxt in transitions.items():
+            model.lm_head.weight[nxt, tokens.index(tok)] = 10.0  # RMSNorm scales a one-hot by 8
+    return model
+
+
+def test_eos_cases_through_generate(tiny_tokenizer):
+    tok = tiny_tokenizer
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    a, b, c, d, e, f, g = (tok.convert_tokens_to_ids(ch) for ch in "abcdefg")
+    p1, p2, p3, p4 = (tok.convert_tokens_to_ids(ch) for ch in "WXYZ")
+    transitions = {
+        p1: eos,  # EOS first
+        eos: g, g: eos,  # what would follow an EOS if generation went on: "several EOS"
+        p2: a, a: b, b: c, c: eos,  # EOS exactly at the last of R=4 positions
+        p3: d, d: d,  # never EOS
+        p4: e, e: eos,  # EOS second, then (without the cut) g, EOS
+    }
+    model = markov_lm(tok, transitions)
+    # left padded prompts of different lengths (D5)
+    rows = [[f, p1], [p2], [f, f, p3], [p4]]
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    torch.manual_seed(0)
+    responses, response_mask, has_eos = generate_responses(
+        model, ids, mask, SamplingConfig(max_new_tokens=4, temperature=1.0), eos, pad
+    )
+    assert responses.tolist() == [
+        [eos, pad, pad, pad],
+        [a, b, c, eos],
+        [d, d, d, d],
+        [e, eos, pad, pad],
+    ]
+    assert response_mask.tolist() == [
+        [True, False, False, False],
+        [True, True, True, True],
+        [True, True, True, True],
+        [True, True, False, False],
+    ]
+    assert has_eos.tolist() == [True, True, False, True]
+    assert model.training  # the caller's mode is restored
+
+    # every row stops early: the output is still PAD-filled to exactly R = max_new_tokens
+    early, early_mask, early_eos = generate_responses(
+        model, ids[[0, 3]], mask[[0, 3]], SamplingConfig(max_new_tokens=6, temperature=1.0), eos, pad
+    )
+    assert early.shape == (2, 6)
+    assert early.tolist() == [[eos] + [pad] * 5, [e, eos] + [pad] * 4]
+    assert early_mask.sum(dim=1).tolist() == [1, 2] and early_eos.all()
+
+
+def test_generate_rejects_pad_equal_eos_and_right_padding(tiny_tokenizer, tiny_model):
+    tok = tiny_tokenizer
+    ids = torch.tensor([[5, 6, tok.pad_token_id]])
+    right_padded = torch.tensor([[True, True, False]])
+    with pytest.raises(ValueError, match="left padded"):
+        generate_responses(tiny_model, ids, right_padded, SamplingConfig(max_new_tokens=2), tok.eos_token_id, tok.pad_token_id)
+    with pytest.raises(ValueError, match="PAD must differ from EOS"):
+        generate_responses(tiny_model, ids, right_padded, SamplingConfig(max_new_tokens=2), tok.eos_token_id, tok.eos_token_id)
+
+
+def test_sequence_logps_temperature_padding_and_micro_batches(tiny_tokenizer, tiny_model):
+    tok = tiny_tokenizer
+    pad = tok.pad_token_id
+    prompt = tok("TL;DR:", add_special_tokens=False)["input_ids"]
+    response = torch.tensor([tok(" a cat", add_special_tokens=False)["input_ids"]])
+    R = response.shape[1]
+    # the same prompt under 0, 3 and 7 tokens of left padding (D5: position ids from the mask)
+    pads = [0, 3, 7]
+    width = len(prompt) + max(pads)
+    ids = torch.tensor([[pad] * (width - len(prompt)) + prompt for _ in pads])
+    mask = torch.tensor([[False] * (width - len(prompt)) + [True] * len(prompt) for _ in pads])
+    ids[0, : width - len(prompt)] = pad
+    responses = response.repeat(3, 1)
+    response_mask = torch.ones_like(responses, dtype=torch.bool)
+    response_mask[2, -2:] = False  # a shorter (cut) response: its tail scores 0
+
+    temperature = 0.7
+    logps = sequence_token_logps(tiny_model, ids, mask, responses, response_mask, temperature)  # (3, R)
+    assert logps.shape == (3, R)
+    torch.testing.assert_close(logps[1], logps[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logps[2, :-2], logps[0, :-2], atol=1e-5, rtol=0)
+    assert (logps[2, -2:] == 0).all()
+
+    # by hand, unpadded, logits divided once by the temperature
+    full = torch.tensor([prompt + response[0].tolist()])
+    with torch.no_grad():
+        logits = tiny_model(input_ids=full).logits[0, len(prompt) - 1: -1] / temperature  # (R, V)
+    expected = F.log_softmax(logits, dim=-1).gather(1, response[0].unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(logps[0], expected, atol=1e-5, rtol=0)
+
+    micro = sequence_token_logps(tiny_model, ids, mask, responses, response_mask, temperature, micro_batch_size=1)
+    torch.testing.assert_close(micro, logps, atol=1e-6, rtol=0)
