@@ -11,6 +11,9 @@ import yaml
 
 from lit_rlhf.cli import main
 
+with contextlib.suppress(ImportError):  # DeepSpeed logs to stdout on first use: import it before capturing
+    import deepspeed  # noqa: F401
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 METHOD_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if yaml.safe_load(p.read_text()).get("model"))
 OVERLAY_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p not in METHOD_CONFIGS)
