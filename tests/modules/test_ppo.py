@@ -127,7 +127,7 @@ def test_bad_configuration_is_named():
 def test_ppo_raises_the_reward(tmp_path):
     """Reward = fraction of lowercase letters in an 8-token completion; 40 rollouts of 8 prompts.
 
-    Measured (seed 0): mean score of the first 5 rollouts ~0.12, of the last 5 ~0.4.
+    Measured (seed 0): mean score of the first 5 rollouts 0.107, of the last 5 0.563.
     """
     L.seed_everything(0)
     module = PPOModule(
@@ -140,6 +140,7 @@ def test_ppo_raises_the_reward(tmp_path):
     assert len(metrics) == 40
     scores = [m["train/objective/scores"] for m in metrics]
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
+    print(f"mean score first 5 rollouts {first:.3f}, last 5 {last:.3f}")
     assert last > first + 0.1, (first, last)
     kls = [m["train/objective/kl"] for m in metrics]
     assert metrics[0]["train/objective/kl"] == 0.0  # the reference is the initial policy
