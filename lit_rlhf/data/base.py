@@ -82,7 +82,8 @@ def parse_split(spec: str) -> tuple[str, str | None, str | None]:
     """`"train[10:20%]"` -> `("train", "10", "20%")`; a plain name -> `(name, None, None)`."""
     m = _SLICE.match(spec.strip())
     if not m:
-        raise ValueError(f"cannot parse split {spec!r}; expected a name, optionally sliced as 'train[:1000]' or 'train[98%:]'")
+        raise ValueError(
+            f"cannot parse split {spec!r}; expected a name, optionally sliced as 'train[:1000]' or 'train[98%:]'")
     return m["name"], m["start"], m["stop"]
 
 
@@ -152,7 +153,8 @@ class SourceLoader:
             alias = self.path[len(BUNDLED_PREFIX):]
             table = bundled_aliases()
             if alias not in table:
-                raise DataSourceError(f"unknown bundled dataset {self.path!r}; available: {sorted('bundled:' + a for a in table)}")
+                available = sorted(BUNDLED_PREFIX + a for a in table)
+                raise DataSourceError(f"unknown bundled dataset {self.path!r}; available: {available}")
             self._local = datasets.load_dataset("json", data_files=table[alias])
         elif kind == "file":
             files = self.data_files if self.data_files is not None else {"train": str(Path(self.path).expanduser())}

@@ -92,7 +92,9 @@ class PreferenceCollator:
     def __call__(self, examples: Sequence[dict[str, Any]]) -> PreferenceBatch:
         prompts = [ex["_prompt_ids"] for ex in examples]
         completions = [ex["_chosen_ids"] for ex in examples] + [ex["_rejected_ids"] for ex in examples]
-        ids, attn, loss_mask, prompt_lengths = prompt_completion_tensors(prompts + prompts, completions, self.pad_token_id)
+        ids, attn, loss_mask, prompt_lengths = prompt_completion_tensors(
+            prompts + prompts, completions, self.pad_token_id
+        )
         margin = None
         if self.with_margin:
             margin = torch.tensor([float(ex["_margin"]) for ex in examples], dtype=torch.float32)

@@ -108,7 +108,8 @@ def fit_completion(ids: list[int], max_length: int, eos_token_id: int, *, trunca
     if len(ids) <= max_length:
         return ids
     if not truncate:
-        raise BadRow(COMPLETION_TOO_LONG, field, f"{len(ids)} tokens (EOS included) > max_completion_length={max_length}")
+        raise BadRow(COMPLETION_TOO_LONG, field,
+                     f"{len(ids)} tokens (EOS included) > max_completion_length={max_length}")
     return ids[: max_length - 1] + [eos_token_id]
 
 
@@ -157,7 +158,8 @@ def truncate_tldr_query(tokenizer, subreddit: str, title: str, post: str, max_le
         raise BadRow(
             PROMPT_TOO_LONG,
             "title",
-            f"the query template with subreddit and title alone takes {overhead} tokens >= max_prompt_length={max_length}",
+            f"the query template with subreddit and title alone takes {overhead} tokens "
+            f">= max_prompt_length={max_length}",
         )
     post_ids = tokenizer(post, add_special_tokens=False)["input_ids"]
     keep = min(len(post_ids), max_length - overhead)
@@ -237,7 +239,8 @@ def require_messages(value: Any, field: str) -> list[dict[str, str]]:
     if value is None:
         raise BadRow(MISSING, field, "missing (None)")
     if not isinstance(value, list) or not value:
-        raise BadRow(MISSING if isinstance(value, list) else BAD_STRUCTURE, field, "expected a non-empty list of messages")
+        raise BadRow(MISSING if isinstance(value, list) else BAD_STRUCTURE, field,
+                     "expected a non-empty list of messages")
     out = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
@@ -250,7 +253,8 @@ def require_messages(value: Any, field: str) -> list[dict[str, str]]:
             raise BadRow(MISSING if content is None else BAD_STRUCTURE, f"{field}[{i}].content", "expected a string")
         out.append({"role": role, "content": content})
     if out[-1]["role"] != "assistant":
-        raise BadRow(BAD_STRUCTURE, f"{field}[{len(out) - 1}].role", f"the last message must be the assistant's, got {out[-1]['role']!r}")
+        raise BadRow(BAD_STRUCTURE, f"{field}[{len(out) - 1}].role",
+                     f"the last message must be the assistant's, got {out[-1]['role']!r}")
     if len(out) < 2:
         raise BadRow(BAD_STRUCTURE, field, "the conversation has no message before the assistant's")
     return out

@@ -134,7 +134,8 @@ class TLDRComparisonFormatter(Formatter):
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         info = row.get("info")
         if not isinstance(info, dict):
-            raise BadRow(MISSING if info is None else BAD_STRUCTURE, "info", "expected a dict {id, post, title, subreddit}")
+            raise BadRow(MISSING if info is None else BAD_STRUCTURE, "info",
+                         "expected a dict {id, post, title, subreddit}")
         # CNN/DM rows of the comparisons data have an `article` instead of a `post`: not a TL;DR query
         text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, info.get("subreddit"), info.get("title"),
                                   info.get("post"), prefix="info.")

@@ -270,7 +270,8 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
 
     - `rewards`: `completion[reward_field]` (`overall_score` by default; `fine-grained_score` or
       any other numeric key of a completion) normalised to mean 0, variance 1 with the mean and
-      (population) standard deviation of the *training* split (DRO paper, Sec. 4). The
+      (population) standard deviation of the *training* examples (DRO paper, Sec. 4; with
+      `label_mode="pairs"`, of the selected best/worst examples). The
       statistics are in `reward_stats` and in `state_dict()`, so a checkpoint carries them and
       validation always uses the training ones. Set `with_rewards=False` to leave them out.
     - `labels` (KTO's desirable / undesirable), when `label_mode` is set:
@@ -313,7 +314,8 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
         if label_mode not in (None, "threshold", "pairs"):
             raise ValueError(f"label_mode must be None, 'threshold' or 'pairs', got {label_mode!r}")
         if not with_rewards and label_mode is None:
-            raise ValueError("with_rewards=False needs a label_mode: the batches would carry neither rewards nor labels")
+            raise ValueError("with_rewards=False needs a label_mode: "
+                             "the batches would carry neither rewards nor labels")
         if label_threshold is not None and label_mode != "threshold":
             raise ValueError("label_threshold is only used with label_mode='threshold'")
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
@@ -342,13 +344,15 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
         """The training reward statistics: restored ones if any, else computed from the train split."""
         if self.reward_stats is None:
             if self.splits["train"] is None:
-                raise ValueError("reward normalisation needs the train split (or statistics restored from a checkpoint)")
+                raise ValueError("reward normalisation needs the train split "
+                                 "(or statistics restored from a checkpoint)")
             raw = torch.tensor(list(self.dataset("train")["_reward"]), dtype=torch.float64)
             if raw.numel() < 2:
                 raise ValueError(f"cannot normalise rewards over {raw.numel()} training example(s)")
             mean, std = float(raw.mean()), float(raw.std(correction=0))
             if not std > 0 or not math.isfinite(std):
-                raise ValueError(f"training rewards ({self.reward_field}) have standard deviation {std}: cannot normalise")
+                raise ValueError(f"training rewards ({self.reward_field}) have standard deviation {std}: "
+                                 "cannot normalise")
             self.reward_stats = {"field": self.reward_field, "mean": mean, "std": std, "count": int(raw.numel())}
         elif self.reward_stats.get("field") != self.reward_field:
             raise ValueError(f"restored reward statistics are for {self.reward_stats.get('field')!r}, "
@@ -405,8 +409,8 @@ class UltraFeedbackPromptDataModule(_ReferenceTexts, RLHFDataModule):
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
-        return UltraFeedbackPromptFormatter(self.tokenizer, self.max_prompt_length,
-                                            _passthrough(self, role, UltraFeedbackPromptFormatter.consumed + ("models",)))
+        consumed = UltraFeedbackPromptFormatter.consumed + ("models",)
+        return UltraFeedbackPromptFormatter(self.tokenizer, self.max_prompt_length, _passthrough(self, role, consumed))
 
     def _collator(self, role: str) -> PromptCollator:
         return PromptCollator(self.tokenizer.pad_token_id)

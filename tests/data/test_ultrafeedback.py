@@ -122,7 +122,8 @@ def test_preference_tiny_and_meta(tiny_tokenizer, tmp_path):
     assert batch.margin is None and batch.meta["prompt_id"] == [r["prompt_id"] for r in rows]
     assert batch.meta["raw_prompt"] == [r["prompt"] for r in rows]
     for i, row in enumerate(rows):
-        assert tiny_tokenizer.decode(batch.input_ids[i][batch.loss_mask[i]]) == row["chosen"][-1]["content"] + "<|im_end|></s>"
+        assert tiny_tokenizer.decode(batch.input_ids[i][batch.loss_mask[i]]) == (
+            row["chosen"][-1]["content"] + "<|im_end|></s>")
         assert tiny_tokenizer.decode(batch.input_ids[4 + i][batch.loss_mask[4 + i]]) == (
             row["rejected"][-1]["content"] + "<|im_end|></s>")
 

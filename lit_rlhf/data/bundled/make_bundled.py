@@ -122,7 +122,8 @@ def _task(rng: random.Random) -> tuple[str, str, str, str]:
     kind = rng.randrange(3)
     if kind == 0:
         a, b = rng.randint(2, 40), rng.randint(2, 40)
-        return (f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}.", f"{a + b}", f"{a} plus {b} is {a + b + rng.randint(1, 5)}.")
+        wrong = a + b + rng.randint(1, 5)
+        return (f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}.", f"{a + b}", f"{a} plus {b} is {wrong}.")
     words = ["garden", "planet", "window", "rabbit", "silver", "candle", "forest", "marble", "pencil", "bridge"]
     w = rng.choice(words)
     if kind == 1:
