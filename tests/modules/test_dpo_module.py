@@ -68,9 +68,16 @@ def test_precomputed_reference_gives_the_live_losses(tiny_tokenizer):
     # precompute over a loader whose batches are padded differently from the training batch
     assert pre.precompute_reference([[preference_batch(tiny_tokenizer, extra_pad=3)]]) == 6
     assert not hasattr(pre, "ref_model")  # freed again
+    table = dict(pre.ref_logps_cache)
     # move both policies away from the reference identically, so the log-ratios are not 0
     perturb(live.policy)
     perturb(pre.policy)
+    # a resumed run (trained policy) rebuilds the same table: the reference comes from its name
+    pre.ref_logps_cache.clear()
+    pre.precompute_reference([[batch]])
+    assert pre.ref_logps_cache.keys() == table.keys()
+    for key, value in table.items():
+        assert abs(pre.ref_logps_cache[key] - value) < 1e-5
     loss_live, stats_live = live.compute_loss(batch)
     loss_pre, stats_pre = pre.compute_loss(batch)
     assert stats_live["rewards/margins"].abs() > 1e-3  # the reference matters in this comparison

@@ -138,3 +138,18 @@ def test_a_few_steps_lower_the_loss(tiny_tokenizer, kind):
         optimizer.step()
     assert losses[-1] < losses[0] - 0.01, losses
     assert stats["rewards/margins"] > 0
+
+
+def test_a_single_prompt_batch_reuses_the_previous_z0(tiny_tokenizer):
+    module = KTOModule()
+    frozen_logps = module.frozen_logps
+    module.frozen_logps = lambda *args, **kwargs: frozen_logps(*args, **kwargs) - args[3].float()  # ref less likely
+    batch = single_batch(tiny_tokenizer, labels=torch.tensor([True, False, True, False]))
+    z0 = module.kl_reference_point(batch)  # training mode: remembered
+    assert z0 > 0.5
+    one = batch._replace(input_ids=batch.input_ids[:1], attention_mask=batch.attention_mask[:1],
+                         loss_mask=batch.loss_mask[:1], prompt_lengths=batch.prompt_lengths[:1], labels=batch.labels[:1])
+    assert module.kl_reference_point(one).item() == pytest.approx(z0.item())
+    pair = PreferenceBatch(batch.input_ids[:2], batch.attention_mask[:2], batch.loss_mask[:2], batch.prompt_lengths[:2])
+    assert module.kl_reference_point(pair).item() == pytest.approx(z0.item())  # one pair = one prompt
+    assert KTOModule().kl_reference_point(one).item() == 0.0  # nothing seen yet
