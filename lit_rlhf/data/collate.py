@@ -3,7 +3,8 @@
 An example is a dict as stored in a processed dataset: token-id lists and numbers under keys
 starting with `_` (`_prompt_ids`, `_completion_ids`, `_chosen_ids`, `_rejected_ids`,
 `_margin`, `_reward`, `_label`, ...) and metadata (prompt text, reference, ids, grouping
-columns) under every other key; metadata goes to `batch.meta` as lists of length B.
+columns) under every other key; metadata goes to `batch.meta` as lists of length B, plus
+`meta["index"]`, the example's row index in its source split.
 
 - prompt+completion sequences are right padded (SFT, reward, DPO, KTO, DRO-V);
 - prompts for generation are left padded;
@@ -61,11 +62,16 @@ def prompt_completion_tensors(
 
 
 def collect_meta(examples: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Every key not starting with `_` becomes `meta[key]`, a list of length B."""
+    """Every key not starting with `_` becomes `meta[key]`, a list of length B; the source row
+    index `_row` (index in the full split) becomes `meta["index"]`, so a model-side error can name
+    the dataset rows."""
     if not examples:
         return {}
     keys = [k for k in examples[0] if not k.startswith("_")]
-    return {k: [ex.get(k) for ex in examples] for k in keys}
+    meta = {k: [ex.get(k) for ex in examples] for k in keys}
+    if "_row" in examples[0]:
+        meta["index"] = [ex["_row"] for ex in examples]
+    return meta
 
 
 class SFTCollator:

@@ -83,6 +83,7 @@ def test_comparisons_split_map_and_limit(tiny_tokenizer, tldr_comparisons_sample
     assert len(dm.dataset("val")) == 10
     batches = list(dm.val_dataloader())
     assert [b.num_pairs for b in batches] == [4, 4, 2] and batches[0].margin is None
+    assert sum((b.meta["index"] for b in batches), []) == list(range(10))  # row ids in the source split
 
 
 def test_d2_with_smollm2_on_real_rows(smollm2_tokenizer, tldr_comparisons_sample, tmp_path):
