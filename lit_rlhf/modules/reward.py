@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from lit_rlhf import models
 from lit_rlhf.losses import bradley_terry_loss
-from lit_rlhf.modules.base import CHECKPOINT_KEY, SchedulerName, decay_groups, lr_lambda
+from lit_rlhf.modules.base import CHECKPOINT_KEY, NonFiniteError, SchedulerName, decay_groups, lr_lambda
 from lit_rlhf.types import PreferenceBatch, split_pair
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,9 @@ class RewardModule(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        # the CLI gives the DataModule `tokenizer or model`: record the same resolved name (in the
+        # initial hparams too), or a logger refuses to merge the two ("tokenizer" differs)
+        self.save_hyperparameters({**self.hparams, "tokenizer": tokenizer or model})
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if not 0.0 <= warmup_ratio < 1.0:
@@ -156,7 +159,7 @@ class RewardModule(LightningModule):
     def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor:
         out, _, _ = self._loss(batch)
         if not torch.isfinite(out.loss):
-            raise FloatingPointError(
+            raise NonFiniteError(
                 f"non-finite reward loss {out.loss.item()} at global step {self.global_step} (batch {batch_idx}); "
                 "no update was made. Lower lr, or check the data and the margin."
             )
@@ -174,6 +177,14 @@ class RewardModule(LightningModule):
             self.log(f"train/{name}", value, prog_bar=name in ("loss", "rewards/accuracy"), on_step=True, on_epoch=False,
                      batch_size=batch.num_pairs)
         return out.loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Stop before a NaN/inf gradient reaches the weights (fp16's GradScaler handles its own)."""
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return
+        bad = [n for n, p in self.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        if bad:
+            raise NonFiniteError(f"non-finite gradient at global step {self.global_step} in {bad[:5]}; no update was made")
 
     def _eval_step(self, batch: PreferenceBatch, stage: str) -> None:
         out, chosen, rejected = self._loss(batch)
