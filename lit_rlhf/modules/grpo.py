@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
+from lit_rlhf.distributed import gather_rows
 from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.losses import AdvantageScale, Aggregation, grpo_advantages, grpo_policy_loss, rloo_advantages
 from lit_rlhf.modules.online import OnlineModule
@@ -22,7 +23,8 @@ class GRPOModule(OnlineModule):
        when `beta` > 0: with `beta` 0 the reference is never loaded), scores; callbacks shape
        the scores through the rollout hook (`OnlineModule.apply_rollout_hooks`);
     2. one advantage per completion: `advantage: grpo` -> (r - mean_group) / (std_group + eps)
-       with `scale: group | batch | none` (`losses.grpo_advantages`), or `advantage: rloo` ->
+       with `scale: group | batch | none` (`losses.grpo_advantages`; `batch` takes the std
+       over the global batch, every rank's rewards), or `advantage: rloo` ->
        the leave-one-out baseline (`losses.rloo_advantages`); a group whose rewards are all
        equal gets exactly 0;
     3. `num_iterations` passes over `num_minibatches` minibatches (one optimizer step each)
@@ -102,7 +104,10 @@ class GRPOModule(OnlineModule):
         scores = rollout.scores.float()  # (B*G,)
         if hp.advantage == "rloo":
             advantages = rloo_advantages(scores, group)  # (B*G,)
-        else:
+        elif hp.scale == "batch":  # the std of the GLOBAL batch: every rank's rewards, this rank's slice
+            everyone, own = gather_rows(scores)  # (W*B*G,)
+            advantages = grpo_advantages(everyone, group, hp.scale, hp.eps)[own]  # (B*G,)
+        else:  # groups never straddle ranks (a prompt's G copies are sampled on one rank)
             advantages = grpo_advantages(scores, group, hp.scale, hp.eps)  # (B*G,)
         grouped = scores.view(-1, group)  # (B, G)
         mask = rollout.response_mask  # (B*G, R)

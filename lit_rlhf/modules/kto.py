@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from lit_rlhf.distributed import gather_rows
 from lit_rlhf.losses import kto_kl_estimate, kto_loss, labels_from_rewards
 from lit_rlhf.modules.base import PolicyModule
 from lit_rlhf.types import PreferenceBatch, SingleBatch
@@ -64,7 +65,7 @@ class KTOModule(PolicyModule):
     Accepted batches:
     - `SingleBatch` with `labels` (True = desirable), `labels_from: labels`;
     - `SingleBatch` with scalar `rewards`, `labels_from: rewards`: desirable when the reward beats
-      the batch mean, the DRO paper's KTO baseline (`labels_from_rewards`);
+      the (global, all ranks) batch mean, the DRO paper's KTO baseline (`labels_from_rewards`);
     - `PreferenceBatch`: the pairs split into a desirable (chosen, rows [:B]) and an undesirable
       (rejected, rows [B:]) completion; `labels_from` is ignored.
 
@@ -120,7 +121,8 @@ class KTOModule(PolicyModule):
             return batch.labels.bool()
         if batch.rewards is None:
             raise ValueError("labels_from='rewards' but the batch has no `rewards`")
-        return labels_from_rewards(batch.rewards)
+        everyone, own = gather_rows(batch.rewards)  # the mean of the GLOBAL batch, every rank's rewards
+        return labels_from_rewards(everyone)[own].to(batch.rewards.device)
 
     @torch.no_grad()
     def kl_reference_point(self, batch: SingleBatch | PreferenceBatch) -> Tensor:

@@ -7,12 +7,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from lit_rlhf.distributed import global_masked_whiten
 from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.losses import ppo_policy_loss, ppo_rewards, ppo_value_loss
 from lit_rlhf.models import load_scalar_model
 from lit_rlhf.modules.base import decay_groups
 from lit_rlhf.modules.online import OnlineModule
-from lit_rlhf.ops import gae, masked_sum, masked_whiten
+from lit_rlhf.ops import gae, masked_sum
 from lit_rlhf.rewards import load_reward_model
 from lit_rlhf.types import Rollout
 
@@ -30,7 +31,8 @@ class PPOModule(OnlineModule):
     2. per-token rewards `-kl_coef * kl_t` with the score added on the EOS token, the last
        response token (`losses.ppo_rewards`, D12), optionally whitened without shifting the
        mean (D24, off by default); GAE with `gamma`, `lam` -> advantages (B, R) and returns;
-       advantages whitened over the rollout (D25);
+       advantages whitened over the rollout (D25); both whitenings use the moments of the
+       global rollout, every rank's tokens (`lit_rlhf.distributed.global_masked_whiten`);
     3. `ppo_epochs` passes over `num_minibatches` minibatches, gradient accumulation over
        `micro_batch_size` rows: loss = clipped policy loss + `value_coef` * clipped value loss,
        gradients clipped to `max_grad_norm`, one optimizer step per minibatch. The first pass
@@ -130,11 +132,12 @@ class PPOModule(OnlineModule):
         mask = rollout.response_mask  # (N, R)
         # 1. per-token rewards: KL penalty everywhere, the score on the EOS token (D12)
         shaped = ppo_rewards(rollout.scores, rollout.logps, rollout.ref_logps, mask, self.kl_coef, hp.kl_estimator)
-        rewards = masked_whiten(shaped.rewards, mask, shift_mean=False) if hp.whiten_rewards else shaped.rewards  # D24
+        # whitening moments over the global rollout, every rank's tokens (lit_rlhf.distributed)
+        rewards = global_masked_whiten(shaped.rewards, mask, shift_mean=False) if hp.whiten_rewards else shaped.rewards  # D24
         # 2. GAE, then advantage whitening over the whole rollout (D25)
         advantages, returns = gae(rewards, rollout.values, mask, hp.gamma, hp.lam)  # (N, R) each
         if hp.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+            advantages = global_masked_whiten(advantages, mask)
         response_length = mask.shape[1]
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
 

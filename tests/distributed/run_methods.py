@@ -1,0 +1,105 @@
+"""Fit several methods one after the other under one strategy, in every rank; write JSON results.
+
+    python tests/distributed/run_methods.py --strategy ddp --methods sft,dpo --out DIR   # per rank (launch.py)
+
+For each method: a fit of a few optimizer steps on the tiny model, then per rank the logged
+metrics, a fingerprint of the trained parameters before and after (equal on every rank when the
+gradients were reduced across ranks), and for online methods the response lengths each rank
+generated. `--uneven_lengths` makes rank r sample 3 + 5 r tokens (ZeRO-3 regression: ranks that
+stop generating at different steps need `synced_gpus=True`). `--checkpoint dpo` also saves a
+checkpoint (a ZeRO directory under DeepSpeed), resumes from it for one more step, and reports
+the resumed global step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+
+from tests.distributed import workloads as W  # noqa: E402
+
+BATCH = {"sft": 2, "reward": 2, "dpo": 2, "kto": 2, "drov": 2, "ppo": 4, "grpo": 2}
+
+
+class LengthProbe(L.Callback):
+    """Records the response lengths of each rollout and whether generation was synced."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+        self.synced: list[bool] = []
+
+    def on_rollout_scores(self, trainer, pl_module, rollout):
+        self.lengths.append(int(rollout.response_mask.sum(dim=1).max()))
+        self.synced.append(bool(pl_module._synced_gpus))
+        return rollout
+
+
+def fit_one(method: str, args, root: Path) -> dict:
+    rank, size = W.world()
+    L.seed_everything(1 + rank)  # different sampling per rank, as in a real run
+    batch = BATCH[method]
+    online = method in ("ppo", "grpo")
+    # online: one rollout (B prompts x G x world size episodes); its updates are the optimizer steps
+    module = W.build_module(method, **({"total_episodes": batch * (2 if method == "grpo" else 1) * size} if online else {}))
+    if args.uneven_lengths and method in ("ppo", "grpo"):
+        module.sampling = dataclasses.replace(module.sampling, max_new_tokens=3 + 5 * rank)
+    zero3 = args.strategy == "zero3"
+    before = W.fingerprint(module)
+    record, probe = W.RecordMetrics(), LengthProbe()
+    if online:
+        trainer = W.trainer_for(args.strategy, root / method, max_steps=-1, max_epochs=1, callbacks=[record, probe])
+    else:
+        trainer = W.trainer_for(args.strategy, root / method, max_steps=2, callbacks=[record])
+    started = time.perf_counter()
+    trainer.fit(module, W.loader(method, module.tokenizer, batch))
+    result = {
+        "metrics": record.steps, "global_step": trainer.global_step, "before": before,
+        "after": W.fingerprint(module, zero3=zero3), "seconds": time.perf_counter() - started,
+        "lengths": probe.lengths, "synced": probe.synced, "strategy": type(trainer.strategy).__name__,
+    }
+    if method == args.checkpoint:
+        result["resume"] = save_and_resume(method, args, root, trainer)
+    return result
+
+
+def save_and_resume(method: str, args, root: Path, trainer) -> dict:
+    """Save a checkpoint (a directory under DeepSpeed), resume from it in a new Trainer for one step."""
+    rank, _ = W.world()
+    ckpt = root / f"{method}.ckpt"
+    trainer.save_checkpoint(ckpt)
+    L.seed_everything(1 + rank)
+    module = W.build_module(method)
+    record = W.RecordMetrics()
+    resumed = W.trainer_for(args.strategy, root / f"{method}_resumed", max_steps=trainer.global_step + 1, callbacks=[record])
+    resumed.fit(module, W.loader(method, module.tokenizer, BATCH[method]), ckpt_path=str(ckpt))
+    return {
+        "ckpt": str(ckpt), "is_dir": ckpt.is_dir(), "global_step": resumed.global_step, "metrics": record.steps,
+        "after": W.fingerprint(module, zero3=args.strategy == "zero3"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", required=True, choices=["ddp", "zero2", "zero3"])
+    parser.add_argument("--methods", required=True)
+    parser.add_argument("--uneven_lengths", action="store_true")
+    parser.add_argument("--checkpoint", default="")
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    results = {}
+    for method in args.methods.split(","):
+        results[method] = fit_one(method, args, args.out / "runs")
+    W.write_result(args.out, results)
+
+
+if __name__ == "__main__":
+    main()
