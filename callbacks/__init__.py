@@ -19,3 +19,4 @@ from callbacks.eos_trick import EOSTrickCallback
 from callbacks.kl_control import KLControlCallback
 
 from callbacks.preemption import PreemptionCheckpoint  # noqa: E402
+from callbacks.judge_eval import JudgeEvalCallback  # noqa: E402
