@@ -40,9 +40,8 @@ def test_method_config_parses(config):
     declared = yaml.safe_load(config.read_text())
     assert resolved["model"]["class_path"] == declared["model"]["class_path"]
     assert resolved["data"]["class_path"] == declared["data"]["class_path"]
-    init = resolved["model"]["init_args"]
-    # the DataModule's tokenizer is linked to the module's
-    assert resolved["data"]["init_args"]["tokenizer"] == (init.get("tokenizer") or init["model"])
+    # the DataModule's tokenizer is a link target (set from the module), so it is not printed
+    assert "tokenizer" not in (resolved["data"].get("init_args") or {})
     head = config.read_text().splitlines()[0]
     assert head.startswith("#"), f"{config} should open with a comment header giving the command"
 
@@ -55,3 +54,14 @@ def test_overlay_config_composes_with_a_method(overlay):
     for key, value in (declared.get("trainer") or {}).items():
         if not isinstance(value, (dict, list)):
             assert resolved["trainer"][key] == value, key
+
+
+def test_datamodule_tokenizer_is_linked_to_the_model(tmp_path):
+    cli = main(
+        ["--config", str(CONFIGS / "tldr" / "sft.yaml"), "--model.init_args.model=tiny-random-llama",
+         "--data.init_args.path=bundled:tldr_sft", "--trainer.logger=false", "--trainer.accelerator=cpu",
+         "--trainer.precision=32", f"--trainer.default_root_dir={tmp_path}"],
+        run=False,
+    )
+    assert cli.datamodule._tokenizer_arg == "tiny-random-llama"
+    assert cli.model.hparams.tokenizer == "tiny-random-llama"
