@@ -400,8 +400,8 @@ class PreferenceRecords(torchmetrics.Metric):
 
     full_state_update = False
 
-    def __init__(self, columns: Sequence[str]) -> None:
-        super().__init__()
+    def __init__(self, columns: Sequence[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # torchmetrics options (dist_sync_fn, process_group, ...)
         self.columns = tuple(columns)
         self.add_state("diffs", default=[], dist_reduce_fx="cat")
         for i in range(len(self.columns)):
