@@ -315,6 +315,11 @@ class JudgeEvalCallback(Callback):
     # checkpointed state
     # ----------------------------------------------------------------------------------------
 
+    @property
+    def state_key(self) -> str:
+        # several judge callbacks (other baselines, judges or prefixes) can share a trainer
+        return self._generate_state_key(prefix=self.prefix, baseline=self.baseline)
+
     def state_dict(self) -> dict[str, Any]:
         return {"baseline_cache": None if self._baseline_cache is None else dict(self._baseline_cache),
                 "history": [dict(h) for h in self.history]}

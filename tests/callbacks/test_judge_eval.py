@@ -4,7 +4,7 @@
   win-rate scalars, the examples table and the length-ratio figure to TensorBoard;
 - a fake judge (the longer completion wins; "INVALID" prompts are invalid) checks the win rate,
   its Wilson interval, tie/invalid rates and lengths by hand, end to end through `trainer.validate`;
-- a judge that raises does not stop a fit;
+- a judge that raises does not stop a fit (a second callback in the same CLI fit);
 - the `initial` baseline is generated once, kept in the checkpoint and reused after a resume;
 - the entry point judges an exported tiny policy against the reference summaries.
 """
@@ -66,7 +66,7 @@ def _datamodule(**kwargs):
     return TLDRSFTDataModule(path="bundled:tldr_sft", tokenizer="tiny-random-llama", batch_size=4, **kwargs)
 
 
-def test_cli_fit_logs_win_rate_table_and_figure_to_tensorboard(tmp_path):
+def test_cli_fit_logs_win_rate_table_and_figure_to_tensorboard(tmp_path, caplog):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     config = {
@@ -81,6 +81,11 @@ def test_cli_fit_logs_win_rate_table_and_figure_to_tensorboard(tmp_path):
                     "baseline": "reference", "num_prompts": 5, "batch_size": 3,
                     "sampling": {"max_new_tokens": 6, "do_sample": False, "temperature": 1.0},
                 },
+            }, {  # a second judge that always fails, after every step: training goes on
+                "class_path": "callbacks.JudgeEvalCallback",
+                "init_args": {"judge": {"class_path": "tests.callbacks.test_judge_eval.Broken"}, "num_prompts": 3,
+                              "every_n_steps": 1, "on_validation_end": False, "prefix": "val/broken_judge",
+                              "sampling": {"max_new_tokens": 2}},
             }],
         },
         "model": {"class_path": "lit_rlhf.modules.SFTModule", "init_args": {"lr": 1e-4}},
@@ -88,14 +93,23 @@ def test_cli_fit_logs_win_rate_table_and_figure_to_tensorboard(tmp_path):
     }
     cfg = tmp_path / "judge.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    cli = main([
-        "fit", "--config", str(cfg), "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.precision=32",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.val_check_interval=2",
-        "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0", "--trainer.enable_checkpointing=false",
-        "--model.init_args.model=tiny-random-llama", "--data.init_args.path=bundled:tldr_sft",
-    ])
+    with caplog.at_level("WARNING"):
+        cli = main([
+            "fit", "--config", str(cfg), "--trainer.max_steps=2", "--trainer.accelerator=cpu", "--trainer.precision=32",
+            "--trainer.default_root_dir", str(tmp_path), "--trainer.val_check_interval=2",
+            "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0", "--trainer.enable_checkpointing=false",
+            "--model.init_args.model=tiny-random-llama", "--data.init_args.path=bundled:tldr_sft",
+        ])
     trainer = cli.trainer
-    callback = next(cb for cb in trainer.callbacks if isinstance(cb, JudgeEvalCallback))
+    assert trainer.global_step == 2
+    callback, broken = [cb for cb in trainer.callbacks if isinstance(cb, JudgeEvalCallback)]
+    # the failing judge: every item invalid, a warning, and the fit finished
+    assert [h["step"] for h in broken.history] == [1.0, 2.0]
+    assert all(h["val/broken_judge/invalid_rate"] == 1.0 and math.isnan(h["val/broken_judge/win_rate"])
+               for h in broken.history)
+    assert "judge endpoint down" in caplog.text
+    assert broken.last_evaluation.rows[0]["error"].startswith("judge raised ConnectionError")
+
     assert len(callback.history) == 1 and callback.history[0]["step"] == 2.0
     evaluation = callback.last_evaluation
     assert len(evaluation.rows) == 5
@@ -161,18 +175,6 @@ def test_fake_judge_win_rate_arithmetic_end_to_end(tmp_path):
     csv.save()
     header = (tmp_path / "csv" / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()[0]
     assert "val/judge/win_rate" in header and "val/judge/win_rate_ci_high" in header
-
-
-def test_a_failing_judge_never_stops_training(tmp_path, caplog):
-    module = SFTModule(model="tiny-random-llama", lr=1e-4)
-    callback = JudgeEvalCallback(Broken(), baseline="reference", num_prompts=3, every_n_steps=1, sampling=SHORT,
-                                 on_validation_end=False)
-    with caplog.at_level("WARNING"):
-        _trainer(tmp_path, steps=2, limit_val_batches=0, callbacks=[callback]).fit(module, datamodule=_datamodule(limit=8))
-    assert [h["step"] for h in callback.history] == [1.0, 2.0]
-    assert all(h["val/judge/invalid_rate"] == 1.0 and math.isnan(h["val/judge/win_rate"]) for h in callback.history)
-    assert "judge endpoint down" in caplog.text
-    assert callback.last_evaluation.rows[0]["error"].startswith("judge raised ConnectionError")
 
 
 def test_initial_baseline_is_generated_once_and_survives_a_resume(tmp_path, monkeypatch):
