@@ -149,3 +149,27 @@ def test_ppo_raises_the_reward(tmp_path):
                  "policy/ratio_mean", "policy/ratio_var", "objective/entropy", "objective/rlhf_reward",
                  "response/length", "response/eos_fraction", "time/generation", "time/update", "perf/tokens_per_sec"):
         assert all(math.isfinite(m[f"train/{name}"]) for m in metrics), name
+
+
+def test_make_rollout_without_a_trainer_and_bad_rewards_are_named(tiny_tokenizer):
+    def nan_reward(prompts, completions, **columns):
+        return [float("nan")] * len(completions)
+
+    def weights_seen(prompts, completions, **columns):
+        assert columns["prompt"] == prompts  # batch columns are passed through, row-aligned
+        return [2.0] * len(completions)
+
+    L.seed_everything(0)
+    batch = next(iter(prompt_loader(tiny_tokenizer, batch_size=3)))
+    module = PPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(), weights_seen],
+                       reward_weights=[0.0, 0.5], max_new_tokens=5)
+    rollout, per_source = module.make_rollout(batch)
+    assert rollout.response_ids.shape == (3, 5) and rollout.values.shape == (3, 5)
+    assert rollout.ref_logps is not None
+    torch.testing.assert_close(rollout.logps, rollout.ref_logps)  # the reference is the initial policy
+    assert rollout.scores.tolist() == [1.0, 1.0, 1.0]  # 0 * fraction + 0.5 * 2
+    assert set(per_source) == {"CharacterFractionReward", "weights_seen"}
+    module.reward_fns = [nan_reward]
+    module.hparams.reward_weights = None
+    with pytest.raises(ValueError, match="nan_reward.*non-finite"):
+        module.make_rollout(batch)
