@@ -155,3 +155,21 @@ def test_tensorboard_has_group_tables_calibration_figure_and_normalisation(fitte
     assert "val/calibration" in tags["images"]
     for key in ("val/accuracy_by_batch/batch0", "train/normalization/mean_before", "train/normalization/mean_after"):
         assert key in tags["scalars"], key
+
+
+def test_python_m_lit_rlhf_export_turns_the_checkpoint_into_a_sequence_classifier(fitted, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from lit_rlhf.export import export_checkpoint
+
+    module, refs = fitted["module"], fitted["refs"]
+    out = export_checkpoint(fitted["norm"].checkpoint_path, tmp_path / "exported")
+    plain = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    assert plain.config.num_labels == 1
+    tok = module.tokenizer
+    ids = torch.tensor([encode_prompt(tok, refs.prompts[0]) + encode_completion(tok, refs.completions[0])])
+    with torch.no_grad():
+        expected = module(ids, torch.ones_like(ids, dtype=torch.bool))
+        got = plain(input_ids=ids).logits.squeeze(-1)
+    # Llama (RMSNorm): plain transformers returns reward - reward_bias, documented at export
+    torch.testing.assert_close(got + plain.config.reward_bias, expected, rtol=0, atol=1e-5)
