@@ -44,6 +44,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
 from lit_rlhf.generation import (
@@ -288,6 +289,14 @@ class OnlineModule(PolicyModule):
         if "policy/ratio_mean" in first:
             out["policy/first_ratio_mean"] = first["policy/ratio_mean"]
         return out
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        # Under DeepSpeed the engine clips inside its step and Lightning's `clip_gradients` does
+        # nothing: hand it `max_grad_norm` (read when the engine is built, after this hook).
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if isinstance(strategy, DeepSpeedStrategy) and self.hparams.max_grad_norm:
+            strategy.config.setdefault("gradient_clipping", float(self.hparams.max_grad_norm))
 
     def apply_optimizer_step(self, optimizer) -> None:
         """Clip, step, zero the grads, advance the learning-rate schedule by one step."""

@@ -64,6 +64,7 @@ def fit_one(method: str, args, root: Path) -> dict:
         "metrics": record.steps, "global_step": trainer.global_step, "before": before,
         "after": W.fingerprint(module, zero3=zero3), "seconds": time.perf_counter() - started,
         "lengths": probe.lengths, "synced": probe.synced, "strategy": type(trainer.strategy).__name__,
+        "gradient_clipping": (getattr(trainer.strategy, "config", None) or {}).get("gradient_clipping"),
     }
     if method == args.checkpoint:
         result["resume"] = save_and_resume(method, args, root, trainer)
@@ -92,9 +93,15 @@ def main() -> None:
     parser.add_argument("--methods", required=True)
     parser.add_argument("--uneven_lengths", action="store_true")
     parser.add_argument("--checkpoint", default="")
+    # manual check of the regression: generation WITHOUT synced_gpus (crashes on gloo, hangs on NCCL)
+    parser.add_argument("--force_unsynced", action="store_true")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.force_unsynced:
+        from lit_rlhf.modules.online import OnlineModule
+
+        OnlineModule._synced_gpus = property(lambda self: False)
     results = {}
     for method in args.methods.split(","):
         results[method] = fit_one(method, args, args.out / "runs")
