@@ -1,17 +1,25 @@
 """Export a trained module from a Lightning checkpoint in Hugging Face format.
 
     python -m lit_rlhf.export path/to/last.ckpt path/to/hf_dir
+    python -m lit_rlhf.export path/to/last.ckpt/ path/to/hf_dir    # a DeepSpeed checkpoint directory
 
 The module class is read from the checkpoint (every lit_rlhf module records it), the module is
 rebuilt from its saved init args and weights, and its `export_hf` writes what plain
 `transformers` loads: a policy as `AutoModelForCausalLM`, a reward model as
 `AutoModelForSequenceClassification`.
+
+Under DeepSpeed a checkpoint is a directory of ZeRO shards (`<name>.ckpt/latest`,
+`checkpoint/zero_pp_rank_*`); it is consolidated first into one fp32 state dict with
+`lightning.pytorch.utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict` (pure file
+operations: one process, no GPU, no DeepSpeed engine), then exported as a regular checkpoint.
+Frozen models (reference, reward model) are not in it; they are rebuilt from their names.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import tempfile
 from pathlib import Path
 
 import torch
@@ -27,14 +35,38 @@ def module_class_from_checkpoint(checkpoint: dict):
     return getattr(importlib.import_module(module_name), class_name)
 
 
+def is_deepspeed_checkpoint(path: str | Path) -> bool:
+    """True for a DeepSpeed (ZeRO) checkpoint directory as Lightning's DeepSpeedStrategy saves it."""
+    path = Path(path)
+    return path.is_dir() and ((path / "latest").is_file() or any(path.glob("*/*model_states.pt")))
+
+
+def consolidate_deepspeed_checkpoint(ckpt_dir: str | Path, output_file: str | Path, tag: str | None = None) -> Path:
+    """Merge the ZeRO shards of `ckpt_dir` into one Lightning checkpoint file (fp32 weights)."""
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    output_file = Path(output_file)
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    convert_zero_checkpoint_to_fp32_state_dict(str(ckpt_dir), str(output_file), tag=tag)
+    return output_file
+
+
 def load_module(ckpt_path: str | Path, map_location: str = "cpu"):
-    """Rebuild the LightningModule saved in `ckpt_path` (a file; DeepSpeed directories: see issue 8)."""
+    """Rebuild the LightningModule saved in `ckpt_path`: a `.ckpt` file or a DeepSpeed directory."""
     ckpt_path = Path(ckpt_path)
+    if is_deepspeed_checkpoint(ckpt_path):
+        with tempfile.TemporaryDirectory() as tmp:
+            return load_module(consolidate_deepspeed_checkpoint(ckpt_path, Path(tmp) / "consolidated.ckpt"), map_location)
+    if ckpt_path.is_dir():
+        raise FileNotFoundError(
+            f"{ckpt_path} is a directory but not a DeepSpeed checkpoint (no 'latest' file, no '*/*model_states.pt')"
+        )
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"checkpoint {ckpt_path} does not exist or is not a file")
     checkpoint = torch.load(ckpt_path, map_location=map_location, weights_only=False)
     cls = module_class_from_checkpoint(checkpoint)
-    return cls.load_from_checkpoint(ckpt_path, map_location=map_location)
+    # a full unpickle, as just above: a consolidated DeepSpeed checkpoint carries numpy RNG states
+    return cls.load_from_checkpoint(ckpt_path, map_location=map_location, weights_only=False)
 
 
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path) -> Path:
@@ -44,7 +76,7 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a Lightning .ckpt written by a lit_rlhf module")
+    parser.add_argument("checkpoint", help="a Lightning .ckpt file or DeepSpeed checkpoint directory written by a lit_rlhf module")
     parser.add_argument("out_dir", help="directory to write the Hugging Face model and tokenizer to")
     args = parser.parse_args(argv)
     out = export_checkpoint(args.checkpoint, args.out_dir)

@@ -81,9 +81,15 @@ def save_and_resume(method: str, args, root: Path, trainer) -> dict:
     record = W.RecordMetrics()
     resumed = W.trainer_for(args.strategy, root / f"{method}_resumed", max_steps=trainer.global_step + 1, callbacks=[record])
     resumed.fit(module, W.loader(method, module.tokenizer, BATCH[method]), ckpt_path=str(ckpt))
+    resumed_after = W.fingerprint(module, zero3=args.strategy == "zero3")
+    # the same number of steps without interruption: resuming must land on the same weights
+    L.seed_everything(1 + rank)
+    module = W.build_module(method)
+    straight = W.trainer_for(args.strategy, root / f"{method}_straight", max_steps=trainer.global_step + 1)
+    straight.fit(module, W.loader(method, module.tokenizer, BATCH[method]))
     return {
         "ckpt": str(ckpt), "is_dir": ckpt.is_dir(), "global_step": resumed.global_step, "metrics": record.steps,
-        "after": W.fingerprint(module, zero3=args.strategy == "zero3"),
+        "after": resumed_after, "straight_after": W.fingerprint(module, zero3=args.strategy == "zero3"),
     }
 
 

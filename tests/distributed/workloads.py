@@ -17,7 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator, SingleCollator
 from lit_rlhf.rewards import CharacterFractionReward
@@ -51,17 +51,17 @@ def rows_for(method: str, tokenizer) -> tuple[list[dict[str, Any]], Any]:
         rows = [{"_prompt_ids": _ids(tokenizer, p), "prompt": p} for p in PROMPTS]
         return rows, PromptCollator(pad)
     if method == "sft":
-        rows = [{"_prompt_ids": _ids(tokenizer, p), "_completion_ids": _ids(tokenizer, g) + eos} for p, g in zip(PROMPTS, GOOD)]
+        rows = [{"_prompt_ids": _ids(tokenizer, p), "_completion_ids": _ids(tokenizer, g) + eos, "prompt": p} for p, g in zip(PROMPTS, GOOD)]
         return rows, SFTCollator(pad)
     if method == "drov":
         rows = []
         for i, p in enumerate(PROMPTS):
             completion = GOOD[i] if i % 2 == 0 else BAD[i]
-            rows.append({"_prompt_ids": _ids(tokenizer, p), "_completion_ids": _ids(tokenizer, completion) + eos, "_reward": float(i % 2 == 0)})
+            rows.append({"_prompt_ids": _ids(tokenizer, p), "_completion_ids": _ids(tokenizer, completion) + eos, "_reward": float(i % 2 == 0), "prompt": p})
         return rows, SingleCollator(pad, reward_mean=0.5, reward_std=0.5)
     rows = [
         {"_prompt_ids": _ids(tokenizer, p), "_chosen_ids": _ids(tokenizer, g) + eos, "_rejected_ids": _ids(tokenizer, b) + eos,
-         "batch": f"b{i % 2}", "confidence": str(i % 3)}
+         "prompt": p, "batch": f"b{i % 2}", "confidence": str(i % 3)}
         for i, (p, g, b) in enumerate(zip(PROMPTS, GOOD, BAD))
     ]
     return rows, PreferenceCollator(pad)
@@ -69,8 +69,10 @@ def rows_for(method: str, tokenizer) -> tuple[list[dict[str, Any]], Any]:
 
 def loader(method: str, tokenizer, batch_size: int) -> DataLoader:
     rows, collate = rows_for(method, tokenizer)
-    # no shuffling: Lightning's DistributedSampler then gives rank r the rows r, r + W, ...
-    return DataLoader(rows, batch_size=batch_size, shuffle=False, collate_fn=collate)
+    # no shuffling: rank r gets the rows r, r + W, ... (the Trainers use use_distributed_sampler=False)
+    rank, size = world()
+    sampler = DistributedSampler(rows, num_replicas=size, rank=rank, shuffle=False) if size > 1 else None
+    return DataLoader(rows, batch_size=batch_size, shuffle=False, sampler=sampler, collate_fn=collate)
 
 
 def build_module(method: str, **overrides: Any):
@@ -115,7 +117,9 @@ class RecordMetrics(Callback):
         self.steps: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.steps.append({k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1})
+        step = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        step["prompts"] = list((getattr(batch, "meta", None) or {}).get("prompt", []))
+        self.steps.append(step)
 
 
 def trainer_for(strategy: str, root: Path, max_steps: int = 2, callbacks=(), **kwargs: Any) -> L.Trainer:
@@ -123,7 +127,7 @@ def trainer_for(strategy: str, root: Path, max_steps: int = 2, callbacks=(), **k
     return L.Trainer(
         accelerator="cpu", devices=size, num_nodes=1, strategy=make_strategy(strategy), precision="32-true",
         max_steps=max_steps, limit_val_batches=0, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, log_every_n_steps=1, default_root_dir=str(root), callbacks=list(callbacks),
+        enable_model_summary=False, log_every_n_steps=1, use_distributed_sampler=False, default_root_dir=str(root), callbacks=list(callbacks),
         **{"enable_checkpointing": False, **kwargs},
     )
 

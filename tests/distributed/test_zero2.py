@@ -1,0 +1,26 @@
+"""DeepSpeed ZeRO-2 with 2 CPU processes (gloo, tests/distributed/cpu_deepspeed.py): DPO, PPO, GRPO.
+
+PPO (policy + value model) and its two parameter groups train in ONE DeepSpeed engine; the
+online modules hand `max_grad_norm` to the engine (Lightning's clip_gradients is a no-op under
+DeepSpeed). The first DeepSpeed run on a machine compiles a small op (~50 s, cached after).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.distributed.checks import check_method_results
+from tests.distributed.launch import launch
+
+SCRIPT = Path(__file__).with_name("run_methods.py")
+METHODS = ("dpo", "ppo", "grpo")
+
+
+def test_dpo_ppo_grpo_train_under_deepspeed_zero2(tmp_path):
+    results = launch(SCRIPT, ["--strategy", "zero2", "--methods", ",".join(METHODS)], 2, tmp_path, timeout=400)
+    check_method_results(results, METHODS, "CPUDeepSpeedStrategy")
+    for method in ("ppo", "grpo"):
+        for res in (results[0][method], results[1][method]):
+            assert res["synced"] == [False]  # ZeRO-2 keeps whole weights on every rank
+            assert res["gradient_clipping"] == 1.0  # max_grad_norm reached the engine
+    assert results[0]["dpo"]["gradient_clipping"] == 0.0  # offline: trainer.gradient_clip_val (unset)

@@ -1,0 +1,68 @@
+"""DeepSpeed ZeRO-3 with 2 CPU processes: DPO, PPO, GRPO with ranks generating responses of
+different lengths, then save / resume / export of a ZeRO-3 checkpoint.
+
+Regression: under ZeRO-3 every forward pass all-gathers the partitioned weights, so a rank that
+stops generating early leaves the other blocked in a collective (gloo: a crash, NCCL: a hang).
+Here rank r samples 3 + 5 r tokens, and generation must run with `synced_gpus=True`
+(`lit_rlhf.generation.needs_synced_gpus`). The launcher kills every rank after its timeout, so
+a hang fails the test instead of blocking CI. (`run_methods.py --force_unsynced` shows the
+crash without the fix.)
+
+Checkpoint: DPO's ZeRO-3 directory is resumed for one more step (same weights as 3 steps in a
+row), then `lit_rlhf.export` (the `python -m lit_rlhf.export <dir> <out>` entry) consolidates the shards and plain
+transformers loads the result with the trained weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lit_rlhf.export import main as export_main
+
+from tests.distributed.checks import check_method_results
+from tests.distributed.launch import launch
+
+SCRIPT = Path(__file__).with_name("run_methods.py")
+METHODS = ("dpo", "ppo", "grpo")
+
+
+@pytest.fixture(scope="module")
+def zero3_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zero3")
+    args = ["--strategy", "zero3", "--methods", ",".join(METHODS), "--uneven_lengths", "--checkpoint", "dpo"]
+    return launch(SCRIPT, args, 2, out, timeout=400), out
+
+
+def test_dpo_ppo_grpo_train_under_zero3_with_uneven_generation_lengths(zero3_results):
+    results, _ = zero3_results
+    check_method_results(results, METHODS, "CPUDeepSpeedStrategy")
+    for method in ("ppo", "grpo"):
+        rank0, rank1 = results[0][method], results[1][method]
+        assert rank0["synced"] == [True] and rank1["synced"] == [True]
+        # the two ranks really stopped at different steps: <= 3 tokens on rank 0, 4..8 on rank 1
+        assert rank0["lengths"][0] <= 3 < rank1["lengths"][0] <= 8, (rank0["lengths"], rank1["lengths"])
+
+
+def test_zero3_checkpoint_resumes_and_exports_to_hugging_face(zero3_results, tmp_path):
+    results, _ = zero3_results
+    dpo = results[0]["dpo"]
+    resume = dpo["resume"]
+    assert resume["is_dir"], "a ZeRO-3 checkpoint is a directory of shards"
+    assert resume["global_step"] == dpo["global_step"] + 1
+    # resuming from step 2 and taking step 3 = 3 uninterrupted steps (weights and Adam state restored)
+    assert resume["after"] == pytest.approx(resume["straight_after"], rel=1e-9)
+    assert resume["after"] != pytest.approx(dpo["after"], rel=1e-7, abs=0)
+
+    out = tmp_path / "hf"
+    export_main([resume["ckpt"], str(out)])  # = python -m lit_rlhf.export <dir> <out>, in this process
+    model = AutoModelForCausalLM.from_pretrained(out)  # plain transformers
+    total = float(sum(p.detach().double().sum() for p in model.parameters()))
+    # the exported weights are the ones trained for 2 steps under ZeRO-3 (not the initial ones)
+    assert total == pytest.approx(dpo["after"], rel=1e-9)
+    assert total != pytest.approx(dpo["before"], rel=1e-7, abs=0)
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.isfinite(model(ids).logits).all()
