@@ -77,6 +77,8 @@ def collect_meta(examples: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
 class SFTCollator:
     """Examples with `_prompt_ids`, `_completion_ids` -> `SFTBatch` (right padded)."""
 
+    batch_type = SFTBatch  # what it yields (start-up checks match it against the module)
+
     def __init__(self, pad_token_id: int):
         self.pad_token_id = int(pad_token_id)
 
@@ -90,6 +92,8 @@ class SFTCollator:
 class PreferenceCollator:
     """Examples with `_prompt_ids`, `_chosen_ids`, `_rejected_ids` (and `_margin`) ->
     `PreferenceBatch`: rows [:B] chosen, rows [B:] rejected, all padded to one T."""
+
+    batch_type = PreferenceBatch  # what it yields (start-up checks match it against the module)
 
     def __init__(self, pad_token_id: int, with_margin: bool = False):
         self.pad_token_id = int(pad_token_id)
@@ -115,6 +119,8 @@ class SingleCollator:
     Labels are `_label` when the data has them, or `raw reward > label_threshold` when a
     threshold is given.
     """
+
+    batch_type = SingleBatch  # what it yields (start-up checks match it against the module)
 
     def __init__(self, pad_token_id: int, reward_mean: float | None = None, reward_std: float | None = None,
                  with_labels: bool = False, label_threshold: float | None = None):
@@ -143,6 +149,8 @@ class SingleCollator:
 
 class PromptCollator:
     """Examples with `_prompt_ids` -> left-padded `PromptBatch` (meta: "prompt", "reference", ...)."""
+
+    batch_type = PromptBatch  # what it yields (start-up checks match it against the module)
 
     def __init__(self, pad_token_id: int):
         self.pad_token_id = int(pad_token_id)

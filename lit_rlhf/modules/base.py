@@ -12,7 +12,14 @@ A method is a subclass of `PolicyModule` that turns its batch into the tensors i
   through `optimizer_param_groups`);
 - metric logging under `{stage}/{group}/{name}`, tokens per second;
 - export of the policy in Hugging Face format (`export_hf`), at the end of fit when
-  `export_dir` is set, and from any checkpoint with `python -m lit_rlhf.export`.
+  `export_dir` is set, and from any checkpoint with `python -m lit_rlhf.export`;
+- exact resume: checkpoints carry the random generator states of every rank (`lit_rlhf.rng`),
+  restored when training starts, next to the counters the subclasses add; the train data
+  position is the DataModule's (`lit_rlhf.data.base.ResumableSampler`); checkpoint files are
+  written atomically (`lit_rlhf.checkpoint_io`);
+- start-up checks in `setup("fit")` (`lit_rlhf.checks`): a configuration that cannot work fails
+  before the first step, with every problem listed. A subclass declares the batch classes it
+  trains on in `batch_types`.
 """
 
 from __future__ import annotations
@@ -21,13 +28,14 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from lightning import LightningModule
 from torch import Tensor, nn
 
-from lit_rlhf import models
+from lit_rlhf import checks, models, rng
+from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.ops import masked_sum, per_token_logps
 
 log = logging.getLogger(__name__)
@@ -57,7 +65,13 @@ class PolicyModule(LightningModule):
         on_nonfinite: what a NaN/inf loss, reward, advantage or gradient does before the optimizer
             step: `error` (default) stops with an error naming the step, the tensor and the batch
             rows; `skip` skips that optimizer step and counts it (`train/guard/skipped_steps`).
+
+    Class attributes:
+        batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
+            start-up checks refuse a DataModule yielding anything else. Empty = not checked.
     """
+
+    batch_types: ClassVar[tuple[type, ...]] = ()
 
     def __init__(
         self,
@@ -95,6 +109,7 @@ class PolicyModule(LightningModule):
         self._frozen_names: list[str] = []
         self._step_started_at: float | None = None
         self.skipped_steps = 0
+        self._restored_rng: dict[str, Any] | None = None  # applied in on_train_start
 
     # ----------------------------------------------------------------------------------------
     # frozen models (reference policy, reward model): never trained, never checkpointed
@@ -126,6 +141,7 @@ class PolicyModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
         checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
+        rng.save_states(checkpoint, self._trainer)  # every rank's generators (exact resume)
         prefixes = self._frozen_prefixes()
         if prefixes and "state_dict" in checkpoint:
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(prefixes)}
@@ -245,6 +261,26 @@ class PolicyModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get(CHECKPOINT_KEY, {}).get("skipped_steps", 0))
+        self._restored_rng = rng.pending_state(checkpoint, self._trainer)
+
+    # ----------------------------------------------------------------------------------------
+    # start-up: checks, atomic checkpoints, restored random state
+    # ----------------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        """Before fitting: refuse a configuration that cannot work (`lit_rlhf.checks`) and make
+        checkpoint files atomic (`lit_rlhf.checkpoint_io`)."""
+        if stage == "fit" and self._trainer is not None:
+            checks.startup_checks(self.trainer, self)
+            install_atomic_checkpoint_io(self.trainer)
+            allow_hparam_globals(self.hparams)  # resume from our own checkpoints with weights_only loading
+
+    def on_train_start(self) -> None:
+        """Resume the random generators where the checkpoint left them, after everything that
+        may draw differently in a resumed run (set-up, sanity check, dataloader creation)."""
+        if self._restored_rng is not None:
+            rng.restore_state(self._restored_rng)
+            self._restored_rng = None
 
     # ----------------------------------------------------------------------------------------
     # logging

@@ -67,6 +67,8 @@ class DPOModule(PolicyModule):
         **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
     """
 
+    batch_types = (PreferenceBatch,)
+
     def __init__(
         self,
         beta: float = 0.1,

@@ -51,6 +51,9 @@ class DROVModule(PolicyModule):
         **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
     """
 
+    batch_types = (SingleBatch,)
+    needs_rewards = True  # start-up check: the SingleBatches must carry rewards
+
     def __init__(
         self,
         tau: float = 1.0,

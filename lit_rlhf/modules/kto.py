@@ -15,7 +15,7 @@ from torch import Tensor
 
 from lit_rlhf.distributed import gather_rows
 from lit_rlhf.losses import kto_kl_estimate, kto_loss, labels_from_rewards
-from lit_rlhf.modules.base import PolicyModule
+from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
 from lit_rlhf.types import PreferenceBatch, SingleBatch
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,8 @@ class KTOModule(PolicyModule):
         **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
     """
 
+    batch_types = (SingleBatch, PreferenceBatch)
+
     def __init__(
         self,
         beta: float = 0.1,
@@ -107,6 +109,14 @@ class KTOModule(PolicyModule):
         self.labels_from = labels_from
         self._last_z0 = 0.0  # fallback for a batch with a single prompt (see `kl_reference_point`)
         self.load_reference(ref_model, self.hparams.dtype)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[CHECKPOINT_KEY]["last_z0"] = self._last_z0  # the single-prompt batch fallback (exact resume)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self._last_z0 = float(checkpoint.get(CHECKPOINT_KEY, {}).get("last_z0", 0.0))
 
     def desirable_flags(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
         """(N,) bool, True = desirable, for the N rows of the batch."""

@@ -87,6 +87,8 @@ class OnlineModule(PolicyModule):
         **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
     """
 
+    batch_types = (PromptBatch,)
+
     def __init__(
         self,
         reward_model: str | None = None,

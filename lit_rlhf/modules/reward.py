@@ -44,7 +44,8 @@ import torchmetrics
 from lightning import LightningModule
 from torch import Tensor, nn
 
-from lit_rlhf import models
+from lit_rlhf import checks, models, rng
+from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.modules.base import CHECKPOINT_KEY, NonFiniteError, SchedulerName, decay_groups, lr_lambda
 from lit_rlhf.types import PreferenceBatch, split_pair
@@ -80,6 +81,8 @@ class RewardModule(LightningModule):
         calibration_bins: number of reward-difference buckets of the calibration plot (D18).
         score_batch_size: micro-batch size of `score_texts` / `normalize_to` (D15).
     """
+
+    batch_types = (PreferenceBatch,)
 
     def __init__(
         self,
@@ -336,6 +339,23 @@ class RewardModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
         checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
+        rng.save_states(checkpoint, self._trainer)  # exact resume (as PolicyModule)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._restored_rng = rng.pending_state(checkpoint, self._trainer)
+
+    def setup(self, stage: str) -> None:
+        """Start-up checks (`lit_rlhf.checks`) and atomic checkpoint files, as `PolicyModule`."""
+        if stage == "fit" and self._trainer is not None:
+            checks.startup_checks(self.trainer, self)
+            install_atomic_checkpoint_io(self.trainer)
+            allow_hparam_globals(self.hparams)  # resume from our own checkpoints with weights_only loading
+
+    def on_train_start(self) -> None:
+        restored = getattr(self, "_restored_rng", None)
+        if restored is not None:
+            rng.restore_state(restored)
+            self._restored_rng = None
 
     def export_hf(self, directory: str | Path) -> Path:
         """Write an `AutoModelForSequenceClassification` (num_labels=1) and the tokenizer.

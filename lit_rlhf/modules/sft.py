@@ -18,6 +18,8 @@ class SFTModule(PolicyModule):
     Args: see `PolicyModule` (model, tokenizer, optimiser and schedule, export).
     """
 
+    batch_types = (SFTBatch,)
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
 

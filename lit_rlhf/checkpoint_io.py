@@ -1,0 +1,144 @@
+"""Atomic checkpoint files: a kill during a save never leaves a truncated `last.ckpt`.
+
+Lightning's `TorchCheckpointIO` writes through an fsspec transaction: the bytes go to a file
+made by `tempfile.mkstemp()`, i.e. in `$TMPDIR` (usually /tmp), and the commit is
+`shutil.move(temp, path)`. That is an atomic rename only when $TMPDIR and the checkpoint
+directory are on the same filesystem; on a cluster (local /tmp, checkpoints on NFS/Lustre/a
+mounted volume) `shutil.move` falls back to copying INTO the destination path, and a job killed
+during the copy leaves a truncated checkpoint in place of the previous good one
+(`tests/test_atomic_checkpoint.py` shows both).
+
+`AtomicCheckpointIO` writes the checkpoint to a temporary file in the destination directory,
+flushes and fsyncs it, then `os.replace`s it over the destination (atomic on POSIX within one
+filesystem) and fsyncs the directory. Readers see the old file or the new one, never a part.
+Remote URLs (`s3://...`) go through Lightning's implementation.
+
+Resuming (`--ckpt_path`) loads with torch's `weights_only=True` default, which refuses the
+checkpoint's hyper-parameters when they hold objects (e.g. PPO/GRPO `reward_fns` callables):
+`allow_hparam_globals(module.hparams)` allow-lists exactly the classes and functions the run's own
+config already instantiated, so a run resumes from its own checkpoints without `weights_only=False`.
+
+Every lit_rlhf module installs it in `setup()` when the strategy uses Lightning's default
+`TorchCheckpointIO` (`install_atomic_checkpoint_io`); a config may also name it explicitly:
+
+    trainer:
+      plugins:
+        - lit_rlhf.checkpoint_io.AtomicCheckpointIO
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+log = logging.getLogger(__name__)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """`torch.save(obj, path)` through a same-directory temporary file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """`TorchCheckpointIO` whose local saves are atomic (temporary file + fsync + rename)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError(
+                f"`Trainer.save_checkpoint(..., storage_options=...)` with `{type(self).__name__}` is not supported: "
+                "it writes local files only"
+            )
+        if "://" in str(path) and not str(path).startswith("file://"):
+            super().save_checkpoint(checkpoint, path, storage_options)  # remote: Lightning's fsspec path
+            return
+        atomic_torch_save(checkpoint, str(path).removeprefix("file://"))
+
+
+_PLAIN = (str, int, float, bool, bytes, type(None), torch.Tensor, torch.dtype, torch.device)
+
+
+def hparam_globals(value: Any) -> list[Any]:
+    """The classes / functions an unpickler needs for `value` (hyper-parameters), recursively."""
+    found: list[Any] = []
+
+    def visit(v: Any) -> None:
+        if isinstance(v, _PLAIN):
+            return
+        if isinstance(v, dict):
+            for item in v.values():
+                visit(item)
+            if type(v) is not dict:
+                found.append(type(v))
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            for item in v:
+                visit(item)
+            if type(v) not in (list, tuple, set, frozenset):
+                found.append(type(v))
+        elif inspect.isfunction(v) or inspect.isclass(v) or inspect.isbuiltin(v):
+            found.append(v)
+        else:
+            found.append(type(v))
+            visit(getattr(v, "__dict__", {}))
+
+    visit(value)
+    return list(dict.fromkeys(found))
+
+
+def allow_hparam_globals(hparams: Any) -> None:
+    """Allow-list, for `weights_only` checkpoint loading, the objects this run's hyper-parameters hold."""
+    extra = hparam_globals(dict(hparams))
+    if extra:
+        torch.serialization.add_safe_globals(extra)
+
+
+def install_atomic_checkpoint_io(trainer: Any) -> bool:
+    """Use `AtomicCheckpointIO` when the trainer's strategy has Lightning's default checkpoint IO.
+
+    Returns True when it was installed (or already there). A strategy with its own saving
+    (DeepSpeed writes a directory of shards) or a user-chosen CheckpointIO is left alone.
+    """
+    strategy = getattr(trainer, "strategy", None)
+    if strategy is None or not hasattr(strategy, "checkpoint_io"):
+        return False
+    current = strategy.checkpoint_io
+    if isinstance(current, AtomicCheckpointIO):
+        return True
+    if type(current) is not TorchCheckpointIO:
+        return False
+    strategy.checkpoint_io = AtomicCheckpointIO()
+    return True

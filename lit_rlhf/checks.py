@@ -1,0 +1,340 @@
+"""Start-up checks: configurations that cannot work fail before the first training step.
+
+`startup_checks(trainer, module)` runs in the module's `setup("fit")` (after the DataModule's
+`setup`, so the processed data and its lengths are known, and before any optimizer or training
+step). It collects every problem it finds and raises one `ConfigError` listing all of them, each
+naming the setting at fault and what to change.
+
+Checked:
+- the DataModule's batch type against what the module trains on (`batch_types` of the module
+  class; e.g. a `PromptBatch` given to DPO), and the batch content a module needs (DRO-V's
+  rewards, KTO's labels or rewards, the reward model's margins);
+- the tokenizer the DataModule tokenises with against the module's (same vocabulary, PAD, EOS);
+- prompt + completion (or prompt + `max_new_tokens`) longer than a model's context
+  (`max_position_embeddings`), from the lengths of the processed data;
+- frozen models (reference, reward model) that share parameter tensors with the trained ones,
+  and a precomputed DPO reference whose weights would be overwritten by the run (`export_dir`
+  pointing at the reference checkpoint), which a resumed run rebuilds its table from;
+- reward / value models whose embeddings are smaller than the policy's vocabulary;
+- online methods: a rollout of `batch_size x num_generations` rows that does not split into
+  `num_minibatches` equal minibatches (PPO's `batch_size` rows likewise);
+- callbacks that need a split the DataModule does not configure (`ModelCheckpoint` /
+  `EarlyStopping` monitoring a `val/` metric, `JudgeEvalCallback(split=...)`,
+  `RewardNormalizationCallback` reading the trainer's DataModule), or no validation at all
+  (`limit_val_batches=0`).
+
+(PPO/GRPO without any reward source and a chat DataModule on a tokenizer without a chat template
+fail even earlier, when the module is built and when the DataModule formats its data.)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work, found at start-up; the message lists every problem."""
+
+
+def startup_checks(trainer: Any, module: Any) -> None:
+    """Raise `ConfigError` listing every problem of this (trainer, module, DataModule) combination."""
+    problems = collect_problems(trainer, module)
+    if problems:
+        name = type(module).__name__
+        raise ConfigError(
+            f"{name}: the configuration cannot work ({len(problems)} problem(s)):\n  - " + "\n  - ".join(problems)
+        )
+
+
+def collect_problems(trainer: Any, module: Any) -> list[str]:
+    dm = getattr(trainer, "datamodule", None)
+    problems: list[str] = []
+    for check in (_batch_type, _tokenizer_match, _context_length, _shared_weights, _embedding_sizes, _online,
+                  _method_specific, _callbacks_need_splits):
+        problems += check(trainer, module, dm)
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# data against module
+# --------------------------------------------------------------------------------------------
+
+_SUGGESTED = {
+    "SFTBatch": "TLDRSFTDataModule",
+    "PreferenceBatch": "TLDRPreferenceDataModule or UltraFeedbackPreferenceDataModule",
+    "SingleBatch": "UltraFeedbackSingleDataModule",
+    "PromptBatch": "TLDRPromptDataModule or UltraFeedbackPromptDataModule",
+}
+
+
+def _batch_type(trainer, module, dm) -> list[str]:
+    accepted = tuple(getattr(module, "batch_types", ()) or ())
+    if dm is None or not accepted or not callable(getattr(dm, "batch_type", None)):
+        return []
+    problems = []
+    for role in ("train", "val"):
+        if (getattr(dm, "splits", {}) or {}).get(role) is None:
+            continue
+        got = dm.batch_type(role)
+        if got is not None and not issubclass(got, accepted):
+            want = " or ".join(t.__name__ for t in accepted)
+            hint = " or ".join(_SUGGESTED.get(t.__name__, t.__name__) for t in accepted)
+            problems.append(
+                f"{type(module).__name__} trains on {want}, but {type(dm).__name__} yields {got.__name__} "
+                f"({role} split): use a DataModule that yields {want} (lit_rlhf.data.{hint})"
+            )
+    return problems
+
+
+def _tokenizer_match(trainer, module, dm) -> list[str]:
+    tok = getattr(module, "tokenizer", None)
+    dm_tok = getattr(dm, "tokenizer", None) if dm is not None and hasattr(type(dm), "tokenizer") else None
+    if tok is None or dm_tok is None or dm_tok is tok:
+        return []
+    mismatched = [
+        name for name, a, b in (
+            ("vocabulary", tok.get_vocab(), dm_tok.get_vocab()),
+            ("pad_token_id", tok.pad_token_id, dm_tok.pad_token_id),
+            ("eos_token_id", tok.eos_token_id, dm_tok.eos_token_id),
+        ) if a != b
+    ]
+    if not mismatched:
+        return []
+    return [
+        f"the DataModule tokenises with {getattr(dm_tok, 'name_or_path', '?')!r} but {type(module).__name__} uses "
+        f"{getattr(tok, 'name_or_path', '?')!r}; they differ in {', '.join(mismatched)}. Give the DataModule the "
+        "module's tokenizer (the CLI links data.init_args.tokenizer to the model's; drop an explicit one)"
+    ]
+
+
+def _models(module) -> list[tuple[str, nn.Module]]:
+    """(attribute, model) of every model of the module: policy, reference, reward, value."""
+    out = []
+    for name in ("policy", "ref_model", "reward_model", "value_model", "value"):
+        model = getattr(module, name, None)
+        if isinstance(model, nn.Module):
+            out.append((name, model))
+    return out
+
+
+def _context(model: nn.Module) -> int | None:
+    for candidate in (model, getattr(model, "backbone", None)):
+        config = getattr(candidate, "config", None)
+        limit = getattr(config, "max_position_embeddings", None)
+        if isinstance(limit, int) and limit > 0:
+            return limit
+    return None
+
+
+def _longest(dm, role: str, column: str) -> int | None:
+    stats = (getattr(dm, "length_stats", {}) or {}).get(role, {}).get(column)
+    if stats and stats.get("count"):
+        return int(stats["max"])
+    return None
+
+
+def _context_length(trainer, module, dm) -> list[str]:
+    if dm is None:
+        return []
+    sampling = getattr(module, "sampling", None)
+    problems = []
+    for role in ("train", "val"):
+        prompt = _longest(dm, role, "prompt")
+        if prompt is None:
+            continue
+        if sampling is not None:  # online: prompts + exactly max_new_tokens sampled tokens (D23)
+            extra, what = int(sampling.max_new_tokens), "max_new_tokens"
+        else:
+            completions = [c for c in (_longest(dm, role, k) for k in ("completion", "chosen", "rejected")) if c]
+            if not completions:
+                continue
+            extra, what = max(completions), "the longest completion"
+        for name, model in _models(module):
+            limit = _context(model)
+            if limit is not None and prompt + extra > limit:
+                problems.append(
+                    f"the longest {role} prompt ({prompt} tokens, max_prompt_length={getattr(dm, 'max_prompt_length', '?')}) "
+                    f"+ {what} ({extra}) = {prompt + extra} tokens exceeds the context of {name} "
+                    f"(max_position_embeddings={limit}): lower max_prompt_length / "
+                    f"{'max_new_tokens' if sampling is not None else 'max_completion_length'}, or use a longer-context model"
+                )
+                break
+        if problems:
+            break
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# models
+# --------------------------------------------------------------------------------------------
+
+
+def _trainable_storages(module) -> dict[int, str]:
+    return {p.data_ptr(): n for n, p in module.named_parameters() if p.requires_grad}
+
+
+def _shared_weights(trainer, module, dm) -> list[str]:
+    problems = []
+    frozen = list(getattr(module, "_frozen_names", ()) or ())
+    trained = _trainable_storages(module) if frozen else {}
+    for name in frozen:
+        model = getattr(module, name, None)
+        if model is None:
+            continue
+        shared = [n for n, p in model.named_parameters() if p.data_ptr() in trained]
+        if shared:
+            problems.append(
+                f"the frozen {name} shares {len(shared)} parameter tensor(s) with the trained weights "
+                f"(e.g. {name}.{shared[0]} is {trained[model.get_parameter(shared[0]).data_ptr()]}): it would move "
+                "with training; load it as a separate copy (lit_rlhf.models.frozen_copy / load_reference_model)"
+            )
+    hp = getattr(module, "hparams", {}) or {}
+    if hp.get("precompute_ref_logps"):
+        reference = hp.get("ref_model") or hp.get("model")
+        export = hp.get("export_dir")
+        if reference and export and _same_path(reference, export):
+            problems.append(
+                f"precompute_ref_logps=true rebuilds the reference table from {reference!r} on every (resumed) fit, "
+                f"but export_dir={export!r} writes the trained policy there: the reference would share the "
+                "policy's weights. Export elsewhere, or set ref_model to a copy of the initial checkpoint"
+            )
+    return problems
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return Path(os.path.expanduser(a)).resolve() == Path(os.path.expanduser(b)).resolve()
+    except OSError:
+        return False
+
+
+def _embedding_sizes(trainer, module, dm) -> list[str]:
+    tok = getattr(module, "tokenizer", None)
+    if tok is None:
+        return []
+    problems = []
+    for name, model in _models(module):
+        embeddings = _input_embeddings(model)
+        if embeddings is not None and embeddings.num_embeddings < len(tok):
+            problems.append(
+                f"{name} has {embeddings.num_embeddings} token embeddings but the tokenizer has {len(tok)} tokens: "
+                f"{name} must use the policy's tokenizer (same vocabulary, PAD added the same way)"
+            )
+    return problems
+
+
+def _input_embeddings(model: nn.Module) -> nn.Embedding | None:
+    for candidate in (model, getattr(model, "backbone", None)):
+        getter = getattr(candidate, "get_input_embeddings", None)
+        if callable(getter):
+            try:
+                emb = getter()
+            except (NotImplementedError, AttributeError):
+                continue
+            if isinstance(emb, nn.Embedding):
+                return emb
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# methods
+# --------------------------------------------------------------------------------------------
+
+
+def _online(trainer, module, dm) -> list[str]:
+    if getattr(module, "sampling", None) is None or dm is None:
+        return []
+    hp = module.hparams
+    batch_size = getattr(dm, "batch_size", None)
+    minibatches = hp.get("num_minibatches", 1)
+    repeats = int(getattr(module, "repeats", 1))
+    if not batch_size or not minibatches:
+        return []
+    rows = batch_size * repeats
+    if rows % minibatches:
+        what = f"batch_size ({batch_size}) x num_generations ({repeats})" if repeats > 1 else f"batch_size ({batch_size})"
+        return [
+            f"a rollout has {what} = {rows} rows, which do not split into num_minibatches={minibatches} equal "
+            f"minibatches: make {rows} divisible by num_minibatches (e.g. num_minibatches="
+            f"{max(d for d in range(1, rows + 1) if rows % d == 0 and d <= minibatches)})"
+        ]
+    return []
+
+
+def _method_specific(trainer, module, dm) -> list[str]:
+    """What a method needs inside the batches, from the DataModule's settings."""
+    if dm is None:
+        return []
+    hp = getattr(module, "hparams", {}) or {}
+    name, data = type(module).__name__, type(dm).__name__
+    single = _yields(dm, "SingleBatch")
+    problems = []
+    if single and _needs_rewards(module) and getattr(dm, "with_rewards", True) is False:
+        problems.append(f"{name} needs scalar rewards, but {data} has with_rewards=false: set with_rewards: true")
+    if single and hp.get("labels_from") == "labels" and getattr(dm, "label_mode", "") is None:
+        problems.append(
+            f"{name} has labels_from='labels' but {data} has no label_mode, so its batches carry no labels: set "
+            "the DataModule's label_mode ('threshold' or 'pairs'), or labels_from: rewards"
+        )
+    if single and hp.get("labels_from") == "rewards" and getattr(dm, "with_rewards", True) is False:
+        problems.append(f"{name} has labels_from='rewards' but {data} has with_rewards=false")
+    if hp.get("use_margin") and _yields(dm, "PreferenceBatch") and getattr(dm, "margin_from", "") is None:
+        problems.append(
+            f"{name} has use_margin=true but {data} has no margin_from, so its batches carry no margin: set "
+            "margin_from ('confidence' for TL;DR, 'score_difference' for UltraFeedback) or use_margin: false"
+        )
+    return problems
+
+
+def _yields(dm, batch_name: str) -> bool:
+    try:
+        got = dm.batch_type("train") if callable(getattr(dm, "batch_type", None)) else None
+    except Exception:  # noqa: BLE001 - a DataModule without a train split: nothing to check
+        return False
+    return got is not None and got.__name__ == batch_name
+
+
+def _needs_rewards(module) -> bool:
+    return bool(getattr(module, "needs_rewards", False))
+
+
+# --------------------------------------------------------------------------------------------
+# callbacks
+# --------------------------------------------------------------------------------------------
+
+
+def _callbacks_need_splits(trainer, module, dm) -> list[str]:
+    splits = getattr(dm, "splits", None) if dm is not None else None
+    no_val = getattr(trainer, "limit_val_batches", 1) == 0 or (splits is not None and splits.get("val") is None)
+    problems = []
+    for cb in getattr(trainer, "callbacks", []) or []:
+        name = type(cb).__name__
+        monitor = getattr(cb, "monitor", None)
+        if isinstance(monitor, str) and monitor.startswith("val/") and no_val:
+            problems.append(
+                f"{name} monitors {monitor!r} but there is no validation ("
+                + ("limit_val_batches=0" if getattr(trainer, "limit_val_batches", 1) == 0
+                   else f"{type(dm).__name__} has val_split=null")
+                + "): set val_split, or monitor a train/ metric"
+            )
+        split = getattr(cb, "split", None)
+        reads_trainer_dm = all(getattr(cb, a, None) is None for a in ("datamodule", "path", "prompt_texts"))
+        if splits is None or not isinstance(split, str) or not reads_trainer_dm:
+            continue
+        role = {"validation": "val"}.get(split, split)
+        if role in splits and splits[role] is None:
+            problems.append(
+                f"{name} reads the {split!r} split of the trainer's DataModule, but {type(dm).__name__} has "
+                f"{role}_split=null: set {role}_split, or give the callback its own data"
+            )
+        if hasattr(cb, "data_class") and not callable(getattr(dm, "reference_texts", None)):
+            problems.append(
+                f"{name} needs reference responses (reference_texts) and the trainer's {type(dm).__name__} has "
+                "none: give the callback `path` (an SFT dataset) or `datamodule`"
+            )
+    return problems
+

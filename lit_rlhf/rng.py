@@ -1,0 +1,91 @@
+"""Random generator states in checkpoints, so a resumed run samples what the straight run would.
+
+Lightning checkpoints the weights, optimizers, schedulers and loop counters, but not the random
+generators. Everything random after the start of training reads them: PPO/GRPO sampling and
+their minibatch shuffles (torch), anything a user adds with numpy or `random`. A module saves
+the states of every process at checkpoint time (`save_states`: a list indexed by global rank,
+gathered from all ranks when there are several) and restores its own rank's ones when training
+starts (`pending_state` in `on_load_checkpoint`, `restore_state` in `on_train_start`), i.e.
+after model set-up, the sanity check and the dataloaders, which all may draw random numbers
+differently in a straight and a resumed run.
+
+The data order does not depend on these states: it is a function of (seed, epoch) and the
+trainer's progress (`lit_rlhf.data.base.ResumableSampler`).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+RNG_KEY = "rng_states"
+
+
+def capture_state() -> dict[str, Any]:
+    """The generator states of this process: torch CPU and CUDA (every device), numpy, python."""
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": _numpy_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_state(state: dict[str, Any]) -> None:
+    """Set this process's generators to `state` (from `capture_state`)."""
+    torch.set_rng_state(state["torch"].cpu() if isinstance(state["torch"], torch.Tensor) else state["torch"])
+    np.random.set_state(_numpy_tuple(state["numpy"]))
+    random.setstate(state["python"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if len(cuda) != torch.cuda.device_count():
+            raise RuntimeError(
+                f"the checkpoint holds CUDA generator states of {len(cuda)} devices, this process sees "
+                f"{torch.cuda.device_count()}: resume on the same number of visible GPUs per process"
+            )
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+
+
+def _numpy_state() -> dict[str, Any]:
+    """numpy's legacy generator state as tensors and numbers (loadable with `weights_only=True`)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _numpy_tuple(state: dict[str, Any]) -> tuple:
+    keys = state["keys"].cpu().numpy().astype(np.uint32)
+    return state["name"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]
+
+
+def save_states(checkpoint: dict[str, Any], trainer: Any = None) -> None:
+    """Store every rank's generator states in `checkpoint[RNG_KEY]` (a list indexed by rank).
+
+    Lightning calls `on_save_checkpoint` on every rank, so with several processes this gathers
+    (a collective: every rank must call it, as checkpointing does).
+    """
+    states = [capture_state()]
+    world = getattr(trainer, "world_size", 1) if trainer is not None else 1
+    if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list[Any] = [None] * world
+        torch.distributed.all_gather_object(gathered, states[0])
+        states = gathered
+    checkpoint[RNG_KEY] = states
+
+
+def pending_state(checkpoint: dict[str, Any], trainer: Any = None) -> dict[str, Any] | None:
+    """This rank's saved generator states (None when the checkpoint has none).
+
+    A checkpoint written by W processes restores on W processes; with another count the states
+    cannot match the straight run anyway, and every rank takes state `rank % W`.
+    """
+    states = checkpoint.get(RNG_KEY)
+    if not states:
+        return None
+    rank = getattr(trainer, "global_rank", 0) if trainer is not None else 0
+    return states[rank % len(states)]
