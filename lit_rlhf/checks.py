@@ -331,10 +331,18 @@ def _callbacks_need_splits(trainer, module, dm) -> list[str]:
                 f"{name} reads the {split!r} split of the trainer's DataModule, but {type(dm).__name__} has "
                 f"{role}_split=null: set {role}_split, or give the callback its own data"
             )
-        if hasattr(cb, "data_class") and not callable(getattr(dm, "reference_texts", None)):
+        if _is_reward_normalization(cb) and not callable(getattr(dm, "reference_texts", None)):
             problems.append(
                 f"{name} needs reference responses (reference_texts) and the trainer's {type(dm).__name__} has "
                 "none: give the callback `path` (an SFT dataset) or `datamodule`"
             )
     return problems
 
+
+
+def _is_reward_normalization(callback) -> bool:
+    try:
+        from callbacks.reward_normalization import RewardNormalizationCallback
+    except ImportError:  # lit_rlhf used without the repository's callbacks package
+        return False
+    return isinstance(callback, RewardNormalizationCallback)
