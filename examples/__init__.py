@@ -1,0 +1,1 @@
+"""Worked examples of extending lit_rlhf (see README, "Write a new method")."""
