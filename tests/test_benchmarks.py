@@ -1,0 +1,72 @@
+"""Smoke tests of benchmarks/: every script runs 1 warm-up + 1 measured step on the tiny model,
+in process and without TRL, and reports what the issue asks for; the report arithmetic."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from benchmarks import common
+
+SMALL = ["--model", "tiny-random-llama", "--warmup", "1", "--steps", "1", "--rounds", "1", "--frameworks", "ours",
+         "--in-process", "--batch-size", "2", "--prompt-length", "12", "--completion-length", "6"]
+
+
+@pytest.mark.parametrize("name", ["reward", "dpo", "kto", "drov", "grpo", "ppo"])
+def test_script_runs_one_measured_step(name, tmp_path):
+    module = importlib.import_module(f"benchmarks.bench_{name}")
+    extra = ["--generations", "2"] if name == "grpo" else ["--ppo-epochs", "2"] if name == "ppo" else []
+    result = module.main(SMALL + extra + ["--json", str(tmp_path / "out.json")])
+    ours = result["frameworks"]["ours"]
+    assert ours["step_time_s"]["n"] == 1 and ours["step_time_s"]["median"] > 0
+    assert ours["tokens_per_s"] > 0 and ours["peak_rss_mb"] > 0
+    assert ours["overhead_ratio"]["median"] > 0 and ours["bare_parts_s"]  # bare work timed on the same batch
+    assert "ours_over_trl" not in result
+    assert (tmp_path / "out.json").exists()
+    if name in ("grpo", "ppo"):
+        assert ours["generation_time_s"]["n"] == 1 and ours["update_time_s"]["median"] > 0
+        assert ours["completions_per_s"] > 0
+        assert "generate" in ours["bare_parts_s"]
+    if name == "ppo":
+        assert ours["optimizer_steps_per_step"] == 2
+
+
+def test_token_rows_have_exact_lengths():
+    from lit_rlhf import models
+
+    tok = models.load_tokenizer("tiny-random-llama")
+    rows = common.token_rows(tok, 3, 20, 5)
+    for row in rows:
+        assert len(row["prompt_ids"]) == 20 and len(row["chosen_ids"]) == 5 and len(row["rejected_ids"]) == 5
+        assert row["chosen_ids"][-1] == tok.eos_token_id and row["rejected_ids"][-1] == tok.eos_token_id
+    assert any(row["chosen_ids"] != row["rejected_ids"] for row in common.token_rows(tok, 3, 20, 30))
+    batch = common.preference_batch(rows)
+    assert batch.input_ids.shape == (6, 25) and bool(batch.attention_mask.all())
+    assert int(batch.loss_mask.sum()) == 6 * 5
+
+
+def test_aggregate_ratios_and_overhead():
+    cfg = common.BenchConfig(steps=3)
+    runs = [
+        common.WorkerResult("ours", [1.0, 2.0, 3.0], 100.0, 10.0, bare_times=[1.0, 1.0, 2.0]),
+        common.WorkerResult("trl", [4.0, 4.0, 4.0], 200.0, 10.0),
+        common.WorkerResult("ours", [2.0, 2.0, 2.0], 120.0, 10.0, bare_times=[2.0, 2.0, 2.0]),
+        common.WorkerResult("trl", [2.0, 2.0, 2.0], 150.0, 10.0),
+    ]
+    out = common.aggregate("dpo", cfg, runs, (0.5, 0.5, 0.5), (0.6, 0.6, 0.6))
+    ours = out["frameworks"]["ours"]
+    assert ours["step_time_s"] == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 6}
+    assert ours["peak_rss_mb"] == 120.0 and ours["tokens_per_s"] == 5.0
+    assert ours["overhead_ratio"]["median"] == 1.0 and ours["overhead_ratio"]["max"] == 2.0  # per step / its bare step
+    assert out["ours_over_trl"]["step_time"] == pytest.approx(2.0 / 3.0)  # pooled medians 2 / 3
+    assert out["ours_over_trl"]["step_time_per_round"] == [0.5, 1.0]
+    assert out["ours_over_trl"]["peak_rss"] == pytest.approx(120 / 200)
+    assert "ours/TRL" in common.format_report(out)
+
+
+def test_bad_flags_are_refused():
+    with pytest.raises(SystemExit, match="--steps must be >= 1"):
+        common.parse_config(["--steps", "0"], "x")
+    with pytest.raises(SystemExit, match="no TRL counterpart"):
+        common.frameworks_of(common.BenchConfig(frameworks="ours,trl"), has_trl_worker=False)
