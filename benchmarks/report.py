@@ -1,0 +1,53 @@
+"""Markdown tables of the benchmark JSON files (for RESULTS.md).
+
+    python -m benchmarks.report benchmarks/results/*.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+
+def _s(summary: dict | None, digits: int = 3) -> str:
+    if not summary:
+        return "-"
+    return f"{summary['median']:.{digits}f} ({summary['min']:.{digits}f}-{summary['max']:.{digits}f})"
+
+
+def table(paths: Sequence[str]) -> str:
+    lines = [
+        "| method | model | framework | step s, median (min-max) | per opt. step s | tok/s | compl./s | gen s | update s "
+        "| peak RSS MiB | overhead x, median (min-max) | ours/TRL step | ours/TRL RSS | load before/after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in paths:
+        r = json.loads(Path(path).read_text())
+        ratio = r.get("ours_over_trl", {})
+        load = f"{r['load_average_before'][0]:.1f}/{r['load_average_after'][0]:.1f}"
+        for fw, e in r["frameworks"].items():
+            ratio_text = rss_text = ""
+            if ratio and fw == "ours":
+                rounds = ", ".join(f"{x:.2f}" for x in ratio["step_time_per_round"])
+                ratio_text = f"{ratio['step_time']:.2f} (rounds {rounds})"
+                rss_text = f"{ratio['peak_rss']:.2f}"
+            lines.append(
+                f"| {r['method']} | {r['model']} | {fw} | {_s(e['step_time_s'])} | {e['time_per_optimizer_step_s']:.3f} "
+                f"| {e['tokens_per_s']:.0f} | {e.get('completions_per_s', 0):.2f} | {_s(e.get('generation_time_s'))} "
+                f"| {_s(e.get('update_time_s'))} | {e['peak_rss_mb']:.0f} | {_s(e.get('overhead_ratio'), 2)} "
+                f"| {ratio_text} | {rss_text} | {load} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    paths = list(sys.argv[1:] if argv is None else argv)
+    if not paths:
+        raise SystemExit("usage: python -m benchmarks.report benchmarks/results/*.json")
+    print(table(paths))
+
+
+if __name__ == "__main__":
+    main()
