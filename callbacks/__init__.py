@@ -14,9 +14,16 @@ A hook returns a Rollout with scores of the same shape, e.g.
 unchanged when it only observes (`KLControlCallback` measures the KL there).
 """
 
-from callbacks.reward_normalization import RewardNormalizationCallback
 from callbacks.eos_trick import EOSTrickCallback
+from callbacks.judge_eval import JudgeEvalCallback
 from callbacks.kl_control import KLControlCallback
+from callbacks.preemption import PreemptionCheckpoint
+from callbacks.reward_normalization import RewardNormalizationCallback
 
-from callbacks.preemption import PreemptionCheckpoint  # noqa: E402
-from callbacks.judge_eval import JudgeEvalCallback  # noqa: E402
+__all__ = [
+    "EOSTrickCallback",
+    "JudgeEvalCallback",
+    "KLControlCallback",
+    "PreemptionCheckpoint",
+    "RewardNormalizationCallback",
+]
