@@ -74,9 +74,19 @@ def per_token_logps(
     loss_mask: Tensor,
     temperature: float = 1.0,
 ) -> Tensor:
-    """Per-token log-probs (B, T) of a (left- or right-padded) batch, 0 where `loss_mask` is False."""
-    logits = forward_logits(model, input_ids, attention_mask)
-    logps = token_logps_from_logits(logits, input_ids, temperature)
+    """Per-token log-probs (B, T) of a (left- or right-padded) batch, 0 where `loss_mask` is False.
+
+    Logits are computed only from the position before the batch's first scored token onwards
+    (`logits_to_keep`): prompt positions that score nothing never reach the output layer.
+    """
+    scored_columns = loss_mask.any(dim=0).nonzero()
+    if scored_columns.numel() == 0:
+        return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    first = max(1, int(scored_columns[0]))  # column 0 has no context and is never scored
+    keep = input_ids.shape[1] - first + 1  # logits of positions first-1 .. T-1
+    logits = forward_logits(model, input_ids, attention_mask, logits_to_keep=keep if first > 1 else 0)
+    logps = token_logps_from_logits(logits, input_ids[:, first - 1:], temperature)[:, 1:]  # (B, T - first)
+    logps = F.pad(logps, (first, 0), value=0.0)  # (B, T)
     return torch.where(loss_mask, logps, torch.zeros((), dtype=logps.dtype, device=logps.device))
 
 
