@@ -237,7 +237,7 @@ class PolicyModule(LightningModule):
 
     def gradients_finite(self) -> bool:
         """Check every gradient; same behaviour as `check_finite` (error or counted skip)."""
-        bad = [n for n, p in self.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        bad = nonfinite_grad_names(self)
         if not bad:
             return True
         more = " ..." if len(bad) > 5 else ""
@@ -324,6 +324,14 @@ class PolicyModule(LightningModule):
         export_dir = self.hparams.get("export_dir")
         if export_dir and self.trainer.is_global_zero:
             self.export_hf(export_dir)
+
+
+def nonfinite_grad_names(module: nn.Module) -> list[str]:
+    """Names of the parameters whose gradient has a NaN/inf (one host sync when all are finite)."""
+    named = [(n, p.grad) for n, p in module.named_parameters() if p.grad is not None]
+    if not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
+        return []
+    return [n for n, g in named if not bool(torch.isfinite(g).all())]
 
 
 class NonFiniteError(FloatingPointError):

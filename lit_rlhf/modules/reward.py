@@ -47,7 +47,14 @@ from torch import Tensor, nn
 from lit_rlhf import checks, models, rng
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.losses import bradley_terry_loss
-from lit_rlhf.modules.base import CHECKPOINT_KEY, NonFiniteError, SchedulerName, decay_groups, lr_lambda
+from lit_rlhf.modules.base import (
+    CHECKPOINT_KEY,
+    NonFiniteError,
+    SchedulerName,
+    decay_groups,
+    lr_lambda,
+    nonfinite_grad_names,
+)
 from lit_rlhf.types import PreferenceBatch, split_pair
 
 log = logging.getLogger(__name__)
@@ -185,7 +192,7 @@ class RewardModule(LightningModule):
         """Stop before a NaN/inf gradient reaches the weights (fp16's GradScaler handles its own)."""
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             return
-        bad = [n for n, p in self.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        bad = nonfinite_grad_names(self)
         if bad:
             raise NonFiniteError(f"non-finite gradient at global step {self.global_step} in {bad[:5]}; no update was made")
 
