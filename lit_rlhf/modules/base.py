@@ -65,6 +65,12 @@ class PolicyModule(LightningModule):
         on_nonfinite: what a NaN/inf loss, reward, advantage or gradient does before the optimizer
             step: `error` (default) stops with an error naming the step, the tensor and the batch
             rows; `skip` skips that optimizer step and counts it (`train/guard/skipped_steps`).
+        frozen_placement: where frozen models (reference policy, reward model) live under a
+            sharding strategy (DeepSpeed ZeRO-3): `partitioned` shards them across ranks with
+            the trained weights (least memory; every forward all-gathers them), `whole` keeps a
+            full copy on every rank (no communication; the N+ paper's choice for its 6.9B runs).
+            Without sharding both are the same. The DeepSpeed offload config also moves frozen
+            weights to CPU when they are `partitioned`.
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
@@ -88,6 +94,7 @@ class PolicyModule(LightningModule):
         gradient_checkpointing: bool = False,
         export_dir: str | None = None,
         on_nonfinite: Literal["error", "skip"] = "error",
+        frozen_placement: Literal["partitioned", "whole"] = "partitioned",
     ) -> None:
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)
@@ -106,7 +113,10 @@ class PolicyModule(LightningModule):
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if on_nonfinite not in ("error", "skip"):
             raise ValueError(f"on_nonfinite must be 'error' or 'skip', got {on_nonfinite!r}")
+        if frozen_placement not in ("partitioned", "whole"):
+            raise ValueError(f"frozen_placement must be 'partitioned' or 'whole', got {frozen_placement!r}")
         self._frozen_names: list[str] = []
+        self._whole_frozen: dict[str, nn.Module] = {}  # frozen models kept out of the module tree
         self._step_started_at: float | None = None
         self.skipped_steps = 0
         self._restored_rng: dict[str, Any] | None = None  # applied in on_train_start
@@ -116,10 +126,19 @@ class PolicyModule(LightningModule):
     # ----------------------------------------------------------------------------------------
 
     def add_frozen(self, name: str, module: nn.Module) -> nn.Module:
-        """Register `module` as a frozen submodule `self.<name>` (eval mode, no grads, not saved)."""
+        """Register `module` as a frozen submodule `self.<name>` (eval mode, no grads, not saved).
+
+        With `frozen_placement: whole` it is reachable as `self.<name>` but kept out of the module
+        tree, so a sharding strategy never partitions it; `_apply` still moves and casts it with
+        the module (`.to(device)`, `.bfloat16()`).
+        """
         module.eval()
         module.requires_grad_(False)
-        setattr(self, name, module)
+        if self.hparams.get("frozen_placement", "partitioned") == "whole":
+            self._whole_frozen[name] = module
+            object.__setattr__(self, name, module)
+        else:
+            setattr(self, name, module)
         if name not in self._frozen_names:
             self._frozen_names.append(name)
         return module
@@ -128,6 +147,12 @@ class PolicyModule(LightningModule):
         """The reference policy: `name` loaded fresh, or a frozen copy of the initial policy."""
         ref = models.frozen_copy(self.policy) if name is None else models.load_reference_model(name, self.tokenizer, dtype)
         return self.add_frozen("ref_model", ref)
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        for module in getattr(self, "_whole_frozen", {}).values():  # not children: moved and cast here
+            module._apply(fn, *args, **kwargs)
+        return self
 
     def train(self, mode: bool = True):
         super().train(mode)

@@ -48,7 +48,10 @@ def fit_one(method: str, args, root: Path) -> dict:
     batch = BATCH[method]
     online = method in ("ppo", "grpo")
     # online: one rollout (B prompts x G x world size episodes); its updates are the optimizer steps
-    module = W.build_module(method, **({"total_episodes": batch * (2 if method == "grpo" else 1) * size} if online else {}))
+    overrides = {"total_episodes": batch * (2 if method == "grpo" else 1) * size} if online else {}
+    if args.frozen_placement:
+        overrides["frozen_placement"] = args.frozen_placement
+    module = W.build_module(method, **overrides)
     if args.uneven_lengths and method in ("ppo", "grpo"):
         module.sampling = dataclasses.replace(module.sampling, max_new_tokens=3 + 5 * rank)
     zero3 = args.strategy == "zero3"
@@ -65,6 +68,10 @@ def fit_one(method: str, args, root: Path) -> dict:
         "after": W.fingerprint(module, zero3=zero3), "seconds": time.perf_counter() - started,
         "lengths": probe.lengths, "synced": probe.synced, "strategy": type(trainer.strategy).__name__,
         "gradient_clipping": (getattr(trainer.strategy, "config", None) or {}).get("gradient_clipping"),
+        # ZeRO-3 marks the parameters it partitions with `ds_id`
+        "policy_partitioned": all(hasattr(p, "ds_id") for p in module.policy.parameters()),
+        "ref_partitioned": (None if getattr(module, "ref_model", None) is None
+                            else all(hasattr(p, "ds_id") for p in module.ref_model.parameters())),
     }
     if method == args.checkpoint:
         result["resume"] = save_and_resume(method, args, root, trainer)
@@ -99,6 +106,7 @@ def main() -> None:
     parser.add_argument("--methods", required=True)
     parser.add_argument("--uneven_lengths", action="store_true")
     parser.add_argument("--checkpoint", default="")
+    parser.add_argument("--frozen_placement", default="", choices=["", "partitioned", "whole"])
     # manual check of the regression: generation WITHOUT synced_gpus (crashes on gloo, hangs on NCCL)
     parser.add_argument("--force_unsynced", action="store_true")
     parser.add_argument("--out", required=True, type=Path)

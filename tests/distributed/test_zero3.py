@@ -66,3 +66,17 @@ def test_zero3_checkpoint_resumes_and_exports_to_hugging_face(zero3_results, tmp
     assert total != pytest.approx(dpo["before"], rel=1e-7, abs=0)
     ids = torch.tensor([[1, 2, 3]])
     assert torch.isfinite(model(ids).logits).all()
+
+
+def test_frozen_models_are_partitioned_by_default_and_whole_on_request(zero3_results, tmp_path):
+    results, _ = zero3_results
+    for rank in (0, 1):
+        assert results[rank]["grpo"]["policy_partitioned"] and results[rank]["grpo"]["ref_partitioned"]
+    # `frozen_placement: whole`: the reference stays a full copy on every rank, the policy is sharded
+    whole = launch(SCRIPT, ["--strategy", "zero3", "--methods", "grpo", "--uneven_lengths",
+                            "--frozen_placement", "whole"], 2, tmp_path, timeout=300)
+    check_method_results(whole, ("grpo",), "CPUDeepSpeedStrategy")
+    for rank in (0, 1):
+        assert whole[rank]["grpo"]["policy_partitioned"] is True
+        assert whole[rank]["grpo"]["ref_partitioned"] is False
+        assert whole[rank]["grpo"]["synced"] == [True]
