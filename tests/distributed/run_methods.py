@@ -69,7 +69,8 @@ def fit_one(method: str, args, root: Path) -> dict:
         "lengths": probe.lengths, "synced": probe.synced, "strategy": type(trainer.strategy).__name__,
         "gradient_clipping": (getattr(trainer.strategy, "config", None) or {}).get("gradient_clipping"),
         # ZeRO-3 marks the parameters it partitions with `ds_id`
-        "policy_partitioned": all(hasattr(p, "ds_id") for p in module.policy.parameters()),
+        "policy_partitioned": (None if getattr(module, "policy", None) is None
+                               else all(hasattr(p, "ds_id") for p in module.policy.parameters())),
         "ref_partitioned": (None if getattr(module, "ref_model", None) is None
                             else all(hasattr(p, "ds_id") for p in module.ref_model.parameters())),
     }
