@@ -11,7 +11,11 @@ scored, and before advantages are computed, the module calls, for each callback 
 
 A hook returns a Rollout with scores of the same shape, e.g.
 `rollout.with_scores(torch.where(rollout.has_eos, rollout.scores, -1.0))`, or the rollout
-unchanged when it only observes (`KLControlCallback` measures the KL there).
+unchanged when it only observes. After the update, callbacks that define
+
+    def on_rollout_end(self, trainer, pl_module, rollout: Rollout) -> None
+
+observe the final rollout (its `logps` always filled); `KLControlCallback` measures the KL there.
 """
 
 from callbacks.eos_trick import EOSTrickCallback

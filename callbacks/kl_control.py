@@ -16,7 +16,7 @@ class KLControlCallback(Callback):
 
     Fixed control (`target` None) sets the coefficient to `init_kl_coef` when training starts
     and keeps it. Adaptive control ("Fine-Tuning Language Models from Human Preferences",
-    Ziegler et al. 2019, Sec. 2.2) measures, through the rollout hook, the rollout's KL
+    Ziegler et al. 2019, Sec. 2.2) measures, once the rollout is final (`on_rollout_end`), its KL
     `KL = mean over responses of sum_t (log pi - log pi_ref)` (nats per response, k1; averaged
     over ranks) and, after the step's updates, sets
 
@@ -96,7 +96,7 @@ class KLControlCallback(Callback):
             )
         setattr(pl_module, name, float(self.kl_coef))
 
-    def on_rollout_scores(self, trainer, pl_module, rollout: Rollout) -> Rollout:
+    def on_rollout_end(self, trainer, pl_module, rollout: Rollout) -> None:
         if self.adaptive:
             if rollout.ref_logps is None:
                 raise ValueError("adaptive KL control needs reference log-probs; this rollout has none (GRPO with beta 0?)")
@@ -104,7 +104,6 @@ class KLControlCallback(Callback):
             kl = trainer.strategy.reduce(kl.detach().float(), reduce_op="mean") if trainer is not None else kl
             world = trainer.world_size if trainer is not None else 1
             self._pending = (float(kl), int(rollout.response_ids.shape[0]) * max(1, world))
-        return rollout
 
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
         pl_module.log("train/objective/kl_coef", torch.tensor(float(self.kl_coef)), on_step=True, on_epoch=False)

@@ -81,7 +81,9 @@ class Rollout(NamedTuple):
     response_ids: Tensor  # (B, R)
     response_mask: Tensor  # (B, R) bool
     has_eos: Tensor  # (B,) bool
-    logps: Tensor  # (B, R) policy log-probs at sampling time (temperature applied), 0 on pad
+    # (B, R) policy log-probs at sampling time (temperature applied), 0 on pad. None until the
+    # update fills them when it computes them itself (on-policy GRPO: one pass, one minibatch)
+    logps: Tensor | None
     ref_logps: Tensor | None = None  # (B, R) reference log-probs, None when no reference is used
     values: Tensor | None = None  # (B, R) value estimates (PPO)
     scores: Tensor | None = None  # (B,) scalar reward of each response, after shaping hooks

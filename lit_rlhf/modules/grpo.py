@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from lit_rlhf.distributed import gather_rows
@@ -19,7 +20,9 @@ class GRPOModule(OnlineModule):
     Each training step takes B prompts and:
 
     1. samples `num_generations` (G) completions per prompt, the G copies of a prompt
-       contiguous (N = B*G rows), and scores them once: old log-probs, reference log-probs (only
+       contiguous (N = B*G rows), and scores them once: old log-probs (only when the rollout
+       gets more than one update: with one pass over one minibatch the update is on-policy and
+       its own forward pass gives them, as a ratio of exactly 1), reference log-probs (only
        when `beta` > 0: with `beta` 0 the reference is never loaded), scores; callbacks shape
        the scores through the rollout hook (`OnlineModule.apply_rollout_hooks`);
     2. one advantage per completion: `advantage: grpo` -> (r - mean_group) / (std_group + eps)
@@ -98,7 +101,13 @@ class GRPOModule(OnlineModule):
     def updates_per_rollout(self) -> int:
         return self.hparams.num_iterations * self.hparams.num_minibatches
 
-    def update(self, rollout: Rollout) -> dict[str, Tensor]:
+    @property
+    def needs_rollout_logps(self) -> bool:
+        # one pass over one minibatch is on-policy: the old log-probs are the update's own
+        # (detached) log-probs, so the rollout skips that extra forward pass
+        return self.updates_per_rollout() > 1
+
+    def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         hp = self.hparams
         group = hp.num_generations
         scores = rollout.scores.float()  # (B*G,)
@@ -112,14 +121,19 @@ class GRPOModule(OnlineModule):
         grouped = scores.view(-1, group)  # (B, G)
         mask = rollout.response_mask  # (B*G, R)
         ref_logps = rollout.ref_logps if self.beta > 0 else None
+        on_policy = rollout.logps is None
+        filled = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device) if on_policy else None  # (B*G, R)
 
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = token_logps_with_grad(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
                 mask[rows], self.sampling.temperature,
             )  # (n, R)
+            if on_policy:
+                filled[rows] = logps.detach().float()
             out = grpo_policy_loss(
-                logps, rollout.logps[rows], None if ref_logps is None else ref_logps[rows], advantages[rows], mask[rows],
+                logps, None if on_policy else rollout.logps[rows], None if ref_logps is None else ref_logps[rows],
+                advantages[rows], mask[rows],
                 hp.clip_eps_low, hp.clip_eps_high, self.beta, hp.aggregation, max_completion_length=mask.shape[1],
             )
             return out.loss, {
@@ -136,4 +150,4 @@ class GRPOModule(OnlineModule):
         stats["rewards/group_std"] = grouped.std(dim=1).mean()
         stats["rewards/zero_std_fraction"] = (grouped == grouped[:, :1]).all(dim=1).float().mean()
         stats["advantages/abs_mean"] = advantages.abs().mean()
-        return stats
+        return (rollout._replace(logps=filled) if on_policy else rollout), stats

@@ -8,7 +8,8 @@ One training step of an online method is one rollout followed by several optimiz
    in eval mode; responses are cut after the first EOS and PAD-filled (D23). Under sharded
    strategies every rank keeps generating until all are done (`needs_synced_gpus`).
 2. **score once**: the policy's log-probs of the sampled tokens under the sampling temperature
-   (`logps`, the "old" log-probs), the reference's (`ref_logps`, when a reference is used) and,
+   (`logps`, the "old" log-probs; skipped when the update is on-policy, `needs_rollout_logps`,
+   since the update's own forward pass gives the same numbers), the reference's (`ref_logps`, when a reference is used) and,
    for PPO, the values, all without grad and in micro-batches of `micro_batch_size` rows.
 3. **reward** (`score_rollout`): every reward source (a reward model read at the EOS token,
    D12, and/or reward functions `(prompts, completions, **batch_columns) -> rewards`) is
@@ -20,11 +21,14 @@ One training step of an online method is one rollout followed by several optimiz
        rollout = callback.on_rollout_scores(trainer, pl_module, rollout)  # -> Rollout
 
    A hook returns a new `Rollout` (it is immutable: `rollout.with_scores(new_scores)`) with
-   scores of the same shape; it may also just observe (the KL controller measures the KL
-   here). `callbacks.EOSTrickCallback` (D23) and `callbacks.KLControlCallback` use it.
+   scores of the same shape; it may also just observe. `callbacks.EOSTrickCallback` (D23) uses
+   it; `callbacks.KLControlCallback` observes `on_rollout_end` instead (step 5).
 5. **update** (`update`, per method): manual optimization over minibatches of the rollout with
    gradient accumulation over micro-batches, gradient clipping (`max_grad_norm`) and one
-   learning-rate scheduler step per optimizer step (`run_updates`). A non-finite score,
+   learning-rate scheduler step per optimizer step (`run_updates`). It returns the rollout
+   (with `logps` filled if it computed them) and its stats; then every callback that defines
+   `on_rollout_end(trainer, pl_module, rollout) -> None` observes the final rollout (the KL
+   controller measures the rollout's KL there). A non-finite score,
    value, loss or gradient never reaches the weights: it raises an error naming the step, or
    skips the optimizer step with `on_nonfinite: skip` (`PolicyModule.check_finite`).
 
@@ -152,8 +156,15 @@ class OnlineModule(PolicyModule):
         """Values (N, R) of the rollout's states (PPO); None when the method has no critic."""
         return None
 
-    def update(self, rollout: Rollout) -> dict[str, Tensor]:
-        """Optimise on one shaped rollout; returns the stats to log (names `group/name`)."""
+    @property
+    def needs_rollout_logps(self) -> bool:
+        """Whether the rollout must carry the sampling-time log-probs before the update (False
+        when the update is on-policy and computes them in its own forward pass)."""
+        return True
+
+    def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
+        """Optimise on one shaped rollout; returns the rollout (with `logps` filled when it was
+        None) and the stats to log (names `group/name`)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------
@@ -164,10 +175,10 @@ class OnlineModule(PolicyModule):
     def _synced_gpus(self) -> bool:
         return needs_synced_gpus(self._trainer)
 
-    def make_rollout(self, batch: PromptBatch, repeats: int = 1) -> tuple[Rollout, dict[str, Tensor]]:
+    def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True) -> tuple[Rollout, dict[str, Tensor]]:
         """Generate, score once (old/reference log-probs, values) and reward, without grad.
 
-        Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
+        `with_logps=False` leaves `rollout.logps` None (the update computes them). Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
         combined, unshaped scores, and each reward source's (N,) rewards by name.
         """
         prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
@@ -183,7 +194,7 @@ class OnlineModule(PolicyModule):
         micro = self.hparams.micro_batch_size
         temperature = self.sampling.temperature
         args = (prompt_ids, prompt_mask, response_ids, response_mask)
-        logps = sequence_token_logps(self.policy, *args, temperature=temperature, micro_batch_size=micro)  # (N, R)
+        logps = sequence_token_logps(self.policy, *args, temperature=temperature, micro_batch_size=micro) if with_logps else None  # (N, R)
         ref = getattr(self, "ref_model", None)
         ref_logps = None if ref is None else sequence_token_logps(ref, *args, temperature=temperature, micro_batch_size=micro)
         rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, logps, ref_logps, meta=meta)
@@ -234,6 +245,15 @@ class OnlineModule(PolicyModule):
                 raise ValueError(f"{name}.on_rollout_scores must keep scores of shape {tuple(rollout.scores.shape)}")
             rollout = shaped
         return rollout
+
+    def notify_rollout_end(self, rollout: Rollout) -> None:
+        """`callback.on_rollout_end(trainer, pl_module, rollout)` for each callback that defines
+        it, in list order, with the final rollout (after the update; `logps` always filled)."""
+        trainer = self._trainer
+        for callback in trainer.callbacks if trainer is not None else []:
+            hook = getattr(callback, "on_rollout_end", None)
+            if hook is not None:
+                hook(trainer, self, rollout)
 
     # ------------------------------------------------------------------------------------------
     # the update loop
@@ -317,11 +337,12 @@ class OnlineModule(PolicyModule):
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         started = time.perf_counter()
-        rollout, per_source = self.make_rollout(batch, self.repeats)
+        rollout, per_source = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
         rollout = self.apply_rollout_hooks(rollout)
         generated = time.perf_counter()
-        stats = self.update(rollout)
+        rollout, stats = self.update(rollout)
         updated = time.perf_counter()
+        self.notify_rollout_end(rollout)
 
         n = rollout.response_ids.shape[0]
         self.rollouts += 1

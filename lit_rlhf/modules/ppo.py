@@ -127,7 +127,7 @@ class PPOModule(OnlineModule):
         full = torch.cat(chunks).float()  # (N, P+R)
         return full[:, -response_length - 1: -1]  # (N, R)
 
-    def update(self, rollout: Rollout) -> dict[str, Tensor]:
+    def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         hp = self.hparams
         mask = rollout.response_mask  # (N, R)
         # 1. per-token rewards: KL penalty everywhere, the score on the EOS token (D12)
@@ -168,4 +168,4 @@ class PPOModule(OnlineModule):
         stats["objective/non_score_reward"] = (-self.kl_coef * masked_sum(shaped.kl, mask, dim=1)).mean()
         stats["advantages/mean"] = advantages[mask].mean()
         stats["returns/mean"] = returns[mask].mean()
-        return stats
+        return rollout, stats

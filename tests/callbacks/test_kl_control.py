@@ -69,8 +69,7 @@ def test_hook_measures_kl_and_updates_after_the_step():
     ref = torch.tensor([[-2.0, -1.5, 0.0], [-0.5, -1.0, -1.0]])
     # per-response k1 sums: 1.5 and 1.0 -> KL = 1.25; e = clip(0.25) = 0.2; n_steps = 2 responses
     rollout = _rollout(logps, ref, mask)
-    out = cb.on_rollout_scores(trainer, module, rollout)
-    assert out is rollout  # observes only
+    cb.on_rollout_end(trainer, module, rollout)
     assert module.kl_coef == 0.2  # this rollout's rewards use the old coefficient
     cb.on_train_batch_end(trainer, module, None, None, 0)
     assert module.logged["train/objective/kl_coef"] == pytest.approx(0.2)
@@ -85,7 +84,7 @@ def test_controls_grpo_beta_and_checks_reference():
     assert module.beta == 0.1
     no_ref = _rollout(torch.zeros(2, 2), None, torch.ones(2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="reference log-probs"):
-        cb.on_rollout_scores(_trainer(), module, no_ref)
+        cb.on_rollout_end(_trainer(), module, no_ref)
     with pytest.raises(ValueError, match="coefficient of 0"):
         KLControlCallback(target=2.0).on_train_start(_trainer(), _Module(beta=0.0))
     with pytest.raises(AttributeError, match="neither"):
