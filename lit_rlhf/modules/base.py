@@ -354,7 +354,8 @@ class PolicyModule(LightningModule):
 def nonfinite_grad_names(module: nn.Module) -> list[str]:
     """Names of the parameters whose gradient has a NaN/inf (one host sync when all are finite)."""
     named = [(n, p.grad) for n, p in module.named_parameters() if p.grad is not None]
-    if not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
+    # a NaN/inf anywhere makes the sum non-finite: one read per gradient, no mask allocated
+    if not named or bool(torch.isfinite(torch.stack([g.sum(dtype=torch.float32) for _, g in named])).all()):
         return []
     return [n for n, g in named if not bool(torch.isfinite(g).all())]
 
