@@ -151,3 +151,14 @@ def write_result(out: Path, result: dict[str, Any]) -> None:
     rank, _ = world()
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(result, indent=1, default=float))
+    shutdown()
+
+
+def shutdown() -> None:
+    """Leave together: every rank waits for the others, then closes the process group, so no
+    gloo or DeepSpeed communication thread is still running while the interpreter exits."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -47,7 +47,8 @@ def test_left_padded_batches_match_one_at_a_time(tiny_judge):
     single = LocalLMJudge("tiny-random-llama", seed=1, batch_size=1)
     batched = [probs(j.raw) for j in tiny_judge.judge(PROMPTS, GOOD, BAD)]
     alone = [probs(j.raw) for j in single.judge(PROMPTS, GOOD, BAD)]
-    assert batched == pytest.approx(alone, rel=1e-4)
+    flat = [p for pair in batched for p in pair]  # pytest.approx compares flat sequences only
+    assert flat == pytest.approx([p for pair in alone for p in pair], rel=1e-4)
 
 
 def test_same_shown_pair_gives_mirrored_verdicts(tiny_judge):
