@@ -21,6 +21,7 @@ from typing import Any
 
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class PreemptionCheckpoint(Callback):
         self.dirpath = dirpath
         self.filename = filename
         self.received: int | None = None
+        self._saved_at_step: int | None = None
         self._previous_sigint: Any = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -67,10 +69,22 @@ class PreemptionCheckpoint(Callback):
         return Path(trainer.default_root_dir) / "checkpoints" / self.filename
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if not (trainer.received_sigterm or self.received is not None):
+        if trainer.received_sigterm or self.received is not None:
+            self._save(trainer)
+            trainer.should_stop = True
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # A SIGTERM that lands after this step's `on_train_batch_end` is turned by Lightning into
+        # SIGTERMException at the step boundary (end of the batch, after the optimizer step, all
+        # ranks together): the state is the one after a complete step, so save it here.
+        if isinstance(exception, SIGTERMException):
+            self._save(trainer)
+
+    def _save(self, trainer: Trainer) -> None:
+        if self._saved_at_step == trainer.global_step:
             return
         path = self.checkpoint_path(trainer)
-        trainer.save_checkpoint(path)  # Lightning writes through a temporary file: atomic
+        trainer.save_checkpoint(path)  # written through a temporary file in the same directory: atomic
+        self._saved_at_step = trainer.global_step
         what = "SIGTERM" if trainer.received_sigterm else "SIGINT"
         log.warning("%s: saved %s at global step %d; resume with --ckpt_path last", what, path, trainer.global_step)
-        trainer.should_stop = True

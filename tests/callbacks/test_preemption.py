@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 
+import lightning as L
+import pytest
 import torch
 
 from tests.helpers import REPO_ROOT, read_marker, subprocess_env, write_config
@@ -61,3 +64,36 @@ def test_sigterm_saves_last_checkpoint_and_resume_continues(tmp_path):
                           cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert read_marker(tmp_path / "marker.json") == step + 2
+
+
+class SignalSelfAfter(L.Callback):
+    """Sends SIGTERM to this process from `on_train_batch_end` of step `step`, i.e. AFTER the
+    PreemptionCheckpoint's own hook for that batch: the race where only Lightning's end-of-step
+    check sees the signal."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_after_the_callbacks_hook_still_saves_the_completed_step(tmp_path):
+    from tests.modules.test_sft import make_batches
+
+    from callbacks import PreemptionCheckpoint
+    from lit_rlhf.modules import SFTModule
+
+    L.seed_everything(0)
+    module = SFTModule(model="tiny-random-llama", lr=1e-3)
+    trainer = L.Trainer(
+        max_steps=50, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path, callbacks=[PreemptionCheckpoint(dirpath=str(tmp_path / "ckpts")), SignalSelfAfter(3)],
+    )
+    with pytest.raises(SystemExit):  # Lightning's SIGTERMException at the end of step 3
+        trainer.fit(module, make_batches(module.tokenizer, batch_size=1))
+    saved = torch.load(tmp_path / "ckpts" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 3
+    for key, value in module.state_dict().items():  # the weights after step 3, nothing later
+        assert torch.equal(saved["state_dict"][key], value), key
