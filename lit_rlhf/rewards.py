@@ -32,16 +32,9 @@ RewardFn = Callable[..., Any]
 
 
 def load_reward_model(name: str, tokenizer=None, dtype: str = "float32") -> models.ScalarHeadModel:
-    """A scalar model for rewards or values: `lit_rlhf.models.load_reward_model` when it exists
-    (it also reads `RewardModule` checkpoints), else `load_scalar_model` (exported directories,
-    or a causal LM with a fresh D11 head)."""
-    loader = getattr(models, "load_reward_model", None)
-    if loader is not None:
-        try:
-            return loader(name, tokenizer, dtype=dtype)
-        except TypeError:  # an older signature without dtype
-            return loader(name, tokenizer)
-    return models.load_scalar_model(name, tokenizer, dtype)
+    """A scalar model for rewards or values (`lit_rlhf.models.load_reward_model`): a
+    `RewardModule` checkpoint, an exported directory, or a causal LM with a fresh D11 head."""
+    return models.load_reward_model(name, tokenizer, dtype=dtype)
 
 
 @torch.no_grad()
