@@ -68,6 +68,9 @@ class BenchConfig:
         rounds: alternating rounds (ours, TRL) in fresh processes.
         frameworks: `auto` (ours, plus TRL when importable), `ours`, `trl` or `ours,trl`.
         threads: `torch.set_num_threads` in every worker.
+        log_every: both frameworks record their training stats every this many steps (Lightning's
+            `log_every_n_steps`, TRL's `logging_steps`); 10 is TRL's default and our configs'
+            offline setting. Metrics are computed every step either way.
         seed: seed of the data, the weights' heads and the sampling.
         in_process: run the workers in this process (no memory isolation; for the smoke test).
         profile: print a cProfile summary (top functions by cumulative time) of each worker's fit.
@@ -83,6 +86,7 @@ class BenchConfig:
     rounds: int = 2
     frameworks: str = "auto"
     threads: int = 2
+    log_every: int = 10
     seed: int = 0
     in_process: bool = False
     profile: bool = False
@@ -133,7 +137,7 @@ def parse_config(argv: Sequence[str] | None, description: str, extra: Callable[[
     ns = parser.parse_args(list(argv) if argv is not None else None)
     known = {k: getattr(ns, k) for k in asdict(base) if k != "extra"}
     cfg = BenchConfig(**known, extra={k: v for k, v in vars(ns).items() if k not in known and not k.startswith("worker")})
-    for name in ("batch_size", "prompt_length", "completion_length", "steps", "rounds", "threads"):
+    for name in ("batch_size", "prompt_length", "completion_length", "steps", "rounds", "threads", "log_every"):
         if getattr(cfg, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.warmup < 0:
@@ -359,7 +363,7 @@ def fit_ours(module, batches: Sequence[Any], cfg: BenchConfig, bare: Callable[[A
     trainer = Trainer(
         accelerator="cpu", devices=1, precision="32-true", max_steps=len(batches) * optimizer_steps_per_batch,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks,
+        num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, log_every_n_steps=cfg.log_every,
     )
     loader = DataLoader(list(batches), batch_size=None, shuffle=False, collate_fn=_identity)
     trainer.fit(module, train_dataloaders=loader)
@@ -394,7 +398,7 @@ def trl_training_args(cfg: BenchConfig, output_dir: str, **overrides: Any) -> di
         output_dir=output_dir, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=1,
         max_steps=cfg.total_steps, learning_rate=1e-5, lr_scheduler_type="cosine", warmup_steps=0, weight_decay=0.0,
         report_to=[], use_cpu=True, bf16=False, fp16=False, dataloader_num_workers=0, dataloader_pin_memory=False,
-        save_strategy="no", eval_strategy="no", logging_steps=1, disable_tqdm=True, seed=cfg.seed, data_seed=cfg.seed,
+        save_strategy="no", eval_strategy="no", logging_steps=cfg.log_every, disable_tqdm=True, seed=cfg.seed, data_seed=cfg.seed,
         gradient_checkpointing=False, max_grad_norm=0.0,
     )
     args.update(overrides)
