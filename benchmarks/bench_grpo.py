@@ -7,8 +7,9 @@ exactly `completion_length` new tokens at most (temperature 1, KV cache), the ol
 log-probs and the reward function on them, then policy forward+backward on the B*G rows, the
 k3 KL to the reference (beta 0.04), gradient clipping at 1, AdamW. Both frameworks use the same
 reward function (`benchmarks.common.alpha_fraction_reward`) and the same prompt texts.
-The bare model work is `generate` of the same number of tokens + reference forward + policy
-forward+backward + clipping + AdamW.
+The bare model work is sampling the same number of tokens with a KV cache (the plain loop of
+model calls, `lit_rlhf.generation.sample_tokens`; transformers' `generate` adds per-token work
+on top) + reference forward + policy forward+backward + clipping + AdamW.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def response_token_logps(model, ids: torch.Tensor, response_length: int) -> torc
 
 
 def ours(cfg: BenchConfig) -> WorkerResult:
-    from lit_rlhf.modules import GRPOModule
+    from lit_rlhf.generation import SamplingConfig, sample_tokens
+    from lit_rlhf.modules import GRPOModule, online
 
     group = cfg.extra["generations"]
     module = GRPOModule(
@@ -68,9 +70,9 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     batches = [prompt_batch(tok, texts) for texts in _texts(cfg, tok)]
     rollout_timer = CallTimer(module, "make_rollout")
     update_timer = CallTimer(module, "update")
-    generate_timer = CallTimer(module.policy, "generate")
-    generated_tokens: list[int] = []
+    generate_timer = CallTimer(online, "generate_responses")
     parts = PartTimer()
+    sampling = SamplingConfig(max_new_tokens=cfg.completion_length, temperature=TEMPERATURE)
 
     def bare(batch, optimizer) -> None:
         """generate, reference forward, policy forward+backward (clipped GRPO + k3 KL), clip, AdamW."""
@@ -78,11 +80,8 @@ def ours(cfg: BenchConfig) -> WorkerResult:
         prompt_ids = batch.input_ids.repeat_interleave(group, dim=0)  # (B*G, P), unpadded prompts
         with parts("generate"), torch.no_grad():
             policy.eval()
-            ids = policy.generate(
-                input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=cfg.completion_length,
-                do_sample=True, temperature=TEMPERATURE, top_k=None, top_p=None, eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id, use_cache=True,
-            )  # (B*G, P+R')
+            sampled = sample_tokens(policy, prompt_ids, torch.ones_like(prompt_ids), sampling, tok.eos_token_id, tok.pad_token_id)
+            ids = torch.cat([prompt_ids, sampled], dim=1)  # (B*G, P+R')
             policy.train()
         response_length = ids.shape[1] - prompt_ids.shape[1]
         with parts("reference_forward"), torch.no_grad():
@@ -98,10 +97,13 @@ def ours(cfg: BenchConfig) -> WorkerResult:
             optimizer.step()
         parts.end_step()
 
-    step_times, bare_times = fit_ours(module, batches, cfg, bare)
+    try:
+        step_times, bare_times = fit_ours(module, batches, cfg, bare)
+    finally:
+        generate_timer.restore()
     peak = peak_rss_mb()
     n = cfg.batch_size * group
-    gen = generate_timer.times[:: 2]  # the step's generate calls (every other call is the bare step's)
+    gen = generate_timer.times
     prompt_tokens = int(batches[0].attention_mask.sum()) * group
     return WorkerResult(
         framework="ours", step_times=step_times, peak_rss_mb=peak,

@@ -308,8 +308,13 @@ class CallTimer:
 
     def __init__(self, obj: Any, name: str) -> None:
         self.times: list[float] = []
+        self._obj, self._name = obj, name
         self._inner = getattr(obj, name)
         setattr(obj, name, self)
+
+    def restore(self) -> None:
+        """Put the wrapped callable back (needed when `obj` outlives the run: a module's function)."""
+        setattr(self._obj, self._name, self._inner)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()

@@ -129,3 +129,62 @@ def test_sequence_logps_temperature_padding_and_micro_batches(tiny_tokenizer, ti
 
     micro = sequence_token_logps(tiny_model, ids, mask, responses, response_mask, temperature, micro_batch_size=1)
     torch.testing.assert_close(micro, logps, atol=1e-6, rtol=0)
+
+
+def hf_generate(model, ids, mask, config: SamplingConfig, eos: int, pad: int):
+    """transformers' own sampler, with the model's generation_config defaults neutralised."""
+    kwargs = {"do_sample": True, "temperature": config.temperature, "top_k": config.top_k or None,
+              "top_p": config.top_p} if config.do_sample else {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=config.max_new_tokens, eos_token_id=eos,
+                         pad_token_id=pad, use_cache=True, repetition_penalty=None, **kwargs)
+    return out[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("config", [
+    SamplingConfig(max_new_tokens=12, temperature=0.7),
+    SamplingConfig(max_new_tokens=12, temperature=1.3, top_k=7, top_p=0.8),
+    SamplingConfig(max_new_tokens=12, temperature=1.0, top_p=0.5),
+    SamplingConfig(max_new_tokens=12, temperature=1.0, do_sample=False),
+], ids=["t0.7", "t1.3-k7-p0.8", "p0.5", "greedy"])
+def test_sampler_draws_the_same_tokens_as_transformers_generate(tiny_tokenizer, tiny_model, config):
+    """Same seed, same left-padded prompts -> token for token what `model.generate` samples, with
+    an EOS that rows actually emit (so rows finish early, go on with PAD, and the loop stops)."""
+    from lit_rlhf.generation import sample_tokens
+
+    tok, model = tiny_tokenizer, tiny_model.eval()
+    pad = tok.pad_token_id
+    rows = [[11, 12, 13, 14, 15, 16], [21, 22], [31, 32, 33, 34], [41], [51, 52, 53], [61, 62, 63, 64, 65]]
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    # a second token of a first sample plays EOS, so that its row ends early (seed 0)
+    torch.manual_seed(0)
+    first = hf_generate(model, ids, mask, config, eos=tok.eos_token_id, pad=pad)
+    eos = next(int(row[1]) for row in first if not {int(row[0]), int(row[1])} & {tok.eos_token_id, pad})
+    finished_early = 0
+    for seed in range(3):  # seed 0 repeats the first sample's draws up to each row's EOS
+        torch.manual_seed(seed)
+        theirs = hf_generate(model, ids, mask, config, eos, pad)
+        torch.manual_seed(seed)
+        ours = sample_tokens(model, ids, mask, config, eos, pad)
+        assert torch.equal(ours, theirs), (seed, ours.tolist(), theirs.tolist())
+        finished_early += int(((ours == eos).cumsum(dim=1) > 0)[:, :-1].logical_and(ours[:, 1:] == pad).any())
+    assert finished_early >= 1  # rows went on with PAD after their EOS
+
+
+def test_filter_logits_by_hand():
+    from lit_rlhf.generation import filter_logits
+
+    inf = float("-inf")
+    scores = torch.tensor([[2.0, 4.0, 0.0, 4.0, -2.0]])
+    assert filter_logits(scores, 2.0).tolist() == [[1.0, 2.0, 0.0, 2.0, -1.0]]
+    # top-k keeps every token tied with the k-th score
+    assert filter_logits(scores, 1.0, top_k=2).tolist() == [[inf, 4.0, inf, 4.0, inf]]
+    assert filter_logits(scores, 1.0, top_k=3).tolist() == [[2.0, 4.0, inf, 4.0, inf]]
+    # top-p on probabilities [0.1, 0.2, 0.3, 0.4] (ascending cumsum 0.1, 0.3, 0.6, 1.0): p = 0.75
+    # drops the tokens whose ascending cumulative mass is <= 0.25 (only the 0.1 token)
+    logits = torch.tensor([[0.4, 0.1, 0.3, 0.2]]).log()
+    kept = filter_logits(logits, 1.0, top_p=0.75).isfinite().tolist()
+    assert kept == [[True, False, True, True]]
+    assert filter_logits(logits, 1.0, top_p=0.35).isfinite().tolist() == [[True, False, False, False]]
+    assert filter_logits(logits, 1.0, top_p=0.01).isfinite().sum() == 1  # the most likely token always stays
