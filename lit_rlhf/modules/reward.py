@@ -51,6 +51,7 @@ from lit_rlhf.modules.base import (
     CHECKPOINT_KEY,
     NonFiniteError,
     SchedulerName,
+    build_adamw,
     decay_groups,
     lr_lambda,
     nonfinite_grad_names,
@@ -338,8 +339,8 @@ class RewardModule(LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = torch.optim.AdamW(self.optimizer_param_groups(), lr=hp.lr, eps=hp.adam_eps, betas=tuple(hp.adam_betas),
-                                      weight_decay=hp.weight_decay)
+        optimizer = build_adamw(self.optimizer_param_groups(), self._trainer, lr=hp.lr, eps=hp.adam_eps,
+                                betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay)
         total = self.trainer.estimated_stepping_batches
         if not math.isfinite(total) or total <= 0:
             raise ValueError("cannot schedule the learning rate: set trainer.max_steps or trainer.max_epochs")
