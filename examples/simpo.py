@@ -66,8 +66,8 @@ class SimPOModule(PolicyModule):
         out = self.compute_loss(batch)
         if not self.check_finite(batch, loss=out.loss):
             return None  # on_nonfinite: skip
-        self.log("train/loss", out.loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
-        self.log_stats("train", {"rewards/margins": out.margins, "rewards/accuracies": out.accuracy})
+        stats = {"loss": out.loss.detach(), "rewards/margins": out.margins, "rewards/accuracies": out.accuracy}
+        self.log_stats("train", stats, prog_bar=("loss",))
         return out.loss
 
     def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:

@@ -215,8 +215,7 @@ class DPOModule(PolicyModule):
         loss, stats = self.compute_loss(batch)
         if not self.check_finite(batch, loss=loss):
             return None  # on_nonfinite=skip: Lightning skips backward and the step
-        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
-        self.log_stats("train", stats, prog_bar=("rewards/accuracies",))
+        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", "rewards/accuracies"))
         return loss
 
     def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:

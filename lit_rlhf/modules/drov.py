@@ -146,8 +146,7 @@ class DROVModule(PolicyModule):
         loss, stats = self.compute_loss(batch)
         if not self.check_finite(batch, rewards=batch.rewards, loss=loss):
             return None  # on_nonfinite=skip: Lightning skips backward and the step
-        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False)
-        self.log_stats("train", stats, prog_bar=("objective/dro",))
+        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", "objective/dro"))
         return loss
 
     def validation_step(self, batch: SingleBatch, batch_idx: int) -> None:

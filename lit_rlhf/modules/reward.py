@@ -55,7 +55,7 @@ from lit_rlhf.modules.base import (
     decay_groups,
     lr_lambda,
     nonfinite_grad_names,
-    step_stats_due,
+    stats_to_log,
 )
 from lit_rlhf.types import PreferenceBatch, split_pair
 
@@ -186,9 +186,7 @@ class RewardModule(LightningModule):
         if self.hparams.center_coef:
             stats["loss/center"] = out.center_loss
         prog_bar = ("loss", "rewards/accuracy")
-        if not step_stats_due(self._trainer):  # the logger writes this step's stats every log_every_n_steps
-            stats = {name: value for name, value in stats.items() if name in prog_bar}
-        for name, value in stats.items():
+        for name, value in stats_to_log(self._trainer, stats, prog_bar).items():  # see PolicyModule.log_stats
             self.log(f"train/{name}", value, prog_bar=name in prog_bar, on_step=True, on_epoch=False,
                      batch_size=batch.num_pairs)
         return out.loss

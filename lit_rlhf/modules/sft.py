@@ -31,7 +31,7 @@ class SFTModule(PolicyModule):
         loss = self._nll(batch)
         if not self.check_finite(batch, loss=loss):
             return None  # Lightning skips backward and the optimizer step
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        self.log_stats("train", {"loss": loss}, prog_bar=("loss",))
         return loss
 
     def validation_step(self, batch: SFTBatch, batch_idx: int) -> None:

@@ -109,7 +109,7 @@ def fit(name: str, root, ckpt_path=None, stop_after=None):
     trainer = L.Trainer(
         max_steps=N * steps_per_batch, accelerator="cpu", precision=32, logger=False, callbacks=callbacks,
         default_root_dir=root, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        deterministic=True,
+        deterministic=True, log_every_n_steps=1,  # every step's stats, to compare them
     )
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return module, trainer, recorder, dm
