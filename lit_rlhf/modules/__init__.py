@@ -1,6 +1,6 @@
-"""One LightningModule per method. Shared plumbing is in `base.PolicyModule`."""
+"""One LightningModule per method. Shared plumbing is in `base.TrainingModule` and `base.PolicyModule`."""
 
-from lit_rlhf.modules.base import PolicyModule
+from lit_rlhf.modules.base import PolicyModule, TrainingModule
 from lit_rlhf.modules.dpo import DPOModule
 from lit_rlhf.modules.drov import DROVModule
 from lit_rlhf.modules.kto import KTOModule
@@ -9,4 +9,4 @@ from lit_rlhf.modules.grpo import GRPOModule
 from lit_rlhf.modules.ppo import PPOModule
 from lit_rlhf.modules.sft import SFTModule
 
-__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "PolicyModule", "RewardModule", "SFTModule"]
+__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "PolicyModule", "RewardModule", "SFTModule", "TrainingModule"]

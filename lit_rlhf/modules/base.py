@@ -1,7 +1,9 @@
 """Shared plumbing of every method: policy and reference models, log-probs, optimizers, export.
 
 A method is a subclass of `PolicyModule` that turns its batch into the tensors its loss needs
-(see `SFTModule` for the smallest one). What lives here exists once:
+(see `SFTModule` for the smallest one). `TrainingModule`, its base, holds what it shares with
+`RewardModule` (optimiser and schedule, non-finite guard, exact resume, start-up checks, step
+logging, export at fit end). What lives here exists once:
 
 - the policy (`self.policy`) and its tokenizer (`self.tokenizer`), loaded by `lit_rlhf.models`
   with PAD != EOS (D3) and dropout off (D7);
@@ -44,168 +46,51 @@ SchedulerName = Literal["cosine", "linear", "constant"]
 CHECKPOINT_KEY = "lit_rlhf"
 
 
-class PolicyModule(LightningModule):
-    """Base class of every method. Subclasses implement `training_step` and `validation_step`.
+class TrainingModule(LightningModule):
+    """What every trainable module shares; `PolicyModule` (a causal LM policy) and `RewardModule`
+    (a scalar reward model) build on it.
 
-    Args:
-        model: the policy: a builtin name (`tiny-random-llama`, `smollm2-135m-instruct`), a local
-            directory, a `.gguf` file or a hub id (see `lit_rlhf.models`).
-        tokenizer: tokenizer name; defaults to `model`.
-        dtype: dtype the weights are loaded in (`float32`, `bfloat16`, `float16`). Mixed precision
-            is the trainer's `precision`, not this.
-        lr: peak learning rate of AdamW.
-        weight_decay: AdamW weight decay (not applied to biases and norm weights).
-        adam_eps: AdamW epsilon (the N+ paper uses 1e-5).
-        adam_betas: AdamW betas.
-        warmup_steps: linear warmup length in optimizer steps; `warmup_ratio` is used when 0.
-        warmup_ratio: warmup as a fraction of the total number of optimizer steps.
-        lr_scheduler: decay after warmup: `cosine`, `linear` (both to 0) or `constant`.
-        gradient_checkpointing: recompute activations in the backward pass to save memory.
-        export_dir: when set, the policy is exported there in Hugging Face format at the end of fit.
-        on_nonfinite: what a NaN/inf loss, reward, advantage or gradient does before the optimizer
-            step: `error` (default) stops with an error naming the step, the tensor and the batch
-            rows; `skip` skips that optimizer step and counts it (`train/guard/skipped_steps`).
-        frozen_placement: where frozen models (reference policy, reward model) live under a
-            sharding strategy (DeepSpeed ZeRO-3): `partitioned` shards them across ranks with
-            the trained weights (least memory; every forward all-gathers them), `whole` keeps a
-            full copy on every rank (no communication; the N+ paper's choice for its 6.9B runs).
-            Without sharding both are the same. The DeepSpeed offload config also moves frozen
-            weights to CPU when they are `partitioned`.
+    - AdamW over `optimizer_param_groups()` with warmup and a cosine/linear/constant schedule
+      (`configure_optimizers`; fused, or DeepSpeed's CPU Adam under ZeRO offload);
+    - the non-finite guard: `check_finite` on losses and rewards, every gradient before the
+      optimizer step, `on_nonfinite: error | skip` (hparam, default `error`);
+    - exact resume: the random generators of every rank in checkpoints, restored when training
+      starts, and the skipped-step counter;
+    - start-up checks in `setup("fit")` (`lit_rlhf.checks`, against `batch_types`) and atomic
+      checkpoint files;
+    - step logging under `{stage}/{group}/{name}` (`log_stats`), tokens per second;
+    - `export_hf(export_dir)` at the end of fit when the `export_dir` hparam is set.
 
-    Class attributes:
-        batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
-            start-up checks refuse a DataModule yielding anything else. Empty = not checked.
+    A subclass calls `save_hyperparameters()` in its `__init__` (with `lr`, `warmup_ratio`,
+    `warmup_steps`, `lr_scheduler`, `weight_decay`, `adam_eps`, `adam_betas`, `export_dir`) and
+    implements `optimizer_param_groups` and `export_hf`.
     """
 
     batch_types: ClassVar[tuple[type, ...]] = ()
 
-    def __init__(
-        self,
-        model: str = models.TINY_RANDOM_LLAMA,
-        tokenizer: str | None = None,
-        dtype: str = "float32",
-        lr: float = 1e-5,
-        weight_decay: float = 0.0,
-        adam_eps: float = 1e-8,
-        adam_betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        warmup_ratio: float = 0.0,
-        lr_scheduler: SchedulerName = "cosine",
-        gradient_checkpointing: bool = False,
-        export_dir: str | None = None,
-        on_nonfinite: Literal["error", "skip"] = "error",
-        frozen_placement: Literal["partitioned", "whole"] = "partitioned",
-    ) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        # collects the init args of the whole class chain (this frame and the subclass's)
-        self.save_hyperparameters()
-        # the CLI gives the DataModule `tokenizer or model`: record the same resolved name, or a
-        # logger refuses to merge the two hparams ("tokenizer" present in both, different values)
-        self.save_hyperparameters({**self.hparams, "tokenizer": tokenizer or model})
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if not 0.0 <= warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
-        self.model_name = model
-        self.tokenizer = models.load_tokenizer(tokenizer or model)
-        self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
-        if gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if on_nonfinite not in ("error", "skip"):
-            raise ValueError(f"on_nonfinite must be 'error' or 'skip', got {on_nonfinite!r}")
-        if frozen_placement not in ("partitioned", "whole"):
-            raise ValueError(f"frozen_placement must be 'partitioned' or 'whole', got {frozen_placement!r}")
-        self._frozen_names: list[str] = []
-        self._whole_frozen: dict[str, nn.Module] = {}  # frozen models kept out of the module tree
         self._step_started_at: float | None = None
         self.skipped_steps = 0
         self._restored_rng: dict[str, Any] | None = None  # applied in on_train_start
 
-    # ----------------------------------------------------------------------------------------
-    # frozen models (reference policy, reward model): never trained, never checkpointed
-    # ----------------------------------------------------------------------------------------
-
-    def add_frozen(self, name: str, module: nn.Module) -> nn.Module:
-        """Register `module` as a frozen submodule `self.<name>` (eval mode, no grads, not saved).
-
-        With `frozen_placement: whole` it is reachable as `self.<name>` but kept out of the module
-        tree, so a sharding strategy never partitions it; `_apply` still moves and casts it with
-        the module (`.to(device)`, `.bfloat16()`).
-        """
-        module.eval()
-        module.requires_grad_(False)
-        if self.hparams.get("frozen_placement", "partitioned") == "whole":
-            self._whole_frozen[name] = module
-            object.__setattr__(self, name, module)
-        else:
-            setattr(self, name, module)
-        if name not in self._frozen_names:
-            self._frozen_names.append(name)
-        return module
-
-    def load_reference(self, name: str | None, dtype: str = "float32") -> nn.Module:
-        """The reference policy: `name` loaded fresh, or a frozen copy of the initial policy."""
-        ref = models.frozen_copy(self.policy) if name is None else models.load_reference_model(name, self.tokenizer, dtype)
-        return self.add_frozen("ref_model", ref)
-
-    def _apply(self, fn, *args, **kwargs):
-        super()._apply(fn, *args, **kwargs)
-        for module in getattr(self, "_whole_frozen", {}).values():  # not children: moved and cast here
-            module._apply(fn, *args, **kwargs)
-        return self
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        for name in self._frozen_names:  # frozen models stay in eval mode (D7)
-            getattr(self, name).eval()
-        return self
-
-    def _frozen_prefixes(self) -> tuple[str, ...]:
-        return tuple(f"{name}." for name in self._frozen_names)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        cls = type(self)
-        checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
-        rng.save_states(checkpoint, self._trainer)  # every rank's generators (exact resume)
-        prefixes = self._frozen_prefixes()
-        if prefixes and "state_dict" in checkpoint:
-            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(prefixes)}
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Frozen models are not in checkpoints: keep the ones this module was built with."""
-        prefixes = self._frozen_prefixes()
-        if prefixes:
-            state_dict = dict(state_dict)
-            for key, value in super().state_dict().items():
-                if key.startswith(prefixes) and key not in state_dict:
-                    state_dict[key] = value
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
-
-    # ----------------------------------------------------------------------------------------
-    # log-probs
-    # ----------------------------------------------------------------------------------------
-
-    def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
-        """Per-token log-probs (B, T) of the policy on the tokens where `loss_mask` is True."""
-        return per_token_logps(self.policy, input_ids, attention_mask, loss_mask, temperature)
-
-    @torch.no_grad()
-    def frozen_logps(self, name: str, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
-        """Per-token log-probs (B, T) of a frozen causal LM (e.g. `ref_model`), without grad."""
-        return per_token_logps(getattr(self, name), input_ids, attention_mask, loss_mask, temperature)
-
-    @staticmethod
-    def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:
-        """Sum of per-token log-probs over the kept tokens: (B, T) -> (B,)."""
-        return masked_sum(per_token, mask, dim=1)
+    def check_training_hparams(self) -> None:
+        """Refuse impossible values of the shared hyper-parameters (after `save_hyperparameters`)."""
+        hp = self.hparams
+        if hp.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {hp.lr}")
+        if not 0.0 <= hp.warmup_ratio < 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {hp.warmup_ratio}")
+        if hp.get("on_nonfinite", "error") not in ("error", "skip"):
+            raise ValueError(f"on_nonfinite must be 'error' or 'skip', got {hp.on_nonfinite!r}")
 
     # ----------------------------------------------------------------------------------------
     # optimisation
     # ----------------------------------------------------------------------------------------
 
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
-        """Parameter groups for AdamW; override to add models or learning rates (e.g. DRO-V's value)."""
-        return decay_groups(self.policy, self.hparams.get("weight_decay", 0.0))
+        """Parameter groups for AdamW (see `decay_groups`)."""
+        raise NotImplementedError
 
     def num_training_steps(self) -> int:
         """Total optimizer steps of the fit (override for methods measured in episodes)."""
@@ -260,7 +145,12 @@ class PolicyModule(LightningModule):
             self.log("train/guard/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
 
     def gradients_finite(self) -> bool:
-        """Check every gradient; same behaviour as `check_finite` (error or counted skip)."""
+        """Check every gradient; same behaviour as `check_finite` (error or counted skip).
+
+        Under fp16 mixed precision the GradScaler owns this: scaled gradients overflow by design
+        and it skips those steps itself (lowering the scale), so nothing is checked here."""
+        if self._trainer is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return True
         bad = nonfinite_grad_names(self)
         if not bad:
             return True
@@ -286,6 +176,11 @@ class PolicyModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get(CHECKPOINT_KEY, {}).get("skipped_steps", 0))
         self._restored_rng = rng.pending_state(checkpoint, self._trainer)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        cls = type(self)
+        checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
+        rng.save_states(checkpoint, self._trainer)  # every rank's generators (exact resume)
 
     # ----------------------------------------------------------------------------------------
     # start-up: checks, atomic checkpoints, restored random state
@@ -341,6 +236,171 @@ class PolicyModule(LightningModule):
     # ----------------------------------------------------------------------------------------
 
     def export_hf(self, directory: str | Path) -> Path:
+        """Write the trained model in Hugging Face format; returns `directory`."""
+        raise NotImplementedError
+
+    def on_fit_end(self) -> None:
+        export_dir = self.hparams.get("export_dir")
+        if export_dir and self.trainer.is_global_zero:
+            self.export_hf(export_dir)
+
+
+class PolicyModule(TrainingModule):
+    """Base class of every method. Subclasses implement `training_step` and `validation_step`.
+
+    Args:
+        model: the policy: a builtin name (`tiny-random-llama`, `smollm2-135m-instruct`), a local
+            directory, a `.gguf` file or a hub id (see `lit_rlhf.models`).
+        tokenizer: tokenizer name; defaults to `model`.
+        dtype: dtype the weights are loaded in (`float32`, `bfloat16`, `float16`). Mixed precision
+            is the trainer's `precision`, not this.
+        lr: peak learning rate of AdamW.
+        weight_decay: AdamW weight decay (not applied to biases and norm weights).
+        adam_eps: AdamW epsilon (the N+ paper uses 1e-5).
+        adam_betas: AdamW betas.
+        warmup_steps: linear warmup length in optimizer steps; `warmup_ratio` is used when 0.
+        warmup_ratio: warmup as a fraction of the total number of optimizer steps.
+        lr_scheduler: decay after warmup: `cosine`, `linear` (both to 0) or `constant`.
+        gradient_checkpointing: recompute activations in the backward pass to save memory.
+        export_dir: when set, the policy is exported there in Hugging Face format at the end of fit.
+        on_nonfinite: what a NaN/inf loss, reward, advantage or gradient does before the optimizer
+            step: `error` (default) stops with an error naming the step, the tensor and the batch
+            rows; `skip` skips that optimizer step and counts it (`train/guard/skipped_steps`).
+        frozen_placement: where frozen models (reference policy, reward model) live under a
+            sharding strategy (DeepSpeed ZeRO-3): `partitioned` shards them across ranks with
+            the trained weights (least memory; every forward all-gathers them), `whole` keeps a
+            full copy on every rank (no communication; the N+ paper's choice for its 6.9B runs).
+            Without sharding both are the same. The DeepSpeed offload config also moves frozen
+            weights to CPU when they are `partitioned`.
+
+    Class attributes:
+        batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
+            start-up checks refuse a DataModule yielding anything else. Empty = not checked.
+    """
+
+    def __init__(
+        self,
+        model: str = models.TINY_RANDOM_LLAMA,
+        tokenizer: str | None = None,
+        dtype: str = "float32",
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        warmup_ratio: float = 0.0,
+        lr_scheduler: SchedulerName = "cosine",
+        gradient_checkpointing: bool = False,
+        export_dir: str | None = None,
+        on_nonfinite: Literal["error", "skip"] = "error",
+        frozen_placement: Literal["partitioned", "whole"] = "partitioned",
+    ) -> None:
+        super().__init__()
+        # collects the init args of the whole class chain (this frame and the subclass's)
+        self.save_hyperparameters()
+        # the CLI gives the DataModule `tokenizer or model`: record the same resolved name, or a
+        # logger refuses to merge the two hparams ("tokenizer" present in both, different values)
+        self.save_hyperparameters({**self.hparams, "tokenizer": tokenizer or model})
+        self.check_training_hparams()
+        if frozen_placement not in ("partitioned", "whole"):
+            raise ValueError(f"frozen_placement must be 'partitioned' or 'whole', got {frozen_placement!r}")
+        self.model_name = model
+        self.tokenizer = models.load_tokenizer(tokenizer or model)
+        self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
+        if gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._frozen_names: list[str] = []
+        self._whole_frozen: dict[str, nn.Module] = {}  # frozen models kept out of the module tree
+
+    # ----------------------------------------------------------------------------------------
+    # frozen models (reference policy, reward model): never trained, never checkpointed
+    # ----------------------------------------------------------------------------------------
+
+    def add_frozen(self, name: str, module: nn.Module) -> nn.Module:
+        """Register `module` as a frozen submodule `self.<name>` (eval mode, no grads, not saved).
+
+        With `frozen_placement: whole` it is reachable as `self.<name>` but kept out of the module
+        tree, so a sharding strategy never partitions it; `_apply` still moves and casts it with
+        the module (`.to(device)`, `.bfloat16()`).
+        """
+        module.eval()
+        module.requires_grad_(False)
+        if self.hparams.get("frozen_placement", "partitioned") == "whole":
+            self._whole_frozen[name] = module
+            object.__setattr__(self, name, module)
+        else:
+            setattr(self, name, module)
+        if name not in self._frozen_names:
+            self._frozen_names.append(name)
+        return module
+
+    def load_reference(self, name: str | None, dtype: str = "float32") -> nn.Module:
+        """The reference policy: `name` loaded fresh, or a frozen copy of the initial policy."""
+        ref = models.frozen_copy(self.policy) if name is None else models.load_reference_model(name, self.tokenizer, dtype)
+        return self.add_frozen("ref_model", ref)
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        for module in getattr(self, "_whole_frozen", {}).values():  # not children: moved and cast here
+            module._apply(fn, *args, **kwargs)
+        return self
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for name in self._frozen_names:  # frozen models stay in eval mode (D7)
+            getattr(self, name).eval()
+        return self
+
+    def _frozen_prefixes(self) -> tuple[str, ...]:
+        return tuple(f"{name}." for name in self._frozen_names)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        prefixes = self._frozen_prefixes()
+        if prefixes and "state_dict" in checkpoint:
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(prefixes)}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Frozen models are not in checkpoints: keep the ones this module was built with."""
+        prefixes = self._frozen_prefixes()
+        if prefixes:
+            state_dict = dict(state_dict)
+            for key, value in super().state_dict().items():
+                if key.startswith(prefixes) and key not in state_dict:
+                    state_dict[key] = value
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    # ----------------------------------------------------------------------------------------
+    # log-probs
+    # ----------------------------------------------------------------------------------------
+
+    def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """Per-token log-probs (B, T) of the policy on the tokens where `loss_mask` is True."""
+        return per_token_logps(self.policy, input_ids, attention_mask, loss_mask, temperature)
+
+    @torch.no_grad()
+    def frozen_logps(self, name: str, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """Per-token log-probs (B, T) of a frozen causal LM (e.g. `ref_model`), without grad."""
+        return per_token_logps(getattr(self, name), input_ids, attention_mask, loss_mask, temperature)
+
+    @staticmethod
+    def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:
+        """Sum of per-token log-probs over the kept tokens: (B, T) -> (B,)."""
+        return masked_sum(per_token, mask, dim=1)
+
+    # ----------------------------------------------------------------------------------------
+    # optimisation
+    # ----------------------------------------------------------------------------------------
+
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
+        """Parameter groups for AdamW; override to add models or learning rates (e.g. DRO-V's value)."""
+        return decay_groups(self.policy, self.hparams.get("weight_decay", 0.0))
+
+    # ----------------------------------------------------------------------------------------
+    # export
+    # ----------------------------------------------------------------------------------------
+
+    def export_hf(self, directory: str | Path) -> Path:
         """Write the policy and tokenizer with `save_pretrained` (loadable by plain transformers)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -349,10 +409,6 @@ class PolicyModule(LightningModule):
         log.info("exported %s to %s", type(self).__name__, directory)
         return directory
 
-    def on_fit_end(self) -> None:
-        export_dir = self.hparams.get("export_dir")
-        if export_dir and self.trainer.is_global_zero:
-            self.export_hf(export_dir)
 
 
 def nonfinite_grad_names(module: nn.Module) -> list[str]:

@@ -37,26 +37,15 @@ import logging
 import math
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 import torchmetrics
-from lightning import LightningModule
 from torch import Tensor, nn
 
-from lit_rlhf import checks, models, rng
-from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
+from lit_rlhf import models
 from lit_rlhf.losses import bradley_terry_loss
-from lit_rlhf.modules.base import (
-    CHECKPOINT_KEY,
-    NonFiniteError,
-    SchedulerName,
-    build_adamw,
-    decay_groups,
-    lr_lambda,
-    nonfinite_grad_names,
-    stats_to_log,
-)
+from lit_rlhf.modules.base import SchedulerName, TrainingModule, decay_groups
 from lit_rlhf.types import PreferenceBatch, split_pair
 
 log = logging.getLogger(__name__)
@@ -64,7 +53,7 @@ log = logging.getLogger(__name__)
 GROUP_LABEL_BYTES = 48  # grouping values are synced across processes as fixed-width utf-8 bytes
 
 
-class RewardModule(LightningModule):
+class RewardModule(TrainingModule):
     """Train a scalar reward model on preference pairs (Bradley-Terry, D11, D12, D14, D15, D16, D18).
 
     Args:
@@ -89,6 +78,12 @@ class RewardModule(LightningModule):
             columns absent from the data are skipped.
         calibration_bins: number of reward-difference buckets of the calibration plot (D18).
         score_batch_size: micro-batch size of `score_texts` / `normalize_to` (D15).
+        on_nonfinite: what a NaN/inf loss or gradient does before the optimizer step: `error`
+            (default) stops with an error naming the step and the batch rows; `skip` skips that
+            optimizer step and counts it (`train/guard/skipped_steps`), as in `PolicyModule`.
+
+    Optimiser, schedule, exact resume, start-up checks and the export at fit end are
+    `TrainingModule`'s.
     """
 
     batch_types = (PreferenceBatch,)
@@ -112,16 +107,14 @@ class RewardModule(LightningModule):
         group_columns: Sequence[str] = ("batch", "confidence"),
         calibration_bins: int = 10,
         score_batch_size: int = 16,
+        on_nonfinite: Literal["error", "skip"] = "error",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         # the CLI gives the DataModule `tokenizer or model`: record the same resolved name (in the
         # initial hparams too), or a logger refuses to merge the two ("tokenizer" differs)
         self.save_hyperparameters({**self.hparams, "tokenizer": tokenizer or model})
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
-        if not 0.0 <= warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        self.check_training_hparams()
         if center_coef < 0:
             raise ValueError(f"center_coef must be >= 0, got {center_coef}")
         if calibration_bins < 1 or score_batch_size < 1:
@@ -168,13 +161,10 @@ class RewardModule(LightningModule):
     # steps
     # ----------------------------------------------------------------------------------------
 
-    def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor:
+    def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
         out, _, _ = self._loss(batch)
-        if not torch.isfinite(out.loss):
-            raise NonFiniteError(
-                f"non-finite reward loss {out.loss.item()} at global step {self.global_step} (batch {batch_idx}); "
-                "no update was made. Lower lr, or check the data and the margin."
-            )
+        if not self.check_finite(batch, loss=out.loss):
+            return None  # on_nonfinite=skip: Lightning skips backward and the step
         stats = {
             "loss": out.loss.detach(),
             "loss/ranking": out.ranking_loss,
@@ -185,19 +175,8 @@ class RewardModule(LightningModule):
         }
         if self.hparams.center_coef:
             stats["loss/center"] = out.center_loss
-        prog_bar = ("loss", "rewards/accuracy")
-        for name, value in stats_to_log(self._trainer, stats, prog_bar).items():  # see PolicyModule.log_stats
-            self.log(f"train/{name}", value, prog_bar=name in prog_bar, on_step=True, on_epoch=False,
-                     batch_size=batch.num_pairs)
+        self.log_stats("train", stats, prog_bar=("loss", "rewards/accuracy"), batch_size=batch.num_pairs)
         return out.loss
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        """Stop before a NaN/inf gradient reaches the weights (fp16's GradScaler handles its own)."""
-        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            return
-        bad = nonfinite_grad_names(self)
-        if bad:
-            raise NonFiniteError(f"non-finite gradient at global step {self.global_step} in {bad[:5]}; no update was made")
 
     def _eval_step(self, batch: PreferenceBatch, stage: str) -> None:
         out, chosen, rejected = self._loss(batch)
@@ -335,38 +314,6 @@ class RewardModule(LightningModule):
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         return decay_groups(self.reward_model, self.hparams.weight_decay)
 
-    def configure_optimizers(self):
-        hp = self.hparams
-        optimizer = build_adamw(self.optimizer_param_groups(), self._trainer, lr=hp.lr, eps=hp.adam_eps,
-                                betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay)
-        total = self.trainer.estimated_stepping_batches
-        if not math.isfinite(total) or total <= 0:
-            raise ValueError("cannot schedule the learning rate: set trainer.max_steps or trainer.max_epochs")
-        warmup = hp.warmup_steps or int(hp.warmup_ratio * total)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(hp.lr_scheduler, warmup, int(total)))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        cls = type(self)
-        checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
-        rng.save_states(checkpoint, self._trainer)  # exact resume (as PolicyModule)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._restored_rng = rng.pending_state(checkpoint, self._trainer)
-
-    def setup(self, stage: str) -> None:
-        """Start-up checks (`lit_rlhf.checks`) and atomic checkpoint files, as `PolicyModule`."""
-        if stage == "fit" and self._trainer is not None:
-            checks.startup_checks(self.trainer, self)
-            install_atomic_checkpoint_io(self.trainer)
-            allow_hparam_globals(self.hparams)  # resume from our own checkpoints with weights_only loading
-
-    def on_train_start(self) -> None:
-        restored = getattr(self, "_restored_rng", None)
-        if restored is not None:
-            rng.restore_state(restored)
-            self._restored_rng = None
-
     def export_hf(self, directory: str | Path) -> Path:
         """Write an `AutoModelForSequenceClassification` (num_labels=1) and the tokenizer.
 
@@ -388,11 +335,6 @@ class RewardModule(LightningModule):
         log.info("exported the reward model to %s (head bias %s)", directory, "folded into the final LayerNorm" if folded
                  else "in config.reward_bias")
         return directory
-
-    def on_fit_end(self) -> None:
-        export_dir = self.hparams.get("export_dir")
-        if export_dir and self.trainer.is_global_zero:
-            self.export_hf(export_dir)
 
 
 # --------------------------------------------------------------------------------------------

@@ -77,3 +77,18 @@ def test_skip_mode_skips_only_the_bad_steps_and_counts_them(tmp_path, poison):
     trainer(tmp_path, 1).fit(clean, make_batches(clean.tokenizer, batch_size=2))
     for k, v in clean.policy.state_dict().items():
         assert torch.allclose(v, after[k], atol=1e-7), k
+
+
+def test_fp16_grad_scaler_owns_non_finite_gradients(monkeypatch):
+    """Scaled fp16 gradients overflow by design; the GradScaler skips those steps, not the guard."""
+    from types import SimpleNamespace
+
+    module = SFTModule()
+    param = next(module.policy.parameters())
+    param.grad = torch.full_like(param, float("inf"))
+    with pytest.raises(NonFiniteError, match="non-finite gradient"):
+        module.gradients_finite()
+    fake = SimpleNamespace(precision_plugin=SimpleNamespace(scaler=torch.amp.GradScaler("cpu", enabled=False)))
+    monkeypatch.setattr(type(module), "trainer", property(lambda self: fake))
+    monkeypatch.setattr(module, "_trainer", fake, raising=False)
+    assert module.gradients_finite()

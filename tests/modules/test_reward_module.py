@@ -244,8 +244,16 @@ def test_non_finite_loss_raises_naming_the_step_before_any_update():
     module = RewardModule()
     with torch.no_grad():
         module.reward_model.head.weight.fill_(float("nan"))
-    with pytest.raises(FloatingPointError, match="non-finite reward loss.*global step 0"):
+    with pytest.raises(FloatingPointError, match="non-finite loss at global step 0"):
         module.training_step(_pair_batch(module.tokenizer), 0)
+
+
+def test_non_finite_loss_is_a_counted_skip_on_request():
+    module = RewardModule(on_nonfinite="skip")
+    with torch.no_grad():
+        module.reward_model.head.weight.fill_(float("nan"))
+    assert module.training_step(_pair_batch(module.tokenizer), 0) is None  # Lightning skips backward and the step
+    assert module.skipped_steps == 1
 
 
 def test_wrong_batch_type_is_a_clear_error(module):
