@@ -146,7 +146,8 @@ def hf_generate(model, ids, mask, config: SamplingConfig, eos: int, pad: int):
     SamplingConfig(max_new_tokens=12, temperature=1.0, top_p=0.5),
     SamplingConfig(max_new_tokens=12, temperature=1.0, do_sample=False),
 ], ids=["t0.7", "t1.3-k7-p0.8", "p0.5", "greedy"])
-def test_sampler_draws_the_same_tokens_as_transformers_generate(tiny_tokenizer, tiny_model, config):
+@pytest.mark.parametrize("unpadded", [False, True], ids=["left-padded", "unpadded"])
+def test_sampler_draws_the_same_tokens_as_transformers_generate(tiny_tokenizer, tiny_model, config, unpadded):
     """Same seed, same left-padded prompts -> token for token what `model.generate` samples, with
     an EOS that rows actually emit (so rows finish early, go on with PAD, and the loop stops)."""
     from lit_rlhf.generation import sample_tokens
@@ -154,6 +155,8 @@ def test_sampler_draws_the_same_tokens_as_transformers_generate(tiny_tokenizer, 
     tok, model = tiny_tokenizer, tiny_model.eval()
     pad = tok.pad_token_id
     rows = [[11, 12, 13, 14, 15, 16], [21, 22], [31, 32, 33, 34], [41], [51, 52, 53], [61, 62, 63, 64, 65]]
+    if unpadded:  # every prompt as long as the longest: no mask needed
+        rows = [(r * 6)[:6] for r in rows]
     width = max(map(len, rows))
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
