@@ -15,6 +15,7 @@ on top) + reference forward + policy forward+backward + clipping + AdamW.
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 from typing import Any, Sequence
 
@@ -70,7 +71,8 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     batches = [prompt_batch(tok, texts) for texts in _texts(cfg, tok)]
     rollout_timer = CallTimer(module, "make_rollout")
     update_timer = CallTimer(module, "update")
-    generate_timer = CallTimer(online, "generate_responses")
+    # mean response length (EOS included) of each rollout: both sides stop a row at its EOS
+    generate_timer = CallTimer(online, "generate_responses", measure=lambda out, *a, **k: out[1].sum(dim=1).float().mean())
     parts = PartTimer()
     sampling = SamplingConfig(max_new_tokens=cfg.completion_length, temperature=TEMPERATURE)
 
@@ -111,6 +113,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
         generation_times=gen[cfg.warmup:], rollout_times=rollout_timer.times[cfg.warmup:],
         update_times=update_timer.times[cfg.warmup:], bare_times=bare_times, bare_parts=parts.medians(cfg.warmup),
         info={"prompt_tokens_per_row": int(batches[0].attention_mask.sum(dim=1).max()), "generations": group,
+              "mean_completion_length": statistics.mean(generate_timer.values[cfg.warmup:]),
               "note": "tokens_per_step counts max_new_tokens per completion (generation may stop early at EOS)"},
     )
 
@@ -140,7 +143,13 @@ def trl(cfg: BenchConfig) -> WorkerResult:
         trainer = GRPOTrainer(model=weights, reward_funcs=[alpha_fraction_reward], args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[timer])
         rollout_timer = CallTimer(trainer, "_generate_and_score_completions")
-        generate_timer = CallTimer(trainer.model, "generate")
+        pad = tokenizer.pad_token_id
+
+        def completion_length(out, *args, **kwargs):  # tokens after the prompt up to EOS (PAD after it)
+            prompt = kwargs.get("input_ids", args[0] if args else None)
+            return (out[:, prompt.shape[1]:] != pad).sum(dim=1).float().mean()
+
+        generate_timer = CallTimer(trainer.model, "generate", measure=completion_length)
         trainer.train()
     n = cfg.batch_size * group
     prompt_tokens = sum(len(tokenizer(t)["input_ids"]) for t in texts[: cfg.batch_size]) * group
@@ -151,6 +160,7 @@ def trl(cfg: BenchConfig) -> WorkerResult:
         tokens_per_step=float(prompt_tokens + n * cfg.completion_length), completions_per_step=float(n),
         generation_times=generate_timer.times[cfg.warmup:], rollout_times=rollouts,
         update_times=[s - r for s, r in zip(steps, rollouts)],
+        info={"mean_completion_length": statistics.mean(generate_timer.values[cfg.warmup:])},
     )
 
 

@@ -57,6 +57,7 @@ from benchmarks.common import (
     BenchConfig,
     CallTimer,
     PartTimer,
+    StepPeaks,
     WorkerResult,
     fit_ours,
     parse_config,
@@ -204,12 +205,15 @@ def _trl_ppo_timer(policy_and_value_type: type):
             self._in_rollout = True
 
         def on_train_begin(self, args, state, control, **kwargs):
+            StepPeaks.start()
             self._started = time.perf_counter()
             self._in_rollout = True
 
         def on_step_end(self, args, state, control, **kwargs):
             now = time.perf_counter()
             self.times.append(now - self._started)
+            StepPeaks.stop()
+            StepPeaks.start()  # the next step starts here
             self._started = now
             self._in_rollout = True
 

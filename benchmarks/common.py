@@ -104,7 +104,7 @@ class WorkerResult:
 
     framework: str
     step_times: list[float]  # measured optimizer steps (online: per rollout, see `optimizer_steps_per_step`)
-    peak_rss_mb: float  # ru_maxrss right after the fit (before any bare-model timing)
+    peak_rss_mb: float  # largest training-step peak (`StepPeaks`); the process peak where unavailable
     tokens_per_step: float  # non-pad tokens processed per step (online: prompt + generated tokens)
     completions_per_step: float = 0.0
     optimizer_steps_per_step: int = 1
@@ -174,6 +174,33 @@ def setup_worker(cfg: BenchConfig) -> None:
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class StepPeaks:
+    """Peak resident memory of each training step: the kernel's high-water mark (VmHWM) reset
+    just before the step (`/proc/self/clear_refs`, Linux) and read right after it.
+
+    The worker's reported peak is the largest step peak: the memory training needs, without the
+    model loading before it or, on our side, the interleaved bare-model steps after each step
+    (which run in the same process). Where the reset is unavailable, nothing is recorded and the
+    process peak (`peak_rss_mb`) is reported instead."""
+
+    peaks: list[float] = []  # this process's step peaks (each worker runs in its own process)
+
+    @staticmethod
+    def start() -> None:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            StepPeaks._unavailable = True
+
+    @staticmethod
+    def stop() -> None:
+        if getattr(StepPeaks, "_unavailable", False):
+            return
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                StepPeaks.peaks.append(int(line.split()[1]) / 1024.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,17 +324,22 @@ class StepTimer(_lightning_callback_base()):
         self._started = 0.0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        StepPeaks.start()
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.times.append(time.perf_counter() - self._started)
+        StepPeaks.stop()
 
 
 class CallTimer:
-    """Wrap a bound method (`obj.name`) and record the wall time of every call."""
+    """Wrap a bound method (`obj.name`) and record the wall time of every call, and
+    `measure(result, *args, **kwargs)` of every result in `values` when given."""
 
-    def __init__(self, obj: Any, name: str) -> None:
+    def __init__(self, obj: Any, name: str, measure: Callable[..., float] | None = None) -> None:
         self.times: list[float] = []
+        self.values: list[float] = []
+        self._measure = measure
         self._obj, self._name = obj, name
         self._inner = getattr(obj, name)
         setattr(obj, name, self)
@@ -319,9 +351,12 @@ class CallTimer:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
-            return self._inner(*args, **kwargs)
+            result = self._inner(*args, **kwargs)
         finally:
             self.times.append(time.perf_counter() - started)
+        if self._measure is not None:
+            self.values.append(float(self._measure(result, *args, **kwargs)))
+        return result
 
     def per_step(self, calls_per_step: int = 1) -> list[float]:
         """Call times summed in groups of `calls_per_step`."""
@@ -388,10 +423,12 @@ def trl_step_timer():
             self._started = 0.0
 
         def on_step_begin(self, args, state, control, **kwargs):
+            StepPeaks.start()
             self._started = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             self.times.append(time.perf_counter() - self._started)
+            StepPeaks.stop()
 
     return TRLStepTimer()
 
@@ -480,7 +517,8 @@ def _run_worker(script_module: str, worker: Callable[[BenchConfig], WorkerResult
                 argv: Sequence[str], name: str) -> WorkerResult:
     if cfg.in_process:
         setup_worker(cfg)
-        return _profiled(worker, cfg)
+        StepPeaks.peaks.clear()
+        return _with_step_peak(_profiled(worker, cfg))
     with tempfile.TemporaryDirectory(prefix="lit_rlhf_bench_") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", script_module, *argv, "--worker", name, "--worker-out", str(out)]
@@ -505,9 +543,19 @@ def _profiled(worker: Callable[[BenchConfig], WorkerResult], cfg: BenchConfig) -
     return result
 
 
+def _with_step_peak(result: WorkerResult) -> WorkerResult:
+    """Report the largest training-step peak (`StepPeaks`) as the worker's peak memory, the
+    process peak next to it in `info`."""
+    if StepPeaks.peaks:
+        result.info["process_peak_rss_mb"] = result.peak_rss_mb
+        result.peak_rss_mb = max(StepPeaks.peaks)
+    StepPeaks.peaks.clear()
+    return result
+
+
 def worker_main(worker: Callable[[BenchConfig], WorkerResult], cfg: BenchConfig, out: str) -> None:
     setup_worker(cfg)
-    result = _profiled(worker, cfg)
+    result = _with_step_peak(_profiled(worker, cfg))
     Path(out).write_text(json.dumps(asdict(result)))
 
 
