@@ -5,9 +5,10 @@ response is cut after its first EOS and PAD-filled to exactly `max_new_tokens`, 
 records which responses ended. (Generation stops early once every row has emitted EOS: the
 tokens after a row's first EOS are discarded by D23 anyway, so this changes no response.)
 The sampler, `sample_tokens`, is a plain KV-cache loop that draws exactly the tokens
-transformers' `generate` draws from the same random state (tested), at a fraction of its
-per-token cost, and ignores the model's `generation_config` defaults (the distribution sampled
-is the one the log-probs score: temperature, top-k, top-p, nothing else).
+transformers' `generate` draws from the same random state (tested), 5-13% faster on CPU
+(measured: tiny model and SmolLM2-135M, 16 x 128-token prompts, 32 new tokens, padded or not),
+and ignores the model's `generation_config` defaults (the distribution sampled is the one the
+log-probs score: temperature, top-k, top-p, nothing else).
 
 `sequence_token_logps` scores the sampled tokens under a model with the same temperature the
 sampler used (the logits are divided once, in `lit_rlhf.ops.token_logps_from_logits`), with
@@ -149,8 +150,8 @@ def sample_tokens(
     `generate(do_sample=True, temperature, top_k, top_p)` on the same random stream (tested
     token for token), without the model's `generation_config` defaults (a repetition penalty
     there would make the sampling distribution differ from the one the log-probs score), and
-    with much less per-token work: on CPU with a small model `generate` spends most of its time
-    outside the model.
+    with less work per token than `generate`'s general machinery (no logits processors, stopping
+    criteria or mask rebuilding without padding).
     """
     from transformers import DynamicCache
 
