@@ -186,9 +186,11 @@ class StepPeaks:
     process peak (`peak_rss_mb`) is reported instead."""
 
     peaks: list[float] = []  # this process's step peaks (each worker runs in its own process)
+    process_peak = 0.0  # the whole process's peak: resetting VmHWM also resets ru_maxrss
 
     @staticmethod
     def start() -> None:
+        StepPeaks.process_peak = max(StepPeaks.process_peak, peak_rss_mb())  # before the reset
         try:
             Path("/proc/self/clear_refs").write_text("5")
         except OSError:
@@ -547,9 +549,10 @@ def _with_step_peak(result: WorkerResult) -> WorkerResult:
     """Report the largest training-step peak (`StepPeaks`) as the worker's peak memory, the
     process peak next to it in `info`."""
     if StepPeaks.peaks:
-        result.info["process_peak_rss_mb"] = result.peak_rss_mb
+        result.info["process_peak_rss_mb"] = max(StepPeaks.process_peak, result.peak_rss_mb)
         result.peak_rss_mb = max(StepPeaks.peaks)
     StepPeaks.peaks.clear()
+    StepPeaks.process_peak = 0.0
     return result
 
 

@@ -19,9 +19,10 @@ def _s(summary: dict | None, digits: int = 3) -> str:
 
 def table(paths: Sequence[str]) -> str:
     lines = [
-        "| method | model | framework | step s, median (min-max) | per opt. step s | tok/s | compl./s | gen s | update s "
-        "| peak RSS MiB | overhead x, median (min-max) | ours/TRL step | ours/TRL RSS | load before/after |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | model | framework | step s, median (min-max) | per opt. step s | tok/s | compl./s | mean compl. len "
+        "| gen s | update s | step peak MiB (process) | overhead x, median (min-max) | ours/TRL step | ours/TRL step peak "
+        "| load before/after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for path in paths:
         r = json.loads(Path(path).read_text())
@@ -33,11 +34,15 @@ def table(paths: Sequence[str]) -> str:
                 rounds = ", ".join(f"{x:.2f}" for x in ratio["step_time_per_round"])
                 ratio_text = f"{ratio['step_time']:.2f} (rounds {rounds})"
                 rss_text = f"{ratio['peak_rss']:.2f}"
+            info = e.get("info") or {}
+            length = info.get("mean_completion_length")
+            process = info.get("process_peak_rss_mb")
+            peak = f"{e['peak_rss_mb']:.0f}" + (f" ({process:.0f})" if process else "")
             lines.append(
                 f"| {r['method']} | {r['model']} | {fw} | {_s(e['step_time_s'])} | {e['time_per_optimizer_step_s']:.3f} "
-                f"| {e['tokens_per_s']:.0f} | {e.get('completions_per_s', 0):.2f} | {_s(e.get('generation_time_s'))} "
-                f"| {_s(e.get('update_time_s'))} | {e['peak_rss_mb']:.0f} | {_s(e.get('overhead_ratio'), 2)} "
-                f"| {ratio_text} | {rss_text} | {load} |"
+                f"| {e['tokens_per_s']:.0f} | {e.get('completions_per_s', 0):.2f} | {f'{length:.1f}' if length else '-'} "
+                f"| {_s(e.get('generation_time_s'))} | {_s(e.get('update_time_s'))} | {peak} "
+                f"| {_s(e.get('overhead_ratio'), 2)} | {ratio_text} | {rss_text} | {load} |"
             )
     return "\n".join(lines)
 
