@@ -73,6 +73,8 @@ class BenchConfig:
             offline setting. Metrics are computed every step either way.
         seed: seed of the data, the weights' heads and the sampling.
         in_process: run the workers in this process (no memory isolation; for the smoke test).
+        no_bare: skip our interleaved bare-model steps (no overhead ratio): our step memory
+            without the heap those steps leave behind in the same process.
         profile: print a cProfile summary (top functions by cumulative time) of each worker's fit.
         json: write the full result there.
     """
@@ -89,6 +91,7 @@ class BenchConfig:
     log_every: int = 10
     seed: int = 0
     in_process: bool = False
+    no_bare: bool = False
     profile: bool = False
     json: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -401,6 +404,7 @@ def fit_ours(module, batches: Sequence[Any], cfg: BenchConfig, bare: Callable[[A
     from torch.utils.data import DataLoader
 
     timer = StepTimer()
+    bare = None if cfg.no_bare else bare
     callbacks = [timer] + ([BareInterleave(bare)] if bare is not None else [])
     trainer = Trainer(
         accelerator="cpu", devices=1, precision="32-true", max_steps=len(batches) * optimizer_steps_per_batch,
