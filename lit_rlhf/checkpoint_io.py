@@ -11,6 +11,9 @@ during the copy leaves a truncated checkpoint in place of the previous good one
 `AtomicCheckpointIO` writes the checkpoint to a temporary file in the destination directory,
 flushes and fsyncs it, then `os.replace`s it over the destination (atomic on POSIX within one
 filesystem) and fsyncs the directory. Readers see the old file or the new one, never a part.
+The file keeps the umask's mode (as `torch.save` would), and temporaries of the same target left
+behind by a save that was killed are deleted on the next save of that target, never one that a
+live process is still writing (`remove_stale_temporaries`).
 Remote URLs (`s3://...`) go through Lightning's implementation.
 
 Resuming (`--ckpt_path`) loads with torch's `weights_only=True` default, which refuses the
@@ -31,7 +34,9 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import tempfile
+import secrets
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +47,17 @@ log = logging.getLogger(__name__)
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """`torch.save(obj, path)` through a same-directory temporary file and an atomic rename."""
+    """`torch.save(obj, path)` through a same-directory temporary file and an atomic rename.
+
+    The file gets the mode a plain `torch.save` would give it (0666 less the umask). The
+    temporary file is `.<name>.<host>.<pid>.<random>.tmp`; temporaries of the same target left
+    by a killed save are removed first (`remove_stale_temporaries`).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temporaries(path)
+    tmp = path.parent / f".{path.name}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for torch.save
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
@@ -59,6 +71,48 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             pass
         raise
     _fsync_dir(path.parent)
+
+
+_HOST = socket.gethostname().replace(".", "_") or "host"
+STALE_AFTER_S = 3600.0  # a temporary of another host untouched this long is not being written
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries of `path` that no live process is writing; returns them.
+
+    A temporary made on this host belongs to the process whose pid is in its name: it is stale
+    when that process no longer exists (and is not this one). One from another host (a shared
+    filesystem), or in another naming, is stale when it was not modified for `STALE_AFTER_S`.
+    """
+    path = Path(path)
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        parts = tmp.name[len(path.name) + 2: -len(".tmp")].split(".")
+        try:
+            if len(parts) == 3 and parts[0] == _HOST and parts[1].isdigit():
+                pid = int(parts[1])
+                stale = pid != os.getpid() and not _pid_alive(pid)
+            else:
+                stale = time.time() - tmp.stat().st_mtime > STALE_AFTER_S
+            if stale:
+                tmp.unlink()
+                removed.append(tmp)
+        except FileNotFoundError:  # removed meanwhile (renamed into place, or by another cleaner)
+            continue
+    if removed:
+        log.warning("removed %d stale temporary checkpoint file(s) of %s left by killed saves: %s", len(removed), path,
+                    [p.name for p in removed])
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:
