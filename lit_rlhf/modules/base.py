@@ -36,9 +36,10 @@ import torch
 from lightning import LightningModule
 from torch import Tensor, nn
 
-from lit_rlhf import checks, models, rng
+from lit_rlhf import checks, models, resume, rng
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.ops import masked_sum, per_token_logps
+from lit_rlhf.stopping import stop_reason
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +177,14 @@ class TrainingModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get(CHECKPOINT_KEY, {}).get("skipped_steps", 0))
         self._restored_rng = rng.pending_state(checkpoint, self._trainer)
+        self._resumed_from_step = checkpoint.get("global_step")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
         checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
         rng.save_states(checkpoint, self._trainer)  # every rank's generators (exact resume)
+        if self._trainer is not None:  # an epoch cut short by a stop resumes mid-epoch (lit_rlhf.resume)
+            resume.as_mid_epoch(self.trainer, checkpoint)
 
     # ----------------------------------------------------------------------------------------
     # start-up: checks, atomic checkpoints, restored random state
@@ -240,6 +244,8 @@ class TrainingModule(LightningModule):
         raise NotImplementedError
 
     def on_fit_end(self) -> None:
+        if self._trainer is not None and self.trainer.is_global_zero:  # one line: why the run stopped
+            log.warning("run stopped: %s", stop_reason(self.trainer, self, getattr(self, "_resumed_from_step", None)))
         export_dir = self.hparams.get("export_dir")
         if export_dir and self.trainer.is_global_zero:
             self.export_hf(export_dir)

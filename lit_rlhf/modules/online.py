@@ -44,7 +44,9 @@ reshuffled each epoch, D21). Without it, `trainer.max_steps` counts optimizer st
 from __future__ import annotations
 
 import math
+import os
 import time
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -377,9 +379,15 @@ class OnlineModule(PolicyModule):
         pass  # tokens/s is logged by training_step (prompt + response tokens)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.budget_reached():
+            self.trainer.should_stop = True
+
+    def budget_reached(self) -> str:
+        """Why the episode budget stops the run ("" while it does not)."""
         total = self.hparams.total_episodes
         if total and self.episodes >= total:
-            self.trainer.should_stop = True
+            return f"total_episodes={total} reached ({self.episodes} episodes sampled)"
+        return ""
 
     def log_completions(self, rollout: Rollout) -> None:
         """Sample completions as a TensorBoard text table (prompt tail, completion, score)."""
@@ -406,7 +414,11 @@ class OnlineModule(PolicyModule):
     # ------------------------------------------------------------------------------------------
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        rollout, per_source = self.make_rollout(batch, 1)
+        # validation samples from its own generator, seeded from (seed, global step, batch):
+        # training randomness never depends on whether (or how often) validation ran, so a run
+        # resumed from a checkpoint saved before a validation samples what the straight run does
+        with validation_rng(self.device, self.global_step, batch_idx):
+            rollout, per_source = self.make_rollout(batch, 1)
         stats = {
             "objective/scores": rollout.scores.float().mean(),
             "response/length": rollout.response_mask.sum(dim=1).float().mean(),
@@ -454,6 +466,19 @@ class OnlineModule(PolicyModule):
         info = checkpoint.get(CHECKPOINT_KEY, {})
         self.episodes = int(info.get("episodes", 0))
         self.rollouts = int(info.get("rollouts", 0))
+
+
+@contextmanager
+def validation_rng(device: torch.device, step: int, batch_idx: int) -> Iterator[None]:
+    """Fork the torch generators (CPU, and `device` when it is a GPU) and seed them from the run's
+    seed (`PL_GLOBAL_SEED`, set by `seed_everything`), `step` and `batch_idx`; the global state
+    is restored on exit."""
+    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+    fork = torch.random.fork_rng(devices=[device], device_type="cuda") if device.type == "cuda" else \
+        torch.random.fork_rng(devices=[])
+    with fork:
+        torch.manual_seed((seed * 1_000_003 + step * 10_007 + batch_idx) % (2**63))
+        yield
 
 
 def repeat_meta(meta: dict[str, Sequence[Any]], repeats: int) -> dict[str, list[Any]]:

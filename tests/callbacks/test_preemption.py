@@ -68,8 +68,7 @@ def test_sigterm_saves_last_checkpoint_and_resume_continues(tmp_path):
 
 class SignalSelfAfter(L.Callback):
     """Sends SIGTERM to this process from `on_train_batch_end` of step `step`, i.e. AFTER the
-    PreemptionCheckpoint's own hook for that batch: the race where only Lightning's end-of-step
-    check sees the signal."""
+    PreemptionCheckpoint's own hook for that batch: the signal is only seen at the next step."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -79,7 +78,7 @@ class SignalSelfAfter(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def test_sigterm_after_the_callbacks_hook_still_saves_the_completed_step(tmp_path):
+def test_sigterm_after_the_callbacks_hook_saves_at_the_end_of_the_next_step(tmp_path):
     from tests.modules.test_sft import make_batches
 
     from callbacks import PreemptionCheckpoint
@@ -87,13 +86,15 @@ def test_sigterm_after_the_callbacks_hook_still_saves_the_completed_step(tmp_pat
 
     L.seed_everything(0)
     module = SFTModule(model="tiny-random-llama", lr=1e-3)
+    preemption = PreemptionCheckpoint(dirpath=str(tmp_path / "ckpts"))
     trainer = L.Trainer(
         max_steps=50, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=tmp_path, callbacks=[PreemptionCheckpoint(dirpath=str(tmp_path / "ckpts")), SignalSelfAfter(3)],
+        default_root_dir=tmp_path, callbacks=[preemption, SignalSelfAfter(3)],
     )
-    with pytest.raises(SystemExit):  # Lightning's SIGTERMException at the end of step 3
+    with pytest.raises(SystemExit):  # Lightning's SIGTERMException once step 4 is logged
         trainer.fit(module, make_batches(module.tokenizer, batch_size=1))
     saved = torch.load(tmp_path / "ckpts" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert saved["global_step"] == 3
-    for key, value in module.state_dict().items():  # the weights after step 3, nothing later
+    assert saved["global_step"] == 4 == trainer.global_step
+    assert preemption.exit_code == 75 and "exiting with code 75" in preemption.message(trainer)
+    for key, value in module.state_dict().items():  # the weights after step 4, nothing later
         assert torch.equal(saved["state_dict"][key], value), key

@@ -1,0 +1,181 @@
+"""`python main.py fit ... --ckpt_path last`: the same run directory on every resubmission, a loud
+error when there is nothing to resume, and the exit code of a preempted run.
+
+- **Run directory.** A logger without a fixed `version` (the shipped recipes' TensorBoardLogger)
+  would give every resubmission a new `version_N` folder, and the ModelCheckpoint that lives in
+  it would find no `last.ckpt`. With `--ckpt_path last` the run reuses the newest existing
+  `version_N` of the logger's `save_dir/name` instead (`pin_run_directory`); a fixed
+  `version` (`--trainer.logger.init_args.version my_run`) or a ModelCheckpoint `dirpath` is
+  used as it is. Without `--ckpt_path last` a fresh run gets a new version, as before.
+- **Nothing to resume.** `--ckpt_path last` with no `last*.ckpt` in the run's checkpoint
+  directories is an error, unless `--fresh_if_no_checkpoint true` asks to start a new run then
+  (the first submission of a job that is resubmitted with the same command).
+- **Exit codes.** A run that `callbacks.PreemptionCheckpoint` stopped exits with 75 (`EX_TEMPFAIL`,
+  after SIGTERM) or 130 (after Ctrl-C), after one line saying what was saved
+  (`lit_rlhf.stopping`). A SIGTERM that arrives before the trainer is set up (config parsing,
+  model loading) exits with 75 at once: nothing was trained.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from lit_rlhf.stopping import PREEMPTED_EXIT_CODE, Preempted
+
+log = logging.getLogger(__name__)
+
+FRESH_FLAG = "fresh_if_no_checkpoint"
+
+
+def add_resume_arguments(parser: Any) -> None:
+    parser.add_argument(
+        f"--{FRESH_FLAG}", type=bool, default=False,
+        help="with --ckpt_path last: start a new run when the run has no last checkpoint yet (else an error)",
+    )
+
+
+def pin_run_directory(trainer: Any) -> None:
+    """Make every TensorBoard/CSV logger without a fixed version reuse its newest `version_N`."""
+    for logger in trainer.loggers:
+        if getattr(logger, "_version", "") is not None or not hasattr(logger, "root_dir"):
+            continue
+        root = Path(logger.root_dir)
+        versions = [int(m.group(1)) for p in (root.iterdir() if root.is_dir() else [])
+                    if p.is_dir() and (m := re.fullmatch(r"version_(\d+)", p.name))]
+        if versions:
+            logger._version = max(versions)
+            log.warning("--ckpt_path last: continuing the run in %s (the newest version of %s)", logger.log_dir, root)
+
+
+def last_checkpoints(trainer: Any) -> list[str]:
+    """The `last*.ckpt` files `--ckpt_path last` chooses from (every ModelCheckpoint's directory)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    found: set[str] = set()
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            found |= callback._find_last_checkpoints(trainer)
+    return sorted(found)
+
+
+def checkpoint_dirs(trainer: Any) -> list[str]:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    return [str(cb.dirpath or cb._ModelCheckpoint__resolve_ckpt_dir(trainer))
+            for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+
+
+def prepare_fit(trainer: Any, config: Any) -> None:
+    """Before `trainer.fit` from the CLI: pin the run directory and check `--ckpt_path last`.
+
+    `config` is the fit subcommand's config (its `ckpt_path` is set to None when a fresh start
+    was asked for and there is no checkpoint)."""
+    if config.get("ckpt_path") != "last":
+        return
+    pin_run_directory(trainer)
+    if last_checkpoints(trainer):
+        return
+    where = ", ".join(checkpoint_dirs(trainer)) or "(no ModelCheckpoint callback: add one with save_last: true)"
+    if config.get(FRESH_FLAG):
+        log.warning("--ckpt_path last: no last checkpoint in %s; starting a new run (--%s)", where, FRESH_FLAG)
+        config["ckpt_path"] = None
+        return
+    raise SystemExit(
+        f"error: --ckpt_path last, but there is no last checkpoint in {where}. Pass a checkpoint path, or add "
+        f"--{FRESH_FLAG} true to start a new run when none exists yet."
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# signals and exit codes
+# ----------------------------------------------------------------------------------------------
+
+
+def _exit_at_once(signum, frame) -> None:
+    raise Preempted(f"{signal.Signals(signum).name} during start-up: nothing trained yet, exiting with code "
+                    f"{PREEMPTED_EXIT_CODE}")
+
+
+@contextmanager
+def sigterm_exits_during_startup() -> Iterator[None]:
+    """Until the trainer runs, SIGTERM exits with 75 at once (nothing was trained); the previous
+    handler is back when the block ends."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _exit_at_once)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) == _exit_at_once:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def end_startup_handler(trainer: Any) -> None:
+    """Hand SIGTERM over to the trainer: `PreemptionCheckpoint` takes it in its `setup`, and
+    without that callback Lightning's handler does (stopping at the end of a batch)."""
+    from callbacks.preemption import PreemptionCheckpoint
+
+    if signal.getsignal(signal.SIGTERM) == _exit_at_once and not any(
+            isinstance(cb, PreemptionCheckpoint) for cb in trainer.callbacks):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def preempted_exit(trainer: Any, exception: BaseException) -> Preempted | None:
+    """The `Preempted` exit for a fit that ended on a signal (None for any other exception)."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from callbacks.preemption import PreemptionCheckpoint
+
+    if isinstance(exception, Preempted):
+        return exception
+    if not isinstance(exception, SIGTERMException):
+        return None
+    for callback in trainer.callbacks if trainer is not None else []:
+        if isinstance(callback, PreemptionCheckpoint) and callback.saved_path is not None:
+            return Preempted(callback.message(trainer), callback.exit_code)
+    return Preempted(f"SIGTERM: stopped at the end of a batch without a preemption checkpoint (add "
+                     f"callbacks.PreemptionCheckpoint); exiting with code {PREEMPTED_EXIT_CODE}")
+
+
+# ----------------------------------------------------------------------------------------------
+# loop state of a checkpoint written after an epoch that was cut short
+# ----------------------------------------------------------------------------------------------
+
+
+def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any]) -> bool:
+    """Rewrite the loop counters of a checkpoint saved after an epoch that a stop cut short (a
+    budget such as `total_episodes` or `max_steps` reached mid-epoch, EarlyStopping), at its
+    `on_train_epoch_end` or `on_train_end` (ModelCheckpoint's final `last.ckpt`), into the
+    counters the same state has right after its last batch (where a periodic checkpoint saves).
+
+    Lightning counts such an epoch as finished, so a run resumed from it with a larger budget would
+    start the next epoch: another data order and epoch number than the straight run, which goes
+    on with the rest of that epoch. Returns whether the checkpoint was changed.
+    """
+    loop = trainer.fit_loop
+    batches, epochs = loop.epoch_loop.batch_progress, loop.epoch_progress
+    total = trainer.num_training_batches
+    ended = epochs.current.processed == epochs.current.started and batches.current.completed == batches.current.ready
+    cut_short = (not batches.is_last_batch and 0 < batches.current.ready < total and total != float("inf"))
+    if trainer.sanity_checking or not ended or not cut_short or "loops" not in checkpoint:
+        return False
+    state = checkpoint["loops"]["fit_loop"]
+    for counters in (state["epoch_loop.batch_progress"]["current"], state["epoch_loop.batch_progress"]["total"]):
+        counters["completed"] -= 1
+    if not loop.epoch_loop._should_accumulate():  # the last batch stepped: counted after its hooks
+        state["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+    finished = epochs.current.completed == epochs.current.processed  # on_train_end (else on_train_epoch_end)
+    for counters in (state["epoch_progress"]["current"], state["epoch_progress"]["total"]):
+        counters["processed"] -= 1
+        if finished:
+            counters["completed"] -= 1
+    if finished:
+        checkpoint["epoch"] -= 1
+    return True

@@ -1,0 +1,73 @@
+"""Why a fit stopped: one line at the end of every run, and the exit code of a preempted one.
+
+- A run that finishes logs `run stopped: <reason>` (`stop_reason`): which budget was reached
+  (`max_steps`, `max_epochs`, the online methods' `total_episodes`, `max_time`), a callback that
+  asked to stop (early stopping), or, for a resumed run whose checkpoint already met the budget,
+  that nothing was left to train and which limit to raise.
+- A run stopped by SIGTERM (`callbacks.PreemptionCheckpoint`) raises `Preempted`, a `SystemExit`
+  with `PREEMPTED_EXIT_CODE` (75, `EX_TEMPFAIL` of sysexits.h: "temporary failure, try again"),
+  after writing `last.ckpt` at an optimizer-step boundary. A job script reruns the same command
+  with `--ckpt_path last` while the exit code is 75 (README, "Resume"). Ctrl-C (SIGINT) saves the
+  same way and exits with 130, the shell's code for an interrupted command.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: rerun the same command with --ckpt_path last
+INTERRUPTED_EXIT_CODE = 130  # Ctrl-C (128 + SIGINT), after the checkpoint is written
+
+
+class Preempted(SystemExit):
+    """The run stopped on a signal; `code` is the process exit status (75 for SIGTERM)."""
+
+    def __init__(self, message: str, code: int = PREEMPTED_EXIT_CODE) -> None:
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def stop_reason(trainer: Any, module: Any = None, steps_at_start: int | None = None) -> str:
+    """A one-line reason why `trainer.fit` returned (budget reached, stopped by a callback, ...).
+
+    `steps_at_start` is the global step the fit started from (the checkpoint's); when no step was
+    trained the line says so, and which limit to raise to train further.
+    """
+    step, epoch = trainer.global_step, trainer.current_epoch
+    max_steps, max_epochs = trainer.max_steps, trainer.fit_loop.max_epochs
+    own = getattr(module, "budget_reached", None)
+    reasons: list[str] = []
+    if callable(own) and own():
+        reasons.append(own())
+    if max_steps is not None and max_steps != -1 and step >= max_steps:
+        reasons.append(f"max_steps={max_steps} reached")
+    if max_epochs is not None and max_epochs != -1 and epoch >= max_epochs:
+        reasons.append(f"max_epochs={max_epochs} reached")
+    for timer in (c for c in trainer.callbacks if type(c).__name__ == "Timer"):
+        remaining = timer.time_remaining()
+        if remaining is not None and remaining <= 0:
+            reasons.append(f"max_time={timer._duration:.0f}s reached")
+    if not reasons:
+        stoppers = [type(c).__name__ for c in trainer.callbacks if getattr(c, "stopped_epoch", 0)]
+        if stoppers:
+            reasons.append(f"stopped early by {', '.join(stoppers)}")
+        elif trainer.should_stop:
+            reasons.append("stopped early: a callback or the module set trainer.should_stop")
+        elif trainer.limit_train_batches == 0:
+            reasons.append("limit_train_batches=0")
+        else:
+            reasons.append("the train loop ended")
+    line = "; ".join(reasons) + f" (global step {step}, epoch {epoch})"
+    if steps_at_start is not None and step == steps_at_start:
+        line += f"; no step trained: the checkpoint at step {steps_at_start} had already met this budget"
+        unmet = []
+        if max_steps not in (None, -1) and step < max_steps:
+            unmet.append(f"max_steps={max_steps}")
+        if unmet:
+            line += f" ({', '.join(unmet)} not reached: raise the limit that stopped it)"
+    elif max_steps not in (None, -1) and step < max_steps and reasons and "max_steps" not in line:
+        line += f"; max_steps={max_steps} not reached"
+    return line
