@@ -122,6 +122,7 @@ class Setup:
     save_on_train_epoch_end: bool | None = None
     module_args: dict[str, Any] = field(default_factory=dict)
     dm_args: dict[str, Any] = field(default_factory=dict)
+    trainer_args: dict[str, Any] = field(default_factory=dict)
 
 
 def fit(setup: Setup, root: Path, interrupt: Callback | None = None, ckpt_path: str | None = None) -> Run:
@@ -142,13 +143,14 @@ def fit(setup: Setup, root: Path, interrupt: Callback | None = None, ckpt_path: 
                                      every_n_train_steps=setup.every_n_train_steps,
                                      save_on_train_epoch_end=setup.save_on_train_epoch_end))
     max_steps = setup.max_steps or 4 * steps_per_batch
-    trainer = L.Trainer(
+    trainer_args = dict(
         max_steps=max_steps, accelerator="cpu", precision=32, logger=False, callbacks=callbacks,
         default_root_dir=root, enable_progress_bar=False, enable_model_summary=False, deterministic=True,
         log_every_n_steps=1, accumulate_grad_batches=setup.accumulate, num_sanity_val_steps=setup.sanity,
         limit_val_batches=1 if with_val else 0, val_check_interval=setup.val_every,
         check_val_every_n_epoch=None if setup.val_every else 1,
     )
+    trainer = L.Trainer(**{**trainer_args, **setup.trainer_args})
     run = Run(module, trainer, recorder)
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
