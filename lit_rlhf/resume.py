@@ -149,7 +149,13 @@ def preempted_exit(trainer: Any, exception: BaseException) -> Preempted | None:
 # ----------------------------------------------------------------------------------------------
 
 
-def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any]) -> bool:
+def epoch_counters(trainer: Any) -> tuple[int, int]:
+    """(processed, completed) epochs of the fit loop: recorded after each batch, for `as_mid_epoch`."""
+    progress = trainer.fit_loop.epoch_progress.current
+    return progress.processed, progress.completed
+
+
+def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[int, int] | None) -> bool:
     """Rewrite the loop counters of a checkpoint saved after an epoch that a stop cut short (a
     budget such as `total_episodes` or `max_steps` reached mid-epoch, EarlyStopping), at its
     `on_train_epoch_end` or `on_train_end` (ModelCheckpoint's final `last.ckpt`), into the
@@ -157,25 +163,25 @@ def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any]) -> bool:
 
     Lightning counts such an epoch as finished, so a run resumed from it with a larger budget would
     start the next epoch: another data order and epoch number than the straight run, which goes
-    on with the rest of that epoch. Returns whether the checkpoint was changed.
+    on with the rest of that epoch. `at_last_batch` is `epoch_counters` after the last batch.
+    Returns whether the checkpoint was changed.
     """
+    if at_last_batch is None or trainer.sanity_checking or "loops" not in checkpoint:
+        return False
     loop = trainer.fit_loop
-    batches, epochs = loop.epoch_loop.batch_progress, loop.epoch_progress
+    batches = loop.epoch_loop.batch_progress
     total = trainer.num_training_batches
-    ended = epochs.current.processed == epochs.current.started and batches.current.completed == batches.current.ready
-    cut_short = (not batches.is_last_batch and 0 < batches.current.ready < total and total != float("inf"))
-    if trainer.sanity_checking or not ended or not cut_short or "loops" not in checkpoint:
+    processed, completed = (now - then for now, then in zip(epoch_counters(trainer), at_last_batch))
+    cut_short = not batches.is_last_batch and 0 < batches.current.ready < total != float("inf")
+    if processed <= 0 or not cut_short or batches.current.completed != batches.current.ready:
         return False
     state = checkpoint["loops"]["fit_loop"]
     for counters in (state["epoch_loop.batch_progress"]["current"], state["epoch_loop.batch_progress"]["total"]):
         counters["completed"] -= 1
     if not loop.epoch_loop._should_accumulate():  # the last batch stepped: counted after its hooks
         state["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
-    finished = epochs.current.completed == epochs.current.processed  # on_train_end (else on_train_epoch_end)
     for counters in (state["epoch_progress"]["current"], state["epoch_progress"]["total"]):
-        counters["processed"] -= 1
-        if finished:
-            counters["completed"] -= 1
-    if finished:
-        checkpoint["epoch"] -= 1
+        counters["processed"] -= processed
+        counters["completed"] -= completed
+    checkpoint["epoch"] -= completed
     return True

@@ -41,3 +41,17 @@ def subprocess_env() -> dict[str, str]:
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
     return env
+
+
+class SignalOnce(Callback):
+    """Sends `signal` (default SIGTERM) to this process in the backward pass of optimizer step
+    `step` + 1 (inside a training step), once: it leaves `marker` behind and does nothing in a
+    later run that finds it (so a resubmitted command with the same config is not signalled)."""
+
+    def __init__(self, marker: str, step: int, signal: int = 15) -> None:
+        self.marker, self.step, self.signal = marker, step, signal
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step and not Path(self.marker).exists():
+            Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), self.signal)

@@ -184,7 +184,7 @@ class TrainingModule(LightningModule):
         checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
         rng.save_states(checkpoint, self._trainer)  # every rank's generators (exact resume)
         if self._trainer is not None:  # an epoch cut short by a stop resumes mid-epoch (lit_rlhf.resume)
-            resume.as_mid_epoch(self.trainer, checkpoint)
+            resume.as_mid_epoch(self.trainer, checkpoint, getattr(self, "_epoch_counters_at_batch", None))
 
     # ----------------------------------------------------------------------------------------
     # start-up: checks, atomic checkpoints, restored random state
@@ -229,6 +229,8 @@ class TrainingModule(LightningModule):
         self._step_started_at = time.perf_counter()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._trainer is not None:
+            self._epoch_counters_at_batch = resume.epoch_counters(self.trainer)  # for a checkpoint after a cut-short epoch
         mask = getattr(batch, "attention_mask", None)
         if self._step_started_at is None or mask is None or not step_stats_due(self._trainer):
             return

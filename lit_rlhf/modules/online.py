@@ -379,6 +379,7 @@ class OnlineModule(PolicyModule):
         pass  # tokens/s is logged by training_step (prompt + response tokens)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_end(outputs, batch, batch_idx)  # bookkeeping (tokens/s is logged in training_step)
         if self.budget_reached():
             self.trainer.should_stop = True
 

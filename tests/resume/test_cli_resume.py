@@ -1,0 +1,92 @@
+"""`python main.py fit --config ... --ckpt_path last` as a job script runs it: the first submission
+(no checkpoint yet), a SIGTERM, the resubmission of the same command. The run directory stays the
+same (the logger's newest `version_N`), a preempted run exits with 75, the resumed run ends where
+the straight run does, bitwise, with a single `last.ckpt`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lit_rlhf.cli import main
+from tests.helpers import REPO_ROOT, subprocess_env, write_config
+from tests.resume.harness import checkpoint_values
+
+
+def config(root, *, signal_marker=None):
+    callbacks = [
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",  # no dirpath: inside the logger's version_N
+         "init_args": {"save_last": True, "every_n_train_steps": 1000}},
+        {"class_path": "callbacks.PreemptionCheckpoint"},
+    ]
+    if signal_marker:
+        callbacks.append({"class_path": "tests.helpers.SignalOnce", "init_args": {"marker": str(signal_marker), "step": 2}})
+    return {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "precision": "32", "max_steps": 4, "log_every_n_steps": 1,
+            "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 0,
+            "deterministic": True,
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                       "init_args": {"save_dir": str(root / "outputs"), "name": "sft"}},
+            "callbacks": callbacks,
+        },
+        "model": {"class_path": "lit_rlhf.modules.SFTModule",
+                  "init_args": {"model": "tiny-random-llama", "lr": 1e-3, "lr_scheduler": "cosine"}},
+        "data": {"class_path": "lit_rlhf.data.TLDRSFTDataModule",
+                 "init_args": {"path": "bundled:tldr_sft", "max_prompt_length": 96, "max_completion_length": 64,
+                               "batch_size": 2, "limit": 6, "val_split": None, "test_split": None}},
+    }
+
+
+def run_cli(*args):
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture()
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_preempted_job_resubmitted_with_the_same_command(tmp_path, _one_thread):
+    cfg = write_config(tmp_path / "sft.yaml", config(tmp_path, signal_marker=tmp_path / "signalled"))
+    command = ["fit", "--config", str(cfg), "--ckpt_path", "last", "--fresh_if_no_checkpoint", "true"]
+
+    first = run_cli(*command)
+    out = first.stdout + first.stderr
+    assert first.returncode == 75, out[-3000:]
+    assert "exiting with code 75" in out and "no last checkpoint" in out, out[-3000:]
+    run_dir = tmp_path / "outputs" / "sft" / "version_0"
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
+
+    second = run_cli(*command)  # the resubmission: same command, same run directory
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-3000:]
+    assert "continuing the run in" in out and "run stopped: max_steps=4 reached" in out, out[-3000:]
+    assert sorted(p.name for p in (tmp_path / "outputs" / "sft").iterdir()) == ["version_0"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]  # one last.ckpt, the newest
+
+    # the straight run (in process, same config without the signal) ends with the same checkpoint
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    main(["fit", "--config", str(write_config(straight / "sft.yaml", config(straight)))])
+    a = checkpoint_values(straight / "outputs" / "sft" / "version_0" / "checkpoints" / "last.ckpt")
+    b = checkpoint_values(run_dir / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys() and a["global_step"] == 4
+    assert not [k for k in a if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])]
+
+
+def test_ckpt_path_last_without_a_checkpoint_is_an_error(tmp_path):
+    cfg = write_config(tmp_path / "sft.yaml", config(tmp_path))
+    with pytest.raises(SystemExit) as error:
+        main(["fit", "--config", str(cfg), "--ckpt_path", "last"])
+    assert "no last checkpoint in" in str(error.value.code) and "--fresh_if_no_checkpoint true" in str(error.value.code)
+    assert not list(tmp_path.glob("outputs/sft/version_*/checkpoints/*.ckpt"))
