@@ -5,6 +5,7 @@ the straight run does, bitwise, with a single `last.ckpt`."""
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 
@@ -66,6 +67,7 @@ def test_preempted_job_resubmitted_with_the_same_command(tmp_path, _one_thread):
     assert "exiting with code 75" in out and "no last checkpoint" in out, out[-3000:]
     run_dir = tmp_path / "outputs" / "sft" / "version_0"
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
+    logged = train_scalars(run_dir / "metrics.csv")  # CSVLogger starts its file afresh on a resume: keep these
 
     second = run_cli(*command)  # the resubmission: same command, same run directory
     out = second.stdout + second.stderr
@@ -82,6 +84,16 @@ def test_preempted_job_resubmitted_with_the_same_command(tmp_path, _one_thread):
     b = checkpoint_values(run_dir / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys() and a["global_step"] == 4
     assert not [k for k in a if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])]
+    # every logged train scalar of every step, as the logger wrote it (epoch and step numbers too)
+    logged.update(train_scalars(run_dir / "metrics.csv"))
+    assert logged == train_scalars(straight / "outputs" / "sft" / "version_0" / "metrics.csv")
+    assert sorted(logged) == [0, 1, 2, 3]
+
+
+def train_scalars(path) -> dict[int, dict[str, str]]:
+    """{step: {column: value}} of a CSVLogger file, wall-clock columns aside."""
+    rows = list(csv.DictReader(open(path)))
+    return {int(r["step"]): {k: v for k, v in r.items() if v and "perf/" not in k} for r in rows}
 
 
 def test_ckpt_path_last_without_a_checkpoint_is_an_error(tmp_path):

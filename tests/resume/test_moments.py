@@ -124,6 +124,15 @@ def test_sigterm_during_a_training_step(name, tmp_path, tmp_path_factory):
     assert runs[0].exit_code == 75 and runs[0].trainer.global_step == 2 * steps_per_batch
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_sigkill_during_a_training_step(name, tmp_path, tmp_path_factory):
+    """SIGKILL in the first backward pass of batch 3: the periodic checkpoint of batch 2 counts."""
+    steps_per_batch = CASES[name][2]
+    runs, _ = check(Setup(name), tmp_path, tmp_path_factory,
+                    Interrupt("on_after_backward", n=2 * steps_per_batch + 1, sig=KILL))
+    assert runs[0].killed
+
+
 @pytest.mark.parametrize("name", ["ppo", "grpo"])
 def test_sigterm_during_generation(name, tmp_path, tmp_path_factory):
     steps_per_batch = CASES[name][2]
