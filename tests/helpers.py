@@ -55,3 +55,10 @@ class SignalOnce(Callback):
         if trainer.global_step == self.step and not Path(self.marker).exists():
             Path(self.marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), self.signal)
+
+
+class SignalAtInit(Callback):
+    """Sends SIGTERM to this process when it is built (while the CLI instantiates the config)."""
+
+    def __init__(self) -> None:
+        os.kill(os.getpid(), 15)

@@ -6,6 +6,7 @@ the straight run does, bitwise, with a single `last.ckpt`."""
 from __future__ import annotations
 
 import csv
+import signal
 import subprocess
 import sys
 
@@ -102,3 +103,12 @@ def test_ckpt_path_last_without_a_checkpoint_is_an_error(tmp_path):
         main(["fit", "--config", str(cfg), "--ckpt_path", "last"])
     assert "no last checkpoint in" in str(error.value.code) and "--fresh_if_no_checkpoint true" in str(error.value.code)
     assert not list(tmp_path.glob("outputs/sft/version_*/checkpoints/*.ckpt"))
+
+
+def test_sigterm_while_the_cli_builds_the_run_exits_75(tmp_path):
+    cfg = config(tmp_path)
+    cfg["trainer"]["callbacks"].append({"class_path": "tests.helpers.SignalAtInit"})
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(write_config(tmp_path / "sft.yaml", cfg))])
+    assert stop.value.code == 75 and "during start-up" in str(stop.value)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the start-up handler is gone afterwards
