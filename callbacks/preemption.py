@@ -13,15 +13,17 @@ What happens depends on when the signal lands; in every case the resumed run
   signal is only recorded. At the end of the next optimizer step (with
   `accumulate_grad_batches > 1`, the end of the accumulation window, never in its middle) the
   run writes `last.ckpt` (atomically, next to the ModelCheckpoint's files, or under `dirpath`)
-  and exits with code 75 (`lit_rlhf.stopping.PREEMPTED_EXIT_CODE`; 130 after Ctrl-C). This is
+  and exits with code 75 (`lit_rlhf.stopping.PREEMPTED_EXIT_CODE`; 130 after Ctrl-C; in
+  process, `trainer.fit` raises Lightning's `SIGTERMException` once the step is logged and
+  `python main.py` turns it into the exit code). This is
   the state a periodic `ModelCheckpoint(every_n_train_steps=...)` saves, the one resume is
   tested from. A signal after the last step of an epoch is acted on after the next epoch's
   first step, so the checkpoint never holds a half-finished epoch end.
 - before training starts (set-up, `on_fit_start`, DPO's precomputed reference, the sanity
   check), or before the first step of a resumed run: nothing was trained, so nothing is saved;
-  the run exits with code 75 at the next hook and the rerun starts where the last checkpoint
-  (if any) left off.
-- after the last step of the run: the run finishes normally (exit 0).
+  the run exits with code 75 at once (one process) or at the next hook where all ranks agree
+  (several), and the rerun starts where the last checkpoint (if any) left off.
+- after the end of the run's last optimizer step: the run finishes normally (exit 0).
 
 Lightning's own SIGTERM handling (which stops at the end of any batch, also inside an
 accumulation window) is replaced while this callback is active; under several processes every
@@ -63,6 +65,8 @@ class PreemptionCheckpoint(Callback):
         self.saved_path: Path | None = None
         self._previous: dict[int, Any] = {}
         self._waiting_logged = False
+        self._started = False  # the first optimizer step of this run has begun
+        self._single_process = True
 
     # ------------------------------------------------------------------------------------------
     # signal handlers: record the signal, act at the next safe point
@@ -92,6 +96,12 @@ class PreemptionCheckpoint(Callback):
         if signum == signal.SIGINT and self.received == signal.SIGINT:  # a second Ctrl-C stops at once
             raise KeyboardInterrupt
         self.received = self.received or signum
+        if not self._started and self._single_process:
+            # nothing trained yet and no other rank to agree with: stop now, not after a long set-up
+            # step such as DPO's reference precompute
+            raise Preempted(f"{signal.Signals(signum).name} before the first optimizer step of this run: nothing new to "
+                            f"save, exiting with code {self.exit_code}; rerun the same command (with --ckpt_path last)",
+                            self.exit_code)
         log.warning("%s received: a checkpoint is written at the end of the current optimizer step, then the run "
                     "exits with code %d%s", signal.Signals(signum).name, self.exit_code,
                     " (Ctrl-C again to abort)" if signum == signal.SIGINT else "")
@@ -107,7 +117,8 @@ class PreemptionCheckpoint(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
-            self.received, self.saved_path, self._waiting_logged = None, None, False
+            self.received, self.saved_path, self._waiting_logged, self._started = None, None, False, False
+            self._single_process = trainer.world_size == 1
             self._install(trainer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -126,6 +137,7 @@ class PreemptionCheckpoint(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install(trainer)
         self._exit_if_signalled(trainer)
+        self._started = True
         self._prefer_newest_last(trainer)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
