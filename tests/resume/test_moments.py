@@ -13,6 +13,7 @@ every logged train scalar of every batch (`harness.assert_same_run`).
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,3 +151,15 @@ def test_stop_around_validation_of_an_online_method(name, tmp_path, tmp_path_fac
                     Interrupt("on_validation_end", sig=KILL, when=in_fit_validation),
                     Interrupt("on_validation_batch_end", when=in_fit_validation))
     assert runs[0].killed and runs[1].exit_code == 75
+
+
+def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """2-process DDP (gloo): the signal reaches rank 1 only; both ranks stop after step 3 (the
+    flag is all-reduced at each optimizer-step boundary), and the resumed run is the straight one."""
+    from tests.distributed.launch import launch
+
+    results = launch(Path(__file__).with_name("run_ddp_preemption.py"), [], 2, tmp_path, timeout=400)
+    for r in results:
+        assert r["code"] == 75 and r["stopped_step"] == r["saved_step"] == 3, r
+        assert r["resumed_code"] is None and r["resumed_step"] == r["straight_step"] == 4, r
+        assert r["resumed"] == r["straight"], r
