@@ -10,7 +10,11 @@ after model set-up, the sanity check and the dataloaders, which all may draw ran
 differently in a straight and a resumed run.
 
 The data order does not depend on these states: it is a function of (seed, epoch) and the
-trainer's progress (`lit_rlhf.data.base.ResumableSampler`).
+trainer's progress (`lit_rlhf.data.base.ResumableSampler`). Neither does evaluation: the online
+methods' validation samples from generators seeded from (seed, step, batch) and restores the
+training state afterwards (`lit_rlhf.modules.online.validation_rng`), the judge callback from its
+own seed, so a checkpoint written before a validation resumes to the same training randomness
+whether or not the resumed run repeats that validation.
 """
 
 from __future__ import annotations
