@@ -54,6 +54,7 @@ def test_sigterm_saves_last_checkpoint_and_resume_continues(tmp_path):
             proc.kill()
     last = tmp_path / "ckpts" / "last.ckpt"
     assert last.is_file(), output[-3000:]
+    assert proc.returncode == 75 and "exiting with code 75" in output, output[-3000:]  # a requeue script reruns it
     saved = torch.load(last, map_location="cpu", weights_only=False)
     step = saved["global_step"]
     assert 3 <= step < 10_000
