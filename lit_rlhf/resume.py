@@ -67,8 +67,12 @@ def last_checkpoints(trainer: Any) -> list[str]:
 def checkpoint_dirs(trainer: Any) -> list[str]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    return [str(cb.dirpath or cb._ModelCheckpoint__resolve_ckpt_dir(trainer))
-            for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+    dirs = []
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            resolve = getattr(callback, "_ModelCheckpoint__resolve_ckpt_dir", None)  # Lightning's own rule
+            dirs.append(str(callback.dirpath or (resolve(trainer) if resolve else "the ModelCheckpoint directory")))
+    return dirs
 
 
 def prepare_fit(trainer: Any, config: Any) -> None:
