@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import datasets
 
+from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator
 from lit_rlhf.data.formatting import (
@@ -174,7 +175,7 @@ class TLDRComparisonFormatter(Formatter):
 def _passthrough(dm: RLHFDataModule, role: str, consumed: tuple[str, ...]) -> tuple[str, ...]:
     """Every source column not consumed by formatting is kept as metadata."""
     raw = dm.source.load(dm.splits[role])
-    return tuple(c for c in raw.column_names if c not in consumed)
+    return tuple(c for c in raw.column_names if c not in consumed and not c.startswith("_"))
 
 
 class _ReferenceTexts:
@@ -201,6 +202,8 @@ class TLDRSFTDataModule(_ReferenceTexts, RLHFDataModule):
     """
 
     length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+    raw_schema = schemas.TLDR_SFT
+    schema_name = "TL;DR SFT"
 
     def __init__(
         self,
@@ -247,6 +250,9 @@ class TLDRPromptDataModule(_ReferenceTexts, RLHFDataModule):
     The train loader reshuffles at every pass over the data (D21).
     """
 
+    raw_schema = schemas.TLDR_SFT
+    schema_name = "TL;DR SFT"
+
     def __init__(
         self,
         path: str = TLDR_SFT_HUB,
@@ -291,6 +297,8 @@ class TLDRPreferenceDataModule(RLHFDataModule):
     """
 
     length_columns = {"prompt": "_prompt_len", "chosen": "_chosen_len", "rejected": "_rejected_len"}
+    raw_schema = schemas.TLDR_COMPARISONS
+    schema_name = "TL;DR comparisons"
 
     def __init__(
         self,

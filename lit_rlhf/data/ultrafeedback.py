@@ -28,6 +28,7 @@ from typing import Any, Literal
 import datasets
 import torch
 
+from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SingleCollator
 from lit_rlhf.data.formatting import (
@@ -222,6 +223,8 @@ class UltraFeedbackPreferenceDataModule(RLHFDataModule):
     """
 
     length_columns = {"prompt": "_prompt_len", "chosen": "_chosen_len", "rejected": "_rejected_len"}
+    raw_schema = schemas.ULTRAFEEDBACK_BINARIZED
+    schema_name = "ultrafeedback_binarized"
 
     def __init__(
         self,
@@ -285,6 +288,8 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
     """
 
     length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+    raw_schema = schemas.ULTRAFEEDBACK
+    schema_name = "openbmb/UltraFeedback"
 
     def __init__(
         self,
@@ -381,6 +386,9 @@ class UltraFeedbackPromptDataModule(_ReferenceTexts, RLHFDataModule):
     openbmb schema (`instruction`, no reference). Metadata: "prompt", "reference",
     "raw_prompt", and the other scalar source columns (e.g. `prompt_id`, scores, `source`).
     """
+
+    raw_schema = schemas.ULTRAFEEDBACK_PROMPTS
+    schema_name = "UltraFeedback (binarized or openbmb)"
 
     def __init__(
         self,
