@@ -18,6 +18,7 @@ from torch.utils.data.distributed import DistributedSampler
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.processing import (
     BAD_COLUMNS,
+    TRUNCATED,
     Formatter,
     MapFunction,
     code_fingerprint,
@@ -58,6 +59,7 @@ class RLHFDataModule(L.LightningDataModule):
       `skipped_rows_by_split`: `{split: Counter}`;
     - `bad_rows`: one record per skipped row (split, file, location, row, field, reason, detail),
       also written to `bad_rows.csv` in the trainer's log directory (`bad_rows_report`);
+    - `truncated_completions`: `{role: number of completions cut to the length cap}`;
     - `length_stats`: `{split: {"prompt"|"completion"|...: {min, mean, max, p50, ...}}}` (D4).
     """
 
@@ -111,6 +113,7 @@ class RLHFDataModule(L.LightningDataModule):
         self.skipped_rows: Counter = Counter()
         self.skipped_rows_by_split: dict[str, Counter] = {}
         self.bad_rows: list[dict[str, Any]] = []
+        self.truncated_completions: dict[str, int] = {}
         self.bad_rows_report: Path | None = None
         self.length_stats: dict[str, dict[str, dict[str, float]]] = {}
 
@@ -212,6 +215,12 @@ class RLHFDataModule(L.LightningDataModule):
             desc=f"formatting {role} ({spec})",
         )
         processed = self._apply_bad_row_policy(processed, raw, offset, role, spec)
+        if TRUNCATED in processed.column_names:
+            n = int(sum(processed[TRUNCATED]))
+            self.truncated_completions[role] = n
+            if n:
+                log.warning("%s %s (%s): %d completion(s) longer than max_completion_length were truncated "
+                            "(EOS kept last)", type(self).__name__, role, spec, n)
         self._record_lengths(processed, role, spec)
         return processed
 

@@ -24,6 +24,8 @@ import torch
 from lit_rlhf.data.formatting import BadRow
 
 BAD_COLUMNS = ("_bad_reason", "_bad_field", "_bad_detail")
+TRUNCATED = "_truncated"  # completions of the example cut to the length cap (counted and logged)
+CNNDM = "_cnndm"  # a CNN/DM row of the TL;DR comparisons
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
