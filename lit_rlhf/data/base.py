@@ -165,7 +165,7 @@ class RLHFDataModule(L.LightningDataModule):
 
     def _write_report(self) -> None:
         """Skip mode: the skipped rows go to `bad_rows.csv` next to the run's logs (rank 0)."""
-        trainer = getattr(self, "_trainer", None)
+        trainer = getattr(self, "trainer", None)
         if not self.bad_rows or trainer is None or not getattr(trainer, "is_global_zero", True):
             return
         directory = trainer.log_dir or trainer.default_root_dir

@@ -374,17 +374,26 @@ def _directory_splits(root: Path) -> dict[str, list[str]]:
     from datasets.data_files import DataFilesDict, get_data_patterns
     from datasets.exceptions import DataFilesNotFoundError
 
+    def no_data(why: str) -> DataSourceError:
+        listing = sorted(p.name for p in root.iterdir())[:10]
+        return DataSourceError(f"directory {root} has no data files (.jsonl, .json or .parquet); it holds {listing} "
+                               f"({why})")
+
     try:
         patterns = get_data_patterns(str(root))
         found = DataFilesDict.from_patterns(patterns, str(root))
     except (DataFilesNotFoundError, FileNotFoundError, ValueError) as err:
-        listing = sorted(p.name for p in root.iterdir())[:10]
-        raise DataSourceError(f"directory {root} has no data files (.jsonl, .json or .parquet); it holds {listing} "
-                              f"({type(err).__name__})") from None
-    out = {split: [str(f) for f in fs] for split, fs in found.items()}
-    bad = sorted({f for fs in out.values() for f in fs if Path(f).suffix.lower() not in DATA_SUFFIXES})
-    if bad:
-        raise DataSourceError(f"unsupported data files in {root}: {bad[:5]}; expected .jsonl, .json or .parquet files")
+        raise no_data(type(err).__name__) from None
+    out, ignored = {}, []
+    for split, fs in found.items():
+        keep = [str(f) for f in fs if Path(str(f)).suffix.lower() in DATA_SUFFIXES]
+        ignored += [str(f) for f in fs if Path(str(f)).suffix.lower() not in DATA_SUFFIXES]
+        if keep:
+            out[split] = keep
+    if not out:
+        raise no_data("no file with a data suffix")
+    if ignored:
+        log.warning("%s: not data files, not read: %s", root, ignored[:5])
     return out
 
 
