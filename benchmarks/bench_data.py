@@ -13,7 +13,8 @@ Data: a file of the real schema written to a temp directory (never committed):
   answers ~250).
 
 Each measurement runs in its own process with its own `datasets` cache: `setup("fit")` of the
-train split, timed; the peak resident memory of the data work is the high-water mark (VmHWM)
+train split, timed (wall clock, and the CPU seconds of the process and its `num_proc` workers,
+which a loaded machine inflates less); the peak resident memory of the data work is the high-water mark (VmHWM)
 reset just before `setup` (the tokenizer and imports excluded), and, with `num_proc` 2, the largest
 worker's peak too. The cached run is a new process on the first run's cache.
 
@@ -151,17 +152,20 @@ def _vm(key: str) -> float:
     return float("nan")
 
 
-def worker(kind: str, path: str, num_proc: int, tokenizer: str) -> dict:
-    import torch
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (the `num_proc` workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
-    torch.set_num_threads(2)
+
+def worker(kind: str, path: str, num_proc: int, tokenizer) -> dict:
     import datasets
 
     datasets.disable_progress_bars()
     from lit_rlhf import data as D
     from lit_rlhf.models import load_tokenizer
 
-    tok = load_tokenizer(tokenizer, padding_side="right")
+    tok = load_tokenizer(tokenizer, padding_side="right") if isinstance(tokenizer, str) else tokenizer
     cls, kwargs = {
         "tldr_comparisons": (D.TLDRPreferenceDataModule, {"max_completion_length": 169, "truncate_completions": True}),
         "tldr_sft": (D.TLDRSFTDataModule, {"truncate_completions": True}),
@@ -172,13 +176,13 @@ def worker(kind: str, path: str, num_proc: int, tokenizer: str) -> dict:
              **kwargs)
     before = _vm("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM: the peak below is the data work's
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu()
     dm.setup("fit")
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _cpu() - cpu0
     peak = _vm("VmHWM")
     ds = dm.dataset("train")
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
-    return {"kind": kind, "num_proc": num_proc, "seconds": seconds, "examples": len(ds),
+    return {"kind": kind, "num_proc": num_proc, "seconds": seconds, "cpu_seconds": cpu, "examples": len(ds),
             "skipped": sum(dm.skipped_rows.values()), "rss_before_mb": before, "peak_rss_mb": peak,
             "data_peak_mb": peak - before, "largest_worker_peak_mb": children if num_proc > 1 else None,
             "in_memory": not ds.cache_files == []}
@@ -205,6 +209,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.worker:
         kind, path, num_proc, tokenizer = args.worker
+        import torch
+
+        torch.set_num_threads(2)
         print(json.dumps(worker(kind, path, int(num_proc), tokenizer)))
         return
     results = {"rows": args.rows, "tokenizer": args.tokenizer, "load_before": os.getloadavg(), "runs": []}
@@ -220,7 +227,8 @@ def main(argv=None) -> None:
                     r = run_worker(kind, path, num_proc, args.tokenizer, cache)
                     r.update(run=run, rows=args.rows, file_mb=size_mb, rows_per_s=args.rows / r["seconds"])
                     results["runs"].append(r)
-                    print(f"  num_proc {num_proc} {run:6s}: {r['seconds']:7.1f} s  {r['rows_per_s']:8.0f} rows/s  "
+                    print(f"  num_proc {num_proc} {run:6s}: {r['seconds']:7.1f} s (CPU {r['cpu_seconds']:6.1f} s)  "
+                          f"{r['rows_per_s']:8.0f} rows/s  "
                           f"examples {r['examples']}  skipped {r['skipped']}  data peak {r['data_peak_mb']:.0f} MB"
                           + (f" (largest worker {r['largest_worker_peak_mb']:.0f} MB)"
                              if r["largest_worker_peak_mb"] else ""), flush=True)

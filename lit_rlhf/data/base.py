@@ -224,12 +224,12 @@ class RLHFDataModule(L.LightningDataModule):
         self._record_lengths(processed, role, spec)
         return processed
 
-    def _where(self, raw, index: int) -> dict[str, Any]:
-        """File and 1-based line/record of row `index` of `raw` (a local source), else the source."""
+    def _where(self, raw, indices: list[int]) -> list[dict[str, Any]]:
+        """File and 1-based line/record of rows `indices` of `raw` (a local source), else the source."""
         if "_file" not in raw.column_names:
-            return {"file": self.source.describe(), "location": ""}
-        ex = raw.select([index])[0]
-        return {"file": ex["_file"], "location": f"{location_unit(ex['_file'])} {ex['_line']}"}
+            return [{"file": self.source.describe(), "location": ""} for _ in indices]
+        rows = raw.select(indices).select_columns(["_file", "_line"])
+        return [{"file": f, "location": f"{location_unit(f)} {line}"} for f, line in zip(rows["_file"], rows["_line"])]
 
     def _apply_bad_row_policy(self, processed, raw, offset: int, role: str, spec: str):
         reasons = list(processed["_bad_reason"])
@@ -237,17 +237,16 @@ class RLHFDataModule(L.LightningDataModule):
         counts = Counter(reasons[i] for i in bad)
         if bad and self.on_bad_rows == "error":
             ex = processed[bad[0]]
-            where = self._where(raw, ex["_row"] - offset)
+            [where] = self._where(raw, [ex["_row"] - offset])
             raise BadRowError(self.source.describe(), spec, ex["_row"], ex["_bad_field"], ex["_bad_reason"],
                               ex["_bad_detail"], n_bad=len(bad), file=where["file"], location=where["location"])
         self.skipped_rows_by_split[spec] = counts
         self.skipped_rows.update(counts)
         if bad:
-            flagged = processed.select(bad).select_columns(["_row", *BAD_COLUMNS])
-            records = []
-            for ex in flagged:
-                records.append({"split": spec, **self._where(raw, ex["_row"] - offset), "row": ex["_row"],
-                                "field": ex["_bad_field"], "reason": ex["_bad_reason"], "detail": ex["_bad_detail"]})
+            flagged = processed.select(bad).select_columns(["_row", *BAD_COLUMNS]).to_list()
+            places = self._where(raw, [ex["_row"] - offset for ex in flagged])
+            records = [{"split": spec, **where, "row": ex["_row"], "field": ex["_bad_field"],
+                        "reason": ex["_bad_reason"], "detail": ex["_bad_detail"]} for ex, where in zip(flagged, places)]
             self.bad_rows.extend(records)
             log.warning("%s split %r: skipped %d of %d examples: %s", self.source.describe(), spec, len(bad),
                         len(reasons), dict(counts))

@@ -169,7 +169,10 @@ def truncate_query(tokenizer, render: Callable[[str], str], body: str, max_lengt
     ids = encode_prompt(tokenizer, text, bos=bos)
     dropped = 0
     while len(ids) > max_length and "\n" in body:
-        body = body[: body.rfind("\n")].rstrip()
+        shorter = body[: body.rfind("\n")].rstrip()
+        if not shorter.strip():
+            break  # only an empty first paragraph is left: hard-truncate the text kept so far
+        body = shorter
         dropped += 1
         text = render(body)
         ids = encode_prompt(tokenizer, text, bos=bos)
