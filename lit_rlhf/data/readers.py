@@ -11,6 +11,9 @@ code. A row that cannot be read (bytes that are not UTF-8, a line that is not JS
 object, a field of the wrong type) raises `BadRowError` with `on_bad_rows="error"`, or, with
 `"skip"`, is written as a placeholder row whose `_read_*` columns say why, for the DataModule to
 count and report. Missing and empty files are a `DataSourceError`.
+
+JSON Lines and parquet are streamed (a batch of rows at a time); a `.json` file holding one JSON
+array is parsed as a whole, so large data belongs in JSON Lines or parquet.
 """
 
 from __future__ import annotations
