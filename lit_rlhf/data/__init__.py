@@ -1,6 +1,7 @@
 """DataModules for TL;DR and UltraFeedback, their formatting (D2, D3) and collators (D5)."""
 
-from lit_rlhf.data.base import BadRowError, DataSourceError, RLHFDataModule, bundled_aliases
+from lit_rlhf.data.base import RLHFDataModule
+from lit_rlhf.data.sources import BadRowError, DataSourceError, bundled_aliases
 from lit_rlhf.data.formatting import BadRow, NoChatTemplateError
 from lit_rlhf.data.tldr import TLDRPreferenceDataModule, TLDRPromptDataModule, TLDRSFTDataModule
 from lit_rlhf.data.ultrafeedback import (

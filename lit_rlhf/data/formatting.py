@@ -3,7 +3,8 @@
 Everything here is a pure function of (tokenizer, text): no datasets, no Lightning.
 
 - D2: the TL;DR query template, with paragraph truncation of the post to `max_prompt_length`
-  tokens and a hard truncation of the post only as a last resort.
+  tokens and a hard truncation of the post only as a last resort; the CNN/DM query of the N+
+  reference code (its Detail 6), truncated the same way on the article.
 - D3: a completion is one leading space, the text, then EOS (TL;DR); for chat data the
   completion is exactly the chat template's continuation of the generation prompt, ending
   with EOS.
@@ -15,9 +16,10 @@ collators, so the completion tokens never depend on where the prompt was cut.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 TLDR_TEMPLATE = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"
+CNNDM_TEMPLATE = "Article:\n{article}\n\nTL;DR:\n"
 
 
 class BadRow(ValueError):
@@ -131,7 +133,8 @@ class TruncatedQuery:
     hard_truncated: bool = False  # the post was cut inside a paragraph (last resort)
 
 
-def truncate_tldr_query(tokenizer, subreddit: str, title: str, post: str, max_length: int) -> TruncatedQuery:
+def truncate_tldr_query(tokenizer, subreddit: str, title: str, post: str, max_length: int,
+                        bos: bool | None = None) -> TruncatedQuery:
     """D2 query with the post shortened until the whole query fits in `max_length` tokens.
 
     1. While too long and the post has a newline, drop the text after the post's last `\\n`
@@ -140,38 +143,63 @@ def truncate_tldr_query(tokenizer, subreddit: str, title: str, post: str, max_le
     2. Last resort: keep as many leading tokens of the remaining post as fit.
     3. When the template with an empty post is already too long: `BadRow`.
     """
-    bos = adds_bos(tokenizer)
-    text = format_tldr_query(subreddit, title, post)
+    return truncate_query(tokenizer, lambda body: format_tldr_query(subreddit, title, body), post, max_length,
+                          body_field="post", head_field="title", bos=bos)
+
+
+def format_cnndm_query(article: str) -> str:
+    """The CNN/DM query of the N+ reference code (Detail 6): `Article:\\n{article}\\n\\nTL;DR:\\n`."""
+    return CNNDM_TEMPLATE.format(article=article)
+
+
+def truncate_cnndm_query(tokenizer, article: str, max_length: int, bos: bool | None = None) -> TruncatedQuery:
+    """The CNN/DM query with the article cut at its last newline until it fits in `max_length`
+    tokens (the reference code's `truncate_field="article"`, `truncate_text="\\n"`), hard
+    truncation as a last resort, as `truncate_tldr_query` does for posts."""
+    return truncate_query(tokenizer, format_cnndm_query, article, max_length, body_field="article",
+                          head_field="article", bos=bos)
+
+
+def truncate_query(tokenizer, render: Callable[[str], str], body: str, max_length: int, *, body_field: str,
+                   head_field: str, bos: bool | None = None) -> TruncatedQuery:
+    """`render(body)` with `body` shortened paragraph by paragraph (then token by token) until the
+    query fits in `max_length` tokens; see `truncate_tldr_query`."""
+    bos = adds_bos(tokenizer) if bos is None else bos
+    text = render(body)
     ids = encode_prompt(tokenizer, text, bos=bos)
     dropped = 0
-    while len(ids) > max_length and "\n" in post:
-        post = post[: post.rfind("\n")].rstrip()
+    while len(ids) > max_length and "\n" in body:
+        shorter = body[: body.rfind("\n")].rstrip()
+        if not shorter.strip():
+            break  # only an empty first paragraph is left: hard-truncate the text kept so far
+        body = shorter
         dropped += 1
-        text = format_tldr_query(subreddit, title, post)
+        text = render(body)
         ids = encode_prompt(tokenizer, text, bos=bos)
-    if len(ids) <= max_length and post.strip():
+    if len(ids) <= max_length and body.strip():
         return TruncatedQuery(text, ids, dropped, False)
 
-    # hard truncation of the post's tokens, the template kept intact
-    overhead = len(encode_prompt(tokenizer, format_tldr_query(subreddit, title, ""), bos=bos))
+    # hard truncation of the body's tokens, the template kept intact
+    overhead = len(encode_prompt(tokenizer, render(""), bos=bos))
     if overhead >= max_length:
         raise BadRow(
             PROMPT_TOO_LONG,
-            "title",
-            f"the query template with subreddit and title alone takes {overhead} tokens "
+            head_field,
+            f"the query template without the {body_field} already takes {overhead} tokens "
             f">= max_prompt_length={max_length}",
         )
-    post_ids = tokenizer(post, add_special_tokens=False)["input_ids"]
-    keep = min(len(post_ids), max_length - overhead)
+    body_ids = tokenizer(body, add_special_tokens=False)["input_ids"]
+    keep = min(len(body_ids), max_length - overhead)
     while keep > 0:
         # a cut inside a multi-byte character decodes to U+FFFD: drop it rather than invent text
-        piece = tokenizer.decode(post_ids[:keep]).rstrip("\ufffd").rstrip()
-        text = format_tldr_query(subreddit, title, piece)
+        piece = tokenizer.decode(body_ids[:keep]).rstrip("\ufffd").rstrip()
+        text = render(piece)
         ids = encode_prompt(tokenizer, text, bos=bos)
         if len(ids) <= max_length and piece:
             return TruncatedQuery(text, ids, dropped, True)
         keep -= 1
-    raise BadRow(PROMPT_TOO_LONG, "post", f"no prefix of the post fits in max_prompt_length={max_length} tokens")
+    raise BadRow(PROMPT_TOO_LONG, body_field,
+                 f"no prefix of the {body_field} fits in max_prompt_length={max_length} tokens")
 
 
 def format_tldr_completion(text: str) -> str:

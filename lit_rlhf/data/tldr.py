@@ -10,16 +10,20 @@ Sources (defaults are the real hub datasets; see `lit_rlhf.data.base` for local 
 Formatting (DESIGN.md): D2 query with paragraph truncation to `max_prompt_length` tokens; D3
 completion = " " + summary + EOS (exactly one leading space); D5 right padding for SFT and
 pairs, left padding for prompts. A completion longer than `max_completion_length` tokens (EOS
-included) is a bad row, as the N+ paper filters them, unless `truncate_completions=True`,
-which cuts it to `max_completion_length - 1` tokens and appends EOS.
+included; SFT 53, preferences 169, N+ Detail 4) is cut to `max_completion_length - 1` tokens +
+EOS when `truncate_completions=True` (the default for preferences; counted and logged), else it
+is a bad row (the default for SFT). CNN/DM rows of the comparisons: see
+`TLDRPreferenceDataModule`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import datasets
 
+from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator
 from lit_rlhf.data.formatting import (
@@ -28,17 +32,24 @@ from lit_rlhf.data.formatting import (
     IDENTICAL,
     MISSING,
     BadRow,
+    adds_bos,
     encode_completion,
     fit_completion,
     format_tldr_completion,
     require_finite,
     require_text,
+    truncate_cnndm_query,
     truncate_tldr_query,
 )
+from lit_rlhf.data.processing import CNNDM, TRUNCATED
+from lit_rlhf.data.sources import parse_split
+
+log = logging.getLogger(__name__)
 
 TLDR_SFT_HUB = "vwxyzjn/summarize_from_feedback_tldr_3_filtered"
 TLDR_COMPARISONS_HUB = "openai/summarize_from_feedback"
 TLDR_COMPARISONS_CONFIG = "comparisons"
+CNNDM_BATCHES = ("batch0_cnndm", "cnndm0", "cnndm2")  # the CNN/DM batches of the comparisons' validation split
 
 MarginFrom = Literal["confidence", "score_difference"]
 
@@ -47,12 +58,13 @@ _STR = datasets.Value("string")
 _INT = datasets.Value("int32")
 
 
-def _query(tokenizer, max_prompt_length: int, subreddit, title, post, prefix: str = "") -> tuple[str, list[int]]:
+def _query(tokenizer, max_prompt_length: int, subreddit, title, post, prefix: str = "",
+           bos: bool | None = None) -> tuple[str, list[int]]:
     subreddit = require_text(subreddit, prefix + "subreddit")
     title = require_text(title, prefix + "title")
     post = require_text(post, prefix + "post")
     try:
-        query = truncate_tldr_query(tokenizer, subreddit, title, post, max_prompt_length)
+        query = truncate_tldr_query(tokenizer, subreddit, title, post, max_prompt_length, bos=bos)
     except BadRow as err:
         raise BadRow(err.reason, prefix + err.field, err.detail) from None
     return query.text, query.input_ids
@@ -70,20 +82,22 @@ class TLDRSFTFormatter(Formatter):
         self.max_completion_length = max_completion_length
         self.truncate_completions = truncate_completions
         self.passthrough = passthrough
+        self.bos = adds_bos(tokenizer)
 
     def features(self) -> dict[str, Any]:
         return {"prompt": _STR, "reference": _STR, "_prompt_ids": _IDS, "_completion_ids": _IDS,
-                "_prompt_len": _INT, "_completion_len": _INT}
+                "_prompt_len": _INT, "_completion_len": _INT, TRUNCATED: _INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, row.get("subreddit"), row.get("title"),
-                                  row.get("post"))
+                                  row.get("post"), bos=self.bos)
         reference = format_tldr_completion(require_text(row.get("summary"), "summary"))
-        completion_ids = fit_completion(encode_completion(self.tokenizer, reference), self.max_completion_length,
-                                        self.tokenizer.eos_token_id, truncate=self.truncate_completions,
-                                        field="summary")
+        full = encode_completion(self.tokenizer, reference)
+        completion_ids = fit_completion(full, self.max_completion_length, self.tokenizer.eos_token_id,
+                                        truncate=self.truncate_completions, field="summary")
         return [{"prompt": text, "reference": reference, "_prompt_ids": prompt_ids, "_completion_ids": completion_ids,
-                 "_prompt_len": len(prompt_ids), "_completion_len": len(completion_ids)}]
+                 "_prompt_len": len(prompt_ids), "_completion_len": len(completion_ids),
+                 TRUNCATED: int(len(full) > len(completion_ids))}]
 
 
 class TLDRPromptFormatter(Formatter):
@@ -94,51 +108,87 @@ class TLDRPromptFormatter(Formatter):
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.passthrough = passthrough
+        self.bos = adds_bos(tokenizer)
 
     def features(self) -> dict[str, Any]:
         return {"prompt": _STR, "reference": _STR, "_prompt_ids": _IDS, "_prompt_len": _INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, row.get("subreddit"), row.get("title"),
-                                  row.get("post"))
+                                  row.get("post"), bos=self.bos)
         reference = None
         if "summary" in row:
             reference = format_tldr_completion(require_text(row["summary"], "summary"))
         return [{"prompt": text, "reference": reference, "_prompt_ids": prompt_ids, "_prompt_len": len(prompt_ids)}]
 
 
+def is_cnndm(row: dict[str, Any]) -> bool:
+    """A CNN/DM news row of the comparisons data: one of its CNN/DM batches, or an `article` and no
+    `post` (N+ Detail 6; the reference code tells them apart by batch)."""
+    info = row.get("info")
+    if row.get("batch") in CNNDM_BATCHES:
+        return True
+    return isinstance(info, dict) and info.get("post") is None and info.get("article") is not None
+
+
 class TLDRComparisonFormatter(Formatter):
     """A comparisons row -> prompt ids and the chosen (`summaries[choice]`) and rejected
-    completion ids, with the grouping columns the reward model's accuracy table uses."""
+    completion ids, with the grouping columns the reward model's accuracy table uses.
+
+    A TL;DR row gets the D2 query (`max_prompt_length`) and completions of up to
+    `max_completion_length` tokens; a CNN/DM row (`is_cnndm`) gets the reference code's CNN/DM
+    query (`max_cnndm_prompt_length`, article cut at newlines) and completions of up to
+    `max_cnndm_completion_length` tokens. `eval_split` names the evaluation split an example
+    belongs to: `split_name`, or `cnndm_split` for CNN/DM rows when that is set.
+    """
 
     passthrough = ("batch", "worker", "split")
 
     def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
-                 margin_from: str | None):
+                 margin_from: str | None, split_name: str = "", cnndm_split: str | None = None,
+                 max_cnndm_prompt_length: int = 1919, max_cnndm_completion_length: int = 155):
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.max_completion_length = max_completion_length
         self.truncate_completions = truncate_completions
         self.margin_from = margin_from
+        self.split_name = split_name
+        self.cnndm_split = cnndm_split
+        self.max_cnndm_prompt_length = max_cnndm_prompt_length
+        self.max_cnndm_completion_length = max_cnndm_completion_length
+        self.bos = adds_bos(tokenizer)
 
     def features(self) -> dict[str, Any]:
         return {"prompt": _STR, "chosen": _STR, "rejected": _STR, "id": _STR, "chosen_policy": _STR,
-                "rejected_policy": _STR, "confidence": datasets.Value("int64"),
+                "rejected_policy": _STR, "confidence": datasets.Value("int64"), "eval_split": _STR,
                 "_prompt_ids": _IDS, "_chosen_ids": _IDS, "_rejected_ids": _IDS, "_margin": datasets.Value("float32"),
-                "_prompt_len": _INT, "_chosen_len": _INT, "_rejected_len": _INT}
+                "_prompt_len": _INT, "_chosen_len": _INT, "_rejected_len": _INT, TRUNCATED: _INT,
+                CNNDM: datasets.Value("bool")}
 
-    def _completion(self, text: str, field: str) -> list[int]:
-        return fit_completion(encode_completion(self.tokenizer, text), self.max_completion_length,
-                              self.tokenizer.eos_token_id, truncate=self.truncate_completions, field=field)
+    def _completion(self, text: str, field: str, max_length: int) -> tuple[list[int], int]:
+        full = encode_completion(self.tokenizer, text)
+        ids = fit_completion(full, max_length, self.tokenizer.eos_token_id, truncate=self.truncate_completions,
+                             field=field)
+        return ids, int(len(full) > len(ids))
+
+    def _prompt(self, info: dict[str, Any], cnndm: bool) -> tuple[str, list[int]]:
+        if not cnndm:
+            return _query(self.tokenizer, self.max_prompt_length, info.get("subreddit"), info.get("title"),
+                          info.get("post"), prefix="info.", bos=self.bos)
+        article = require_text(info.get("article"), "info.article")
+        try:
+            query = truncate_cnndm_query(self.tokenizer, article, self.max_cnndm_prompt_length, bos=self.bos)
+        except BadRow as err:
+            raise BadRow(err.reason, "info." + err.field, err.detail) from None
+        return query.text, query.input_ids
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         info = row.get("info")
         if not isinstance(info, dict):
             raise BadRow(MISSING if info is None else BAD_STRUCTURE, "info",
                          "expected a dict {id, post, title, subreddit}")
-        # CNN/DM rows of the comparisons data have an `article` instead of a `post`: not a TL;DR query
-        text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, info.get("subreddit"), info.get("title"),
-                                  info.get("post"), prefix="info.")
+        cnndm = is_cnndm(row)
+        text, prompt_ids = self._prompt(info, cnndm)
         summaries = row.get("summaries")
         if not isinstance(summaries, list) or len(summaries) != 2:
             raise BadRow(MISSING if not summaries else BAD_STRUCTURE, "summaries", "expected exactly two summaries")
@@ -160,21 +210,24 @@ class TLDRComparisonFormatter(Formatter):
         margin = None
         if self.margin_from == "confidence":
             margin = require_finite(confidence, "extra.confidence")
-        chosen_ids = self._completion(chosen, f"summaries[{choice}].text")
-        rejected_ids = self._completion(rejected, f"summaries[{1 - choice}].text")
+        limit = self.max_cnndm_completion_length if cnndm else self.max_completion_length
+        chosen_ids, cut_c = self._completion(chosen, f"summaries[{choice}].text", limit)
+        rejected_ids, cut_r = self._completion(rejected, f"summaries[{1 - choice}].text", limit)
         return [{
             "prompt": text, "chosen": chosen, "rejected": rejected, "id": info.get("id"),
             "chosen_policy": summaries[choice].get("policy"), "rejected_policy": summaries[1 - choice].get("policy"),
             "confidence": confidence,
+            "eval_split": self.cnndm_split if cnndm and self.cnndm_split else self.split_name,
             "_prompt_ids": prompt_ids, "_chosen_ids": chosen_ids, "_rejected_ids": rejected_ids, "_margin": margin,
             "_prompt_len": len(prompt_ids), "_chosen_len": len(chosen_ids), "_rejected_len": len(rejected_ids),
+            TRUNCATED: cut_c + cut_r, CNNDM: cnndm,
         }]
 
 
 def _passthrough(dm: RLHFDataModule, role: str, consumed: tuple[str, ...]) -> tuple[str, ...]:
     """Every source column not consumed by formatting is kept as metadata."""
     raw = dm.source.load(dm.splits[role])
-    return tuple(c for c in raw.column_names if c not in consumed)
+    return tuple(c for c in raw.column_names if c not in consumed and not c.startswith("_"))
 
 
 class _ReferenceTexts:
@@ -201,6 +254,8 @@ class TLDRSFTDataModule(_ReferenceTexts, RLHFDataModule):
     """
 
     length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+    raw_schema = schemas.TLDR_SFT
+    schema_name = "TL;DR SFT"
 
     def __init__(
         self,
@@ -247,6 +302,9 @@ class TLDRPromptDataModule(_ReferenceTexts, RLHFDataModule):
     The train loader reshuffles at every pass over the data (D21).
     """
 
+    raw_schema = schemas.TLDR_SFT
+    schema_name = "TL;DR SFT"
+
     def __init__(
         self,
         path: str = TLDR_SFT_HUB,
@@ -284,13 +342,30 @@ class TLDRPreferenceDataModule(RLHFDataModule):
     """TL;DR human comparisons -> `PreferenceBatch` (rows [:B] chosen = `summaries[choice]`,
     rows [B:] rejected, one T, right padded).
 
+    Completions: up to `max_completion_length` tokens, EOS included (169, N+ Detail 4: the longest
+    chosen/rejected summary of the data; the SFT targets stay at 53). Longer ones are cut to that
+    many tokens with EOS last (`truncate_completions=True`, the reference code truncates them too),
+    counted in `truncated_completions` and logged; with `truncate_completions=False` they are bad rows.
+
+    CNN/DM rows (`is_cnndm`: the validation split's news articles, N+ Detail 6) get the reference
+    code's CNN/DM query, `Article:\\n{article}\\n\\nTL;DR:\\n` cut at newlines to
+    `max_cnndm_prompt_length` tokens (1919 = 2047 - 128 there), and completions of up to
+    `max_cnndm_completion_length` (155) tokens. With `cnndm_split` set (default
+    "validation_cnndm") they form their own named evaluation split: the `eval_split` metadata
+    column says which split each pair belongs to, the evaluation data lists TL;DR pairs first and
+    CNN/DM pairs after them, and `eval_split_names(role)` gives the names (a reward model logs
+    accuracy per split); with `cnndm_split=None` they count as rows of the split they are in. Their
+    number is logged either way.
+
     `margin_from="confidence"` fills `batch.margin` with the labeller's `extra.confidence`
     (rows without one are then bad rows). Metadata for per-group tables: "batch", "confidence",
     "chosen_policy", "rejected_policy", "worker", "split" (the row's own, e.g. `valid1`), "id",
-    plus the texts "prompt", "chosen", "rejected".
+    "eval_split", plus the texts "prompt", "chosen", "rejected".
     """
 
     length_columns = {"prompt": "_prompt_len", "chosen": "_chosen_len", "rejected": "_rejected_len"}
+    raw_schema = schemas.TLDR_COMPARISONS
+    schema_name = "TL;DR comparisons"
 
     def __init__(
         self,
@@ -303,9 +378,12 @@ class TLDRPreferenceDataModule(RLHFDataModule):
         split_map: dict[str, str] | None = None,
         data_files: dict[str, Any] | str | None = None,
         max_prompt_length: int = 512,
-        max_completion_length: int = 53,
-        truncate_completions: bool = False,
+        max_completion_length: int = 169,
+        truncate_completions: bool = True,
         margin_from: MarginFrom | None = None,
+        cnndm_split: str | None = "validation_cnndm",
+        max_cnndm_prompt_length: int = 1919,
+        max_cnndm_completion_length: int = 155,
         batch_size: int = 8,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -323,11 +401,36 @@ class TLDRPreferenceDataModule(RLHFDataModule):
         self.max_completion_length = max_completion_length
         self.truncate_completions = truncate_completions
         self.margin_from = margin_from
+        self.cnndm_split = cnndm_split
+        self.max_cnndm_prompt_length = max_cnndm_prompt_length
+        self.max_cnndm_completion_length = max_cnndm_completion_length
+        self.cnndm_rows: dict[str, int] = {}
         self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
+        split_name = parse_split(self.splits[role])[0]
         return TLDRComparisonFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                       self.truncate_completions, self.margin_from)
+                                       self.truncate_completions, self.margin_from, split_name, self.cnndm_split,
+                                       self.max_cnndm_prompt_length, self.max_cnndm_completion_length)
+
+    def _build(self, role: str, spec: str):
+        processed = super()._build(role, spec)
+        cnndm = list(processed[CNNDM])
+        n = sum(cnndm)
+        self.cnndm_rows[role] = n
+        if n:
+            where = f"their own split {self.cnndm_split!r}" if self.cnndm_split else f"split {spec!r}"
+            log.info("%s %s (%s): %d CNN/DM pair(s), formatted with the CNN/DM query and evaluated as %s",
+                     type(self).__name__, role, spec, n, where)
+            if role != "train" and self.cnndm_split:  # TL;DR pairs first, then CNN/DM: batches rarely mix
+                processed = processed.select([i for i, c in enumerate(cnndm) if not c] +
+                                             [i for i, c in enumerate(cnndm) if c])
+        return processed
+
+    def eval_split_names(self, role: str = "val") -> list[str]:
+        """The names of the evaluation splits in the `role` data, in their order (e.g.
+        `["validation", "validation_cnndm"]`); each pair's `meta["eval_split"]` is one of them."""
+        return list(dict.fromkeys(self.dataset(role)["eval_split"]))
 
     def _collator(self, role: str) -> PreferenceCollator:
         return PreferenceCollator(self.tokenizer.pad_token_id, with_margin=self.margin_from is not None)

@@ -17,7 +17,7 @@ and its turn end) followed by EOS, see `formatting.chat_prompt_and_completion`. 
 are not truncated (a cut would break the template): a prompt longer than `max_prompt_length`
 tokens is a bad row. A completion longer than `max_completion_length` tokens (EOS included) is
 a bad row too, unless `truncate_completions=True` (cut to `max_completion_length - 1` tokens
-+ EOS).
++ EOS; counted in `truncated_completions` and logged).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any, Literal
 import datasets
 import torch
 
+from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SingleCollator
 from lit_rlhf.data.formatting import (
@@ -46,6 +47,7 @@ from lit_rlhf.data.formatting import (
     require_messages,
     require_text,
 )
+from lit_rlhf.data.processing import TRUNCATED
 from lit_rlhf.data.tldr import MarginFrom, _passthrough, _ReferenceTexts
 
 ULTRAFEEDBACK_BINARIZED_HUB = "HuggingFaceH4/ultrafeedback_binarized"
@@ -76,9 +78,12 @@ class _ChatFormatter(Formatter):
                          "(chat prompts are not truncated)")
         return ids
 
-    def completion_ids(self, text: str, field: str) -> list[int]:
-        return fit_completion(encode_completion(self.tokenizer, text), self.max_completion_length,
-                              self.tokenizer.eos_token_id, truncate=self.truncate_completions, field=field)
+    def completion_ids(self, text: str, field: str) -> tuple[list[int], int]:
+        """(ids, 1 if they were cut to `max_completion_length` else 0)."""
+        full = encode_completion(self.tokenizer, text)
+        ids = fit_completion(full, self.max_completion_length, self.tokenizer.eos_token_id,
+                             truncate=self.truncate_completions, field=field)
+        return ids, int(len(full) > len(ids))
 
 
 class UltraFeedbackPairFormatter(_ChatFormatter):
@@ -93,7 +98,7 @@ class UltraFeedbackPairFormatter(_ChatFormatter):
     def features(self) -> dict[str, Any]:
         return {"prompt": _STR, "chosen": _STR, "rejected": _STR, "raw_prompt": _STR,
                 "_prompt_ids": _IDS, "_chosen_ids": _IDS, "_rejected_ids": _IDS, "_margin": datasets.Value("float32"),
-                "_prompt_len": _INT, "_chosen_len": _INT, "_rejected_len": _INT}
+                "_prompt_len": _INT, "_chosen_len": _INT, "_rejected_len": _INT, TRUNCATED: _INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         raw_prompt = require_text(row.get("prompt"), "prompt")
@@ -110,15 +115,15 @@ class UltraFeedbackPairFormatter(_ChatFormatter):
         prompt, chosen_text = chat_prompt_and_completion(self.tokenizer, chosen)
         _, rejected_text = chat_prompt_and_completion(self.tokenizer, rejected)
         prompt_ids = self.prompt_ids(prompt, "chosen")
-        chosen_ids = self.completion_ids(chosen_text, f"chosen[{len(chosen) - 1}].content")
-        rejected_ids = self.completion_ids(rejected_text, f"rejected[{len(rejected) - 1}].content")
+        chosen_ids, cut_c = self.completion_ids(chosen_text, f"chosen[{len(chosen) - 1}].content")
+        rejected_ids, cut_r = self.completion_ids(rejected_text, f"rejected[{len(rejected) - 1}].content")
         margin = None
         if self.margin_from == "score_difference":
             margin = scores["score_chosen"] - scores["score_rejected"]
         return [{"prompt": prompt, "chosen": chosen_text, "rejected": rejected_text, "raw_prompt": raw_prompt,
                  "_prompt_ids": prompt_ids, "_chosen_ids": chosen_ids, "_rejected_ids": rejected_ids,
                  "_margin": margin, "_prompt_len": len(prompt_ids), "_chosen_len": len(chosen_ids),
-                 "_rejected_len": len(rejected_ids)}]
+                 "_rejected_len": len(rejected_ids), TRUNCATED: cut_c + cut_r}]
 
 
 class UltraFeedbackSingleFormatter(_ChatFormatter):
@@ -139,7 +144,8 @@ class UltraFeedbackSingleFormatter(_ChatFormatter):
     def features(self) -> dict[str, Any]:
         return {"prompt": _STR, "completion": _STR, "raw_prompt": _STR, "model": _STR,
                 "completion_index": _INT, "_reward": _FLOAT, "_label": datasets.Value("bool"),
-                "_prompt_ids": _IDS, "_completion_ids": _IDS, "_prompt_len": _INT, "_completion_len": _INT}
+                "_prompt_ids": _IDS, "_completion_ids": _IDS, "_prompt_len": _INT, "_completion_len": _INT,
+                TRUNCATED: _INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         instruction = require_text(row.get("instruction"), "instruction")
@@ -158,13 +164,14 @@ class UltraFeedbackSingleFormatter(_ChatFormatter):
                 reward = require_finite(c.get(self.reward_field), f"{field}.{self.reward_field}")
                 messages = [{"role": "user", "content": instruction}, {"role": "assistant", "content": response}]
                 _, text = chat_prompt_and_completion(self.tokenizer, messages)
-                ids = self.completion_ids(text, f"{field}.response")
+                ids, cut = self.completion_ids(text, f"{field}.response")
             except BadRow as err:
                 bad.append(self.bad(err))
                 continue
             good.append({"prompt": prompt, "completion": text, "raw_prompt": instruction, "model": c.get("model"),
                          "completion_index": i, "_reward": reward, "_label": None, "_prompt_ids": prompt_ids,
-                         "_completion_ids": ids, "_prompt_len": len(prompt_ids), "_completion_len": len(ids)})
+                         "_completion_ids": ids, "_prompt_len": len(prompt_ids), "_completion_len": len(ids),
+                         TRUNCATED: cut})
         if self.label_mode == "pairs" and good:
             rewards = [g["_reward"] for g in good]
             best = max(range(len(good)), key=lambda j: (rewards[j], -j))  # first of the best
@@ -222,6 +229,8 @@ class UltraFeedbackPreferenceDataModule(RLHFDataModule):
     """
 
     length_columns = {"prompt": "_prompt_len", "chosen": "_chosen_len", "rejected": "_rejected_len"}
+    raw_schema = schemas.ULTRAFEEDBACK_BINARIZED
+    schema_name = "ultrafeedback_binarized"
 
     def __init__(
         self,
@@ -285,6 +294,8 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
     """
 
     length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+    raw_schema = schemas.ULTRAFEEDBACK
+    schema_name = "openbmb/UltraFeedback"
 
     def __init__(
         self,
@@ -381,6 +392,9 @@ class UltraFeedbackPromptDataModule(_ReferenceTexts, RLHFDataModule):
     openbmb schema (`instruction`, no reference). Metadata: "prompt", "reference",
     "raw_prompt", and the other scalar source columns (e.g. `prompt_id`, scores, `source`).
     """
+
+    raw_schema = schemas.ULTRAFEEDBACK_PROMPTS
+    schema_name = "UltraFeedback (binarized or openbmb)"
 
     def __init__(
         self,

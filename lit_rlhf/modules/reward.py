@@ -14,6 +14,8 @@ Validation (and test) logs, all correct under DDP (torchmetrics states are synce
 - `val/loss`, `val/rewards/{accuracy,chosen,rejected,margins}`;
 - accuracy per value of each grouping column of `batch.meta` (TL;DR `batch` and `confidence`,
   N+ D16): scalars `val/accuracy_by_<column>/<value>` and a markdown table in TensorBoard text;
+- accuracy per named evaluation split when the batches' meta has an "eval_split" column (the
+  TL;DR comparisons' "validation" and "validation_cnndm"): `val/<split>/accuracy`;
 - calibration (D18): accuracy against buckets of the reward difference |r_c - r_r|, next to the
   Bradley-Terry prediction sigmoid(|r_c - r_r|); `val/calibration/ece` and a TensorBoard figure.
 
@@ -48,6 +50,7 @@ from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.modules.base import SchedulerName, TrainingModule, decay_groups
 from lit_rlhf.types import PreferenceBatch, split_pair
 
+EVAL_SPLIT = "eval_split"  # meta column naming the evaluation split of each pair
 log = logging.getLogger(__name__)
 
 GROUP_LABEL_BYTES = 48  # grouping values are synced across processes as fixed-width utf-8 bytes
@@ -126,7 +129,10 @@ class RewardModule(TrainingModule):
             self.reward_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.group_columns = tuple(group_columns)
         self.eval_metrics = nn.ModuleDict({stage: _pair_metrics() for stage in ("val", "test")})
-        self.eval_records = nn.ModuleDict({stage: PreferenceRecords(self.group_columns) for stage in ("val", "test")})
+        # the DataModule's named evaluation splits (meta "eval_split", e.g. TL;DR's "validation" and
+        # "validation_cnndm") get their own accuracy, `{stage}/{split}/accuracy`
+        record_columns = self.group_columns + (() if EVAL_SPLIT in self.group_columns else (EVAL_SPLIT,))
+        self.eval_records = nn.ModuleDict({stage: PreferenceRecords(record_columns) for stage in ("val", "test")})
 
     # ----------------------------------------------------------------------------------------
     # rewards
@@ -217,6 +223,11 @@ class RewardModule(TrainingModule):
         for column, labels in groups.items():
             rows = grouped_accuracy(correct, labels)
             if not rows:
+                continue
+            if column == EVAL_SPLIT and column not in self.group_columns:
+                for value, accuracy, count in rows:
+                    self.log(f"{stage}/{_metric_safe(value)}/accuracy", accuracy, on_step=False, on_epoch=True,
+                             sync_dist=False, batch_size=count)
                 continue
             tables[column] = rows
             for value, accuracy, count in rows:

@@ -142,3 +142,11 @@ def test_collators_masks_and_meta():
     assert prompts.attention_mask.tolist() == [[True] * 3, [False, False, True]]
     for collator in (SFTCollator(pad), PreferenceCollator(pad), SingleCollator(pad, 0.0, 1.0), PromptCollator(pad)):
         pickle.loads(pickle.dumps(collator))  # DataLoader workers need picklable collators
+
+
+def test_d2_post_starting_with_a_newline_is_hard_truncated_not_emptied(tiny_tokenizer):
+    """Dropping paragraphs stops before the post would be empty; the last resort cuts tokens."""
+    post = "\n" + "w" * 600 + "\nTail paragraph."
+    q = truncate_tldr_query(tiny_tokenizer, "s", "t", post, 200)
+    assert q.hard_truncated and len(q.input_ids) <= 200
+    assert q.text.startswith(format_tldr_query("s", "t", "\n" + "w" * 10)[:-len("\n\nTL;DR:")])

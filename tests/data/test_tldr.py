@@ -193,3 +193,94 @@ def test_hub_id_offline_suggests_local_path(tiny_tokenizer):
     assert "vwxyzjn/summarize_from_feedback_tldr_3_filtered" in str(err.value)
     with pytest.raises(DataSourceError, match="does not exist"):
         TLDRPreferenceDataModule("./no/such/file.jsonl", tiny_tokenizer).setup("fit")
+
+
+def _comparison(k: int, text_a: str | None = None, **info) -> dict:
+    return {"info": {"id": f"t3_{k}", "post": f"Post {k}.\n\nMore.", "title": f"Title {k}", "subreddit": "s", **info},
+            "split": "valid1", "summaries": [{"text": text_a or f" Good {k}.", "policy": "a", "note": ""},
+                                             {"text": f" Bad {k}.", "policy": "b", "note": ""}],
+            "choice": 0, "worker": "w", "batch": "batch1", "extra": {"confidence": 5}}
+
+
+def _cnndm(k: int, article: str) -> dict:
+    row = _comparison(k)
+    row["info"] = {"id": f"cnn_{k}", "article": article, "site": "cnn", "title": None, "post": None,
+                   "subreddit": None}
+    row["batch"] = "cnndm0"
+    return row
+
+
+def test_preference_completions_up_to_169_tokens_longer_ones_truncated(tiny_tokenizer, tmp_path, caplog):
+    """N+ Detail 4: preference completions keep up to 169 tokens (EOS included); a longer one is cut
+    to 168 + EOS, counted and logged; the SFT cap stays 53."""
+    long_text = " " + "x" * 300  # the tiny tokenizer is byte level: 301 tokens
+    rows = [_comparison(0, " " + "y" * 150), _comparison(1, long_text), _comparison(2)]
+    path = write_jsonl(tmp_path / "c.jsonl", rows)
+    dm = TLDRPreferenceDataModule(path, tiny_tokenizer, val_split=None)
+    assert dm.max_completion_length == 169 and dm.truncate_completions
+    with caplog.at_level("WARNING", logger="lit_rlhf.data"):
+        dm.setup("fit")
+    ds = dm.dataset("train")
+    assert len(ds) == 3 and not dm.skipped_rows
+    assert len(ds[0]["_chosen_ids"]) == 152  # 151 bytes + EOS: untouched
+    ids = ds[1]["_chosen_ids"]
+    assert len(ids) == 169 and ids[-1] == tiny_tokenizer.eos_token_id
+    assert tiny_tokenizer.decode(ids[:-1]) == long_text[:168]
+    assert dm.truncated_completions == {"train": 1}
+    assert any("1 completion(s) longer than max_completion_length were truncated" in r.getMessage()
+               for r in caplog.records)
+    assert TLDRSFTDataModule(path, tiny_tokenizer).max_completion_length == 53
+    strict = TLDRPreferenceDataModule(path, tiny_tokenizer, val_split=None, truncate_completions=False,
+                                      on_bad_rows="skip")
+    strict.setup("fit")
+    assert len(strict.dataset("train")) == 2 and strict.bad_rows[0]["location"] == "line 2"
+
+
+def test_cnndm_rows_get_their_query_and_their_own_split(tiny_tokenizer, tmp_path):
+    from lit_rlhf.data.formatting import format_cnndm_query
+
+    long_article = "\n".join(f"Paragraph {i} " + "z" * 60 for i in range(40))  # ~2.9k byte tokens
+    rows = [_comparison(0), _cnndm(1, "A short article.\nSecond line."), _comparison(2), _cnndm(3, long_article)]
+    path = write_jsonl(tmp_path / "v.jsonl", rows)
+    dm = TLDRPreferenceDataModule(path, tiny_tokenizer, train_split=None, val_split="validation",
+                                  split_map={"validation": "train"}, eval_batch_size=2)
+    dm.setup("validate")
+    ds = dm.dataset("val")
+    assert list(ds["_row"]) == [0, 2, 1, 3]  # TL;DR pairs first, then CNN/DM
+    assert list(ds["eval_split"]) == ["validation", "validation", "validation_cnndm", "validation_cnndm"]
+    assert dm.eval_split_names("val") == ["validation", "validation_cnndm"] and dm.cnndm_rows["val"] == 2
+    assert ds[2]["prompt"] == format_cnndm_query("A short article.\nSecond line.")
+    cut = ds[3]
+    assert cut["prompt"].startswith("Article:\nParagraph 0 ") and cut["prompt"].endswith("\n\nTL;DR:\n")
+    assert len(cut["_prompt_ids"]) <= 1919 < len(tiny_tokenizer(format_cnndm_query(long_article))["input_ids"])
+    assert cut["prompt"][len("Article:\n"):-len("\n\nTL;DR:\n")] in long_article  # cut at a newline
+    batches = list(dm.val_dataloader())
+    assert [b.meta["eval_split"] for b in batches] == [["validation"] * 2, ["validation_cnndm"] * 2]
+    # without a CNN/DM split they are formatted alike and evaluated with the rest
+    dm = TLDRPreferenceDataModule(path, tiny_tokenizer, train_split=None, val_split="validation",
+                                  split_map={"validation": "train"}, cnndm_split=None)
+    dm.setup("validate")
+    assert list(dm.dataset("val")["_row"]) == [0, 1, 2, 3] and dm.eval_split_names() == ["validation"]
+    assert dm.dataset("val")[1]["prompt"].startswith("Article:\n")
+
+
+def test_reward_module_logs_accuracy_per_eval_split(tiny_tokenizer, tmp_path):
+    from lit_rlhf.modules import RewardModule
+
+    rows = [_comparison(0), _cnndm(1, "A short article."), _comparison(2), _cnndm(3, "Another article.")]
+    path = write_jsonl(tmp_path / "v.jsonl", rows)
+    dm = TLDRPreferenceDataModule(path, tiny_tokenizer, train_split=None, val_split="validation",
+                                  split_map={"validation": "train"}, eval_batch_size=4)
+    dm.setup("validate")
+    module = RewardModule(model="tiny-random-llama").eval()
+    logged = {}
+    module.log = lambda name, value, **kw: logged.__setitem__(name, value)
+    batch = next(iter(dm.val_dataloader()))
+    with torch.no_grad():
+        module._eval_step(batch, "val")
+        chosen, rejected = module.pair_rewards(batch)
+    module._log_records("val")
+    correct = (chosen > rejected).tolist()
+    assert float(logged["val/validation/accuracy"]) == pytest.approx(sum(correct[:2]) / 2)
+    assert float(logged["val/validation_cnndm/accuracy"]) == pytest.approx(sum(correct[2:]) / 2)
+    assert not any("accuracy_by_eval_split" in k for k in logged)

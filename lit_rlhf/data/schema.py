@@ -1,0 +1,200 @@
+"""The published raw schemas of the datasets we read, and strict type checks of raw rows.
+
+A schema is written with Python types: `str`, `int`, `float`, `bool`, a one-element list `[spec]`
+for a list of `spec`, and a dict `{key: spec}` for an object. Every field may be missing or null
+(the formatters then name the missing field); nothing else is coerced:
+
+- `str` takes a JSON string only (`"2024"` stays the string "2024"; the number 2024 is a bad row);
+- `int` takes a JSON integer only (not `1.0`, not `"1"`, not `true`);
+- `float` takes any JSON number (an integer is a valid float), not a string or a boolean;
+- `bool` takes `true` / `false` only.
+
+`features(schema)` is the `datasets.Features` a checked row is written with, so `datasets` never
+infers (and never changes) a column's type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datasets
+
+Schema = dict[str, Any]
+
+TLDR_SFT: Schema = {"id": str, "subreddit": str, "title": str, "post": str, "summary": str}
+"""`vwxyzjn/summarize_from_feedback_tldr_3_filtered` (the SFT and prompt data)."""
+
+TLDR_COMPARISONS: Schema = {
+    "info": {"id": str, "post": str, "title": str, "subreddit": str, "site": str, "article": str},
+    "split": str,
+    "summaries": [{"text": str, "policy": str, "note": str}],
+    "choice": int,
+    "worker": str,
+    "batch": str,
+    "extra": {"confidence": int},
+}
+"""`openai/summarize_from_feedback`, config `comparisons` (the raw files have no `site` / `article`;
+the CNN/DM rows of its validation split have an `article` and no `post`)."""
+
+_MESSAGES = [{"content": str, "role": str}]
+ULTRAFEEDBACK_BINARIZED: Schema = {
+    "prompt": str, "prompt_id": str, "chosen": _MESSAGES, "rejected": _MESSAGES, "messages": _MESSAGES,
+    "score_chosen": float, "score_rejected": float,
+}
+"""`HuggingFaceH4/ultrafeedback_binarized` (splits `train_prefs`, `test_prefs`, ...)."""
+
+_RATING = {"Rating": str, "Rationale": str}
+_TYPED_RATING = {"Rating": str, "Rationale": str, "Type": [str], "Rationale For Rating": str}
+ULTRAFEEDBACK: Schema = {
+    "source": str,
+    "instruction": str,
+    "models": [str],
+    "completions": [{
+        "model": str, "response": str, "overall_score": float, "fine-grained_score": float,
+        "annotations": {"helpfulness": _TYPED_RATING, "honesty": _RATING, "instruction_following": _RATING,
+                        "truthfulness": _TYPED_RATING},
+        "custom_system_prompt": str, "principle": str, "critique": str,
+    }],
+    "correct_answers": [str],
+    "incorrect_answers": [str],
+}
+"""`openbmb/UltraFeedback` (one split, `train`)."""
+
+ULTRAFEEDBACK_PROMPTS: Schema = {**ULTRAFEEDBACK_BINARIZED, **ULTRAFEEDBACK}
+"""Either UltraFeedback schema (the prompt DataModule reads both)."""
+
+_VALUE = {str: "string", int: "int64", float: "float64", bool: "bool"}
+_JSON_NAME = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+
+
+def features(schema: Schema) -> datasets.Features:
+    """The `datasets.Features` of rows of `schema`."""
+    return datasets.Features({k: _feature(v) for k, v in schema.items()})
+
+
+def _feature(spec: Any):
+    if isinstance(spec, dict):
+        return {k: _feature(v) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return datasets.List(_feature(spec[0]))
+    return datasets.Value(_VALUE[spec])
+
+
+def expected(spec: Any) -> str:
+    """What `spec` asks for, in JSON words."""
+    if isinstance(spec, dict):
+        return "an object"
+    if isinstance(spec, list):
+        return "an array"
+    return _JSON_NAME[spec]
+
+
+def found(value: Any) -> str:
+    """A raw JSON value, named by its JSON type and shown (shortened)."""
+    if isinstance(value, bool):
+        return f"a boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"an integer {value}"
+    if isinstance(value, float):
+        return f"a number {value!r}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"a string {shown!r}"
+    if isinstance(value, list):
+        return f"an array of {len(value)}"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+class TypeMismatch(Exception):
+    """A raw value that does not have its schema type: `field` (dotted, with list indices) and
+    `detail` ("expected ..., found ...")."""
+
+    def __init__(self, field: str, detail: str):
+        self.field, self.detail = field, detail
+        super().__init__(f"{field}: {detail}")
+
+
+def check(value: Any, spec: Any, field: str, unknown: dict[str, str] | None = None) -> None:
+    """Raise `TypeMismatch` at the first value of `value` that is not of `spec` (null is allowed
+    everywhere). Object keys that `spec` does not declare are recorded in `unknown`
+    (`{dotted key: field of its first occurrence}`)."""
+    if value is None:
+        return
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            raise TypeMismatch(field, f"expected an object, found {found(value)}")
+        for k, v in value.items():
+            sub = spec.get(k)
+            name = f"{field}.{k}" if field else k
+            if sub is None and k not in spec:
+                if unknown is not None:
+                    unknown.setdefault(_strip_indices(name), name)
+                continue
+            check(v, sub, name, unknown)
+        return
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            raise TypeMismatch(field, f"expected an array, found {found(value)}")
+        item = spec[0]
+        for i, v in enumerate(value):
+            check(v, item, f"{field}[{i}]", unknown)
+        return
+    if spec is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif spec is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, spec)
+    if not ok:
+        raise TypeMismatch(field, f"expected {expected(spec)}, found {found(value)}")
+
+
+def _strip_indices(name: str) -> str:
+    import re
+
+    return re.sub(r"\[\d+\]", "[]", name)
+
+
+def feature_kind(feature: Any) -> str:
+    """'string' / 'int' / 'float' / 'bool' / 'list' / 'object' / other dtype of a `datasets` feature."""
+    if isinstance(feature, dict):
+        return "object"
+    if isinstance(feature, (datasets.Sequence, datasets.List)) or isinstance(feature, list):
+        inner = getattr(feature, "feature", None)
+        if isinstance(feature, datasets.Sequence) and isinstance(inner, dict):
+            return "object"  # datasets' Sequence of a dict is a dict of lists; accepted as-is
+        return "list"
+    dtype = getattr(feature, "dtype", "")
+    if dtype in ("string", "large_string"):
+        return "string"
+    if dtype.startswith(("int", "uint")):
+        return "int"
+    if dtype.startswith("float"):
+        return "float"
+    if dtype == "bool":
+        return "bool"
+    return str(dtype or type(feature).__name__)
+
+
+def spec_kind(spec: Any) -> str:
+    if isinstance(spec, dict):
+        return "object"
+    if isinstance(spec, list):
+        return "list"
+    return {str: "string", int: "int", float: "float", bool: "bool"}[spec]
+
+
+def check_features(feats: datasets.Features, schema: Schema) -> list[tuple[str, str, str]]:
+    """(column, expected kind, found kind) of each top-level column of a typed dataset whose type
+    does not match the schema (an int column is accepted where a float is expected); columns the
+    schema does not declare are not checked."""
+    bad = []
+    for column, spec in schema.items():
+        if column not in feats:
+            continue
+        want, have = spec_kind(spec), feature_kind(feats[column])
+        if want != have and not (want == "float" and have == "int") and have != "null":
+            bad.append((column, want, have))
+    return bad

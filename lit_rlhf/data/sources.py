@@ -1,0 +1,263 @@
+"""Finding and reading a dataset source, and naming every bad row in it.
+
+Sources (`path`):
+- `bundled:<name>`: a small dataset written by this project, shipped in `lit_rlhf/data/bundled/`
+  (files `<name>.<split>.jsonl`; see `bundled_aliases()`);
+- a local `.jsonl` / `.json` (JSON Lines, or one JSON array of objects) / `.parquet` file (it loads
+  as split `train`; map it with `split_map`, e.g. `{"validation": "train"}`), or a dict of files
+  per split in `data_files`;
+- a directory of such files (splits named by the file names, as `datasets` does: `train.jsonl`,
+  `validation.jsonl`, `data/test_prefs-00000-of-00001.parquet`, ...);
+- a directory written by `Dataset(Dict).save_to_disk`;
+- otherwise a Hugging Face hub id (needs network access or the hub cache).
+
+A split name may carry a slice, as in `datasets`: `train[:1000]`, `train[98%:]`.
+
+Local files are read by `lit_rlhf.data.readers`: every line or record checked against the
+DataModule's published schema, nothing coerced, every bad row named by file, line or record,
+field, and what was expected vs found. Directories without data files are a `DataSourceError`.
+Typed sources (hub, `save_to_disk`) are checked column by column against the schema.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from lit_rlhf.data import schema as schemas
+from lit_rlhf.data.errors import BadRowError, DataSourceError  # noqa: F401  (re-exported)
+from lit_rlhf.data.readers import DATA_SUFFIXES, READ_COLUMNS, location_unit, read_split  # noqa: F401
+
+log = logging.getLogger(__name__)
+
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+BUNDLED_PREFIX = "bundled:"
+
+
+# --------------------------------------------------------------------------------------------
+# names
+# --------------------------------------------------------------------------------------------
+
+
+def bundled_aliases() -> dict[str, dict[str, str]]:
+    """`{alias: {split: file}}` for every bundled file `<alias>.<split>.jsonl`."""
+    out: dict[str, dict[str, str]] = {}
+    for f in sorted(BUNDLED_DIR.glob("*.jsonl")):
+        alias, _, split = f.stem.partition(".")
+        if split:
+            out.setdefault(alias, {})[split] = str(f)
+    return out
+
+
+_SLICE = re.compile(r"^(?P<name>[^\[\]]+?)\s*(\[\s*(?P<start>-?\d+%?)?\s*:\s*(?P<stop>-?\d+%?)?\s*\])?$")
+
+
+def parse_split(spec: str) -> tuple[str, str | None, str | None]:
+    """`"train[10:20%]"` -> `("train", "10", "20%")`; a plain name -> `(name, None, None)`."""
+    m = _SLICE.match(spec.strip())
+    if not m:
+        raise ValueError(
+            f"cannot parse split {spec!r}; expected a name, optionally sliced as 'train[:1000]' or 'train[98%:]'")
+    return m["name"], m["start"], m["stop"]
+
+
+def _bound(b: str | None, n: int) -> int | None:
+    if b is None:
+        return None
+    if b.endswith("%"):
+        return int(round(n * int(b[:-1]) / 100))
+    return int(b)
+
+
+def slice_range(n: int, start: str | None, stop: str | None) -> range:
+    return range(n)[slice(_bound(start, n), _bound(stop, n))]
+
+
+# --------------------------------------------------------------------------------------------
+# the source of a DataModule
+# --------------------------------------------------------------------------------------------
+
+
+def _is_saved_dataset_dir(path: Path) -> bool:
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith((".", "/", "~")) or Path(path).suffix.lower() in DATA_SUFFIXES
+
+
+def _as_list(v) -> list[str]:
+    return [v] if isinstance(v, str) else list(v)
+
+
+def _resolve_files(files: dict[str, Any] | str, root: Path) -> dict[str, list[str]]:
+    def one(f: str) -> str:
+        p = Path(f).expanduser()
+        return str(p if p.is_absolute() else root / p)
+
+    if isinstance(files, (str, list)):
+        files = {"train": files}
+    return {k: [one(x) for x in _as_list(v)] for k, v in files.items()}
+
+
+def _directory_splits(root: Path) -> dict[str, list[str]]:
+    """Split name -> data files of a directory, by `datasets`' file-name conventions."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+    from datasets.exceptions import DataFilesNotFoundError
+
+    def no_data(why: str) -> DataSourceError:
+        listing = sorted(p.name for p in root.iterdir())[:10]
+        return DataSourceError(f"directory {root} has no data files (.jsonl, .json or .parquet); it holds {listing} "
+                               f"({why})")
+
+    try:
+        patterns = get_data_patterns(str(root))
+        found = DataFilesDict.from_patterns(patterns, str(root))
+    except (DataFilesNotFoundError, FileNotFoundError, ValueError) as err:
+        raise no_data(type(err).__name__) from None
+    out, ignored = {}, []
+    for split, fs in found.items():
+        keep = [str(f) for f in fs if Path(str(f)).suffix.lower() in DATA_SUFFIXES]
+        ignored += [str(f) for f in fs if Path(str(f)).suffix.lower() not in DATA_SUFFIXES]
+        if keep:
+            out[split] = keep
+    if not out:
+        raise no_data("no file with a data suffix")
+    if ignored:
+        log.warning("%s: not data files, not read: %s", root, ignored[:5])
+    return out
+
+
+class SourceLoader:
+    """Loads named splits of one source (each split read once) and checks them against `spec`."""
+
+    def __init__(self, path: str, name: str | None = None, data_files: dict[str, Any] | str | None = None,
+                 split_map: dict[str, str] | None = None, spec: schemas.Schema | None = None,
+                 on_bad_rows: str = "error", schema_name: str = ""):
+        self.path = path
+        self.name = name
+        self.data_files = data_files
+        self.split_map = dict(split_map or {})
+        self.spec = spec
+        self.on_bad_rows = on_bad_rows
+        self.schema_name = schema_name
+        self._splits: dict[str, Any] = {}
+        self._files: dict[str, list[str]] | None = None
+        self._typed: Any = None  # a save_to_disk DatasetDict
+
+    def describe(self) -> str:
+        hub = self.name and not self.path.startswith(BUNDLED_PREFIX) and not Path(self.path).expanduser().exists()
+        return self.path + (f" (config {self.name!r})" if hub else "")
+
+    def kind(self) -> str:
+        if self.path.startswith(BUNDLED_PREFIX):
+            return "bundled"
+        p = Path(self.path).expanduser()
+        if p.is_file():
+            return "file"
+        if p.is_dir():
+            return "disk" if _is_saved_dataset_dir(p) and self.data_files is None else "dir"
+        if _looks_local(self.path):
+            raise DataSourceError(f"dataset path {self.path!r} looks like a local path but does not exist")
+        return "hub"
+
+    def split_files(self) -> dict[str, list[str]]:
+        """Split name -> local data files (bundled, file and directory sources)."""
+        if self._files is None:
+            kind = self.kind()
+            if kind == "bundled":
+                alias = self.path[len(BUNDLED_PREFIX):]
+                table = bundled_aliases()
+                if alias not in table:
+                    available = sorted(BUNDLED_PREFIX + a for a in table)
+                    raise DataSourceError(f"unknown bundled dataset {self.path!r}; available: {available}")
+                self._files = {k: [v] for k, v in table[alias].items()}
+            elif kind == "file":
+                p = Path(self.path).expanduser()
+                self._files = (_resolve_files(self.data_files, p.parent) if self.data_files is not None
+                               else {"train": [str(p)]})
+            elif kind == "dir":
+                root = Path(self.path).expanduser()
+                self._files = (_resolve_files(self.data_files, root) if self.data_files is not None
+                               else _directory_splits(root))
+            else:
+                raise DataSourceError(f"{self.describe()} is not a local source of data files")
+        return self._files
+
+    def load(self, spec: str):
+        """The split named by `spec` (after `split_map`, then the optional slice), as a Dataset."""
+        return self.load_with_offset(spec)[0]
+
+    def _load_split(self, split: str):
+        if split in self._splits:
+            return self._splits[split]
+        kind = self.kind()
+        if kind == "hub":
+            ds = self._load_hub(split)
+        elif kind == "disk":
+            ds = self._load_disk(split)
+        else:
+            files = self.split_files()
+            if split not in files:
+                raise DataSourceError(
+                    f"split {split!r} not found in {self.describe()}; it has {sorted(files)}. "
+                    "Set the split names, or map them with split_map (e.g. {'validation': 'train'})."
+                )
+            ds = read_split(files[split], self.spec or {}, split, self.on_bad_rows, self.schema_name)
+        self._splits[split] = ds
+        return ds
+
+    def _check_typed(self, ds, split: str) -> None:
+        if self.spec is None:
+            return
+        bad = schemas.check_features(ds.features, self.spec)
+        if bad:
+            cols = "; ".join(f"column {c!r}: expected {want}, found {have}" for c, want, have in bad)
+            raise DataSourceError(f"split {split!r} of {self.describe()} does not have the {self.schema_name or ''} "
+                                  f"schema's types: {cols}")
+
+    def _load_disk(self, split: str):
+        import datasets
+
+        if self._typed is None:
+            loaded = datasets.load_from_disk(str(Path(self.path).expanduser()))
+            self._typed = datasets.DatasetDict({"train": loaded}) if isinstance(loaded, datasets.Dataset) else loaded
+        if split not in self._typed:
+            raise DataSourceError(
+                f"split {split!r} not found in {self.describe()}; it has {sorted(self._typed)}. "
+                "Set the split names, or map them with split_map (e.g. {'validation': 'train'})."
+            )
+        ds = self._typed[split]
+        self._check_typed(ds, split)
+        return ds
+
+    def _load_hub(self, split: str):
+        import datasets
+
+        try:
+            ds = datasets.load_dataset(self.path, self.name, split=split, data_files=self.data_files)
+        except Exception as err:  # offline, unknown id, gated: all end here
+            raise DataSourceError(
+                f"could not load split {split!r} of {self.describe()} from the Hugging Face hub "
+                f"({type(err).__name__}: {err}). On an offline machine, pass a local path instead: "
+                "`path: /data/file.jsonl` (a .json/.jsonl/.parquet file; it loads as split 'train', "
+                "use split_map to rename), a directory of such files, a directory written by "
+                "`save_to_disk`, or a bundled sample such as 'bundled:tldr_sft' "
+                f"(available: {sorted('bundled:' + a for a in bundled_aliases())})."
+            ) from err
+        self._check_typed(ds, split)
+        return ds
+
+    def load_with_offset(self, spec: str):
+        """(Dataset, index in the full split of its first row)."""
+        split, start, stop = parse_split(spec)
+        split = self.split_map.get(split, split)
+        ds = self._load_split(split)
+        offset = 0
+        if start is not None or stop is not None:
+            rows = slice_range(len(ds), start, stop)
+            ds = ds.select(rows)
+            offset = rows.start
+        return ds, offset
