@@ -249,6 +249,13 @@ class OnlineModule(PolicyModule):
         how = self.hparams.get("reward_normalization", "none") if group_size > 1 else "none"
         return combine_rewards(per_source, self.hparams.reward_weights, how, group_size), per_source
 
+    def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
+        """The shaped rollout a training step optimises on: `make_rollout` then the rollout hooks.
+        Returns (rollout, each source's rewards, sampling stats to log). A method may sample more
+        than one batch of prompts here (GRPO's dynamic sampling)."""
+        rollout, per_source = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
+        return self.apply_rollout_hooks(rollout), per_source, {}
+
     def apply_rollout_hooks(self, rollout: Rollout) -> Rollout:
         """The rollout hook: `callback.on_rollout_scores(trainer, pl_module, rollout) -> Rollout`
         for each callback of `trainer.callbacks` that defines it, in list order."""
@@ -359,8 +366,7 @@ class OnlineModule(PolicyModule):
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         started = time.perf_counter()
-        rollout, per_source = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
-        rollout = self.apply_rollout_hooks(rollout)
+        rollout, per_source, sampling_stats = self.collect_rollout(batch)
         generated = time.perf_counter()
         rollout, stats = self.update(rollout)
         updated = time.perf_counter()
@@ -370,6 +376,7 @@ class OnlineModule(PolicyModule):
         self.rollouts += 1
         self.episodes += n * max(1, self._trainer.world_size if self._trainer else 1)
         stats.update(self.rollout_stats(rollout))
+        stats.update(sampling_stats)
         stats.update({f"rewards/{name}": r.float().mean() for name, r in per_source.items()})
         stats["time/generation"] = torch.tensor(generated - started)
         stats["time/update"] = torch.tensor(updated - generated)
