@@ -222,8 +222,8 @@ class OnlineModule(PolicyModule):
     def score_rollout(self, rollout: Rollout, group_size: int = 1) -> tuple[Tensor, dict[str, Tensor]]:
         """Every reward source on the rollout -> (weighted score (N,), {source name: (N,)}).
 
-        `group_size` rows per prompt (contiguous); `reward_normalization: group` needs >= 2 and
-        is left out when a prompt has a single sample (validation), as is `batch` there."""
+        `group_size` rows per prompt (contiguous); `reward_normalization: group` needs >= 2.
+        Validation (the module not in training mode) reports the raw weighted sum."""
         per_source: dict[str, Tensor] = {}
         if getattr(self, "reward_model", None) is not None:
             per_source["reward_model"] = reward_model_scores(
@@ -246,7 +246,10 @@ class OnlineModule(PolicyModule):
                 per_source[name] = call_reward_fn(fn, list(prompts), completions, columns)
         device = rollout.response_ids.device
         per_source = {k: v.to(device) for k, v in per_source.items()}
-        how = self.hparams.get("reward_normalization", "none") if group_size > 1 else "none"
+        how = self.hparams.get("reward_normalization", "none") if self.training else "none"  # val: raw scores
+        if how == "group" and group_size < 2:
+            raise ValueError("reward_normalization 'group' needs several samples per prompt (GRPO's "
+                             "num_generations); this method samples one: use 'batch' or 'none'")
         return combine_rewards(per_source, self.hparams.reward_weights, how, group_size), per_source
 
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
