@@ -20,7 +20,6 @@ import functools
 import re
 from typing import Any
 
-GSM8K_MARKER = "####"
 _MARKER_LINE = re.compile(r"####\s*([^\n]*)")
 
 
