@@ -10,8 +10,18 @@ from torch import Tensor
 from lit_rlhf.distributed import gather_rows
 from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.losses import AdvantageScale, Aggregation, grpo_advantages, grpo_policy_loss, rloo_advantages
+from lit_rlhf.losses.grpo_family import (
+    clipped_token_loss,
+    gspo_policy_loss,
+    normalize_token_advantages,
+    reinforce_pp_advantages,
+)
+from lit_rlhf.modules.base import CHECKPOINT_KEY
+from lit_rlhf.modules.dynamic_sampling import dynamic_sample
 from lit_rlhf.modules.online import OnlineModule
-from lit_rlhf.types import Rollout
+from lit_rlhf.types import PromptBatch, Rollout
+
+ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 
 
 class GRPOModule(OnlineModule):
@@ -54,6 +64,21 @@ class GRPOModule(OnlineModule):
         num_iterations: passes over each rollout (GRPO's mu).
         num_minibatches: minibatches per pass; one optimizer step each.
         temperature: sampling temperature (1.0), also used for every log-prob.
+        dynamic_sampling: DAPO's dynamic sampling (Yu et al. 2025, Eq. 11): groups whose G
+            rewards are all equal are dropped and more prompts are sampled until the batch
+            holds B informative groups, at most `max_sampling_rounds` rounds
+            (`modules.dynamic_sampling`).
+        max_sampling_rounds: bound on the rounds of sampling per step (the first included).
+        mask_truncated: DAPO's overlong filtering (Yu et al. 2025, Sec. 3.4): completions with
+            no EOS within `max_new_tokens` are masked out of the loss (they still count in the
+            group statistics of the advantages).
+        importance_sampling: `token` (GRPO's per-token ratio) or `sequence`: GSPO (Zheng et al.
+            2025, Eq. 5-7), one length-normalised ratio per sequence, clipped per sequence
+            (`losses.grpo_family.gspo_policy_loss`; the paper clips at 3e-4 / 4e-4).
+        The `advantage` option also takes `reinforce_pp` (REINFORCE++, Hu et al. 2025: the k1 KL
+        to the reference, weighted by `beta`, in the per-token reward; per-token advantages
+        normalised over the global batch; no critic; `beta` then does not add a KL loss) and
+        `reinforce_pp_baseline` (the same after subtracting each group's mean reward).
         **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
             max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
     """
@@ -61,7 +86,7 @@ class GRPOModule(OnlineModule):
     def __init__(
         self,
         num_generations: int = 4,
-        advantage: Literal["grpo", "rloo"] = "grpo",
+        advantage: Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo",
         scale: AdvantageScale = "group",
         eps: float = 1e-4,
         clip_eps_low: float = 0.2,
@@ -71,13 +96,24 @@ class GRPOModule(OnlineModule):
         num_iterations: int = 1,
         num_minibatches: int = 1,
         temperature: float = 1.0,
+        dynamic_sampling: bool = False,
+        max_sampling_rounds: int = 4,
+        mask_truncated: bool = False,
+        importance_sampling: Literal["token", "sequence"] = "token",
         **kwargs: Any,
     ) -> None:
         super().__init__(temperature=temperature, **kwargs)
         if num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (advantages are relative to the group), got {num_generations}")
-        if advantage not in ("grpo", "rloo"):
-            raise ValueError(f"advantage must be 'grpo' or 'rloo', got {advantage!r}")
+        if advantage not in ADVANTAGES:
+            raise ValueError(f"advantage must be one of {ADVANTAGES}, got {advantage!r}")
+        if importance_sampling not in ("token", "sequence"):
+            raise ValueError(f"importance_sampling must be 'token' or 'sequence', got {importance_sampling!r}")
+        if importance_sampling == "sequence" and advantage.startswith("reinforce_pp"):
+            raise ValueError("importance_sampling 'sequence' (GSPO) needs one advantage per sequence; "
+                             f"advantage {advantage!r} gives one per token")
+        if max_sampling_rounds < 1:
+            raise ValueError(f"max_sampling_rounds must be >= 1, got {max_sampling_rounds}")
         if scale not in ("group", "batch", "none"):
             raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
         if aggregation not in ("token_mean", "sequence_mean", "constant_normalizer"):
@@ -87,6 +123,7 @@ class GRPOModule(OnlineModule):
         if beta < 0:
             raise ValueError(f"beta must be >= 0, got {beta}")
         self.beta = float(beta)
+        self.refill_batches = 0  # prompts batches drawn by dynamic sampling; saved in checkpoints
         if beta > 0:
             self.load_reference(self.hparams.ref_model, self.hparams.dtype)
 
@@ -105,13 +142,40 @@ class GRPOModule(OnlineModule):
     def needs_rollout_logps(self) -> bool:
         # one pass over one minibatch is on-policy: the old log-probs are the update's own
         # (detached) log-probs, so the rollout skips that extra forward pass
-        return self.updates_per_rollout() > 1
+        return self.updates_per_rollout() > 1 or (self._reinforce_pp and self.beta > 0)
+
+    @property
+    def _reinforce_pp(self) -> bool:
+        return self.hparams.advantage in ("reinforce_pp", "reinforce_pp_baseline")
+
+    def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
+        if self.hparams.get("dynamic_sampling", False):
+            return dynamic_sample(self, batch)
+        return super().collect_rollout(batch)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[CHECKPOINT_KEY]["refill_batches"] = self.refill_batches
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.refill_batches = int(checkpoint.get(CHECKPOINT_KEY, {}).get("refill_batches", 0))
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         hp = self.hparams
         group = hp.num_generations
         scores = rollout.scores.float()  # (B*G,)
-        if hp.advantage == "rloo":
+        mask = rollout.response_mask  # (B*G, R)
+        token_advantages = None
+        if self._reinforce_pp:  # per-token, normalised over every rank's tokens
+            token_advantages = reinforce_pp_advantages(
+                scores, mask, rollout.logps, rollout.ref_logps, self.beta,
+                group if hp.advantage == "reinforce_pp_baseline" else None,
+            )  # (B*G, R)
+            (everyone, own), (everyone_mask, _) = gather_rows(token_advantages), gather_rows(mask)
+            token_advantages = normalize_token_advantages(everyone, everyone_mask)[own]
+            advantages = token_advantages.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (B*G,) for the stats
+        elif hp.advantage == "rloo":
             advantages = rloo_advantages(scores, group)  # (B*G,)
         elif hp.scale == "batch":  # the std of the GLOBAL batch: every rank's rewards, this rank's slice
             everyone, own = gather_rows(scores)  # (W*B*G,)
@@ -119,8 +183,9 @@ class GRPOModule(OnlineModule):
         else:  # groups never straddle ranks (a prompt's G copies are sampled on one rank)
             advantages = grpo_advantages(scores, group, hp.scale, hp.eps)  # (B*G,)
         grouped = scores.view(-1, group)  # (B, G)
-        mask = rollout.response_mask  # (B*G, R)
-        ref_logps = rollout.ref_logps if self.beta > 0 else None
+        loss_mask = mask & rollout.has_eos.unsqueeze(1) if hp.get("mask_truncated", False) else mask  # (B*G, R)
+        ref_logps = rollout.ref_logps if self.beta > 0 and token_advantages is None else None
+        sequence_level = hp.get("importance_sampling", "token") == "sequence"
         on_policy = rollout.logps is None
         filled = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device) if on_policy else None  # (B*G, R)
 
@@ -131,11 +196,19 @@ class GRPOModule(OnlineModule):
             )  # (n, R)
             if on_policy:
                 filled[rows] = logps.detach().float()
-            out = grpo_policy_loss(
-                logps, None if on_policy else rollout.logps[rows], None if ref_logps is None else ref_logps[rows],
-                advantages[rows], mask[rows],
-                hp.clip_eps_low, hp.clip_eps_high, self.beta, hp.aggregation, max_completion_length=mask.shape[1],
-            )
+            old = None if on_policy else rollout.logps[rows]
+            ref = None if ref_logps is None else ref_logps[rows]
+            if token_advantages is not None:  # REINFORCE++: the KL is already in the advantages
+                out = clipped_token_loss(logps, old, token_advantages[rows], loss_mask[rows], hp.clip_eps_low,
+                                         hp.clip_eps_high)
+            elif sequence_level:  # GSPO
+                out = gspo_policy_loss(logps, old, ref, advantages[rows], loss_mask[rows], hp.clip_eps_low,
+                                       hp.clip_eps_high, self.beta)
+            else:
+                out = grpo_policy_loss(
+                    logps, old, ref, advantages[rows], loss_mask[rows],
+                    hp.clip_eps_low, hp.clip_eps_high, self.beta, hp.aggregation, max_completion_length=mask.shape[1],
+                )
             return out.loss, {
                 "loss/total": out.loss.detach(),
                 "policy/loss": out.policy_loss,

@@ -62,7 +62,14 @@ from lit_rlhf.generation import (
 )
 from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
 from lit_rlhf.ops import masked_sum
-from lit_rlhf.rewards import call_reward_fn, combine_rewards, function_name, load_reward_model, reward_model_scores
+from lit_rlhf.rewards import (
+    RewardNormalization,
+    call_reward_fn,
+    combine_rewards,
+    function_name,
+    load_reward_model,
+    reward_model_scores,
+)
 from lit_rlhf.types import PromptBatch, Rollout
 
 
@@ -77,6 +84,9 @@ class OnlineModule(PolicyModule):
             `lit_rlhf.rewards`); in YAML a dotted function path or `{class_path, init_args}`.
         reward_weights: one weight per reward source, the reward model first, then
             `reward_fns` in order (default 1 each); the score is their weighted sum.
+        reward_normalization: how each source is normalised before the weighted sum: `none`,
+            `group` (z-score within each prompt's G completions, GDPO's decoupled
+            normalisation) or `batch` (z-score over the rollout); `rewards.normalize_reward`.
         ref_model: the frozen reference policy; None = a frozen copy of the initial policy.
         max_new_tokens: response length R: exactly this many tokens are sampled (D23).
         temperature: sampling temperature, also dividing the logits of every log-prob.
@@ -100,6 +110,7 @@ class OnlineModule(PolicyModule):
         reward_model: str | None = None,
         reward_fns: list[Callable] | None = None,
         reward_weights: list[float] | None = None,
+        reward_normalization: RewardNormalization = "none",
         ref_model: str | None = None,
         max_new_tokens: int = 53,
         temperature: float = 0.7,
@@ -131,6 +142,8 @@ class OnlineModule(PolicyModule):
                 f"reward_weights has {len(reward_weights)} entries for {n_sources} reward sources "
                 "(the reward model first, then reward_fns in order)"
             )
+        if reward_normalization not in ("none", "group", "batch"):
+            raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {reward_normalization!r}")
         if reward_model is not None:
             self.add_frozen("reward_model", load_reward_model(reward_model, self.tokenizer, dtype=self.hparams.dtype))
         self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints
@@ -203,13 +216,16 @@ class OnlineModule(PolicyModule):
         with torch.no_grad():
             values = self.rollout_values(rollout.input_ids, rollout.attention_mask, response_ids.shape[1])
         rollout = rollout._replace(values=values)
-        scores, per_source = self.score_rollout(rollout)
+        scores, per_source = self.score_rollout(rollout, repeats)
         self.check_finite(batch, scores=scores, values=values)
         return rollout.with_scores(scores), per_source
 
     @torch.no_grad()
-    def score_rollout(self, rollout: Rollout) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every reward source on the rollout -> (weighted score (N,), {source name: (N,)})."""
+    def score_rollout(self, rollout: Rollout, group_size: int = 1) -> tuple[Tensor, dict[str, Tensor]]:
+        """Every reward source on the rollout -> (weighted score (N,), {source name: (N,)}).
+
+        `group_size` rows per prompt (contiguous); `reward_normalization: group` needs >= 2.
+        Validation (the module not in training mode) reports the raw weighted sum."""
         per_source: dict[str, Tensor] = {}
         if getattr(self, "reward_model", None) is not None:
             per_source["reward_model"] = reward_model_scores(
@@ -220,14 +236,30 @@ class OnlineModule(PolicyModule):
                 [ids[m].tolist() for ids, m in zip(rollout.prompt_ids, rollout.prompt_mask)]
             )
             completions = decode_responses(self.tokenizer, rollout.response_ids, rollout.response_mask)
+            columns = {
+                "completion_length": rollout.response_mask.sum(dim=1).tolist(),  # tokens, EOS included
+                "truncated": (~rollout.has_eos).tolist(),
+                **rollout.meta,
+            }
             for fn in self.reward_fns:
                 name = function_name(fn)
                 while name in per_source:
                     name += "_"
-                per_source[name] = call_reward_fn(fn, list(prompts), completions, rollout.meta)
+                per_source[name] = call_reward_fn(fn, list(prompts), completions, columns)
         device = rollout.response_ids.device
         per_source = {k: v.to(device) for k, v in per_source.items()}
-        return combine_rewards(per_source, self.hparams.reward_weights), per_source
+        how = self.hparams.get("reward_normalization", "none") if self.training else "none"  # val: raw scores
+        if how == "group" and group_size < 2:
+            raise ValueError("reward_normalization 'group' needs several samples per prompt (GRPO's "
+                             "num_generations); this method samples one: use 'batch' or 'none'")
+        return combine_rewards(per_source, self.hparams.reward_weights, how, group_size), per_source
+
+    def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
+        """The shaped rollout a training step optimises on: `make_rollout` then the rollout hooks.
+        Returns (rollout, each source's rewards, sampling stats to log). A method may sample more
+        than one batch of prompts here (GRPO's dynamic sampling)."""
+        rollout, per_source = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
+        return self.apply_rollout_hooks(rollout), per_source, {}
 
     def apply_rollout_hooks(self, rollout: Rollout) -> Rollout:
         """The rollout hook: `callback.on_rollout_scores(trainer, pl_module, rollout) -> Rollout`
@@ -339,8 +371,7 @@ class OnlineModule(PolicyModule):
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         started = time.perf_counter()
-        rollout, per_source = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
-        rollout = self.apply_rollout_hooks(rollout)
+        rollout, per_source, sampling_stats = self.collect_rollout(batch)
         generated = time.perf_counter()
         rollout, stats = self.update(rollout)
         updated = time.perf_counter()
@@ -350,6 +381,7 @@ class OnlineModule(PolicyModule):
         self.rollouts += 1
         self.episodes += n * max(1, self._trainer.world_size if self._trainer else 1)
         stats.update(self.rollout_stats(rollout))
+        stats.update(sampling_stats)
         stats.update({f"rewards/{name}": r.float().mean() for name, r in per_source.items()})
         stats["time/generation"] = torch.tensor(generated - started)
         stats["time/update"] = torch.tensor(updated - generated)

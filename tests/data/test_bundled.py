@@ -26,6 +26,10 @@ def test_bundled_files_are_what_the_script_writes(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.main(tmp_path)
+    spec = importlib.util.spec_from_file_location("make_arithmetic", BUNDLED_DIR / "make_arithmetic.py")
+    arithmetic = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(arithmetic)
+    arithmetic.main(tmp_path)
     written = sorted(p.name for p in tmp_path.glob("*.jsonl"))
     assert written == sorted(p.name for p in BUNDLED_DIR.glob("*.jsonl"))
     for name in written:
@@ -34,7 +38,7 @@ def test_bundled_files_are_what_the_script_writes(tmp_path):
 
 def test_aliases():
     table = bundled_aliases()
-    assert set(table) == {"tldr_sft", "tldr_comparisons", "ultrafeedback_binarized", "ultrafeedback"}
+    assert set(table) == {"tldr_sft", "tldr_comparisons", "ultrafeedback_binarized", "ultrafeedback", "arithmetic"}
     assert set(table["tldr_sft"]) == {"train", "validation", "test"}
     assert set(table["ultrafeedback_binarized"]) == {"train_prefs", "test_prefs"}
     with pytest.raises(DataSourceError, match="unknown bundled dataset"):

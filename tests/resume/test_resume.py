@@ -34,6 +34,13 @@ UF = dict(path="bundled:ultrafeedback", max_prompt_length=128, max_completion_le
 ONLINE = dict(reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=4, lr=1e-2, micro_batch_size=None,
               log_completions_every_n_steps=0)
 
+
+
+def mostly_letters(prompts, completions, **columns):
+    """1 when most characters are letters, else 0: many groups of 2 get equal rewards."""
+    return [float(r > 0.5) for r in CharacterFractionReward(LETTERS)(prompts, completions)]
+
+
 CASES = {
     # name: (module class, module args, optimizer steps per batch, DataModule class, DataModule args)
     "sft": (SFTModule, dict(lr=1e-3), 1, TLDRSFTDataModule, dict(path="bundled:tldr_sft", **TLDR)),
@@ -47,6 +54,10 @@ CASES = {
             dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
     "grpo": (GRPOModule, dict(num_generations=2, beta=0.04, **ONLINE), 1, TLDRPromptDataModule,
              dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
+    # DAPO's dynamic sampling draws extra prompts from its refill stream (its counter is checkpointed)
+    "grpo_dynamic": (GRPOModule, dict(num_generations=2, beta=0.0, dynamic_sampling=True, max_sampling_rounds=3,
+                                      **{**ONLINE, "reward_fns": [mostly_letters]}), 1, TLDRPromptDataModule,
+                     dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
 }
 IGNORED = ("perf/", "time/")  # wall-clock metrics
 
@@ -147,6 +158,9 @@ def test_resume_is_exact(name, tmp_path):
         kl = [cb for cb in resumed_trainer.callbacks if isinstance(cb, KLControlCallback)][0]
         kl_straight = [cb for cb in straight_trainer.callbacks if isinstance(cb, KLControlCallback)][0]
         assert kl.kl_coef == kl_straight.kl_coef != (0.05 if name == "ppo" else 0.04)
+    if name == "grpo_dynamic":  # the refill stream was used, and resumed where it stopped
+        assert resumed.refill_batches == straight.refill_batches > 0
+        assert resumed.episodes == straight.episodes > N * 2 * 2
 
 
 def test_without_restored_random_state_online_resume_diverges(tmp_path, monkeypatch):

@@ -1,0 +1,186 @@
+"""Question/answer prompts for verifiable-reward RL (GRPO on math word problems).
+
+Schemas (`schema`):
+- `gsm8k`: `question`, `answer` = a worked solution ending in `#### <final answer>` (as
+  `openai/gsm8k`, config `main`, and the bundled `bundled:arithmetic`);
+- `math`: `problem`, `solution` = a worked solution with the final answer in the last
+  `\\boxed{...}` (as the MATH dataset of Hendrycks et al. 2021).
+
+Each row becomes a left-padded prompt (`PromptBatch`) whose metadata carries the reference
+answer: `reference` (the final answer alone: the text after `####`, or the content of the last
+`\\boxed{}`), `solution` (the full worked solution) and every other source column. Online
+modules hand these to reward functions as batch columns, so `rewards.MathAnswerReward` checks a
+completion against `reference`. A reference that `math-verify` cannot parse is a bad row
+(`on_bad_rows`), so a reward is never computed against an answer that cannot be checked.
+
+The prompt is the question put into `prompt_template` (`{question}` is replaced) and, with
+`chat=True` (default), rendered as one user turn (after an optional `system_prompt`) with the
+tokenizer's chat template and its generation prompt; `chat=False` encodes the plain text. Chat
+prompts are not truncated: a prompt over `max_prompt_length` tokens is a bad row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import datasets
+
+from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
+from lit_rlhf.data.collate import PromptCollator
+from lit_rlhf.data.formatting import (
+    BAD_STRUCTURE,
+    PROMPT_TOO_LONG,
+    BadRow,
+    chat_prompt,
+    encode_prompt,
+    require_chat_template,
+    require_text,
+)
+
+QASchema = Literal["gsm8k", "math"]
+SCHEMA_FIELDS: dict[str, tuple[str, str]] = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
+UNPARSEABLE_ANSWER = "reference answer cannot be parsed"
+
+_IDS = datasets.Sequence(datasets.Value("int32"))
+_STR = datasets.Value("string")
+_INT = datasets.Value("int32")
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces matched; None
+    when there is none or its braces do not close."""
+    starts = [i for marker in ("\\boxed{", "\\fbox{") for i in [text.rfind(marker)] if i >= 0]
+    if not starts:
+        return None
+    start = max(starts)
+    i = text.index("{", start) + 1
+    depth = 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
+
+
+def reference_answer(solution: str, schema: QASchema, field: str) -> str:
+    """The final answer of a worked solution (`#### x` for gsm8k, the last `\\boxed{x}` for
+    math), checked to be parseable by `math-verify`; else `BadRow`."""
+    from lit_rlhf.rewards.math_answer import parse_answer
+
+    if schema == "gsm8k":
+        if "####" not in solution:
+            raise BadRow(BAD_STRUCTURE, field, "no '#### <answer>' line (GSM8K final-answer convention)")
+        tail = solution.rsplit("####", 1)[1].strip()
+        answer = tail.splitlines()[0].strip() if tail else ""
+    else:
+        answer = last_boxed(solution) or ""
+        if not answer:
+            raise BadRow(BAD_STRUCTURE, field, "no \\boxed{...} final answer (MATH convention)")
+    if not answer:
+        raise BadRow(BAD_STRUCTURE, field, "empty final answer")
+    if not parse_answer(answer):
+        raise BadRow(UNPARSEABLE_ANSWER, field, f"final answer {answer!r} cannot be parsed by math-verify")
+    return answer
+
+
+class QAPromptFormatter(Formatter):
+    """`{question, answer}` or `{problem, solution}` -> prompt ids, `reference`, `solution`."""
+
+    def __init__(self, tokenizer, schema: QASchema, max_prompt_length: int, prompt_template: str,
+                 system_prompt: str | None, chat: bool, passthrough: tuple[str, ...]):
+        self.tokenizer = tokenizer
+        self.schema = schema
+        self.max_prompt_length = max_prompt_length
+        self.prompt_template = prompt_template
+        self.system_prompt = system_prompt
+        self.chat = chat
+        self.passthrough = passthrough
+
+    def features(self) -> dict[str, Any]:
+        return {"prompt": _STR, "reference": _STR, "solution": _STR, "_prompt_ids": _IDS, "_prompt_len": _INT}
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        q_field, a_field = SCHEMA_FIELDS[self.schema]
+        question = require_text(row.get(q_field), q_field)
+        solution = require_text(row.get(a_field), a_field)
+        reference = reference_answer(solution, self.schema, a_field)
+        text = self.prompt_template.replace("{question}", question.strip())
+        if self.chat:
+            messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+            text = chat_prompt(self.tokenizer, messages + [{"role": "user", "content": text}])
+        ids = encode_prompt(self.tokenizer, text, chat=self.chat)
+        if len(ids) > self.max_prompt_length:
+            raise BadRow(PROMPT_TOO_LONG, q_field,
+                         f"prompt of {len(ids)} tokens > max_prompt_length={self.max_prompt_length} (not truncated)")
+        return [{"prompt": text, "reference": reference, "solution": solution, "_prompt_ids": ids,
+                 "_prompt_len": len(ids)}]
+
+
+class QADataModule(RLHFDataModule):
+    """Question/answer prompts (GSM8K or MATH schema) -> left-padded `PromptBatch` (D5), with the
+    reference answer in `meta["reference"]` for verifiable rewards.
+
+    Args:
+        path: `bundled:arithmetic` (default), a local .json/.jsonl/.parquet file or directory,
+            or a hub id (`openai/gsm8k` with `name: main`; a MATH copy with `schema: math`).
+        schema: `gsm8k` (`question`, `answer` with `#### x`) or `math` (`problem`, `solution`
+            with `\\boxed{x}`).
+        prompt_template: the user message; `{question}` is replaced by the question.
+        system_prompt: an optional system message (chat only).
+        chat: render the prompt with the tokenizer's chat template (True) or as plain text.
+        Other arguments: `RLHFDataModule` (splits, lengths, batch sizes, bad-row policy, limit).
+    """
+
+    def __init__(
+        self,
+        path: str = "bundled:arithmetic",
+        tokenizer: Any = None,
+        name: str | None = None,
+        schema: QASchema = "gsm8k",
+        prompt_template: str = "{question}",
+        system_prompt: str | None = None,
+        chat: bool = True,
+        train_split: str | None = "train",
+        val_split: str | None = "validation",
+        test_split: str | None = "test",
+        split_map: dict[str, str] | None = None,
+        data_files: dict[str, Any] | str | None = None,
+        max_prompt_length: int = 512,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        num_proc: int | None = None,
+        seed: int = 0,
+        on_bad_rows: BadRowPolicy = "error",
+        limit: int | None = None,
+    ):
+        if schema not in SCHEMA_FIELDS:
+            raise ValueError(f"schema must be one of {sorted(SCHEMA_FIELDS)}, got {schema!r}")
+        if "{question}" not in prompt_template:
+            raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
+        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
+                         test_split=test_split, split_map=split_map, data_files=data_files,
+                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+        self.schema = schema
+        self.prompt_template = prompt_template
+        self.system_prompt = system_prompt
+        self.chat = chat
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def _formatter(self, role: str) -> Formatter:
+        if self.chat:
+            require_chat_template(self.tokenizer, f"{type(self).__name__} with chat=True")
+        raw = self.source.load(self.splits[role])
+        consumed = set(SCHEMA_FIELDS[self.schema]) | {"prompt", "reference", "solution"}
+        passthrough = tuple(c for c in raw.column_names if c not in consumed)
+        return QAPromptFormatter(self.tokenizer, self.schema, self.max_prompt_length, self.prompt_template,
+                                 self.system_prompt, self.chat, passthrough)
+
+    def _collator(self, role: str) -> PromptCollator:
+        return PromptCollator(self.tokenizer.pad_token_id)
+
+    def references(self, role: str = "test") -> tuple[list[str], list[str]]:
+        """(prompt texts, reference answers) of a split, in order (for accuracy evaluation)."""
+        ds = self.dataset(role)
+        return list(ds["prompt"]), list(ds["reference"])

@@ -1,0 +1,132 @@
+"""DAPO's dynamic sampling for GRPO (Yu et al. 2025, Sec. 3.2 and Eq. 11).
+
+A group whose G rewards are all equal (all right or all wrong, for a 0/1 reward) has zero
+advantage and no gradient; it only dilutes the batch. Dynamic sampling drops such groups and
+samples more prompts until the batch holds B informative groups:
+
+1. the step's B prompts are sampled, scored and shaped as usual (rollout hooks included);
+2. the informative groups are kept (`losses.grpo_family.informative_groups`);
+3. while fewer than B are kept and fewer than `max_sampling_rounds` rounds were run, B more
+   prompts are drawn from the *refill stream* and step 2 repeats;
+4. the first B informative groups make the batch. When the rounds run out first, the batch is
+   topped up with dropped (zero-advantage) groups so it keeps its B*G rows, and the shortfall
+   is logged (`dynamic_sampling/filled_groups`); with no informative group at all the
+   advantages are all 0 and the step changes nothing but the KL term.
+
+The refill stream is the train dataset read in a permutation drawn from `seed` and the refill
+counter (`torch.Generator().manual_seed(seed + 7919 * k)` for the k-th refill, rank r taking
+rows [r*B, (r+1)*B) of it); it never touches the global random state and its counter is saved in
+checkpoints, so a resumed run draws the same prompts. All ranks run the same number of rounds
+(the "need more" decision is reduced over ranks), so sharded generation stays in step.
+
+Every generated response counts as an episode; `dynamic_sampling/rollouts_per_step` is the
+number of responses generated per response trained on (1 without dynamic sampling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from lit_rlhf.losses.grpo_family import informative_groups
+from lit_rlhf.types import PromptBatch, Rollout
+
+
+def take_rows(rollout: Rollout, rows: Tensor) -> Rollout:
+    """The rollout restricted to `rows` (tensor fields indexed, `meta` lists picked)."""
+    idx = rows.tolist()
+    fields = {k: (v[rows] if isinstance(v, Tensor) else v) for k, v in rollout._asdict().items() if k != "meta"}
+    return Rollout(**fields, meta={k: [v[i] for i in idx] for k, v in rollout.meta.items()})
+
+
+def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
+    """Rollouts concatenated by rows; prompts are left padded to the longest (D5)."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.prompt_ids.shape[1] for p in parts)
+    out: dict[str, Any] = {}
+    for name in Rollout._fields:
+        values = [getattr(p, name) for p in parts]
+        if name == "meta":
+            out[name] = {k: [x for p in parts for x in p.meta[k]] for k in parts[0].meta}
+        elif values[0] is None:
+            if any(v is not None for v in values):
+                raise ValueError(f"cannot concatenate rollouts where only some have {name!r}")
+            out[name] = None
+        elif name in ("prompt_ids", "prompt_mask"):
+            fill = 0 if name == "prompt_mask" else pad_token_id
+            out[name] = torch.cat([F.pad(v.long(), (width - v.shape[1], 0), value=fill) for v in values])
+        else:
+            out[name] = torch.cat(values)
+    out["prompt_mask"] = out["prompt_mask"].bool()
+    return Rollout(**out)
+
+
+def group_rows(groups: Tensor, group_size: int) -> Tensor:
+    """Row indices of the given group indices (each group's G rows contiguous)."""
+    return (groups.unsqueeze(1) * group_size + torch.arange(group_size, device=groups.device)).flatten()
+
+
+def refill_batch(module, size: int, index: int) -> PromptBatch:
+    """The `index`-th batch of `size` prompts of the refill stream (see the module docstring)."""
+    trainer = module.trainer
+    loader = trainer.train_dataloader
+    loader = getattr(loader, "iterables", loader)  # a CombinedLoader wraps the DataLoader
+    dataset, collate = loader.dataset, loader.collate_fn
+    dm = getattr(trainer, "datamodule", None)
+    seed = int(getattr(dm, "seed", 0) or 0)
+    generator = torch.Generator().manual_seed(seed + 7919 * index)
+    order = torch.randperm(len(dataset), generator=generator)
+    rank, world = trainer.global_rank, max(1, trainer.world_size)
+    if len(dataset) < size * world:
+        order = order.repeat(size * world // len(dataset) + 1)
+    rows = order[rank * size: (rank + 1) * size].tolist()
+    batch = collate([dataset[i] for i in rows])
+    return batch.to(module.device)
+
+
+def dynamic_sample(module, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
+    """`collect_rollout` with dynamic sampling: (rollout of B informative groups when it can,
+    each source's rewards on those rows, stats)."""
+    group = module.repeats
+    size = batch.input_ids.shape[0]
+    kept: list[tuple[Rollout, dict[str, Tensor]]] = []
+    dropped: list[tuple[Rollout, dict[str, Tensor]]] = []
+    n_kept = rounds = generated = 0
+    current = batch
+    while True:
+        rollout, per_source = module.make_rollout(current, group, with_logps=module.needs_rollout_logps)
+        rollout = module.apply_rollout_hooks(rollout)
+        rounds += 1
+        generated += rollout.response_ids.shape[0]
+        informative = informative_groups(rollout.scores.float(), group)  # (b,)
+        for mask, bucket in ((informative, kept), (~informative, dropped)):
+            if bool(mask.any()):
+                rows = group_rows(mask.nonzero().flatten(), group)
+                bucket.append((take_rows(rollout, rows), {k: v[rows] for k, v in per_source.items()}))
+        n_kept += int(informative.sum())
+        strategy = module.trainer.strategy
+        need_more = strategy.reduce_boolean_decision(n_kept < size, all=False)
+        if not need_more or rounds >= module.hparams.max_sampling_rounds:
+            break
+        current = refill_batch(module, size, module.refill_batches)
+        module.refill_batches += 1
+    found = n_kept
+    parts = kept + dropped  # informative first; dropped groups only top a short batch up
+    rollout = cat_rollouts([r for r, _ in parts], module.tokenizer.pad_token_id)
+    per_source = {k: torch.cat([s[k] for _, s in parts]) for k in parts[0][1]}
+    rows = torch.arange(size * group, device=rollout.scores.device)
+    rollout = take_rows(rollout, rows)
+    per_source = {k: v[rows] for k, v in per_source.items()}
+    world = max(1, module.trainer.world_size)
+    module.episodes += (generated - size * group) * world  # the rows trained on are counted by the step
+    stats = {
+        "dynamic_sampling/rounds": torch.tensor(float(rounds)),
+        "dynamic_sampling/informative_groups": torch.tensor(float(found)),
+        "dynamic_sampling/filled_groups": torch.tensor(float(max(0, size - found))),
+        "dynamic_sampling/rollouts_per_step": torch.tensor(generated / (size * group)),
+    }
+    return rollout, per_source, stats

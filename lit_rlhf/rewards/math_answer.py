@@ -1,0 +1,84 @@
+"""A math answer checker on the `math-verify` library: 1 for a right final answer, else 0.
+
+The final answer of a text (completion or reference) is found by, in order:
+
+1. the GSM8K convention: the text after the last `####` marker, up to the end of its line;
+2. otherwise `math_verify.parse` on the whole text: a `\\boxed{}` answer first (the last one),
+   then LaTeX in `$...$` / `\\(...\\)`, then a plain expression (the last number or formula);
+3. a candidate with a LaTeX command that does not parse as is is tried again as
+   `$candidate$`, so bare LaTeX such as `\\dfrac{3}{4}` counts.
+
+`math_verify.verify` then compares the two answers symbolically and numerically: `\\frac{1}{2}`,
+`0.5` and `\\boxed{\\frac12}` are the same answer, `1,000` is `1000`, `\\sqrt{8}` is `2\\sqrt{2}`.
+A completion whose answer cannot be parsed scores `incorrect` (0), never full marks. A
+reference that cannot be parsed is a data error and raises, naming the reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+_MARKER_LINE = re.compile(r"####\s*([^\n]*)")
+
+
+def _parse(text: str) -> list:
+    from math_verify import parse
+
+    parsed = parse(text)
+    if not parsed and "\\" in text and "$" not in text:  # bare LaTeX such as \dfrac{3}{4}
+        parsed = parse(f"${text}$")
+    return parsed
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_parse(text: str) -> tuple:
+    return tuple(_parse(text))
+
+
+def final_answer_text(text: str) -> str:
+    """The text the answer is read from: what follows the last `####` (GSM8K), else all of it."""
+    found = _MARKER_LINE.findall(text or "")
+    return found[-1].strip() if found else (text or "").strip()
+
+
+def parse_answer(text: str) -> list:
+    """The parsed final answer of `text` (`math_verify.parse` output; empty when none parses)."""
+    candidate = final_answer_text(text)
+    return list(_cached_parse(candidate)) if candidate else []
+
+
+def answers_match(reference: str, completion: str) -> bool:
+    """Whether `completion`'s final answer equals `reference`'s; False when it cannot be parsed.
+
+    Raises ValueError when the reference itself cannot be parsed."""
+    from math_verify import verify
+
+    gold = parse_answer(reference)
+    if not gold:
+        raise ValueError(f"the reference answer {reference!r} cannot be parsed as a math answer")
+    pred = parse_answer(completion)
+    return bool(pred) and bool(verify(gold, pred))
+
+
+class MathAnswerReward:
+    """Verifiable reward: `correct` when the completion's final answer equals the reference's.
+
+    Args:
+        column: the batch column holding the reference answer (a number, LaTeX, a `\\boxed{}`
+            solution or a GSM8K `... #### 42` solution).
+        correct: reward of a right answer.
+        incorrect: reward of a wrong or unparseable answer.
+    """
+
+    def __init__(self, column: str = "reference", correct: float = 1.0, incorrect: float = 0.0) -> None:
+        self.column = column
+        self.correct = float(correct)
+        self.incorrect = float(incorrect)
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+        if self.column not in columns:
+            raise KeyError(f"MathAnswerReward needs the batch column {self.column!r}; the batch has {sorted(columns)}")
+        return [self.correct if answers_match(ref, c) else self.incorrect
+                for c, ref in zip(completions, columns[self.column])]

@@ -1,0 +1,165 @@
+"""Reward sources for online methods (PPO, GRPO): reward models and reward functions, how a
+function is called and checked, and how several sources are combined into one score.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lit_rlhf import models
+from lit_rlhf.ops import last_true_index
+
+RewardFn = Callable[..., Any]
+
+
+def load_reward_model(name: str, tokenizer=None, dtype: str = "float32") -> models.ScalarHeadModel:
+    """A scalar model for rewards or values (`lit_rlhf.models.load_reward_model`): a
+    `RewardModule` checkpoint, an exported directory, or a causal LM with a fresh D11 head."""
+    return models.load_reward_model(name, tokenizer, dtype=dtype)
+
+
+@torch.no_grad()
+def reward_model_scores(
+    reward_model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    micro_batch_size: int | None = None,
+) -> Tensor:
+    """Scores (N,) of left-padded prompt + D23-cut response rows (N, P+R), read at the last
+    real token of each row: the EOS of a response that has one, its last token otherwise (D12)."""
+    size = micro_batch_size or input_ids.shape[0]
+    index = last_true_index(attention_mask.bool())  # (N,)
+    chunks = []
+    for start in range(0, input_ids.shape[0], size):
+        sl = slice(start, start + size)
+        chunks.append(reward_model.score(input_ids[sl], attention_mask[sl], index[sl]).float())
+    return torch.cat(chunks)
+
+
+def function_name(fn: RewardFn) -> str:
+    """A short, metric-friendly name of a reward function or callable object."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return name.strip("_<>") or "reward_fn"
+
+
+RewardNormalization = Literal["none", "group", "batch"]
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised or returned something unusable; names the function and the row."""
+
+
+def _describe_row(i: int, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> str:
+    index = columns.get("index")
+    where = f"row {i} of the rollout"
+    if index is not None and i < len(index):
+        where += f" (dataset row {index[i]})"
+    return f"{where}: prompt {prompts[i][-120:]!r}, completion {completions[i][:200]!r}"
+
+
+def _first_failing_row(fn: RewardFn, prompts, completions, columns) -> tuple[int, BaseException] | None:
+    """Calls `fn` one row at a time to find the first row it raises on (None if none does)."""
+    for i in range(len(completions)):
+        try:
+            fn([prompts[i]], [completions[i]], **{k: [v[i]] for k, v in columns.items()})
+        except Exception as err:  # noqa: BLE001 - any error is the one to report
+            return i, err
+    return None
+
+
+def call_reward_fn(fn: RewardFn, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
+    """Call `fn(prompts, completions, **columns)` and check it returned N finite floats -> (N,).
+
+    A function that raises is reported as a `RewardFunctionError` naming the function and the
+    first row it raises on (found by calling it again one row at a time), with the dataset row
+    index, prompt and completion; the training step stops there. Non-finite rewards are named
+    by row the same way.
+    """
+    name = function_name(fn)
+    columns = {k: v for k, v in columns.items() if k not in ("prompts", "completions")}
+    try:
+        out = fn(prompts, completions, **columns)
+    except Exception as err:
+        failing = _first_failing_row(fn, prompts, completions, columns)
+        if failing is None:
+            raise RewardFunctionError(
+                f"reward function {name!r} raised {type(err).__name__}: {err} on a batch of {len(completions)} rows "
+                "(no single row raises on its own)"
+            ) from err
+        i, row_err = failing
+        raise RewardFunctionError(
+            f"reward function {name!r} raised {type(row_err).__name__}: {row_err} on "
+            + _describe_row(i, prompts, completions, columns)
+        ) from err
+    try:
+        rewards = torch.as_tensor(out if isinstance(out, Tensor) else list(out), dtype=torch.float32).detach().cpu()
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"reward function {name!r} must return N floats, got {type(out).__name__}: {err}") from err
+    if rewards.shape != (len(completions),):
+        raise ValueError(f"reward function {name!r} returned shape {tuple(rewards.shape)}, expected ({len(completions)},)")
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(
+            f"reward function {name!r} returned non-finite rewards at {len(bad)} row(s) {bad[:8]}; first: "
+            f"{rewards[bad[0]].item()} on " + _describe_row(bad[0], prompts, completions, columns)
+        )
+    return rewards
+
+
+def normalize_reward(rewards: Tensor, how: RewardNormalization, group_size: int = 1, eps: float = 1e-4) -> Tensor:
+    """One source's rewards (N,) z-scored before the sources are combined -> (N,).
+
+    - "group": within each group of `group_size` contiguous rows (a prompt's G completions),
+      (r - mean) / (std + eps), and exactly 0 for a group whose rewards are all equal: the
+      per-reward decoupled normalisation of GDPO (Liu et al. 2026, "Group reward-Decoupled
+      Normalization Policy Optimization"), so a reward with a large spread cannot drown a
+      small-spread one in the weighted sum;
+    - "batch": (r - mean) / (std + eps) over all N rows (0 when they are all equal);
+    - "none": unchanged.
+
+    Stds are unbiased (Bessel-corrected), as in the GRPO advantages.
+    """
+    if how == "none":
+        return rewards
+    if how == "group":
+        if group_size < 2 or rewards.numel() % group_size:
+            raise ValueError(f"group reward normalisation needs groups of >= 2 rows dividing N={rewards.numel()}, "
+                             f"got group_size {group_size}")
+        grouped = rewards.view(-1, group_size)
+    elif how == "batch":
+        grouped = rewards.view(1, -1)
+    else:
+        raise ValueError(f"unknown reward normalisation {how!r}; expected 'none', 'group' or 'batch'")
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    z = centred / (grouped.std(dim=1, keepdim=True) + eps) if grouped.shape[1] > 1 else torch.zeros_like(centred)
+    equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(equal, torch.zeros_like(z), z).reshape(-1)
+
+
+def combine_rewards(
+    per_source: dict[str, Tensor],
+    weights: Sequence[float] | None,
+    normalization: RewardNormalization = "none",
+    group_size: int = 1,
+) -> Tensor:
+    """Weighted sum of the sources' (N,) rewards, in the order of `per_source` -> (N,).
+
+    With `normalization` other than "none", each source is first normalised on its own
+    (`normalize_reward`, groups of `group_size` rows), then weighted and summed.
+    """
+    if not per_source:
+        raise ValueError("no reward source: set reward_model and/or reward_fns")
+    values = [normalize_reward(v.float(), normalization, group_size) for v in per_source.values()]
+    weights = [1.0] * len(values) if weights is None else list(weights)
+    if len(weights) != len(values):
+        raise ValueError(
+            f"reward_weights has {len(weights)} entries but there are {len(values)} reward sources "
+            f"({', '.join(per_source)}): give one weight per source, reward model first"
+        )
+    total = torch.zeros_like(values[0])
+    for w, v in zip(weights, values):
+        total = total + float(w) * v.to(total.device, total.dtype)
+    return total

@@ -1,0 +1,78 @@
+"""GRPO-family pieces against hand-computed values: DAPO's group filter, GSPO, REINFORCE++."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from lit_rlhf.losses.grpo_family import (
+    clipped_token_loss,
+    gspo_policy_loss,
+    informative_groups,
+    normalize_token_advantages,
+    reinforce_pp_advantages,
+)
+
+log = math.log
+
+
+def test_informative_groups_drop_zero_variance():
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.3, 0.2])
+    assert informative_groups(scores, 2).tolist() == [False, True, False, True]
+    with pytest.raises(ValueError, match="group_size"):
+        informative_groups(scores, 3)
+
+
+def test_gspo_sequence_ratio_and_sequence_clipping():
+    mask = torch.tensor([[True, True], [True, False]])
+    logps = torch.tensor([[log(0.5), log(0.25)], [log(0.8), -3.0]], requires_grad=True)
+    old = torch.tensor([[log(0.25), log(0.25)], [log(0.4), -1.0]])  # the masked -3 vs -1 must not count
+    adv = torch.tensor([1.0, -1.0])
+    out = gspo_policy_loss(logps, old, None, adv, mask, clip_eps_low=0.2, clip_eps_high=0.2)
+    # s_1 = exp(mean(log 2, 0)) = sqrt 2 (clipped to 1.2, A > 0); s_2 = exp(log 2) = 2 (A < 0: min keeps -2)
+    assert out.loss.item() == pytest.approx((-1.2 + 2.0) / 2)
+    assert out.ratio_mean.item() == pytest.approx((math.sqrt(2) + 2) / 2)
+    assert out.clipfrac_high.item() == 0.5 and out.clipfrac_low.item() == 0.0
+    out.loss.backward()
+    # sequence 1 is clipped: no gradient; l_2 = s_2 = exp(logp - old) -> d loss / d logp[1,0] = s_2 / 2 = 1
+    assert logps.grad[0].abs().sum().item() == 0.0
+    assert logps.grad[1, 0].item() == pytest.approx(1.0) and logps.grad[1, 1].item() == 0.0
+
+
+def test_gspo_on_policy_is_the_sequence_mean_of_minus_advantages():
+    logps = torch.randn(3, 4)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    out = gspo_policy_loss(logps, None, None, torch.tensor([1.0, 2.0, -0.5]), mask)
+    assert out.loss.item() == pytest.approx(-(1.0 + 2.0 - 0.5) / 3)
+
+
+def test_reinforce_pp_kl_in_the_token_reward_and_group_baseline():
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    old = torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.5, 9.0]])  # the masked 9.0 is never summed
+    ref = torch.zeros(2, 3)
+    scores = torch.tensor([1.0, 0.0])
+    adv = reinforce_pp_advantages(scores, mask, old, ref, beta=0.5)
+    # KL to go: row 1 [0.6, 0.5, 0.3], row 2 [0.5, 0.5]; A = r - 0.5 * to_go
+    assert adv.flatten().tolist() == pytest.approx([0.7, 0.75, 0.85, -0.25, -0.25, 0.0])
+    base = reinforce_pp_advantages(scores, mask, old, ref, beta=0.5, group_size=2)  # r - group mean = +/-0.5, then the same KL to go
+    assert base.flatten().tolist() == pytest.approx([0.2, 0.25, 0.35, -0.75, -0.75, 0.0])
+    kept = [0.7, 0.75, 0.85, -0.25, -0.25]
+    mean, std = statistics.mean(kept), statistics.stdev(kept)
+    norm = normalize_token_advantages(adv, mask)
+    assert norm[mask].tolist() == pytest.approx([(v - mean) / std for v in kept], rel=1e-5)
+    assert norm[1, 2].item() == 0.0
+    assert normalize_token_advantages(torch.ones(2, 3), mask).abs().sum().item() == 0.0
+    assert reinforce_pp_advantages(scores, mask).tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]  # beta 0
+
+
+def test_clipped_token_loss_by_hand():
+    mask = torch.tensor([[True, True]])
+    logps = torch.tensor([[log(0.6), log(0.3)]])
+    old = torch.tensor([[log(0.4), log(0.3)]])  # ratios 1.5 and 1
+    adv = torch.tensor([[2.0, -1.0]])
+    out = clipped_token_loss(logps, old, adv, mask, 0.2, 0.2)
+    assert out.loss.item() == pytest.approx((-1.2 * 2.0 + 1.0) / 2)
+    assert out.clipfrac_high.item() == 0.5
