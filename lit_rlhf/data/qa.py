@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import datasets
 
+from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.data.formatting import (
@@ -39,6 +40,7 @@ from lit_rlhf.data.formatting import (
 
 QASchema = Literal["gsm8k", "math"]
 SCHEMA_FIELDS: dict[str, tuple[str, str]] = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
+RAW_SCHEMAS: dict[str, tuple[schemas.Schema, str]] = {"gsm8k": (schemas.GSM8K, "GSM8K"), "math": (schemas.MATH, "MATH")}
 UNPARSEABLE_ANSWER = "reference answer cannot be parsed"
 
 _IDS = datasets.Sequence(datasets.Value("int32"))
@@ -158,6 +160,7 @@ class QADataModule(RLHFDataModule):
             raise ValueError(f"schema must be one of {sorted(SCHEMA_FIELDS)}, got {schema!r}")
         if "{question}" not in prompt_template:
             raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
+        self.raw_schema, self.schema_name = RAW_SCHEMAS[schema]  # read by the base class's source loader
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
                          test_split=test_split, split_map=split_map, data_files=data_files,
                          max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,

@@ -63,6 +63,12 @@ ULTRAFEEDBACK: Schema = {
 ULTRAFEEDBACK_PROMPTS: Schema = {**ULTRAFEEDBACK_BINARIZED, **ULTRAFEEDBACK}
 """Either UltraFeedback schema (the prompt DataModule reads both)."""
 
+GSM8K: Schema = {"question": str, "answer": str}
+"""`openai/gsm8k` (configs `main`, `socratic`): the answer is a worked solution ending in `#### x`."""
+
+MATH: Schema = {"problem": str, "solution": str, "level": str, "type": str}
+"""The MATH dataset (Hendrycks et al. 2021): the final answer is the last `\\boxed{}` of `solution`."""
+
 _VALUE = {str: "string", int: "int64", float: "float64", bool: "bool"}
 _JSON_NAME = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
 
