@@ -116,7 +116,7 @@ class PPOModule(OnlineModule):
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         wd = self.hparams.weight_decay
         value_lr = self.hparams.value_lr or self.hparams.lr
-        return decay_groups(self.policy, wd) + decay_groups(self.value_model, wd, lr=value_lr)
+        return decay_groups(self.policy, wd, name="policy") + decay_groups(self.value_model, wd, name="value", lr=value_lr)
 
     def rollout_values(self, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
         """V(prompt + response[:t]) for t < R: the value head at positions P-1 ... P+R-2 -> (N, R)."""
