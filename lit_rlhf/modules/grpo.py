@@ -32,8 +32,9 @@ class GRPOModule(OnlineModule):
        equal gets exactly 0;
     3. `num_iterations` passes over `num_minibatches` minibatches (one optimizer step each)
        with the clipped surrogate (eps low/high) plus `beta` times the k3 KL to the reference
-       IN THE LOSS (`losses.grpo_policy_loss`), aggregated by `aggregation`. Micro-batch
-       losses are weighted by their share of rows (exact for `sequence_mean`).
+       IN THE LOSS (`losses.grpo_policy_loss`), aggregated by `aggregation` over the whole
+       minibatch whatever `micro_batch_size`: micro-batch losses are weighted by their share of
+       the minibatch's tokens (`token_mean`, counted over all ranks) or rows (the others).
 
     Logs the `OnlineModule` objective stats (scores, KL, entropy, RLHF reward = score -
     beta * KL, lengths, EOS fraction, times, tokens/s) plus `policy/{loss,clipfrac,
@@ -146,7 +147,11 @@ class GRPOModule(OnlineModule):
                 "objective/kl_loss": out.kl,
             }
 
-        stats = self.run_updates(mask.shape[0], hp.num_iterations, hp.num_minibatches, loss_fn)
+        # a token mean over the whole minibatch (all ranks), whatever micro_batch_size: each
+        # micro-batch weighs its share of the tokens (`run_updates`); the other aggregations are
+        # per-sequence (sequence_mean) or per-row constant (constant_normalizer): a share of rows
+        tokens = mask.sum(dim=1).float() if hp.aggregation == "token_mean" else None  # (B*G,)
+        stats = self.run_updates(mask.shape[0], hp.num_iterations, hp.num_minibatches, loss_fn, row_weights=tokens)
         stats["rewards/group_std"] = grouped.std(dim=1).mean()
         stats["rewards/zero_std_fraction"] = (grouped == grouped[:, :1]).all(dim=1).float().mean()
         stats["advantages/abs_mean"] = advantages.abs().mean()

@@ -51,6 +51,7 @@ import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
+from lit_rlhf import distributed
 from lit_rlhf.generation import (
     SamplingConfig,
     decode_responses,
@@ -272,14 +273,25 @@ class OnlineModule(PolicyModule):
         epochs: int,
         num_minibatches: int,
         loss_fn: Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]],
+        row_weights: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """`epochs` passes over the rollout in `num_minibatches` minibatches, one optimizer step
         each, accumulating gradients over micro-batches of `micro_batch_size` rows.
 
         `loss_fn(rows)` gets the rollout row indices of a micro-batch and returns (loss, stats),
-        the loss averaged over that micro-batch; it is weighted by the micro-batch's share of
-        its minibatch. Returns the stats averaged over all micro-batches, plus
-        `policy/first_ratio_mean` from the first one (exactly 1: D7).
+        the loss averaged over that micro-batch. Each micro-batch's loss is weighted by its share
+        of the minibatch's total weight, so the accumulated gradient is that of the loss over the
+        whole minibatch, whatever `micro_batch_size`:
+
+        - `row_weights` None: every row weighs 1 (a mean over sequences: the share of rows);
+        - `row_weights` (N,): the weight of each row, e.g. its number of response tokens for a
+          token-mean loss: a micro-batch's token mean times its tokens over the minibatch's tokens
+          is its token sum over the minibatch's tokens. The minibatch total is summed over all
+          ranks and multiplied by the world size (data parallelism averages the ranks'
+          gradients), so the loss is the token mean of the GLOBAL minibatch.
+
+        Returns the stats averaged over all micro-batches, plus `policy/first_ratio_mean` from the
+        first one (exactly 1: D7).
         """
         optimizer = self.optimizers()
         totals: dict[str, Tensor] = {}
@@ -290,6 +302,7 @@ class OnlineModule(PolicyModule):
             # the old log-probs were computed on (bitwise equal ratios, D7)
             for rows in self.minibatches(n_rows, num_minibatches, shuffle=epoch > 0):
                 micro = self.hparams.micro_batch_size or len(rows)
+                total = self.minibatch_weight(rows, row_weights)
                 finite = True
                 for start in range(0, len(rows), micro):
                     micro_rows = rows[start: start + micro]
@@ -297,7 +310,8 @@ class OnlineModule(PolicyModule):
                     finite = self.check_finite(loss=loss)  # raises (on_nonfinite: error) or skips the step
                     if not finite:
                         break
-                    self.manual_backward(loss * (len(micro_rows) / len(rows)))
+                    share = len(micro_rows) if row_weights is None else row_weights[micro_rows].sum()
+                    self.manual_backward(loss * (share / total))
                     if not first:
                         first = {k: v.detach() for k, v in stats.items()}
                     for k, v in stats.items():
@@ -311,6 +325,16 @@ class OnlineModule(PolicyModule):
         if "policy/ratio_mean" in first:
             out["policy/first_ratio_mean"] = first["policy/ratio_mean"]
         return out
+
+    @staticmethod
+    def minibatch_weight(rows: Tensor, row_weights: Tensor | None) -> Tensor | float:
+        """The total weight a minibatch's micro-batch losses are divided by (see `run_updates`)."""
+        if row_weights is None:
+            return float(len(rows))
+        total = row_weights[rows].sum().float()
+        if distributed.is_distributed():  # the global minibatch: every rank's rows, then DDP's 1/W
+            total = distributed.all_reduce_sum(total) / distributed.world_size()
+        return total
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
