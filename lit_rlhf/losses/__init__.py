@@ -23,6 +23,7 @@ from lit_rlhf.losses.ppo import (
     ppo_value_loss,
 )
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
+from lit_rlhf.losses.rloo import RLOOLossOutput, rloo, rloo_loss, rloo_sequence_rewards
 
 __all__ = [
     "AdvantageScale",
@@ -35,6 +36,7 @@ __all__ = [
     "PPOPolicyLossOutput",
     "PPORewardsOutput",
     "PPOValueLossOutput",
+    "RLOOLossOutput",
     "RewardLossOutput",
     "bradley_terry_loss",
     "dpo_loss",
@@ -47,5 +49,8 @@ __all__ = [
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",
+    "rloo",
     "rloo_advantages",
+    "rloo_loss",
+    "rloo_sequence_rewards",
 ]

@@ -1,4 +1,4 @@
-"""GRPO / RLOO with in-loop generation: G completions per prompt, group-relative advantages."""
+"""GRPO with in-loop generation: G completions per prompt, group-relative advantages."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from lit_rlhf.types import Rollout
 
 
 class GRPOModule(OnlineModule):
-    """Group relative policy optimisation (DeepSeekMath, Shao et al. 2024) and RLOO.
+    """Group relative policy optimisation (DeepSeekMath, Shao et al. 2024).
+
+    RLOO as its sources define it (KL in the sequence reward, REINFORCE on the summed
+    sequence log-prob) is `RLOOModule`. `advantage: rloo` here is an explicit hybrid: GRPO's
+    clipped per-token loss with the k3 KL in the loss, fed leave-one-out advantages.
 
     Each training step takes B prompts and:
 
@@ -44,7 +48,8 @@ class GRPOModule(OnlineModule):
 
     Args:
         num_generations: G, completions per prompt (>= 2).
-        advantage: `grpo` (group-normalised) or `rloo` (leave-one-out baseline).
+        advantage: `grpo` (group-normalised) or `rloo` (leave-one-out baseline inside the GRPO
+            loss: the hybrid; the textbook RLOO is `RLOOModule`).
         scale: GRPO's advantage scale: `group` std, `batch` std, or `none` (Dr. GRPO).
         eps: added to the std in the advantage.
         clip_eps_low: lower clip range of the ratio (1 - eps_low).
