@@ -101,13 +101,18 @@ class TrainingModule(LightningModule):
             raise ValueError("cannot schedule the learning rate: set trainer.max_steps or trainer.max_epochs")
         return int(steps)
 
+    def num_schedule_steps(self) -> int:
+        """Length of the learning-rate schedule in scheduler steps (one per optimizer step here;
+        online methods may step it once per rollout)."""
+        return self.num_training_steps()
+
     def configure_optimizers(self):
         hp = self.hparams
         trainer = self._trainer
         clips = bool(getattr(trainer, "gradient_clip_val", None)) or bool(hp.get("max_grad_norm"))
         optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, lr=hp.lr, eps=hp.adam_eps,
                                 betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay)
-        total = self.num_training_steps()
+        total = self.num_schedule_steps()
         warmup = hp.warmup_steps or int(hp.warmup_ratio * total)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(hp.lr_scheduler, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

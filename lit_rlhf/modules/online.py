@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
@@ -81,9 +81,15 @@ class OnlineModule(PolicyModule):
         temperature: sampling temperature, also dividing the logits of every log-prob.
         top_k: top-k sampling (0 = off).
         top_p: nucleus sampling (1.0 = off).
+        val_temperature: sampling temperature of the validation responses; None = `temperature`.
+            The N+ paper evaluates its TL;DR policies at 0.01 (near greedy). Validation log-probs
+            (the KL) stay at `temperature`, the distribution the KL penalty regularises.
         micro_batch_size: rows per forward pass, for scoring the rollout and for gradient
             accumulation in the update; None = a whole minibatch at once.
         max_grad_norm: gradient clipping norm (0 or None = off).
+        lr_schedule_per: `optimizer_step` (the schedule advances after every optimizer step) or
+            `rollout` (once per rollout, constant over its updates, as the N+ reference code
+            anneals: `lr * (1 - (update - 1) / num_updates)`); warmup then counts rollouts.
         total_episodes: stop after this many sampled responses (over all ranks), and size the
             learning-rate schedule from it; None = `trainer.max_steps` decides.
         log_completions_every_n_steps: log sample completions as TensorBoard text every this
@@ -104,8 +110,10 @@ class OnlineModule(PolicyModule):
         temperature: float = 0.7,
         top_k: int = 0,
         top_p: float = 1.0,
+        val_temperature: float | None = None,
         micro_batch_size: int | None = None,
         max_grad_norm: float | None = 1.0,
+        lr_schedule_per: Literal["optimizer_step", "rollout"] = "optimizer_step",
         total_episodes: int | None = None,
         log_completions_every_n_steps: int = 50,
         num_logged_completions: int = 4,
@@ -114,8 +122,12 @@ class OnlineModule(PolicyModule):
         super().__init__(**kwargs)
         self.automatic_optimization = False
         self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        self.val_sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=val_temperature or temperature,
+                                           top_k=top_k, top_p=top_p)
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
+        if lr_schedule_per not in ("optimizer_step", "rollout"):
+            raise ValueError(f"lr_schedule_per must be 'optimizer_step' or 'rollout', got {lr_schedule_per!r}")
         if total_episodes is not None and total_episodes < 1:
             raise ValueError(f"total_episodes must be >= 1 or None, got {total_episodes}")
         self.reward_fns = list(reward_fns or [])
@@ -176,10 +188,13 @@ class OnlineModule(PolicyModule):
     def _synced_gpus(self) -> bool:
         return needs_synced_gpus(self._trainer)
 
-    def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True) -> tuple[Rollout, dict[str, Tensor]]:
+    def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True,
+                     sampling: SamplingConfig | None = None) -> tuple[Rollout, dict[str, Tensor]]:
         """Generate, score once (old/reference log-probs, values) and reward, without grad.
 
-        `with_logps=False` leaves `rollout.logps` None (the update computes them). Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
+        `with_logps=False` leaves `rollout.logps` None (the update computes them). `sampling`
+        (default `self.sampling`) is how the responses are drawn; log-probs are always at the
+        training temperature. Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
         combined, unshaped scores, and each reward source's (N,) rewards by name.
         """
         prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
@@ -189,7 +204,7 @@ class OnlineModule(PolicyModule):
             prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
             meta = repeat_meta(meta, repeats)
         response_ids, response_mask, has_eos = generate_responses(
-            self.policy, prompt_ids, prompt_mask, self.sampling, self.tokenizer.eos_token_id,
+            self.policy, prompt_ids, prompt_mask, sampling or self.sampling, self.tokenizer.eos_token_id,
             self.tokenizer.pad_token_id, synced_gpus=self._synced_gpus,
         )  # (N, R), (N, R), (N,)
         micro = self.hparams.micro_batch_size
@@ -345,12 +360,17 @@ class OnlineModule(PolicyModule):
             strategy.config.setdefault("gradient_clipping", float(self.hparams.max_grad_norm))
 
     def apply_optimizer_step(self, optimizer) -> None:
-        """Clip, step, zero the grads, advance the learning-rate schedule by one step."""
+        """Clip, step, zero the grads, advance the learning-rate schedule by one step (unless
+        it advances per rollout: `step_lr_schedule` after the update then)."""
         max_norm = self.hparams.max_grad_norm
         if max_norm:
             self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if self.hparams.get("lr_schedule_per", "optimizer_step") == "optimizer_step":
+            self.step_lr_schedule()
+
+    def step_lr_schedule(self) -> None:
         schedulers = self.lr_schedulers()
         for scheduler in schedulers if isinstance(schedulers, list) else [schedulers] if schedulers else []:
             scheduler.step()
@@ -365,6 +385,8 @@ class OnlineModule(PolicyModule):
         rollout = self.apply_rollout_hooks(rollout)
         generated = time.perf_counter()
         rollout, stats = self.update(rollout)
+        if self.hparams.get("lr_schedule_per", "optimizer_step") == "rollout":
+            self.step_lr_schedule()
         updated = time.perf_counter()
         self.notify_rollout_end(rollout)
 
@@ -430,7 +452,7 @@ class OnlineModule(PolicyModule):
     # ------------------------------------------------------------------------------------------
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        rollout, per_source = self.make_rollout(batch, 1)
+        rollout, per_source = self.make_rollout(batch, 1, sampling=self.val_sampling)
         stats = {
             "objective/scores": rollout.scores.float().mean(),
             "response/length": rollout.response_mask.sum(dim=1).float().mean(),
@@ -455,6 +477,13 @@ class OnlineModule(PolicyModule):
         if not size:
             raise ValueError("cannot tell the prompt batch size: give the DataModule a `batch_size`")
         return int(size)
+
+    def num_schedule_steps(self) -> int:
+        """Scheduler steps of the fit: optimizer steps, or rollouts with `lr_schedule_per: rollout`."""
+        steps = self.num_training_steps()
+        if self.hparams.get("lr_schedule_per", "optimizer_step") == "rollout":
+            return math.ceil(steps / self.updates_per_rollout())
+        return steps
 
     def episodes_per_rollout(self) -> int:
         return self.prompts_per_rollout() * self.repeats * max(1, self.trainer.world_size)
