@@ -209,7 +209,7 @@ def overridden_config(config: dict, out: Path, data_dirs: dict[str, Path]) -> di
     return config
 
 
-def _data_args(config: dict, data_dirs: dict[str, Path]) -> list[str]:
+def _data_args(config: dict, data_dirs: dict[str, Path], batch_size: int) -> list[str]:
     from lit_rlhf import data as data_module
 
     data = config["data"]
@@ -218,7 +218,7 @@ def _data_args(config: dict, data_dirs: dict[str, Path]) -> list[str]:
     declared = data.get("init_args") or {}
     defaults = inspect.signature(getattr(data_module, cls_name).__init__).parameters
     args = [f"--data.init_args.path={data_dirs[kind]}", "--data.init_args.name=null",
-            "--data.init_args.batch_size=2", "--data.init_args.eval_batch_size=2"]
+            f"--data.init_args.batch_size={batch_size}", f"--data.init_args.eval_batch_size={batch_size}"]
     for role, file_split in (("train_split", "train"), ("val_split", "validation"), ("test_split", "test")):
         split = declared.get(role, defaults[role].default if role in defaults else None)
         assert role != "val_split" or split, f"{cls_name}: the recipe configures no validation split"
@@ -246,9 +246,10 @@ def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = N
     # validate once, after the last optimizer step; with accumulation the tiny data's epochs end
     # mid-window (Lightning then steps early), so validate after every batch there
     batches = STEPS if accumulate == 1 else 1
+    online = config["model"]["class_path"].endswith(("PPOModule", "GRPOModule", "RLOOModule"))
     if config["model"]["class_path"].endswith("PPOModule"):  # one rollout = ppo_epochs x num_minibatches steps
         batches = math.ceil(STEPS / (declared.get("ppo_epochs", 4) * declared.get("num_minibatches", 1)))
-    elif config["model"]["class_path"].endswith("GRPOModule"):
+    elif online:  # GRPO / RLOO: num_iterations x num_minibatches steps per rollout (RLOO: 1)
         batches = math.ceil(STEPS / (declared.get("num_iterations", 1) * declared.get("num_minibatches", 1)))
     files = [overridden_config(config, tmp_path, data_dirs)]
     if overlay is not None:
@@ -264,7 +265,8 @@ def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = N
         "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=1",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={tmp_path}",
-        *_model_args(config), *_data_args(config, data_dirs),
+        # online: 1 prompt per rollout (x num_generations); offline: 2 rows (KTO's z0 needs 2)
+        *_model_args(config), *_data_args(config, data_dirs, 1 if online else 2),
     ]
     torch.manual_seed(0)
     return main(args, run=run)
