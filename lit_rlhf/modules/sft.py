@@ -10,7 +10,7 @@ from torch import Tensor
 
 from lit_rlhf import distributed
 from lit_rlhf.modules.base import PolicyModule
-from lit_rlhf.ops import masked_mean, masked_sum
+from lit_rlhf.ops import masked_sum
 from lit_rlhf.types import SFTBatch
 
 
@@ -36,18 +36,22 @@ class SFTModule(PolicyModule):
         super().__init__(**kwargs)
         self._step_tokens = 0.0  # completion tokens of the batches accumulated since the last step
 
-    def _nll(self, batch: SFTBatch):
+    def nll_terms(self, batch: SFTBatch) -> tuple[Tensor, Tensor]:
+        """(summed NLL of the completion tokens, their number) of one batch."""
         logps = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (B, T)
-        return -masked_mean(logps, batch.loss_mask)
+        return -masked_sum(logps, batch.loss_mask), batch.loss_mask.sum()
+
+    def _nll(self, batch: SFTBatch):
+        """The token mean of the NLL of one batch."""
+        nll_sum, tokens = self.nll_terms(batch)
+        return nll_sum / tokens.clamp(min=1)
 
     def _sums_tokens(self) -> bool:
         """Whether the gradient is normalised by the step's tokens (not under DeepSpeed)."""
         return self._trainer is not None and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
 
     def training_step(self, batch: SFTBatch, batch_idx: int):
-        logps = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (B, T)
-        nll_sum = -masked_sum(logps, batch.loss_mask)
-        tokens = batch.loss_mask.sum()
+        nll_sum, tokens = self.nll_terms(batch)
         loss = nll_sum / tokens.clamp(min=1)
         if not self.check_finite(batch, loss=loss):
             return None  # Lightning skips backward and the optimizer step
