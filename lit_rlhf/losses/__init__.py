@@ -13,7 +13,14 @@ from lit_rlhf.losses.grpo import (
     grpo_policy_loss,
     rloo_advantages,
 )
-from lit_rlhf.losses.kto import KTOLossOutput, kto_kl_estimate, kto_loss, labels_from_rewards
+from lit_rlhf.losses.kto import (
+    KTO_WEIGHT_RATIO_RANGE,
+    KTOLossOutput,
+    kto_kl_estimate,
+    kto_loss,
+    kto_weight_ratio,
+    labels_from_rewards,
+)
 from lit_rlhf.losses.ppo import (
     PPOPolicyLossOutput,
     PPORewardsOutput,
@@ -23,8 +30,10 @@ from lit_rlhf.losses.ppo import (
     ppo_value_loss,
 )
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
+from lit_rlhf.losses.rloo import RLOOLossOutput, rloo, rloo_loss, rloo_sequence_rewards
 
 __all__ = [
+    "KTO_WEIGHT_RATIO_RANGE",
     "AdvantageScale",
     "Aggregation",
     "DPOLossOutput",
@@ -35,6 +44,7 @@ __all__ = [
     "PPOPolicyLossOutput",
     "PPORewardsOutput",
     "PPOValueLossOutput",
+    "RLOOLossOutput",
     "RewardLossOutput",
     "bradley_terry_loss",
     "dpo_loss",
@@ -43,9 +53,13 @@ __all__ = [
     "grpo_policy_loss",
     "kto_kl_estimate",
     "kto_loss",
+    "kto_weight_ratio",
     "labels_from_rewards",
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",
+    "rloo",
     "rloo_advantages",
+    "rloo_loss",
+    "rloo_sequence_rewards",
 ]

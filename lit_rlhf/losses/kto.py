@@ -85,3 +85,18 @@ def labels_from_rewards(rewards: Tensor) -> Tensor:
     all-equal batch, say) are undesirable.
     """
     return rewards > rewards.mean()
+
+
+KTO_WEIGHT_RATIO_RANGE = (1.0, 4.0 / 3.0)  # Ethayarajh et al. 2024, Sec. 4.2 (Eq. 9)
+
+
+def kto_weight_ratio(num_desirable: Tensor | float, num_undesirable: Tensor | float, desirable_weight: float,
+                     undesirable_weight: float) -> float:
+    """lambda_D n_D / (lambda_U n_U): how much the desirable examples weigh against the undesirable
+    ones. The KTO paper (Sec. 4.2) recommends keeping it in [1, 4/3]; `inf` with no undesirable
+    example (or lambda_U = 0), `nan` when both sides weigh 0."""
+    desirable = desirable_weight * float(num_desirable)
+    undesirable = undesirable_weight * float(num_undesirable)
+    if undesirable == 0:
+        return float("nan") if desirable == 0 else float("inf")
+    return desirable / undesirable

@@ -7,6 +7,7 @@ from lit_rlhf.modules.kto import KTOModule
 from lit_rlhf.modules.reward import RewardModule
 from lit_rlhf.modules.grpo import GRPOModule
 from lit_rlhf.modules.ppo import PPOModule
+from lit_rlhf.modules.rloo import RLOOModule
 from lit_rlhf.modules.sft import SFTModule
 
-__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "PolicyModule", "RewardModule", "SFTModule", "TrainingModule"]
+__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "PolicyModule", "RewardModule", "RLOOModule", "SFTModule", "TrainingModule"]

@@ -34,6 +34,8 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from lightning import LightningModule
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from torch import Tensor, nn
 
 from lit_rlhf import checks, models, resume, rng
@@ -100,14 +102,38 @@ class TrainingModule(LightningModule):
             raise ValueError("cannot schedule the learning rate: set trainer.max_steps or trainer.max_epochs")
         return int(steps)
 
+    def num_schedule_steps(self) -> int:
+        """Length of the learning-rate schedule in scheduler steps (one per optimizer step here;
+        online methods may step it once per rollout)."""
+        return self.num_training_steps()
+
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = build_adamw(self.optimizer_param_groups(), self._trainer, lr=hp.lr, eps=hp.adam_eps,
+        trainer = self._trainer
+        clips = bool(getattr(trainer, "gradient_clip_val", None)) or bool(hp.get("max_grad_norm"))
+        optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, lr=hp.lr, eps=hp.adam_eps,
                                 betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay)
-        total = self.num_training_steps()
+        total = self.num_schedule_steps()
         warmup = hp.warmup_steps or int(hp.warmup_ratio * total)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(hp.lr_scheduler, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's `clip_gradients`, also for the fused AdamW under bf16 mixed precision.
+
+        Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales its
+        gradients inside its step (the fused AdamW), which only matters when a GradScaler scales
+        them (fp16). Under bf16 nothing is scaled: the gradients are clipped as they are. Under
+        fp16 with clipping `build_adamw` builds the non-fused AdamW, so the plugin's path works.
+        """
+        plugin = self.trainer.precision_plugin
+        if isinstance(plugin, MixedPrecision) and getattr(plugin, "scaler", None) is None:
+            if gradient_clip_val is None:
+                gradient_clip_val = self.trainer.gradient_clip_val or 0.0
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or self.trainer.gradient_clip_algorithm or "norm")
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
+            return
+        super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # ----------------------------------------------------------------------------------------
     # non-finite guard: nothing non-finite reaches the weights
@@ -261,7 +287,10 @@ class PolicyModule(TrainingModule):
             directory, a `.gguf` file or a hub id (see `lit_rlhf.models`).
         tokenizer: tokenizer name; defaults to `model`.
         dtype: dtype the weights are loaded in (`float32`, `bfloat16`, `float16`). Mixed precision
-            is the trainer's `precision`, not this.
+            is the trainer's `precision`, not this: `bf16-mixed` on `float32` weights is fp32
+            master weights and optimizer state with bf16 compute. Trainable bf16/fp16 weights
+            are refused at start-up (no fp32 master copy) unless DeepSpeed trains or the
+            precision is `bf16-true` / `16-true` (pure low-precision training on purpose).
         lr: peak learning rate of AdamW.
         weight_decay: AdamW weight decay (not applied to biases and norm weights).
         adam_eps: AdamW epsilon (the N+ paper uses 1e-5).
@@ -461,13 +490,20 @@ class _SkipStep(Exception):
     """Raised inside the optimizer closure to skip one step (caught in `optimizer_step`)."""
 
 
-def decay_groups(module: nn.Module, weight_decay: float, **extra: Any) -> list[dict[str, Any]]:
-    """Split trainable parameters into decayed (matrices) and non-decayed (biases, norms) groups."""
+def decay_groups(module: nn.Module, weight_decay: float, name: str | None = None, **extra: Any) -> list[dict[str, Any]]:
+    """Split trainable parameters into decayed (matrices) and non-decayed (biases, norms) groups.
+
+    With `name`, the groups are named `name` and `name/no_decay` (distinct names: Lightning's
+    `LearningRateMonitor` logs one learning rate per named group and refuses duplicates)."""
     decay, no_decay = [], []
     for param in module.parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay, **extra}, {"params": no_decay, "weight_decay": 0.0, **extra}]
+    names = ({"name": name}, {"name": f"{name}/no_decay"}) if name is not None else ({}, {})
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, **names[0], **extra},
+        {"params": no_decay, "weight_decay": 0.0, **names[1], **extra},
+    ]
     return [g for g in groups if g["params"]]
 
 
@@ -482,14 +518,18 @@ def offloads_optimizer(trainer: Any) -> bool:
     return offload.get("device", "none") not in ("none", None)
 
 
-def build_adamw(param_groups: list[dict[str, Any]], trainer: Any = None, **hyper: Any) -> torch.optim.Optimizer:
+def build_adamw(param_groups: list[dict[str, Any]], trainer: Any = None, clips: bool = False, **hyper: Any) -> torch.optim.Optimizer:
     """AdamW over `param_groups` (`lr`, `eps`, `betas`, `weight_decay` in `hyper`).
 
     - DeepSpeed with the optimizer offloaded to CPU: DeepSpeed's CPU Adam in AdamW mode (the
       engine refuses a torch optimizer there);
     - otherwise torch's AdamW, fused (one kernel per parameter: no parameter-sized temporaries,
       13x faster than the per-tensor loop for a 28M-parameter embedding on CPU) when every
-      parameter is a floating-point tensor on CPU or CUDA, as transformers' Trainer does.
+      parameter is a floating-point tensor on CPU or CUDA, as transformers' Trainer does;
+    - except under fp16 mixed precision with gradient clipping (`clips`): the GradScaler's
+      gradients must be unscaled before they are clipped, which the fused kernel does only inside
+      its step, so the per-tensor (foreach) AdamW is built. Under bf16 nothing is scaled and the
+      fused AdamW is clipped as it is (`TrainingModule.clip_gradients`).
     """
     if offloads_optimizer(trainer):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -497,6 +537,8 @@ def build_adamw(param_groups: list[dict[str, Any]], trainer: Any = None, **hyper
         return DeepSpeedCPUAdam(param_groups, adamw_mode=True, **hyper)
     params = [p for group in param_groups for p in group["params"]]
     fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    if clips and getattr(getattr(trainer, "precision_plugin", None), "scaler", None) is not None:
+        fused = False  # fp16: clip after the GradScaler unscales, which needs the non-fused step
     return torch.optim.AdamW(param_groups, fused=fused or None, **hyper)
 
 

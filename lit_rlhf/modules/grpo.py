@@ -1,4 +1,4 @@
-"""GRPO / RLOO with in-loop generation: G completions per prompt, group-relative advantages."""
+"""GRPO with in-loop generation: G completions per prompt, group-relative advantages."""
 
 from __future__ import annotations
 
@@ -25,7 +25,11 @@ ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 
 
 class GRPOModule(OnlineModule):
-    """Group relative policy optimisation (DeepSeekMath, Shao et al. 2024) and RLOO.
+    """Group relative policy optimisation (DeepSeekMath, Shao et al. 2024).
+
+    RLOO as its sources define it (KL in the sequence reward, REINFORCE on the summed
+    sequence log-prob) is `RLOOModule`. `advantage: rloo` here is an explicit hybrid: GRPO's
+    clipped per-token loss with the k3 KL in the loss, fed leave-one-out advantages.
 
     Each training step takes B prompts and:
 
@@ -42,8 +46,9 @@ class GRPOModule(OnlineModule):
        equal gets exactly 0;
     3. `num_iterations` passes over `num_minibatches` minibatches (one optimizer step each)
        with the clipped surrogate (eps low/high) plus `beta` times the k3 KL to the reference
-       IN THE LOSS (`losses.grpo_policy_loss`), aggregated by `aggregation`. Micro-batch
-       losses are weighted by their share of rows (exact for `sequence_mean`).
+       IN THE LOSS (`losses.grpo_policy_loss`), aggregated by `aggregation` over the whole
+       minibatch whatever `micro_batch_size`: micro-batch losses are weighted by their share of
+       the minibatch's tokens (`token_mean`, counted over all ranks) or rows (the others).
 
     Logs the `OnlineModule` objective stats (scores, KL, entropy, RLHF reward = score -
     beta * KL, lengths, EOS fraction, times, tokens/s) plus `policy/{loss,clipfrac,
@@ -53,7 +58,8 @@ class GRPOModule(OnlineModule):
 
     Args:
         num_generations: G, completions per prompt (>= 2).
-        advantage: `grpo` (group-normalised) or `rloo` (leave-one-out baseline).
+        advantage: `grpo` (group-normalised) or `rloo` (leave-one-out baseline inside the GRPO
+            loss: the hybrid; the textbook RLOO is `RLOOModule`).
         scale: GRPO's advantage scale: `group` std, `batch` std, or `none` (Dr. GRPO).
         eps: added to the std in the advantage.
         clip_eps_low: lower clip range of the ratio (1 - eps_low).
@@ -219,7 +225,13 @@ class GRPOModule(OnlineModule):
                 "objective/kl_loss": out.kl,
             }
 
-        stats = self.run_updates(mask.shape[0], hp.num_iterations, hp.num_minibatches, loss_fn)
+        # a token mean over the whole minibatch (all ranks), whatever micro_batch_size: each
+        # micro-batch weighs its share of the loss's tokens (`run_updates`; REINFORCE++'s loss is
+        # a token mean too); GSPO and the other aggregations are per-sequence (sequence_mean) or
+        # per-row constant (constant_normalizer): a share of rows
+        token_mean = token_advantages is not None or (hp.aggregation == "token_mean" and not sequence_level)
+        tokens = loss_mask.sum(dim=1).float() if token_mean else None  # (B*G,)
+        stats = self.run_updates(mask.shape[0], hp.num_iterations, hp.num_minibatches, loss_fn, row_weights=tokens)
         stats["rewards/group_std"] = grouped.std(dim=1).mean()
         stats["rewards/zero_std_fraction"] = (grouped == grouped[:, :1]).all(dim=1).float().mean()
         stats["advantages/abs_mean"] = advantages.abs().mean()

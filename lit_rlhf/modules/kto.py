@@ -13,8 +13,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from lit_rlhf import distributed
 from lit_rlhf.distributed import gather_rows
-from lit_rlhf.losses import kto_kl_estimate, kto_loss, labels_from_rewards
+from lit_rlhf.losses import KTO_WEIGHT_RATIO_RANGE, kto_kl_estimate, kto_loss, kto_weight_ratio, labels_from_rewards
 from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
 from lit_rlhf.types import PreferenceBatch, SingleBatch
 
@@ -69,6 +70,11 @@ class KTOModule(PolicyModule):
     - `PreferenceBatch`: the pairs split into a desirable (chosen, rows [:B]) and an undesirable
       (rejected, rows [B:]) completion; `labels_from` is ignored.
 
+    The weight ratio lambda_D n_D / (lambda_U n_U) (`losses.kto_weight_ratio`) is logged every
+    step over the global batch (`data/weight_ratio`) and over the run so far
+    (`data/weight_ratio_cumulative`); a warning names the weights to change when the run's ratio
+    leaves the paper's [1, 4/3] (checked from the 8th step on, and at each epoch end; once).
+
     z0 (the KL reference point) is the mean log-ratio log pi/pi_ref over the mismatched
     sequences of the batch (prompt i, completion i+1 mod B), computed without gradient,
     averaged across ranks, clamped at 0 (`kl_reference_point`).
@@ -108,15 +114,19 @@ class KTOModule(PolicyModule):
         self.undesirable_weight = undesirable_weight
         self.labels_from = labels_from
         self._last_z0 = 0.0  # fallback for a batch with a single prompt (see `kl_reference_point`)
+        self._counts = [0.0, 0.0]  # desirable, undesirable examples trained on so far (all ranks)
+        self._ratio_warned = False
         self.load_reference(ref_model, self.hparams.dtype)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint[CHECKPOINT_KEY]["last_z0"] = self._last_z0  # the single-prompt batch fallback (exact resume)
+        checkpoint[CHECKPOINT_KEY]["label_counts"] = list(self._counts)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         self._last_z0 = float(checkpoint.get(CHECKPOINT_KEY, {}).get("last_z0", 0.0))
+        self._counts = [float(c) for c in checkpoint.get(CHECKPOINT_KEY, {}).get("label_counts", [0.0, 0.0])]
 
     def desirable_flags(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
         """(N,) bool, True = desirable, for the N rows of the batch."""
@@ -173,11 +183,49 @@ class KTOModule(PolicyModule):
             "objective/kl": out.kl,
             "logps/policy": policy.detach().mean(),
             "data/desirable_fraction": desirable.float().mean(),
+            "data/num_desirable": out.num_desirable.float(),
+            "data/num_undesirable": out.num_undesirable.float(),
         }
         return out.loss, stats
 
+    def weight_ratio_stats(self, num_desirable: Tensor, num_undesirable: Tensor) -> dict[str, float]:
+        """lambda_D n_D / (lambda_U n_U) of this global batch and of the run so far."""
+        counts = torch.stack([num_desirable, num_undesirable]).double()
+        n_d, n_u = distributed.all_reduce_sum(counts).tolist()
+        self._counts = [self._counts[0] + n_d, self._counts[1] + n_u]
+        return {
+            "data/weight_ratio": kto_weight_ratio(n_d, n_u, self.desirable_weight, self.undesirable_weight),
+            "data/weight_ratio_cumulative": self.cumulative_weight_ratio(),
+        }
+
+    def cumulative_weight_ratio(self) -> float:
+        return kto_weight_ratio(*self._counts, self.desirable_weight, self.undesirable_weight)
+
+    def check_weight_ratio(self) -> None:
+        """Warn once when the run's lambda_D n_D / (lambda_U n_U) is outside the paper's [1, 4/3]."""
+        low, high = KTO_WEIGHT_RATIO_RANGE
+        ratio = self.cumulative_weight_ratio()
+        if self._ratio_warned or not sum(self._counts) or low <= ratio <= high:
+            return
+        self._ratio_warned = True
+        n_d, n_u = self._counts
+        target = 1.0 if ratio < low else high  # the nearest end of the range
+        suggestion = target * self.undesirable_weight * n_u / max(n_d, 1.0)
+        log.warning(
+            "KTO: lambda_D n_D / (lambda_U n_U) = %.3g x %d / (%.3g x %d) = %.3g is outside [1, 4/3], the range the KTO "
+            "paper recommends (Ethayarajh et al. 2024, Sec. 4.2); e.g. desirable_weight: %.3g (with undesirable_weight "
+            "%.3g) gives %.3g", self.desirable_weight, n_d, self.undesirable_weight, n_u, ratio, suggestion,
+            self.undesirable_weight, target,
+        )
+
+    def on_train_epoch_end(self) -> None:
+        self.check_weight_ratio()
+
     def training_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> Tensor | None:
         loss, stats = self.compute_loss(batch)
+        stats.update(self.weight_ratio_stats(stats["data/num_desirable"], stats["data/num_undesirable"]))
+        if self.global_step >= 7:
+            self.check_weight_ratio()
         if not self.check_finite(batch, loss=loss):
             return None  # on_nonfinite=skip: Lightning skips backward and the step
         self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", "objective/kl"))

@@ -47,12 +47,13 @@ import math
 import os
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
+from lit_rlhf import distributed
 from lit_rlhf.generation import (
     SamplingConfig,
     decode_responses,
@@ -92,9 +93,15 @@ class OnlineModule(PolicyModule):
         temperature: sampling temperature, also dividing the logits of every log-prob.
         top_k: top-k sampling (0 = off).
         top_p: nucleus sampling (1.0 = off).
+        val_temperature: sampling temperature of the validation responses; None = `temperature`.
+            The N+ paper evaluates its TL;DR policies at 0.01 (near greedy). Validation log-probs
+            (the KL) stay at `temperature`, the distribution the KL penalty regularises.
         micro_batch_size: rows per forward pass, for scoring the rollout and for gradient
             accumulation in the update; None = a whole minibatch at once.
         max_grad_norm: gradient clipping norm (0 or None = off).
+        lr_schedule_per: `optimizer_step` (the schedule advances after every optimizer step) or
+            `rollout` (once per rollout, constant over its updates, as the N+ reference code
+            anneals: `lr * (1 - (update - 1) / num_updates)`); warmup then counts rollouts.
         total_episodes: stop after this many sampled responses (over all ranks), and size the
             learning-rate schedule from it; None = `trainer.max_steps` decides.
         log_completions_every_n_steps: log sample completions as TensorBoard text every this
@@ -116,8 +123,10 @@ class OnlineModule(PolicyModule):
         temperature: float = 0.7,
         top_k: int = 0,
         top_p: float = 1.0,
+        val_temperature: float | None = None,
         micro_batch_size: int | None = None,
         max_grad_norm: float | None = 1.0,
+        lr_schedule_per: Literal["optimizer_step", "rollout"] = "optimizer_step",
         total_episodes: int | None = None,
         log_completions_every_n_steps: int = 50,
         num_logged_completions: int = 4,
@@ -126,8 +135,12 @@ class OnlineModule(PolicyModule):
         super().__init__(**kwargs)
         self.automatic_optimization = False
         self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        self.val_sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=val_temperature or temperature,
+                                           top_k=top_k, top_p=top_p)
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
+        if lr_schedule_per not in ("optimizer_step", "rollout"):
+            raise ValueError(f"lr_schedule_per must be 'optimizer_step' or 'rollout', got {lr_schedule_per!r}")
         if total_episodes is not None and total_episodes < 1:
             raise ValueError(f"total_episodes must be >= 1 or None, got {total_episodes}")
         self.reward_fns = list(reward_fns or [])
@@ -190,10 +203,13 @@ class OnlineModule(PolicyModule):
     def _synced_gpus(self) -> bool:
         return needs_synced_gpus(self._trainer)
 
-    def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True) -> tuple[Rollout, dict[str, Tensor]]:
+    def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True,
+                     sampling: SamplingConfig | None = None) -> tuple[Rollout, dict[str, Tensor]]:
         """Generate, score once (old/reference log-probs, values) and reward, without grad.
 
-        `with_logps=False` leaves `rollout.logps` None (the update computes them). Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
+        `with_logps=False` leaves `rollout.logps` None (the update computes them). `sampling`
+        (default `self.sampling`) is how the responses are drawn; log-probs are always at the
+        training temperature. Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
         combined, unshaped scores, and each reward source's (N,) rewards by name.
         """
         prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
@@ -203,7 +219,7 @@ class OnlineModule(PolicyModule):
             prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
             meta = repeat_meta(meta, repeats)
         response_ids, response_mask, has_eos = generate_responses(
-            self.policy, prompt_ids, prompt_mask, self.sampling, self.tokenizer.eos_token_id,
+            self.policy, prompt_ids, prompt_mask, sampling or self.sampling, self.tokenizer.eos_token_id,
             self.tokenizer.pad_token_id, synced_gpus=self._synced_gpus,
         )  # (N, R), (N, R), (N,)
         micro = self.hparams.micro_batch_size
@@ -306,14 +322,25 @@ class OnlineModule(PolicyModule):
         epochs: int,
         num_minibatches: int,
         loss_fn: Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]],
+        row_weights: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """`epochs` passes over the rollout in `num_minibatches` minibatches, one optimizer step
         each, accumulating gradients over micro-batches of `micro_batch_size` rows.
 
         `loss_fn(rows)` gets the rollout row indices of a micro-batch and returns (loss, stats),
-        the loss averaged over that micro-batch; it is weighted by the micro-batch's share of
-        its minibatch. Returns the stats averaged over all micro-batches, plus
-        `policy/first_ratio_mean` from the first one (exactly 1: D7).
+        the loss averaged over that micro-batch. Each micro-batch's loss is weighted by its share
+        of the minibatch's total weight, so the accumulated gradient is that of the loss over the
+        whole minibatch, whatever `micro_batch_size`:
+
+        - `row_weights` None: every row weighs 1 (a mean over sequences: the share of rows);
+        - `row_weights` (N,): the weight of each row, e.g. its number of response tokens for a
+          token-mean loss: a micro-batch's token mean times its tokens over the minibatch's tokens
+          is its token sum over the minibatch's tokens. The minibatch total is summed over all
+          ranks and multiplied by the world size (data parallelism averages the ranks'
+          gradients), so the loss is the token mean of the GLOBAL minibatch.
+
+        Returns the stats averaged over all micro-batches, plus `policy/first_ratio_mean` from the
+        first one (exactly 1: D7).
         """
         optimizer = self.optimizers()
         totals: dict[str, Tensor] = {}
@@ -324,6 +351,7 @@ class OnlineModule(PolicyModule):
             # the old log-probs were computed on (bitwise equal ratios, D7)
             for rows in self.minibatches(n_rows, num_minibatches, shuffle=epoch > 0):
                 micro = self.hparams.micro_batch_size or len(rows)
+                total = self.minibatch_weight(rows, row_weights)
                 finite = True
                 for start in range(0, len(rows), micro):
                     micro_rows = rows[start: start + micro]
@@ -331,7 +359,8 @@ class OnlineModule(PolicyModule):
                     finite = self.check_finite(loss=loss)  # raises (on_nonfinite: error) or skips the step
                     if not finite:
                         break
-                    self.manual_backward(loss * (len(micro_rows) / len(rows)))
+                    share = len(micro_rows) if row_weights is None else row_weights[micro_rows].sum()
+                    self.manual_backward(loss * (share / total))
                     if not first:
                         first = {k: v.detach() for k, v in stats.items()}
                     for k, v in stats.items():
@@ -346,6 +375,16 @@ class OnlineModule(PolicyModule):
             out["policy/first_ratio_mean"] = first["policy/ratio_mean"]
         return out
 
+    @staticmethod
+    def minibatch_weight(rows: Tensor, row_weights: Tensor | None) -> Tensor | float:
+        """The total weight a minibatch's micro-batch losses are divided by (see `run_updates`)."""
+        if row_weights is None:
+            return float(len(rows))
+        total = row_weights[rows].sum().float()
+        if distributed.is_distributed():  # the global minibatch: every rank's rows, then DDP's 1/W
+            total = distributed.all_reduce_sum(total) / distributed.world_size()
+        return total.clamp(min=1e-6)  # a minibatch with no token in the loss (all masked): zero, not 0/0
+
     def setup(self, stage: str) -> None:
         super().setup(stage)
         # Under DeepSpeed the engine clips inside its step and Lightning's `clip_gradients` does
@@ -355,12 +394,17 @@ class OnlineModule(PolicyModule):
             strategy.config.setdefault("gradient_clipping", float(self.hparams.max_grad_norm))
 
     def apply_optimizer_step(self, optimizer) -> None:
-        """Clip, step, zero the grads, advance the learning-rate schedule by one step."""
+        """Clip, step, zero the grads, advance the learning-rate schedule by one step (unless
+        it advances per rollout: `step_lr_schedule` after the update then)."""
         max_norm = self.hparams.max_grad_norm
         if max_norm:
             self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if self.hparams.get("lr_schedule_per", "optimizer_step") == "optimizer_step":
+            self.step_lr_schedule()
+
+    def step_lr_schedule(self) -> None:
         schedulers = self.lr_schedulers()
         for scheduler in schedulers if isinstance(schedulers, list) else [schedulers] if schedulers else []:
             scheduler.step()
@@ -374,6 +418,8 @@ class OnlineModule(PolicyModule):
         rollout, per_source, sampling_stats = self.collect_rollout(batch)
         generated = time.perf_counter()
         rollout, stats = self.update(rollout)
+        if self.hparams.get("lr_schedule_per", "optimizer_step") == "rollout":
+            self.step_lr_schedule()
         updated = time.perf_counter()
         self.notify_rollout_end(rollout)
 
@@ -451,7 +497,7 @@ class OnlineModule(PolicyModule):
         # training randomness never depends on whether (or how often) validation ran, so a run
         # resumed from a checkpoint saved before a validation samples what the straight run does
         with validation_rng(self.device, self.global_step, batch_idx):
-            rollout, per_source = self.make_rollout(batch, 1)
+            rollout, per_source = self.make_rollout(batch, 1, sampling=self.val_sampling)
         stats = {
             "objective/scores": rollout.scores.float().mean(),
             "response/length": rollout.response_mask.sum(dim=1).float().mean(),
@@ -476,6 +522,13 @@ class OnlineModule(PolicyModule):
         if not size:
             raise ValueError("cannot tell the prompt batch size: give the DataModule a `batch_size`")
         return int(size)
+
+    def num_schedule_steps(self) -> int:
+        """Scheduler steps of the fit: optimizer steps, or rollouts with `lr_schedule_per: rollout`."""
+        steps = self.num_training_steps()
+        if self.hparams.get("lr_schedule_per", "optimizer_step") == "rollout":
+            return math.ceil(steps / self.updates_per_rollout())
+        return steps
 
     def episodes_per_rollout(self) -> int:
         return self.prompts_per_rollout() * self.repeats * max(1, self.trainer.world_size)

@@ -35,6 +35,7 @@ class PPOModule(OnlineModule):
        global rollout, every rank's tokens (`lit_rlhf.distributed.global_masked_whiten`);
     3. `ppo_epochs` passes over `num_minibatches` minibatches, gradient accumulation over
        `micro_batch_size` rows: loss = clipped policy loss + `value_coef` * clipped value loss,
+       both token means over the minibatch's response tokens (all ranks, whatever the micro-batching),
        gradients clipped to `max_grad_norm`, one optimizer step per minibatch. The first pass
        keeps the rollout's row order, so its first ratio is exactly 1 (D7).
 
@@ -116,7 +117,7 @@ class PPOModule(OnlineModule):
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         wd = self.hparams.weight_decay
         value_lr = self.hparams.value_lr or self.hparams.lr
-        return decay_groups(self.policy, wd) + decay_groups(self.value_model, wd, lr=value_lr)
+        return decay_groups(self.policy, wd, name="policy") + decay_groups(self.value_model, wd, name="value", lr=value_lr)
 
     def rollout_values(self, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
         """V(prompt + response[:t]) for t < R: the value head at positions P-1 ... P+R-2 -> (N, R)."""
@@ -164,7 +165,10 @@ class PPOModule(OnlineModule):
                 "value/clipfrac": vf.clipfrac,
             }
 
-        stats = self.run_updates(mask.shape[0], hp.ppo_epochs, hp.num_minibatches, loss_fn)
+        # both losses are token means: each micro-batch weighs its share of the minibatch's
+        # response tokens (all ranks), so micro_batch_size does not change the gradient
+        stats = self.run_updates(mask.shape[0], hp.ppo_epochs, hp.num_minibatches, loss_fn,
+                                 row_weights=mask.sum(dim=1).float())
         stats["objective/non_score_reward"] = (-self.kl_coef * masked_sum(shaped.kl, mask, dim=1)).mean()
         stats["advantages/mean"] = advantages[mask].mean()
         stats["returns/mean"] = returns[mask].mean()

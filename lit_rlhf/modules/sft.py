@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from torch import Tensor
+
+from lit_rlhf import distributed
 from lit_rlhf.modules.base import PolicyModule
-from lit_rlhf.ops import masked_mean
+from lit_rlhf.ops import masked_sum
 from lit_rlhf.types import SFTBatch
 
 
@@ -13,7 +18,14 @@ class SFTModule(PolicyModule):
     """Next-token negative log-likelihood on completion tokens, prompt and padding masked.
 
     Completions end with EOS (D3) and the EOS token is in the loss mask, so the model learns to stop.
-    The loss is the mean over all completion tokens of the batch (token-level mean).
+    The loss is the mean over all completion tokens of the optimizer step's batches: every
+    completion token weighs the same, whatever `accumulate_grad_batches` and the number of
+    ranks. Each batch backpropagates its token SUM, and before the optimizer step the
+    accumulated gradients are divided by the completion tokens of all the step's batches, all
+    ranks (`on_before_optimizer_step`; Lightning's own 1/accumulate_grad_batches and data
+    parallelism's 1/world_size are undone there). Under DeepSpeed, whose engine owns the
+    (partitioned) gradients, each batch's loss is its own token mean instead. The logged
+    `train/loss` is each batch's token mean.
 
     Args: see `PolicyModule` (model, tokenizer, optimiser and schedule, export).
     """
@@ -22,17 +34,50 @@ class SFTModule(PolicyModule):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._step_tokens = 0.0  # completion tokens of the batches accumulated since the last step
+
+    def nll_terms(self, batch: SFTBatch) -> tuple[Tensor, Tensor]:
+        """(summed NLL of the completion tokens, their number) of one batch."""
+        logps = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (B, T)
+        return -masked_sum(logps, batch.loss_mask), batch.loss_mask.sum()
 
     def _nll(self, batch: SFTBatch):
-        logps = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (B, T)
-        return -masked_mean(logps, batch.loss_mask)
+        """The token mean of the NLL of one batch."""
+        nll_sum, tokens = self.nll_terms(batch)
+        return nll_sum / tokens.clamp(min=1)
+
+    def _sums_tokens(self) -> bool:
+        """Whether the gradient is normalised by the step's tokens (not under DeepSpeed)."""
+        return self._trainer is not None and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
 
     def training_step(self, batch: SFTBatch, batch_idx: int):
-        loss = self._nll(batch)
+        nll_sum, tokens = self.nll_terms(batch)
+        loss = nll_sum / tokens.clamp(min=1)
         if not self.check_finite(batch, loss=loss):
             return None  # Lightning skips backward and the optimizer step
-        self.log_stats("train", {"loss": loss}, prog_bar=("loss",))
-        return loss
+        self.log_stats("train", {"loss": loss.detach()}, prog_bar=("loss",))
+        if not self._sums_tokens():
+            return loss
+        self._step_tokens += float(tokens)
+        return nll_sum
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Turn the accumulated token sums into the token mean of the step's batches, all ranks."""
+        if not self._sums_tokens() or not self._step_tokens:
+            return
+        total = distributed.all_reduce_sum(torch.tensor(self._step_tokens, dtype=torch.float64, device=self.device))
+        # Lightning divided each batch's loss by accumulate_grad_batches, DDP averaged the ranks
+        factor = self.trainer.accumulate_grad_batches * distributed.world_size() / float(total)
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, factor)
+        self._step_tokens = 0.0
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().optimizer_step(*args, **kwargs)
+        finally:
+            self._step_tokens = 0.0  # a skipped step (non-finite gradient) starts a fresh count
 
     def validation_step(self, batch: SFTBatch, batch_idx: int) -> None:
         self.log("val/loss", self._nll(batch), prog_bar=True, on_epoch=True, sync_dist=True)

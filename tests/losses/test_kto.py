@@ -91,3 +91,13 @@ def test_labels_from_rewards():
     assert labels.tolist() == [False, False, False, True]
     assert labels_from_rewards(torch.tensor([-0.5, 0.5])).tolist() == [False, True]
     assert labels_from_rewards(torch.full((3,), 2.0)).tolist() == [False, False, False]
+
+
+def test_weight_ratio_by_hand():
+    from lit_rlhf.losses import KTO_WEIGHT_RATIO_RANGE, kto_weight_ratio
+
+    assert kto_weight_ratio(3, 4, 1.0, 1.0) == 0.75
+    assert kto_weight_ratio(3, 4, 1.33, 1.0) == pytest.approx(0.9975)
+    assert kto_weight_ratio(torch.tensor(6), torch.tensor(2), 0.5, 1.5) == 1.0
+    assert kto_weight_ratio(2, 0, 1.0, 1.0) == float("inf")
+    assert KTO_WEIGHT_RATIO_RANGE == (1.0, 4.0 / 3.0)

@@ -18,11 +18,11 @@ class PoisonedSFT(SFTModule):
         super().__init__(**kwargs)
         self.poison_loss, self.poison_grad = set(poison_loss), set(poison_grad)
 
-    def _nll(self, batch):
-        loss = super()._nll(batch)
+    def nll_terms(self, batch):
+        nll_sum, tokens = super().nll_terms(batch)
         if self.training and self._batch_idx in self.poison_loss:
-            loss = loss * float("nan")
-        return loss
+            nll_sum = nll_sum * float("nan")
+        return nll_sum, tokens
 
     def on_train_batch_start(self, batch, batch_idx):
         self._batch_idx = batch_idx

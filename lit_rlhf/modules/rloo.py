@@ -1,0 +1,90 @@
+"""RLOO as its sources define it: REINFORCE with a leave-one-out baseline on whole responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from lit_rlhf.generation import token_logps_with_grad
+from lit_rlhf.losses import rloo_loss, rloo_sequence_rewards
+from lit_rlhf.losses.grpo import rloo_advantages
+from lit_rlhf.modules.online import OnlineModule
+from lit_rlhf.types import Rollout
+
+
+class RLOOModule(OnlineModule):
+    """REINFORCE leave-one-out (Ahmadian et al. 2024; Lambert, "RLHF", RLOO section).
+
+    Each training step takes B prompts and:
+
+    1. samples k = `num_generations` responses per prompt (N = B*k rows, a prompt's k copies
+       contiguous) and scores them once: the sampling policy's and the reference's per-token
+       log-probs, the reward sources; callbacks shape the scores through the rollout hook (e.g.
+       D23's EOS trick);
+    2. one reward per response, the KL penalty inside it: r_i = score_i - `beta` *
+       sum_t log(pi(y_i,t)/pi_ref(y_i,t)) (`losses.rloo_sequence_rewards`; no KL in the loss);
+    3. leave-one-out advantages A_i = r_i - mean_{j != i} r_j over the prompt's other k-1
+       responses (`losses.rloo_advantages`);
+    4. one on-policy REINFORCE step: loss = -mean_i(A_i * log pi(y_i|x)), the SUMMED sequence
+       log-prob, not length-normalised (`losses.rloo_loss`); gradient accumulation over
+       `micro_batch_size` rows, weighted by their share of rows (exact).
+
+    `GRPOModule(advantage: rloo)` is a different, hybrid method: GRPO's clipped per-token loss
+    with the k3 KL in the loss, fed leave-one-out advantages.
+
+    Logs the `OnlineModule` objective stats (scores, KL, entropy, RLHF reward = score - beta *
+    KL, lengths, EOS fraction, times, tokens/s) plus `policy/loss`, `rewards/kl_penalised`
+    (mean r_i), `advantages/abs_mean` and `rewards/zero_std_fraction`.
+
+    Args:
+        num_generations: k, responses per prompt (>= 2; the paper uses 2 and 4).
+        beta: the KL coefficient of the sequence reward (0 = no KL: the reference is not loaded).
+            Adapted by `KLControlCallback` when it is used.
+        temperature: sampling temperature (1.0), also dividing the logits of every log-prob.
+        **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
+            max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
+    """
+
+    def __init__(self, num_generations: int = 4, beta: float = 0.05, temperature: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(temperature=temperature, **kwargs)
+        if num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (the baseline is the other responses), got {num_generations}")
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        self.beta = float(beta)
+        if beta > 0:
+            self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+
+    @property
+    def repeats(self) -> int:
+        return self.hparams.num_generations
+
+    @property
+    def kl_weight(self) -> float:
+        return self.beta
+
+    def updates_per_rollout(self) -> int:
+        return 1  # on-policy REINFORCE: one step per rollout
+
+    def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
+        group = self.hparams.num_generations
+        mask = rollout.response_mask  # (N, R)
+        ref_logps = rollout.ref_logps if self.beta > 0 else None
+        rewards, kl = rloo_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.beta)  # (N,)
+        advantages = rloo_advantages(rewards, group)  # (N,)
+
+        def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            logps = token_logps_with_grad(
+                self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
+                mask[rows], self.sampling.temperature,
+            )  # (n, R)
+            loss = rloo_loss(logps, advantages[rows], mask[rows])
+            return loss, {"policy/loss": loss.detach()}
+
+        stats = self.run_updates(mask.shape[0], 1, 1, loss_fn)
+        grouped = rewards.view(-1, group)  # (B, k)
+        stats["rewards/kl_penalised"] = rewards.mean()
+        stats["rewards/zero_std_fraction"] = (grouped == grouped[:, :1]).all(dim=1).float().mean()
+        stats["advantages/abs_mean"] = advantages.abs().mean()
+        return rollout, stats
