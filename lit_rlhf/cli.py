@@ -4,18 +4,30 @@
     python main.py fit --config configs/tldr/dpo.yaml --config configs/strategy/ddp.yaml
     python main.py fit --config configs/tldr/sft.yaml --ckpt_path last      # resume
     python main.py fit --config configs/tldr/sft.yaml --print_config        # resolved config
+    python main.py fit --model.help DPOModule                              # a module's arguments
 
 The DataModule's `tokenizer` is linked to the module's tokenizer (or its model when the module
 sets none), so a config names the model once.
+
+`run` (what `main.py` calls) adds what a person at a terminal needs: a quiet console
+(`lit_rlhf.console`; `--verbose` or LIT_RLHF_VERBOSE=1 shows everything), the project's own
+errors (a missing model, an unreadable dataset, a failed start-up check) printed as one message
+with exit code 2 instead of a traceback, and, unless the config lists its own, a compact progress
+bar and the dead-run warnings (`default_callbacks`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
-from lightning import LightningDataModule, LightningModule
+from lightning import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
+
+from lit_rlhf import console, hub
+
+PROJECT_PACKAGES = ("lit_rlhf", "callbacks", "examples")
 
 
 def tokenizer_of(model: str, tokenizer: str | None) -> str:
@@ -30,9 +42,71 @@ class RLHFCLI(LightningCLI):
             compute_fn=tokenizer_of,
         )
 
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Any:
+        return super()._instantiate_trainer(config, callbacks + default_callbacks(config))
+
+
+def default_callbacks(trainer_config: dict[str, Any]) -> list[Callback]:
+    """The callbacks every run gets unless its config lists its own: `CompactProgressBar` (when
+    the progress bar is enabled) and `RunHealthCallback` (dead-run warnings)."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from callbacks.progress import CompactProgressBar
+    from callbacks.run_health import RunHealthCallback
+
+    listed = trainer_config.get("callbacks") or []
+    listed = listed if isinstance(listed, list) else [listed]
+    extra: list[Callback] = []
+    if trainer_config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in listed):
+        extra.append(CompactProgressBar())
+    if not any(isinstance(c, RunHealthCallback) for c in listed):
+        extra.append(RunHealthCallback())
+    return extra
+
+
+def register_project_classes() -> None:
+    """Import the project's modules and DataModules so that `fit --help` lists them as known
+    subclasses and `--model.help DPOModule` / `--data.help TLDRPreferenceDataModule` resolve the
+    short names."""
+    import lit_rlhf.data  # noqa: F401
+    import lit_rlhf.modules  # noqa: F401
+
+
+def project_error(err: BaseException) -> BaseException | None:
+    """The first exception defined by this project in `err`'s chain (`__cause__`/`__context__`):
+    jsonargparse wraps an error raised while building the model in a union-validation dump."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__module__.split(".")[0] in PROJECT_PACKAGES:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def run(args: list[str] | None = None) -> None:
+    """The command line: `main` with a quiet console and the project's errors as one message.
+
+    A project error (e.g. `ModelNotFoundError`, `DataSourceError`, a start-up check) is printed
+    as `error: <message>` on stderr with exit code 2; any other exception, and every exception
+    with `--verbose` / LIT_RLHF_VERBOSE=1, propagates with its traceback."""
+    verbose = console.verbose_requested()
+    console.configure(verbose)
+    hub.prepare_environment()  # idempotent: main.py already called it before Lightning's import
+    try:
+        main(args)
+    except Exception as err:
+        found = project_error(err)
+        if found is None or verbose:
+            raise
+        print(f"error: {found}\n(run with --verbose for the traceback)", file=sys.stderr)
+        raise SystemExit(2) from None
+
 
 def main(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> RLHFCLI:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    register_project_classes()
     return RLHFCLI(
         LightningModule,
         LightningDataModule,
