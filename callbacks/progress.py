@@ -155,5 +155,5 @@ class CompactProgressBar(TQDMProgressBar):
         for name, last in self._last_val.items():
             first = self._first_val[name]
             value = format_value(last) if first == last else f"{format_value(first)} -> {format_value(last)}"
-            parts.append(f"{short_name(name)} {value}")
+            parts.append(f"{name[len('val/'):]} {value}")
         log.info("validation (first -> last): %s", ", ".join(parts))
