@@ -76,7 +76,7 @@ class CompactProgressBar(TQDMProgressBar):
         summary: print the first -> last validated value of the headline metrics at fit end.
     """
 
-    BAR_FORMAT = "{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}"
+    BAR_FORMAT = "{desc} |{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}"
 
     def __init__(self, refresh_rate: int = 1, summary: bool = True) -> None:
         super().__init__(refresh_rate=refresh_rate)
