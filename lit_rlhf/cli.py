@@ -72,9 +72,14 @@ def register_project_classes() -> None:
     import lit_rlhf.modules  # noqa: F401
 
 
+UNION_DUMP = "Does not validate against any of the Union subtypes"
+
+
 def project_error(err: BaseException) -> BaseException | None:
-    """The first exception defined by this project in `err`'s chain (`__cause__`/`__context__`):
-    jsonargparse wraps an error raised while building the model in a union-validation dump."""
+    """The error to show a person, or None for a traceback: the first exception defined by this
+    project in `err`'s chain (`__cause__`/`__context__`), else, when `err` is jsonargparse's
+    union-validation dump around an error raised while building a class of the config (e.g.
+    `ValueError: lr must be > 0`), that error."""
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
@@ -82,7 +87,15 @@ def project_error(err: BaseException) -> BaseException | None:
         if type(current).__module__.split(".")[0] in PROJECT_PACKAGES:
             return current
         current = current.__cause__ or current.__context__
+    if isinstance(err, ValueError) and str(err).startswith(UNION_DUMP) and err.__cause__ is not None:
+        return err.__cause__
     return None
+
+
+def error_message(err: BaseException) -> str:
+    """`error: <message>` for the project's errors, `error: <Type>: <message>` for others."""
+    own = type(err).__module__.split(".")[0] in PROJECT_PACKAGES
+    return f"error: {err}" if own else f"error: {type(err).__name__}: {err}"
 
 
 def run(args: list[str] | None = None) -> None:
@@ -100,7 +113,7 @@ def run(args: list[str] | None = None) -> None:
         found = project_error(err)
         if found is None or verbose:
             raise
-        print(f"error: {found}\n(run with --verbose for the traceback)", file=sys.stderr)
+        print(f"{error_message(found)}\n(run with --verbose for the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -166,6 +166,13 @@ def test_project_error_is_found_under_the_union_dump():
     except ValueError as wrapped:
         assert project_error(wrapped) is cause
     assert project_error(ValueError("plain")) is None
+    try:  # an init argument refused while the config's classes are built
+        try:
+            raise ValueError("lr must be > 0, got -1.0")
+        except ValueError as err:
+            raise ValueError("Does not validate against any of the Union subtypes\nSubtypes: [...]") from err
+    except ValueError as wrapped:
+        assert str(project_error(wrapped)) == "lr must be > 0, got -1.0"
 
 
 # ------------------------------------------------------------------------------------------
