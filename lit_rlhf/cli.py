@@ -43,10 +43,10 @@ class RLHFCLI(LightningCLI):
         )
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Any:
-        return super()._instantiate_trainer(config, callbacks + default_callbacks(config))
+        return super()._instantiate_trainer(config, callbacks + default_callbacks(config, callbacks))
 
 
-def default_callbacks(trainer_config: dict[str, Any]) -> list[Callback]:
+def default_callbacks(trainer_config: dict[str, Any], more: list[Callback] = ()) -> list[Callback]:
     """The callbacks every run gets unless its config lists its own: `CompactProgressBar` (when
     the progress bar is enabled) and `RunHealthCallback` (dead-run warnings)."""
     from lightning.pytorch.callbacks import ProgressBar
@@ -55,7 +55,7 @@ def default_callbacks(trainer_config: dict[str, Any]) -> list[Callback]:
     from callbacks.run_health import RunHealthCallback
 
     listed = trainer_config.get("callbacks") or []
-    listed = listed if isinstance(listed, list) else [listed]
+    listed = (listed if isinstance(listed, list) else [listed]) + list(more)
     extra: list[Callback] = []
     if trainer_config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in listed):
         extra.append(CompactProgressBar())
