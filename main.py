@@ -1,6 +1,15 @@
-"""Entry point: `python main.py {fit,validate,test,predict} --config <yaml> [...]` (see lit_rlhf/cli.py)."""
+"""Entry point: `python main.py {fit,validate,test,predict} --config <yaml> [...]` (see lit_rlhf/cli.py).
 
-from lit_rlhf.cli import main
+`--verbose` (or LIT_RLHF_VERBOSE=1) shows every library warning and progress bar and full
+tracebacks; by default the console is quiet (`lit_rlhf.console`).
+"""
+
+import sys
+
+from lit_rlhf.console import prepare_process  # standard library only: runs before Lightning is imported
 
 if __name__ == "__main__":
-    main()
+    sys.argv[1:] = prepare_process(sys.argv[1:])  # takes out --verbose
+    from lit_rlhf.cli import run
+
+    run()

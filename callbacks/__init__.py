@@ -22,12 +22,16 @@ from callbacks.eos_trick import EOSTrickCallback
 from callbacks.judge_eval import JudgeEvalCallback
 from callbacks.kl_control import KLControlCallback
 from callbacks.preemption import PreemptionCheckpoint
+from callbacks.progress import CompactProgressBar
 from callbacks.reward_normalization import RewardNormalizationCallback
+from callbacks.run_health import RunHealthCallback
 
 __all__ = [
+    "CompactProgressBar",
     "EOSTrickCallback",
     "JudgeEvalCallback",
     "KLControlCallback",
     "PreemptionCheckpoint",
     "RewardNormalizationCallback",
+    "RunHealthCallback",
 ]

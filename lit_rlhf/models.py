@@ -163,15 +163,35 @@ def _resolve(name: str) -> tuple[str, Path | str]:
         return "dir", path
     if name.startswith((".", "/", "~")) or path.exists():
         raise ModelNotFoundError(f"{name!r} looks like a local path but is not a model directory or a .gguf file")
+    _check_hub()
     return "hub", name
 
 
 def _hub_error(name: str, err: Exception) -> ModelNotFoundError:
+    from lit_rlhf import hub
+
+    offline = hub.offline_reason()
+    local = f"no such path relative to {os.getcwd()}" if "/" in name else "no such path"
+    tried = f"builtin names {BUILTIN_MODELS}, a local directory or .gguf file ({local})"
+    if offline is not None:  # one line: the library's own message only repeats the cache miss
+        return ModelNotFoundError(
+            f"could not load model {name!r}: {offline}, and it is not in the local Hugging Face cache. "
+            f"Tried: {tried}, then the cache. Point the model (or tokenizer / ref_model / reward_model) "
+            "at a local directory (e.g. one written by a run's export_dir), a .gguf file, or a builtin "
+            f"name such as {SMOLLM2_135M_INSTRUCT!r}."
+        )
     return ModelNotFoundError(
-        f"could not load {name!r}. Tried: builtin names {BUILTIN_MODELS}, a local directory or .gguf file "
-        f"(no such path), then the Hugging Face hub (failed: {type(err).__name__}: {err}). On an offline "
-        "machine pass a local directory, a .gguf file, or a builtin name."
+        f"could not load {name!r}. Tried: {tried}, then the Hugging Face hub (failed: {type(err).__name__}: "
+        f"{err}). On an offline machine pass a local directory, a .gguf file, or a builtin name."
     )
+
+
+def _check_hub() -> None:
+    """Before the first hub lookup: decide whether the hub is reachable (`lit_rlhf.hub`), so an
+    offline machine fails at once instead of after a minute of retries."""
+    from lit_rlhf import hub
+
+    hub.check_once()
 
 
 def ensure_pad_token(tokenizer):
@@ -511,8 +531,8 @@ def load_reward_model(name_or_ckpt: str, tokenizer=None, dtype: str | torch.dtyp
             raise ModelNotFoundError(f"reward model checkpoint {path} does not exist")
         model = _reward_model_from_checkpoint(path, tokenizer, dtype)
     else:
+        model = load_scalar_model(str(name_or_ckpt), tokenizer, dtype)  # raises first when nothing loads
         if not (path.is_dir() and _is_sequence_classifier(path)):
             log.warning("%r is not an exported reward model or a RewardModule checkpoint: its scalar head "
                         "is freshly initialised (D11), so its rewards are random", str(name_or_ckpt))
-        model = load_scalar_model(str(name_or_ckpt), tokenizer, dtype)
     return model.eval()

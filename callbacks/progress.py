@@ -1,0 +1,159 @@
+"""A progress bar that fits the terminal (80 columns included) and counts what a run counts.
+
+`CompactProgressBar` is Lightning's tqdm bar with:
+
+- short metric names: the stage and group are dropped (`train/objective/kl` -> `kl`,
+  `val/rewards/accuracies` -> `val_acc`), no `v_num`, values to 3 significant digits, and the
+  line trimmed to the terminal width instead of wrapping;
+- for online methods (PPO, GRPO: modules with `rollouts` and `episodes_per_rollout`) one bar
+  over the whole run counting rollouts to the true total (`total_episodes` / episodes per
+  rollout, or `trainer.max_steps` / updates per rollout), instead of "Epoch 0/-2" with the
+  length of the prompt loader;
+- for the other methods "epoch e/E" (1-based) over the batches of the epoch;
+- at the end of fit, one line per validated metric: its first and last validated value
+  (`val_loss 1.21 -> 1.02`), so a run prints its result.
+
+The CLI adds it when the config names no progress bar (`lit_rlhf.cli.default_callbacks`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from lightning.pytorch.callbacks import TQDMProgressBar
+
+log = logging.getLogger(__name__)
+
+ABBREVIATIONS = {"accuracies": "acc", "accuracy": "acc", "scores": "score", "margins": "margin"}
+# validated metrics worth a line in the summary, by their last name component
+SUMMARY_NAMES = ("loss", "accuracy", "accuracies", "margins", "scores", "kl", "eos_fraction", "win_rate")
+
+
+def short_name(name: str) -> str:
+    """`train/objective/kl` -> `kl`, `val/rewards/accuracies` -> `val_acc`, `val/loss` -> `val_loss`."""
+    parts = name.split("/")
+    stage = parts[0] if len(parts) > 1 and parts[0] in ("train", "val", "test") else None
+    last = parts[-1]
+    for suffix in ("_step", "_epoch"):
+        if last.endswith(suffix):
+            last = last[: -len(suffix)]
+    last = ABBREVIATIONS.get(last, last)
+    return f"{stage}_{last}" if stage in ("val", "test") else last
+
+
+def format_value(value: Any) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f"{number:.3g}"
+
+
+def is_online(pl_module: Any) -> bool:
+    return hasattr(pl_module, "rollouts") and hasattr(pl_module, "episodes_per_rollout")
+
+
+def total_rollouts(trainer: Any, pl_module: Any) -> int | None:
+    """Rollouts the run will take: from `total_episodes`, else `max_steps`; None when unbounded."""
+    total = (getattr(pl_module, "hparams", None) or {}).get("total_episodes")
+    try:
+        if total:
+            return math.ceil(total / pl_module.episodes_per_rollout())
+        if trainer.max_steps and trainer.max_steps > 0:
+            return math.ceil(trainer.max_steps / max(1, pl_module.updates_per_rollout()))
+    except Exception:  # an unusual module: fall back to the loader's length
+        return None
+    return None
+
+
+class CompactProgressBar(TQDMProgressBar):
+    """Lightning's tqdm progress bar, shortened to fit the terminal; see the module docstring.
+
+    Args:
+        refresh_rate: update the bar every this many steps.
+        summary: print the first -> last validated value of the headline metrics at fit end.
+    """
+
+    BAR_FORMAT = "{desc} |{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}"
+
+    def __init__(self, refresh_rate: int = 1, summary: bool = True) -> None:
+        super().__init__(refresh_rate=refresh_rate)
+        self.summary = summary
+        self._online_total: int | None = None
+        self._first_val: dict[str, float] = {}
+        self._last_val: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ metrics
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        out: dict[str, Any] = {}
+        for name, value in items.items():
+            key = short_name(name)
+            if key in out:  # two metrics shorten alike: keep the full name of the second
+                key = name
+            out[key] = format_value(value)
+        return out
+
+    # ------------------------------------------------------------------ training bar
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._online_total = total_rollouts(trainer, pl_module) if is_online(pl_module) else None
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if not is_online(pl_module):
+            super().on_train_epoch_start(trainer, pl_module)
+            epochs = trainer.max_epochs
+            of = f"/{epochs}" if epochs and epochs > 0 else ""
+            self.train_progress_bar.set_description(f"epoch {trainer.current_epoch + 1}{of}")
+            return
+        bar = self.train_progress_bar
+        if trainer.current_epoch == 0 or bar.total is None:  # one bar for the whole run
+            bar.reset(total=self._online_total)
+            bar.initial = 0
+            bar.n = pl_module.rollouts  # resumed runs start where they stopped
+            bar.set_description("rollouts")
+            bar.refresh()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not is_online(pl_module):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            return
+        bar = self.train_progress_bar
+        if bar is not None and self._should_update(pl_module.rollouts, bar.total):
+            bar.n = pl_module.rollouts
+            bar.set_postfix(self.get_metrics(trainer, pl_module))
+            bar.refresh()
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if not is_online(pl_module):
+            super().on_train_epoch_end(trainer, pl_module)
+        elif not self.train_progress_bar.disable:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    # ------------------------------------------------------------------ the result line
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if trainer.sanity_checking:
+            return
+        for name, value in trainer.callback_metrics.items():
+            if not name.startswith("val/") or name.rsplit("/", 1)[-1] not in SUMMARY_NAMES:
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                continue
+            self._first_val.setdefault(name, number)
+            self._last_val[name] = number
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if not (self.summary and trainer.is_global_zero and self._last_val):
+            return
+        parts = []
+        for name, last in self._last_val.items():
+            first = self._first_val[name]
+            value = format_value(last) if first == last else f"{format_value(first)} -> {format_value(last)}"
+            parts.append(f"{name[len('val/'):]} {value}")
+        log.info("validation (first -> last): %s", ", ".join(parts))

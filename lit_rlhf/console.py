@@ -1,0 +1,137 @@
+"""A quiet console for the CLI: the progress bar and the project's own lines, nothing else.
+
+`configure(verbose=False)` silences, at their source and by their exact message, the lines that
+carry no information for a run of this project:
+
+- Lightning: the LitLogger tip, "GPU/TPU/HPU available", "Seed set to", "Loading
+  `train_dataloader` to estimate ...", "`weights_only` was not set", the LeafSpec deprecation,
+  "Found N module(s) in eval mode" (frozen reference and reward models are in eval mode by
+  design, D7), "Trying to infer the `batch_size`";
+- DeepSpeed: "Setting accelerator to CPU" (printed when Lightning imports its DeepSpeed
+  strategy on a machine without GPU);
+- the progress bars of `transformers` (loading weights, writing shards), `datasets` (building
+  and formatting splits) and `huggingface_hub`;
+- the reward export's note that plain `transformers` returns `reward - reward_bias` (the
+  bias is kept in the config and added back by `lit_rlhf.models.load_reward_model`).
+
+Everything else (other warnings, errors, Lightning's "`Trainer.fit` stopped: ..." line) is
+kept, and the project's loggers (`lit_rlhf.*`, `callbacks.*`) print their INFO lines. With
+`verbose=True` (the CLI's `--verbose` flag or `LIT_RLHF_VERBOSE=1`) nothing is filtered.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import warnings
+
+VERBOSE_ENV = "LIT_RLHF_VERBOSE"
+VERBOSE_FLAG = "--verbose"
+
+# logger name -> regular expressions of messages dropped from it
+LOG_FILTERS: dict[str, tuple[str, ...]] = {
+    "lightning.pytorch.utilities.rank_zero": (
+        r"^💡 Tip: For seamless cloud logging",
+        r"^(GPU|TPU|HPU) available: ",
+        r"^Loading `train_dataloader` to estimate number of stepping batches",
+    ),
+    "lightning.fabric.utilities.seed": (r"^Seed set to \d+$",),
+    "lightning.pytorch.trainer.connectors.checkpoint_connector": (r"^`weights_only` was not set",),
+    "DeepSpeed": (r"^Setting accelerator to CPU\.",),
+    "lit_rlhf.modules.reward": (r"^exporting a reward model whose final norm has no bias",),
+}
+
+# (message regex, category) of Python warnings ignored
+WARNING_FILTERS: tuple[tuple[str, type[Warning]], ...] = (
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
+    (r"Found \d+ module\(s\) in eval mode at the start of training", Warning),
+    (r"Trying to infer the `batch_size` from an ambiguous collection", Warning),
+)
+
+PROGRESS_BAR_ENV = {
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+}
+
+PROJECT_LOGGERS = ("lit_rlhf", "callbacks")
+
+
+def verbose_requested(argv: list[str] | None = None) -> bool:
+    """True when `LIT_RLHF_VERBOSE` is set to a true value or `--verbose` is in `argv`."""
+    if (os.environ.get(VERBOSE_ENV) or "").strip().lower() in {"1", "true", "yes", "on"}:
+        return True
+    return VERBOSE_FLAG in (argv or [])
+
+
+def strip_verbose_flag(argv: list[str]) -> list[str]:
+    return [a for a in argv if a != VERBOSE_FLAG]
+
+
+class DropMessages(logging.Filter):
+    """Drops the records of one logger whose message matches one of `patterns`."""
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        super().__init__()
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(p.search(message) for p in self.patterns)
+
+
+def set_environment(verbose: bool) -> None:
+    """Environment the libraries read at import (call before importing them): progress bars off."""
+    if verbose:
+        return
+    for key, value in PROGRESS_BAR_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def configure(verbose: bool = False) -> None:
+    """Install the filters (idempotent) and a handler for the project's loggers."""
+    _project_handler()
+    if verbose:
+        return
+    for name, patterns in LOG_FILTERS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DropMessages) for f in logger.filters):
+            logger.addFilter(DropMessages(patterns))
+    for message, category in WARNING_FILTERS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+
+
+def _project_handler() -> None:
+    """INFO lines of `lit_rlhf.*` and `callbacks.*` on stderr, once (like Lightning's own)."""
+    for name in PROJECT_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+        if not any(getattr(h, "_lit_rlhf", False) for h in logger.handlers):
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            handler._lit_rlhf = True  # type: ignore[attr-defined]
+            logger.addHandler(handler)
+            logger.propagate = False
+
+
+def prepare_process(argv: list[str]) -> list[str]:
+    """What `main.py` does before importing Lightning, `transformers` or `datasets` (they read
+    the environment at import): the verbose switch (`--verbose` is taken out of `argv` and
+    recorded in `LIT_RLHF_VERBOSE`, which DDP workers inherit), progress bars, telemetry off and
+    the offline decision (`lit_rlhf.hub.prepare_environment`). Returns the remaining arguments."""
+    from lit_rlhf import hub
+
+    if VERBOSE_FLAG in argv:
+        os.environ[VERBOSE_ENV] = "1"
+    argv = strip_verbose_flag(argv)
+    set_environment(verbose_requested())
+    hub.prepare_environment()
+    return argv
