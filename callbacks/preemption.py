@@ -82,6 +82,12 @@ class PreemptionCheckpoint(Callback):
                 signal.signal(signum, self._on_signal)
         # a SIGTERM that Lightning's handler (installed just before the sanity check) caught
         connector = getattr(trainer, "_signal_connector", None)
+        originals = getattr(connector, "_original_handlers", None) or {}
+        for signum, handler in originals.items():
+            # Lightning saved our handler (installed in `setup`) as "the original" and puts it back
+            # at its teardown, after ours: give it the handler that was there before us instead
+            if handler == self._on_signal and signum in self._previous:
+                originals[signum] = self._previous[signum]
         if connector is not None and connector.received_sigterm:
             connector.received_sigterm = False
             self.received = self.received or signal.SIGTERM

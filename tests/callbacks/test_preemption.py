@@ -86,6 +86,7 @@ def test_sigterm_after_the_callbacks_hook_saves_at_the_end_of_the_next_step(tmp_
     from lit_rlhf.modules import SFTModule
 
     L.seed_everything(0)
+    handler_before = signal.getsignal(signal.SIGTERM)
     module = SFTModule(model="tiny-random-llama", lr=1e-3)
     preemption = PreemptionCheckpoint(dirpath=str(tmp_path / "ckpts"))
     trainer = L.Trainer(
@@ -99,3 +100,5 @@ def test_sigterm_after_the_callbacks_hook_saves_at_the_end_of_the_next_step(tmp_
     assert preemption.exit_code == 75 and "exiting with code 75" in preemption.message(trainer)
     for key, value in module.state_dict().items():  # the weights after step 4, nothing later
         assert torch.equal(saved["state_dict"][key], value), key
+    # the handler from before the fit is back (Lightning's teardown must not reinstate ours)
+    assert signal.getsignal(signal.SIGTERM) == handler_before
