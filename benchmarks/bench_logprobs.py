@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
         scope, variant = args.worker.split("/", 1)
         print(json.dumps(run_worker(args, scope, variant)))
         return {}
+    load_start = os.getloadavg()
     variants = ["dense"] + [f"chunked:{int(c)}" for c in args.chunk_sizes.split(",") if c]
     results = []
     for scope in args.scopes.split(","):
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
             results.append(json.loads(out.strip().splitlines()[-1]))
     report = {
         "config": {k: v for k, v in vars(args).items() if k not in ("worker", "json")} | {"json": str(args.json)},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_start": load_start},
         "torch": torch.__version__,
         "results": results,
     }
