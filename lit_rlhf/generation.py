@@ -202,9 +202,14 @@ def sequence_token_logps(
     response_mask: Tensor,
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
+    chunk_size: int | None = None,
 ) -> Tensor:
-    """Log-probs (B, R) of the response tokens under `model`, 0 where `response_mask` is False."""
-    return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature, micro_batch_size)
+    """Log-probs (B, R) of the response tokens under `model`, 0 where `response_mask` is False.
+
+    `chunk_size`: the output layer is applied that many tokens at a time (`lit_rlhf.ops.logprobs`).
+    """
+    return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+                                 micro_batch_size, chunk_size)
 
 
 def token_logps_with_grad(
@@ -215,6 +220,7 @@ def token_logps_with_grad(
     response_mask: Tensor,
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
+    chunk_size: int | None = None,
 ) -> Tensor:
     """As `sequence_token_logps`, differentiable (for the policy update)."""
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
@@ -223,7 +229,7 @@ def token_logps_with_grad(
     chunks = []
     for start in range(0, input_ids.shape[0], size):
         sl = slice(start, start + size)
-        chunks.append(response_logps(model, input_ids[sl], attention_mask[sl], response_ids.shape[1], temperature))
+        chunks.append(response_logps(model, input_ids[sl], attention_mask[sl], response_ids.shape[1], temperature, chunk_size))
     logps = torch.cat(chunks)
     return torch.where(response_mask, logps, torch.zeros((), dtype=logps.dtype, device=logps.device))
 

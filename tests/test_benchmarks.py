@@ -70,3 +70,18 @@ def test_bad_flags_are_refused():
         common.parse_config(["--steps", "0"], "x")
     with pytest.raises(SystemExit, match="no TRL counterpart"):
         common.frameworks_of(common.BenchConfig(frameworks="ours,trl"), has_trl_worker=False)
+
+
+def test_logprobs_bench_measures_dense_and_chunked_side_by_side(tmp_path):
+    from benchmarks import bench_logprobs
+
+    report = bench_logprobs.main(["--model", "tiny-random-llama", "--prompt-length", "8", "--completion-length", "12",
+                                  "--chunk-sizes", "5", "--warmup", "0", "--steps", "1", "--in-process",
+                                  "--json", str(tmp_path / "lp.json")])
+    got = {(r["scope"], r["variant"]): r for r in report["results"]}
+    assert set(got) == {(s, v) for s in ("head", "model") for v in ("dense", "chunked:5")}
+    for scope in ("head", "model"):
+        dense, chunked = got[scope, "dense"], got[scope, "chunked:5"]
+        assert dense["time_s"] > 0 and chunked["step_peak_rss_mb"] > 0 and dense["scored_tokens"] == 2 * 12
+        assert abs(dense["loss"] - chunked["loss"]) < 1e-5  # the same log-probs
+    assert (tmp_path / "lp.json").exists()

@@ -9,7 +9,9 @@ logging, export at fit end). What lives here exists once:
   with PAD != EOS (D3) and dropout off (D7);
 - frozen models (`self.add_frozen(...)`: a reference policy, a reward model): in eval mode, no
   gradients, and left out of checkpoints, since they are rebuilt from their names;
-- `policy_logps` / `frozen_logps`: per-token log-probs right under either padding side (D5);
+- `model_logps` (`policy_logps` / `frozen_logps`) and `response_token_logps`: the one place
+  modules get per-token log-probs, right under either padding side (D5), without the logits of
+  the whole batch (`logprob_chunk_size`, `lit_rlhf.ops.logprobs`);
 - AdamW with warmup and a cosine/linear/constant schedule (`configure_optimizers`, overridable
   through `optimizer_param_groups`);
 - metric logging under `{stage}/{group}/{name}`, tokens per second;
@@ -40,7 +42,8 @@ from torch import Tensor, nn
 
 from lit_rlhf import checks, models, resume, rng
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
-from lit_rlhf.ops import masked_sum, per_token_logps
+from lit_rlhf.generation import token_logps_with_grad
+from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum, per_token_logps
 from lit_rlhf.stopping import stop_reason
 
 log = logging.getLogger(__name__)
@@ -309,6 +312,10 @@ class PolicyModule(TrainingModule):
             full copy on every rank (no communication; the N+ paper's choice for its 6.9B runs).
             Without sharding both are the same. The DeepSpeed offload config also moves frozen
             weights to CPU when they are `partitioned`.
+        logprob_chunk_size: log-probs are computed from the last hidden states, the output
+            layer applied to this many scored tokens at a time (recomputed in backward), so the
+            (B, T, V) logits never exist; same values and gradients as the dense path. `null`:
+            the dense logits. Models with a final logit transform use the dense path (warned).
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
@@ -331,6 +338,7 @@ class PolicyModule(TrainingModule):
         export_dir: str | None = None,
         on_nonfinite: Literal["error", "skip"] = "error",
         frozen_placement: Literal["partitioned", "whole"] = "partitioned",
+        logprob_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     ) -> None:
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)
@@ -341,6 +349,9 @@ class PolicyModule(TrainingModule):
         self.check_training_hparams()
         if frozen_placement not in ("partitioned", "whole"):
             raise ValueError(f"frozen_placement must be 'partitioned' or 'whole', got {frozen_placement!r}")
+        if logprob_chunk_size is not None and logprob_chunk_size <= 0:
+            raise ValueError(f"logprob_chunk_size must be > 0 or null (dense logits), got {logprob_chunk_size}")
+        self.logprob_chunk_size = logprob_chunk_size
         self.model_name = model
         self.tokenizer = models.load_tokenizer(tokenizer or model)
         self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
@@ -411,14 +422,35 @@ class PolicyModule(TrainingModule):
     # log-probs
     # ----------------------------------------------------------------------------------------
 
+    def model_logps(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """Per-token log-probs (B, T) of a causal LM on the tokens where `loss_mask` is True (0
+        elsewhere), chunked or dense as `logprob_chunk_size` says."""
+        return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size=self.logprob_chunk_size)
+
     def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
         """Per-token log-probs (B, T) of the policy on the tokens where `loss_mask` is True."""
-        return per_token_logps(self.policy, input_ids, attention_mask, loss_mask, temperature)
+        return self.model_logps(self.policy, input_ids, attention_mask, loss_mask, temperature)
 
     @torch.no_grad()
     def frozen_logps(self, name: str, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
         """Per-token log-probs (B, T) of a frozen causal LM (e.g. `ref_model`), without grad."""
-        return per_token_logps(getattr(self, name), input_ids, attention_mask, loss_mask, temperature)
+        return self.model_logps(getattr(self, name), input_ids, attention_mask, loss_mask, temperature)
+
+    def response_token_logps(
+        self,
+        model: nn.Module,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        response_ids: Tensor,
+        response_mask: Tensor,
+        temperature: float = 1.0,
+        micro_batch_size: int | None = None,
+    ) -> Tensor:
+        """Log-probs (B, R) of sampled responses under `model` (0 where `response_mask` is
+        False), differentiable unless called under `torch.no_grad()`; chunked or dense as
+        `logprob_chunk_size` says."""
+        return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+                                     micro_batch_size, chunk_size=self.logprob_chunk_size)
 
     @staticmethod
     def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ from torch import Tensor
 from lit_rlhf import models
 from lit_rlhf.losses import DPOLossType, dpo_loss
 from lit_rlhf.modules.base import PolicyModule
-from lit_rlhf.ops import masked_mean, per_token_logps
+from lit_rlhf.ops import masked_mean
 from lit_rlhf.types import PreferenceBatch, split_pair
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class DPOModule(PolicyModule):
                     if (step - 1) % world_size != rank:
                         continue
                     batch = move_data_to_device(batch, self.device)
-                    per_token = per_token_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask)  # (2B, T)
+                    per_token = self.model_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask)  # (2B, T)
                     logps = self.sequence_logps(per_token, batch.loss_mask).float().tolist()  # (2B,)
                     table.update(zip(sequence_keys(batch.input_ids, batch.attention_mask, batch.loss_mask), logps))
         if world_size > 1:

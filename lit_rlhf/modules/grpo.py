@@ -8,7 +8,6 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.distributed import gather_rows
-from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.losses import AdvantageScale, Aggregation, grpo_advantages, grpo_policy_loss, rloo_advantages
 from lit_rlhf.losses.grpo_family import (
     clipped_token_loss,
@@ -196,7 +195,7 @@ class GRPOModule(OnlineModule):
         filled = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device) if on_policy else None  # (B*G, R)
 
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-            logps = token_logps_with_grad(
+            logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
                 mask[rows], self.sampling.temperature,
             )  # (n, R)

@@ -59,7 +59,6 @@ from lit_rlhf.generation import (
     decode_responses,
     generate_responses,
     needs_synced_gpus,
-    sequence_token_logps,
 )
 from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
 from lit_rlhf.ops import masked_sum
@@ -225,9 +224,10 @@ class OnlineModule(PolicyModule):
         micro = self.hparams.micro_batch_size
         temperature = self.sampling.temperature
         args = (prompt_ids, prompt_mask, response_ids, response_mask)
-        logps = sequence_token_logps(self.policy, *args, temperature=temperature, micro_batch_size=micro) if with_logps else None  # (N, R)
-        ref = getattr(self, "ref_model", None)
-        ref_logps = None if ref is None else sequence_token_logps(ref, *args, temperature=temperature, micro_batch_size=micro)
+        with torch.no_grad():
+            logps = self.response_token_logps(self.policy, *args, temperature, micro) if with_logps else None  # (N, R)
+            ref = getattr(self, "ref_model", None)
+            ref_logps = None if ref is None else self.response_token_logps(ref, *args, temperature, micro)
         rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, logps, ref_logps, meta=meta)
         with torch.no_grad():
             values = self.rollout_values(rollout.input_ids, rollout.attention_mask, response_ids.shape[1])

@@ -8,7 +8,6 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.distributed import global_masked_whiten
-from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.losses import ppo_policy_loss, ppo_rewards, ppo_value_loss
 from lit_rlhf.models import load_scalar_model
 from lit_rlhf.modules.base import decay_groups
@@ -144,7 +143,7 @@ class PPOModule(OnlineModule):
 
         # 3. K epochs of clipped policy + value updates
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-            logps = token_logps_with_grad(
+            logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
                 mask[rows], self.sampling.temperature,
             )  # (n, R)

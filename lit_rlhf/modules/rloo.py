@@ -6,7 +6,6 @@ from typing import Any
 
 from torch import Tensor
 
-from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.losses import rloo_loss, rloo_sequence_rewards
 from lit_rlhf.losses.grpo import rloo_advantages
 from lit_rlhf.modules.online import OnlineModule
@@ -75,7 +74,7 @@ class RLOOModule(OnlineModule):
         advantages = rloo_advantages(rewards, group)  # (N,)
 
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-            logps = token_logps_with_grad(
+            logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
                 mask[rows], self.sampling.temperature,
             )  # (n, R)

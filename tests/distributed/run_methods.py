@@ -8,7 +8,9 @@ gradients were reduced across ranks), and for online methods the response length
 generated. `--uneven_lengths` makes rank r sample 3 + 5 r tokens (ZeRO-3 regression: ranks that
 stop generating at different steps need `synced_gpus=True`). `--checkpoint dpo` also saves a
 checkpoint (a ZeRO directory under DeepSpeed), resumes from it for one more step, and reports
-the resumed global step.
+the resumed global step. `--grad_probe` saves DPO's full (ZeRO-3: gathered) gradients of the
+output layer and the embedding at the first optimizer step, then fits one more DPO step with the
+dense log-prob path (`logprob_chunk_size: null`) and saves its gradients alike.
 """
 
 from __future__ import annotations
@@ -42,6 +44,38 @@ class LengthProbe(L.Callback):
         return rollout
 
 
+class GradProbe(L.Callback):
+    """Saves the full gradients of the policy's output layer and embedding at the first optimizer
+    step (before clipping and the step), and whether ZeRO-3 held them partitioned."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.done = path, False
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self.done:
+            return
+        self.done = True
+        from lit_rlhf.ops.logprobs import _chunked_support  # the per-model decision of the log-prob path
+
+        policy = pl_module.policy
+        out = {"chunked_path": policy in _chunked_support and _chunked_support[policy] is None}
+        for name, param in (("lm_head", policy.lm_head.weight), ("embed", policy.model.embed_tokens.weight)):
+            if hasattr(param, "ds_id"):  # ZeRO-3: gather the reduced gradient (collective)
+                from deepspeed.utils import safe_get_full_grad
+
+                grad = safe_get_full_grad(param)
+                out[f"{name}_local_numel"], out[f"{name}_full_numel"] = param.numel(), param.ds_numel
+            else:
+                grad = param.grad
+            out[name] = grad.detach().clone()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(out, self.path)
+
+
+def grad_probe_paths(root: Path, rank: int) -> dict[str, str]:
+    return {kind: str(root / f"dpo_{kind}_grads_rank{rank}.pt") for kind in ("chunked", "dense")}
+
+
 def fit_one(method: str, args, root: Path) -> dict:
     rank, size = W.world()
     L.seed_everything(1 + rank)  # different sampling per rank, as in a real run
@@ -57,10 +91,11 @@ def fit_one(method: str, args, root: Path) -> dict:
     zero3 = args.strategy == "zero3"
     before = W.fingerprint(module)
     record, probe = W.RecordMetrics(), LengthProbe()
+    extra = [GradProbe(Path(grad_probe_paths(root, rank)["chunked"]))] if (args.grad_probe and method == "dpo") else []
     if online:
         trainer = W.trainer_for(args.strategy, root / method, max_steps=-1, max_epochs=1, callbacks=[record, probe])
     else:
-        trainer = W.trainer_for(args.strategy, root / method, max_steps=2, callbacks=[record])
+        trainer = W.trainer_for(args.strategy, root / method, max_steps=2, callbacks=[record, *extra])
     started = time.perf_counter()
     trainer.fit(module, W.loader(method, module.tokenizer, batch))
     result = {
@@ -76,7 +111,20 @@ def fit_one(method: str, args, root: Path) -> dict:
     }
     if method == args.checkpoint:
         result["resume"] = save_and_resume(method, args, root, trainer)
+    if extra:
+        result["grad_probe"] = dense_grad_probe(method, args, root)
     return result
+
+
+def dense_grad_probe(method: str, args, root: Path) -> dict[str, str]:
+    """One step of `method` from the same start with the dense log-prob path, gradients saved."""
+    rank, _ = W.world()
+    paths = grad_probe_paths(root, rank)
+    L.seed_everything(1 + rank)
+    module = W.build_module(method, logprob_chunk_size=None)
+    trainer = W.trainer_for(args.strategy, root / f"{method}_dense", max_steps=1, callbacks=[GradProbe(Path(paths["dense"]))])
+    trainer.fit(module, W.loader(method, module.tokenizer, BATCH[method]))
+    return paths
 
 
 def save_and_resume(method: str, args, root: Path, trainer) -> dict:
@@ -107,6 +155,7 @@ def main() -> None:
     parser.add_argument("--methods", required=True)
     parser.add_argument("--uneven_lengths", action="store_true")
     parser.add_argument("--checkpoint", default="")
+    parser.add_argument("--grad_probe", action="store_true")
     parser.add_argument("--frozen_placement", default="", choices=["", "partitioned", "whole"])
     # manual check of the regression: generation WITHOUT synced_gpus (crashes on gloo, hangs on NCCL)
     parser.add_argument("--force_unsynced", action="store_true")

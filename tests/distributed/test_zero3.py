@@ -11,6 +11,9 @@ crash without the fix.)
 Checkpoint: DPO's ZeRO-3 directory is resumed for one more step (same weights as 3 steps in a
 row), then `lit_rlhf.export` (the `python -m lit_rlhf.export <dir> <out>` entry) consolidates the shards and plain
 transformers loads the result with the trained weights.
+
+Log-probs: the chunked path (the default) gives DPO the same gradients as the dense logits with
+the output layer's weight partitioned (gathered by ZeRO-3's hooks around the output layer).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ METHODS = ("dpo", "ppo", "grpo")
 @pytest.fixture(scope="module")
 def zero3_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("zero3")
-    args = ["--strategy", "zero3", "--methods", ",".join(METHODS), "--uneven_lengths", "--checkpoint", "dpo"]
+    args = ["--strategy", "zero3", "--methods", ",".join(METHODS), "--uneven_lengths", "--checkpoint", "dpo", "--grad_probe"]
     return launch(SCRIPT, args, 2, out, timeout=400), out
 
 
@@ -45,6 +48,18 @@ def test_dpo_ppo_grpo_train_under_zero3_with_uneven_generation_lengths(zero3_res
         assert rank0["synced"] == [True] and rank1["synced"] == [True]
         # the two ranks really stopped at different steps: <= 3 tokens on rank 0, 4..8 on rank 1
         assert rank0["lengths"][0] <= 3 < rank1["lengths"][0] <= 8, (rank0["lengths"], rank1["lengths"])
+
+
+def test_chunked_logprobs_give_the_dense_gradients_with_the_output_layer_partitioned(zero3_results):
+    results, _ = zero3_results
+    for rank in (0, 1):
+        paths = results[rank]["dpo"]["grad_probe"]
+        chunked, dense = torch.load(paths["chunked"]), torch.load(paths["dense"])
+        assert chunked["chunked_path"] and not dense["chunked_path"]
+        for name in ("lm_head", "embed"):
+            assert chunked[f"{name}_local_numel"] < chunked[f"{name}_full_numel"]  # partitioned (released after use)
+            assert chunked[name].numel() == chunked[f"{name}_full_numel"] and chunked[name].abs().max() > 0
+            torch.testing.assert_close(chunked[name].view(-1), dense[name].view(-1), atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_zero3_checkpoint_resumes_and_exports_to_hugging_face(zero3_results, tmp_path):

@@ -108,8 +108,11 @@ def test_precompute_reference_respects_ref_model_and_reports_missing_rows(tiny_t
 def test_one_concatenated_forward(tiny_tokenizer):
     module = DPOModule()
     calls = []
-    module.policy.register_forward_hook(lambda mod, args, kwargs, out: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+    # the decoder: the chunked log-prob path runs it and the output layer, not the model's forward
+    module.policy.get_decoder().register_forward_hook(lambda mod, args, kwargs, out: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
     batch = preference_batch(tiny_tokenizer)
+    module.compute_loss(batch)  # the first call also checks the chunked path on a few tokens, once per model
+    calls.clear()
     module.compute_loss(batch)
     assert calls == [batch.input_ids.shape]  # chosen and rejected together, (2B, T)
 

@@ -1,0 +1,139 @@
+"""Token log-probs and entropies from hidden states and the output layer, a chunk of tokens at a time.
+
+The textbook computation materialises the logits of every scored position, `(N, V)` floats plus
+their log-softmax and its gradient: with a 49k-152k vocabulary and 1k-token completions the
+largest tensors of a step. Here the output layer `z = (h W^T + b) / temperature` is applied to
+`chunk_size` rows at a time; each chunk's logits are reduced to the picked log-prob (and the
+entropy) right away and freed, and the backward pass recomputes them chunk by chunk, so at most
+one chunk of logits (and its softmax and gradient) exists at any time.
+
+For one row with `z` its logits, `lse = logsumexp(z)`, `p = softmax(z)`, target `y`:
+
+    logp_y = z_y - lse                      d logp_y / dz = onehot(y) - p
+    H = lse - sum_j p_j z_j                 dH / dz_j = -p_j (log p_j + H)
+
+and with `g = dL/dz / temperature`: `dL/dh = g W`, `dL/dW = g^T h`, `dL/db = sum_rows g`.
+Values and gradients equal the dense computation up to float rounding. Under autocast the matmuls
+run in the autocast dtype, like the dense `nn.Linear` would, and the softmax in float32.
+
+The same idea underlies Liger-Kernel's fused linear cross-entropy and Apple's cut cross-entropy;
+this is plain torch (any device), not their kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype the output layer's matmul runs in: the autocast dtype when autocast is on."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type) and weight.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return torch.get_autocast_dtype(device_type)
+    return weight.dtype
+
+
+def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float, acc: torch.dtype) -> Tensor:
+    """(c, H) -> (c, V) logits divided by the temperature, in `acc` (float32 or float64)."""
+    z = torch.nn.functional.linear(h.to(w.dtype), w, b).to(acc)
+    if temperature != 1.0:
+        z = z.div_(temperature)
+    return z
+
+
+class LinearTokenLogps(torch.autograd.Function):
+    """`(log_softmax(z)[target], entropy(softmax(z)))` with `z = (hidden W^T + b) / temperature`,
+    computed and differentiated `chunk_size` rows at a time (the logits are recomputed in backward).
+
+    hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) long -> logps (N,) and
+    entropy (N,) (zeros unless `with_entropy`), both float32 (float64 for a float64 layer).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, compute_dtype, with_entropy):
+        acc = torch.promote_types(compute_dtype, torch.float32)
+        n = hidden.shape[0]
+        logps = torch.empty(n, dtype=acc, device=hidden.device)
+        lses = torch.empty(n, dtype=acc, device=hidden.device)
+        entropy = torch.zeros(n, dtype=acc, device=hidden.device)
+        with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(compute_dtype)
+            b = None if bias is None else bias.to(compute_dtype)
+            for start in range(0, n, chunk_size):
+                end = min(start + chunk_size, n)
+                z = _chunk_logits(hidden[start:end], w, b, temperature, acc)  # (c, V)
+                lse = torch.logsumexp(z, dim=-1)  # (c,)
+                lses[start:end] = lse
+                logps[start:end] = z.gather(-1, targets[start:end, None]).squeeze(-1) - lse
+                if with_entropy:
+                    p = torch.softmax(z, dim=-1)
+                    entropy[start:end] = lse - (p * z).sum(-1)
+                del z
+        ctx.save_for_backward(hidden, weight, bias, targets, lses, entropy)
+        ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
+        ctx.with_entropy, ctx.has_bias = with_entropy, bias is not None
+        return logps, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logps, grad_entropy):
+        hidden, weight, bias, targets, lses, entropy = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        acc = lses.dtype
+        temperature, chunk = ctx.temperature, ctx.chunk_size
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if (need_b and ctx.has_bias) else None
+        use_entropy = ctx.with_entropy and grad_entropy is not None
+        with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(ctx.compute_dtype)
+            b = None if bias is None else bias.to(ctx.compute_dtype)
+            for start in range(0, hidden.shape[0], chunk):
+                end = min(start + chunk, hidden.shape[0])
+                h = hidden[start:end]
+                logp = _chunk_logits(h, w, b, temperature, acc).sub_(lses[start:end, None])  # (c, V) log-softmax
+                p = logp.exp()
+                g_lp = grad_logps[start:end, None].to(acc)  # (c, 1)
+                if use_entropy:  # dH/dz = -p (log p + H)
+                    g = logp.add_(entropy[start:end, None]).mul_(p).mul_(-grad_entropy[start:end, None].to(acc))
+                    g.sub_(p.mul_(g_lp))
+                else:
+                    g = p.mul_(-g_lp)
+                del logp
+                g.scatter_add_(-1, targets[start:end, None], g_lp)  # + onehot(y) * dL/dlogp
+                if temperature != 1.0:
+                    g.div_(temperature)
+                g_c = g.to(ctx.compute_dtype)
+                if need_h:
+                    grad_h[start:end] = (g_c @ w).to(hidden.dtype)
+                if need_w:
+                    grad_w.add_((g_c.t() @ h.to(ctx.compute_dtype)).to(acc))
+                if grad_b is not None:
+                    grad_b.add_(g.sum(0))
+                del g, g_c
+        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None, None
+
+
+def linear_token_logps(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 256,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (N,) of `targets` under `softmax((hidden W^T + b) / temperature)`, and the
+    entropies (N,) of those distributions when `with_entropy` (else None), never holding more than
+    `chunk_size` rows of logits. hidden (N, H), weight (V, H), bias (V,) or None, targets (N,)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    if hidden.ndim != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"expected hidden (N, H) and targets (N,), got {tuple(hidden.shape)} and {tuple(targets.shape)}")
+    dtype = _compute_dtype(hidden, weight)
+    logps, entropy = LinearTokenLogps.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size), dtype, with_entropy)
+    return logps, (entropy if with_entropy else None)
