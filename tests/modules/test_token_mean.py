@@ -105,16 +105,16 @@ def prompt_loader(tokenizer):
 
 
 def early_eos(module) -> None:
-    """Make the policy end its responses early at random (an EOS logit bias), so responses have
-    different lengths and a token mean differs from a sequence mean."""
-    eos = module.tokenizer.eos_token_id
-
-    def bias(_module, _inputs, logits):
-        out = logits.clone()
-        out[..., eos] += 4.0
-        return out
-
-    module.policy.lm_head.register_forward_hook(bias)
+    """Make the policy end its responses early at random (an EOS logit bias: the output layer
+    gains a bias), so responses have different lengths and a token mean differs from a sequence
+    mean. A real layer, not a hook on the logits, so the chunked log-prob path sees it too."""
+    head = module.policy.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        biased.bias[module.tokenizer.eos_token_id] = 4.0
+    module.policy.lm_head = biased
 
 
 def online_grads(tmp_path, make, micro_batch_size):
