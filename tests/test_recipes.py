@@ -1,10 +1,11 @@
-"""Every shipped recipe runs: each YAML under configs/ (and examples/) through the CLI, as written.
+"""Every shipped recipe runs: each YAML under configs/ (and the examples run by `main.py fit`)
+through the CLI, as written.
 
 Only these overrides: the model (and the reward / value / reference / judge models) swapped to
 `tiny-random-smollm2` (a tiny random Llama with SmolLM2's real tokenizer, so real text has real
 token lengths), 2 optimizer steps, batch size and generation count shrunk, validation after the
 last step, logging every step, outputs (logs, checkpoints, exports) in a temp dir, and the data
-source: real TL;DR rows (the shared sample, `LIT_RLHF_SHARED_DATA`, default ../shared/data) and
+source of recipes on hub data (recipes on the project's bundled rows keep them): real TL;DR rows (the shared sample, `LIT_RLHF_SHARED_DATA`, default ../shared/data) and
 UltraFeedback rows built here in the published schemas from real text, some of them past the
 configs' length limits. The configs' length limits, precision, accumulation, clipping,
 schedules and callbacks are kept. Each run must train (weights move, losses finite), validate,
@@ -46,7 +47,9 @@ def _declared(path: Path) -> dict:
 
 
 def _yamls() -> list[Path]:
-    return sorted(CONFIGS.rglob("*.yaml")) + sorted((REPO / "examples").glob("*.yaml"))
+    """Every config, and the examples run by `main.py` (not those driven by their own script)."""
+    examples = [p for p in sorted((REPO / "examples").glob("*.yaml")) if "python main.py fit" in p.read_text()]
+    return sorted(CONFIGS.rglob("*.yaml")) + examples
 
 
 RECIPES = [p for p in _yamls() if _declared(p).get("model")]
@@ -167,6 +170,7 @@ DATA_KIND = {
     "TLDRSFTDataModule": "sft", "TLDRPromptDataModule": "sft", "TLDRPreferenceDataModule": "comparisons",
     "UltraFeedbackPreferenceDataModule": "binarized", "UltraFeedbackPromptDataModule": "binarized",
     "UltraFeedbackSingleDataModule": "openbmb",
+    "QADataModule": None,  # only bundled / hub question-answer data: see `_data_args`
 }
 
 
@@ -217,8 +221,10 @@ def _data_args(config: dict, data_dirs: dict[str, Path], batch_size: int) -> lis
     kind = DATA_KIND[cls_name]
     declared = data.get("init_args") or {}
     defaults = inspect.signature(getattr(data_module, cls_name).__init__).parameters
-    args = [f"--data.init_args.path={data_dirs[kind]}", "--data.init_args.name=null",
-            f"--data.init_args.batch_size={batch_size}", f"--data.init_args.eval_batch_size={batch_size}"]
+    args = [f"--data.init_args.batch_size={batch_size}", f"--data.init_args.eval_batch_size={batch_size}"]
+    if kind is None or str(declared.get("path", "")).startswith("bundled:"):
+        return args  # a recipe on the project's bundled rows runs on them, splits as written
+    args += [f"--data.init_args.path={data_dirs[kind]}", "--data.init_args.name=null"]
     for role, file_split in (("train_split", "train"), ("val_split", "validation"), ("test_split", "test")):
         split = declared.get(role, defaults[role].default if role in defaults else None)
         assert role != "val_split" or split, f"{cls_name}: the recipe configures no validation split"
