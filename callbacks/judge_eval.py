@@ -1,4 +1,4 @@
-"""Pairwise-judge evaluation of the policy during training (issue 7).
+"""Pairwise-judge evaluation of the policy during training.
 
 Every `every_n_steps` optimizer steps and/or at the end of each validation run, the policy
 completes a fixed set of evaluation prompts and a `PairwiseJudge` compares each completion with a

@@ -1,4 +1,4 @@
-"""Judge a policy's completions against a baseline with a pairwise judge (issue 7).
+"""Judge a policy's completions against a baseline with a pairwise judge.
 
 The pieces `callbacks.JudgeEvalCallback` uses during training, and a command line to judge a
 saved policy outside training:

@@ -1,4 +1,4 @@
-"""One place that loads every model and tokenizer the methods need (issue 2, item 3).
+"""One place that loads every model and tokenizer the methods need.
 
 A model name is one of:
 - a builtin: `tiny-random-llama` (a 2-layer Llama, hidden size 64, seeded random weights and an
@@ -434,7 +434,7 @@ def load_scalar_model(name: str, tokenizer=None, dtype: str | torch.dtype | None
 
 
 # --------------------------------------------------------------------------------------------
-# reward models: export to AutoModelForSequenceClassification and loading back (issue 4)
+# reward models: export to AutoModelForSequenceClassification and loading back
 # --------------------------------------------------------------------------------------------
 
 # Where the final norm of a backbone lives (its output is the `last_hidden_state` the head reads).
