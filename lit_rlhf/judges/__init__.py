@@ -1,4 +1,4 @@
-"""Pairwise judges (issue 7) and the statistics of their verdicts.
+"""Pairwise judges and the statistics of their verdicts.
 
 - `PairwiseJudge`: the interface, `judge(prompts, completions_a, completions_b) -> list[Judgement]`.
 - `RewardModelJudge`: the completion with the higher reward wins.
