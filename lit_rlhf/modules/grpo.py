@@ -197,8 +197,8 @@ class GRPOModule(OnlineModule):
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.sampling.temperature,
-            )  # (n, R)
+                mask[rows], self.sampling.temperature, groups=rows // group,
+            )  # (n, R); a group's rows in this micro-batch share one prompt computation
             if on_policy:
                 filled[rows] = logps.detach().float()
             old = None if on_policy else rollout.logps[rows]
