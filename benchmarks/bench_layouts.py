@@ -63,6 +63,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="measured steps (each runs both layouts)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layouts", default="padded,shared",
+                   help="one layout per process for memory (a process's freed memory stays resident)")
     p.add_argument("--out", default="", help="write the JSON result here too")
     return p.parse_args(argv)
 
@@ -199,14 +201,15 @@ def sync(device: torch.device) -> None:
 
 def run_method(name: str, args, device: torch.device) -> dict:
     method = Method(name, args, device)
-    times = {layout: [] for layout in LAYOUTS}
-    peaks = {layout: [] for layout in LAYOUTS}
+    layouts = tuple(args.layouts.split(","))
+    times = {layout: [] for layout in layouts}
+    peaks = {layout: [] for layout in layouts}
     counts = [method.counts(b) for b in method.batches]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16-mixed")
     for i, batch in enumerate(method.batches):
         batch = batch.to(device) if hasattr(batch, "to") and not isinstance(batch, dict) else (
             {k: v.to(device) for k, v in batch.items()})
-        order = LAYOUTS if i % 2 == 0 else LAYOUTS[::-1]  # ABBA: neither layout always runs first
+        order = layouts if i % 2 == 0 else layouts[::-1]  # ABBA: neither layout always runs first
         for layout in order:
             method.set_layout(layout)
             if device.type == "cuda":
@@ -225,14 +228,14 @@ def run_method(name: str, args, device: torch.device) -> dict:
                 peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else (
                     StepPeaks.peaks[-1] if StepPeaks.peaks else float("nan"))
                 peaks[layout].append(peak)
-    medians = {layout: statistics.median(times[layout]) for layout in LAYOUTS}
-    per_step = [p / s for p, s in zip(times["padded"], times["shared"])]
+    medians = {layout: statistics.median(times[layout]) for layout in layouts}
+    both = set(layouts) == set(LAYOUTS)
     return {
         "method": name,
         "median_step_s": medians,
-        "speedup_padded_over_shared": medians["padded"] / medians["shared"],
-        "speedup_per_step": per_step,
-        "step_peak_mb": {layout: max(peaks[layout]) for layout in LAYOUTS},
+        "speedup_padded_over_shared": medians["padded"] / medians["shared"] if both else None,
+        "speedup_per_step": [p / s for p, s in zip(times["padded"], times["shared"])] if both else None,
+        "step_peak_mb": {layout: max(peaks[layout]) for layout in layouts},
         "peak_kind": "cuda max_memory_allocated" if device.type == "cuda" else "step VmHWM (resident)",
         "tokens_per_step": {k: statistics.mean(c[k] for c in counts) for k in counts[0]},
     }
@@ -247,10 +250,11 @@ def main(argv=None) -> dict:
         out = run_method(name, args, device)
         result["methods"].append(out)
         t = out["tokens_per_step"]
-        print(f"{name:7s} padded {out['median_step_s']['padded']:.3f}s  shared {out['median_step_s']['shared']:.3f}s  "
-              f"speed-up x{out['speedup_padded_over_shared']:.2f}  tokens {t['padded_tokens']:.0f} -> {t['shared_tokens']:.0f} "
-              f"(real {t['real_tokens']:.0f})  step peak MB {out['step_peak_mb']['padded']:.0f} -> "
-              f"{out['step_peak_mb']['shared']:.0f}", flush=True)
+        steps = "  ".join(f"{k} {v:.3f}s" for k, v in out["median_step_s"].items())
+        speedup = "" if out["speedup_padded_over_shared"] is None else f"  speed-up x{out['speedup_padded_over_shared']:.2f}"
+        peaks = "  ".join(f"{k} {v:.0f}" for k, v in out["step_peak_mb"].items())
+        print(f"{name:7s} {steps}{speedup}  tokens padded {t['padded_tokens']:.0f} shared {t['shared_tokens']:.0f} "
+              f"(real {t['real_tokens']:.0f})  step peak MB {peaks}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result

@@ -127,9 +127,9 @@ def _input_dtype(model: nn.Module) -> torch.dtype:
     return weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
 
 
-def _run(model: nn.Module, layout: SharedPromptLayout, dtype: torch.dtype):
+def _run(model: nn.Module, layout: SharedPromptLayout, dtype: torch.dtype, **kwargs):
     return model(input_ids=layout.input_ids, attention_mask=layout.attention_bias(dtype),
-                 position_ids=layout.position_ids, use_cache=False)
+                 position_ids=layout.position_ids, use_cache=False, **kwargs)
 
 
 def layout_hidden(decoder: nn.Module, layout: SharedPromptLayout) -> Tensor:
@@ -171,9 +171,13 @@ def shared_per_token_logps(
         hidden = layout_hidden(decoder, layout)[where]  # (S, H)
         ones = torch.ones((1, where.shape[0]), dtype=torch.bool, device=where.device)
         picked = _output_layer_logps(head, hidden[None], targets[None], ones, temperature, chunk_size)[0]  # (S,)
-    else:
-        logits = _run(model, layout, _input_dtype(model)).logits  # (M, L, V)
-        picked_logits = logits.reshape(-1, logits.shape[-1])[where]  # (S, V)
+    else:  # the logits from the first context position of any packed row on (`logits_to_keep`)
+        length = layout.input_ids.shape[1]
+        first = int((where % length).min())
+        out = _run(model, layout, _input_dtype(model), logits_to_keep=length - first)
+        logits = out.logits  # (M, L - first, V)
+        rows, cols = where // length, where % length - first
+        picked_logits = logits[rows, cols]  # (S, V)
         if temperature != 1.0:
             picked_logits = picked_logits / temperature
         picked = selective_log_softmax(picked_logits[None], targets[None])[0]  # (S,)

@@ -179,3 +179,15 @@ def test_attention_without_4d_masks_falls_back_to_the_padded_rows(monkeypatch, c
     assert out == "padded" and called == [batch.input_ids.shape] * 2
     warnings = [r.getMessage() for r in caplog.records if "shared prompts are off" in r.getMessage()]
     assert len(warnings) == 1 and "flash_attention_2" in warnings[0]  # named once per model
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_bf16_autocast_takes_the_layout_mask(attention):
+    """Under bf16 autocast the float32 mask meets bf16 queries: the layout runs and agrees."""
+    model = tiny_lm(tied=False, attention=attention)
+    batch = pair_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        padded = per_token_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask, 1.0, 4)
+        shared = sp.shared_per_token_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask, batch.sharing, 1.0, 4)
+    assert shared.dtype == torch.float32
+    torch.testing.assert_close(shared, padded, atol=2e-2, rtol=0)
