@@ -45,19 +45,33 @@ SUPPORTED_ATTENTION = ("sdpa", "eager")
 _warned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> reason already logged
 
 
-def layout_support(model: nn.Module) -> str | None:
+def layout_support(model: nn.Module, longest_row: int = 0) -> str | None:
     """None when `model` takes the shared-prompt layout's 4D mask, else the reason it does not
-    (logged once per model as a warning: its callers use the padded layout)."""
+    (logged once per model as a warning: its callers use the padded layout).
+
+    `longest_row`: the most real tokens of a batch row. A model with sliding-window attention
+    limits each token to the last `sliding_window` ones, a pattern the 4D mask does not carry:
+    rows longer than the window use the padded layout."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None) if config is not None else None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) is not False else None
     reason = None
     if impl not in SUPPORTED_ATTENTION:
         reason = (f"attention implementation {impl!r} takes no custom 4D attention mask (shared prompts need "
                   f"one of {SUPPORTED_ATTENTION}); using the padded layout")
+    elif isinstance(window, int) and longest_row > window:
+        reason = (f"rows of {longest_row} tokens exceed its sliding attention window ({window}), which the shared "
+                  "layout's mask does not apply; using the padded layout")
     if reason is not None and model not in _warned:
         log.warning("shared prompts are off for %s: %s", type(model).__name__, reason)
         _warned[model] = reason
     return reason
+
+
+def longest(attention_mask: Tensor) -> int:
+    """The most real tokens in a row of the batch."""
+    return int(attention_mask.sum(dim=1).max()) if attention_mask.numel() else 0
 
 
 def shares_anything(sharing: PromptSharing) -> bool:
@@ -198,7 +212,7 @@ def grouped_token_logps(
     """Per-token log-probs (N, T): on the shared-prompt layout when `sharing` is given, some rows
     share a prompt and the model takes the layout's mask (`layout_support`), else the padded path
     (`per_token_logps`). Same values either way."""
-    if sharing is not None and shares_anything(sharing) and layout_support(model) is None:
+    if sharing is not None and shares_anything(sharing) and layout_support(model, longest(attention_mask)) is None:
         return shared_per_token_logps(model, input_ids, attention_mask, loss_mask, sharing, temperature, chunk_size)
     return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size=chunk_size)
 
@@ -215,7 +229,7 @@ def shared_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Te
 def grouped_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, sharing: PromptSharing | None) -> Tensor:
     """Scores (N,) of a `ScalarHeadModel` at each row's last real token, on the shared-prompt
     layout when `sharing` applies (see `grouped_token_logps`), else `model.score`."""
-    if sharing is not None and shares_anything(sharing) and layout_support(model.backbone) is None:
+    if sharing is not None and shares_anything(sharing) and layout_support(model.backbone, longest(attention_mask)) is None:
         return shared_scalar_scores(model, input_ids, attention_mask, sharing)
     return model.score(input_ids, attention_mask)
 

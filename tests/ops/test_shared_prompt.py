@@ -191,3 +191,16 @@ def test_bf16_autocast_takes_the_layout_mask(attention):
         shared = sp.shared_per_token_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask, batch.sharing, 1.0, 4)
     assert shared.dtype == torch.float32
     torch.testing.assert_close(shared, padded, atol=2e-2, rtol=0)
+
+
+def test_rows_longer_than_a_sliding_window_use_the_padded_rows(monkeypatch):
+    model = tiny_lm(tied=False)
+    batch = pair_batch()
+    model.config.sliding_window = 64
+    assert sp.layout_support(model, longest_row=64) is None
+    model.config.sliding_window = int(batch.attention_mask.sum(dim=1).max()) - 1
+    assert "sliding attention window" in sp.layout_support(model, longest_row=int(batch.attention_mask.sum(dim=1).max()))
+    called = []
+    monkeypatch.setattr(sp, "shared_per_token_logps", lambda *args, **kwargs: called.append(1))
+    padded = sp.grouped_token_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask, batch.sharing)
+    assert not called and padded.shape == batch.input_ids.shape
