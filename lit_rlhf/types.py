@@ -61,6 +61,12 @@ class PreferenceBatch(NamedTuple):
     def num_pairs(self) -> int:
         return self.input_ids.shape[0] // 2
 
+    @property
+    def sharing(self) -> "PromptSharing":
+        """Pair i (rows i and B + i) has one prompt, in columns [:prompt_lengths]."""
+        groups = torch.arange(self.input_ids.shape[0], device=self.input_ids.device) % max(self.num_pairs, 1)
+        return PromptSharing(self.prompt_lengths, groups)
+
 
 class SingleBatch(NamedTuple):
     """Single trajectories (prompt, completion, scalar reward / binary label), right padded."""
@@ -124,3 +130,47 @@ def split_pair(t: Tensor) -> tuple[Tensor, Tensor]:
         raise ValueError(f"a paired tensor needs an even first dimension, got shape {tuple(t.shape)}")
     half = t.shape[0] // 2
     return t[:half], t[half:]
+
+
+class PromptSharing(NamedTuple):
+    """Which rows of a prompt+completion batch share their prompt (`lit_rlhf.ops.shared_prompt`).
+
+    Row n's prompt is its real tokens before column `prompt_end[n]`, its completion the real
+    tokens from there on; rows with the same `groups` id have the same prompt tokens (a
+    `PreferenceBatch`'s pair i: rows i and B + i; a GRPO rollout: the G rows of one prompt).
+    """
+
+    prompt_end: Tensor  # (N,) long, the column where each row's completion starts
+    groups: Tensor  # (N,) long, rows with equal ids share their prompt
+
+
+class SharedPromptLayout(NamedTuple):
+    """Rows that share a prompt packed into one sequence each: `[prompt, completion_1, ...,
+    completion_k]`, right padded to `L` (built by `lit_rlhf.ops.shared_prompt.build_layout`).
+
+    Completion j attends to the prompt and causally to itself only (`attention_bias`), and its
+    positions continue from the prompt's length, so every token sees exactly the context it has
+    in its own row. `token_index` maps each real token of the N source rows (B x T) to its place
+    in the packed rows: the prompt tokens of a group's rows all map to the one shared copy, so the
+    first token of every completion is predicted from the shared prompt's last position.
+    """
+
+    input_ids: Tensor  # (M, L) long, one packed row per group, right padded
+    position_ids: Tensor  # (M, L) long: prompt 0..p-1, each completion continuing from p; 0 on padding
+    segment_ids: Tensor  # (M, L) long: 0 on the prompt, j >= 1 on the j-th completion, -1 on padding
+    token_index: Tensor  # (N, T) long: flat index into (M * L) of each real source token, -1 on padding
+
+    to = _move
+
+    def attention_bias(self, dtype: torch.dtype) -> Tensor:
+        """(M, 1, L, L) additive attention mask in `dtype`: 0 where query i may attend to key j
+        (j <= i, and j on the prompt or on i's own completion), the dtype's minimum elsewhere.
+        A padding position attends to itself only, so no row of the softmax is empty."""
+        seg = self.segment_ids
+        length = seg.shape[1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=seg.device).tril()
+        query, key = seg[:, :, None], seg[:, None, :]  # (M, L, 1), (M, 1, L)
+        allowed = causal & (key >= 0) & ((key == 0) | (key == query))
+        allowed |= torch.eye(length, dtype=torch.bool, device=seg.device)
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=seg.device)
+        return bias.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]

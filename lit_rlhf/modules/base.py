@@ -11,7 +11,8 @@ logging, export at fit end). What lives here exists once:
   gradients, and left out of checkpoints, since they are rebuilt from their names;
 - `model_logps` (`policy_logps` / `frozen_logps`) and `response_token_logps`: the one place
   modules get per-token log-probs, right under either padding side (D5), without the logits of
-  the whole batch (`logprob_chunk_size`, `lit_rlhf.ops.logprobs`);
+  the whole batch (`logprob_chunk_size`, `lit_rlhf.ops.logprobs`), a shared prompt computed once
+  (`shared_prompt`, `lit_rlhf.ops.shared_prompt`);
 - AdamW with warmup and a cosine/linear/constant schedule (`configure_optimizers`, overridable
   through `optimizer_param_groups`);
 - metric logging under `{stage}/{group}/{name}`, tokens per second;
@@ -43,8 +44,10 @@ from torch import Tensor, nn
 from lit_rlhf import checks, models, resume, rng
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.generation import token_logps_with_grad
-from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum, per_token_logps
+from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum
+from lit_rlhf.ops.shared_prompt import grouped_token_logps, shared_response_logps
 from lit_rlhf.stopping import stop_reason
+from lit_rlhf.types import PromptSharing
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +319,11 @@ class PolicyModule(TrainingModule):
             layer applied to this many scored tokens at a time (recomputed in backward), so the
             (B, T, V) logits never exist; same values and gradients as the dense path. `null`:
             the dense logits. Models with a final logit transform use the dense path (warned).
+        shared_prompt: rows that share a prompt (a preference pair, a GRPO/RLOO group) are
+            packed into one row `[prompt, completion_1, ..., completion_k]` with a block mask,
+            so the prompt is computed once (`lit_rlhf.ops.shared_prompt`); same log-probs and
+            gradients as the padded rows. Models whose attention takes no 4D mask
+            (`flash_attention_2`) use the padded rows (warned). `false`: always the padded rows.
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
@@ -339,6 +347,7 @@ class PolicyModule(TrainingModule):
         on_nonfinite: Literal["error", "skip"] = "error",
         frozen_placement: Literal["partitioned", "whole"] = "partitioned",
         logprob_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        shared_prompt: bool = True,
     ) -> None:
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)
@@ -352,6 +361,7 @@ class PolicyModule(TrainingModule):
         if logprob_chunk_size is not None and logprob_chunk_size <= 0:
             raise ValueError(f"logprob_chunk_size must be > 0 or null (dense logits), got {logprob_chunk_size}")
         self.logprob_chunk_size = logprob_chunk_size
+        self.shared_prompt = bool(shared_prompt)
         self.model_name = model
         self.tokenizer = models.load_tokenizer(tokenizer or model)
         self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
@@ -422,19 +432,25 @@ class PolicyModule(TrainingModule):
     # log-probs
     # ----------------------------------------------------------------------------------------
 
-    def model_logps(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
+    def model_logps(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
+                    temperature: float = 1.0, sharing: PromptSharing | None = None) -> Tensor:
         """Per-token log-probs (B, T) of a causal LM on the tokens where `loss_mask` is True (0
-        elsewhere), chunked or dense as `logprob_chunk_size` says."""
-        return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size=self.logprob_chunk_size)
+        elsewhere), chunked or dense as `logprob_chunk_size` says. `sharing` says which rows
+        share a prompt (`PreferenceBatch.sharing`): with `shared_prompt` on, each such prompt is
+        computed once (`lit_rlhf.ops.shared_prompt`); the values are the same either way."""
+        sharing = sharing if self.shared_prompt else None
+        return grouped_token_logps(model, input_ids, attention_mask, loss_mask, sharing, temperature, self.logprob_chunk_size)
 
-    def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
+    def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0,
+                     sharing: PromptSharing | None = None) -> Tensor:
         """Per-token log-probs (B, T) of the policy on the tokens where `loss_mask` is True."""
-        return self.model_logps(self.policy, input_ids, attention_mask, loss_mask, temperature)
+        return self.model_logps(self.policy, input_ids, attention_mask, loss_mask, temperature, sharing)
 
     @torch.no_grad()
-    def frozen_logps(self, name: str, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
+    def frozen_logps(self, name: str, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0,
+                     sharing: PromptSharing | None = None) -> Tensor:
         """Per-token log-probs (B, T) of a frozen causal LM (e.g. `ref_model`), without grad."""
-        return self.model_logps(getattr(self, name), input_ids, attention_mask, loss_mask, temperature)
+        return self.model_logps(getattr(self, name), input_ids, attention_mask, loss_mask, temperature, sharing)
 
     def response_token_logps(
         self,
@@ -445,12 +461,17 @@ class PolicyModule(TrainingModule):
         response_mask: Tensor,
         temperature: float = 1.0,
         micro_batch_size: int | None = None,
+        groups: Tensor | None = None,
     ) -> Tensor:
         """Log-probs (B, R) of sampled responses under `model` (0 where `response_mask` is
         False), differentiable unless called under `torch.no_grad()`; chunked or dense as
-        `logprob_chunk_size` says."""
-        return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                                     micro_batch_size, chunk_size=self.logprob_chunk_size)
+        `logprob_chunk_size` says. `groups` (B,): rows with equal ids have the same prompt (a
+        GRPO group): with `shared_prompt` on, each micro-batch computes each of its prompts once."""
+        if groups is None or not self.shared_prompt:
+            return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+                                         micro_batch_size, chunk_size=self.logprob_chunk_size)
+        return shared_response_logps(model, prompt_ids, prompt_mask, response_ids, response_mask, groups, temperature,
+                                     micro_batch_size, self.logprob_chunk_size)
 
     @staticmethod
     def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:

@@ -49,7 +49,8 @@ class DPOModule(PolicyModule):
     """DPO (Rafailov et al. 2023) and its IPO / hinge variants on a `PreferenceBatch`.
 
     Chosen and rejected sequences go through the policy in ONE forward pass: the batch is
-    already concatenated, rows `[:B]` chosen and `[B:]` rejected, (2B, T). Sequence log-probs
+    already concatenated, rows `[:B]` chosen and `[B:]` rejected, (2B, T); with `shared_prompt`
+    (default) each pair's prompt is computed once, for the policy and the reference. Sequence log-probs
     are sums over completion tokens; the loss family `f(beta * h)` lives in `dpo_loss`.
 
     Args:
@@ -101,7 +102,8 @@ class DPOModule(PolicyModule):
     def reference_logps(self, batch: PreferenceBatch) -> Tensor:
         """Reference sequence log-probs (2B,) of the batch, live or from the precomputed table."""
         if not self.precompute_ref_logps:
-            per_token = self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask)
+            per_token = self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                          sharing=batch.sharing)
             return self.sequence_logps(per_token, batch.loss_mask)  # (2B,)
         keys = sequence_keys(batch.input_ids, batch.attention_mask, batch.loss_mask)
         missing = [i for i, key in enumerate(keys) if key not in self.ref_logps_cache]
@@ -138,7 +140,8 @@ class DPOModule(PolicyModule):
                     if (step - 1) % world_size != rank:
                         continue
                     batch = move_data_to_device(batch, self.device)
-                    per_token = self.model_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask)  # (2B, T)
+                    per_token = self.model_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                 sharing=batch.sharing)  # (2B, T)
                     logps = self.sequence_logps(per_token, batch.loss_mask).float().tolist()  # (2B,)
                     table.update(zip(sequence_keys(batch.input_ids, batch.attention_mask, batch.loss_mask), logps))
         if world_size > 1:
@@ -189,7 +192,7 @@ class DPOModule(PolicyModule):
         """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
         if not isinstance(batch, PreferenceBatch):
             raise TypeError(f"DPOModule needs a PreferenceBatch (chosen rows first), got {type(batch).__name__}")
-        per_token = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (2B, T)
+        per_token = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask, sharing=batch.sharing)  # (2B, T)
         policy_chosen, policy_rejected = split_pair(self.sequence_logps(per_token, batch.loss_mask))  # (B,), (B,)
         ref_chosen, ref_rejected = split_pair(self.reference_logps(batch))  # (B,), (B,)
         out = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta, self.loss_type)

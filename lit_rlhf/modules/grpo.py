@@ -49,6 +49,10 @@ class GRPOModule(OnlineModule):
        minibatch whatever `micro_batch_size`: micro-batch losses are weighted by their share of
        the minibatch's tokens (`token_mean`, counted over all ranks) or rows (the others).
 
+    With `shared_prompt` (default) the rows of a group in one forward pass (rollout scoring:
+    reference log-probs, reward model; the update's micro-batches) compute their prompt once
+    (`lit_rlhf.ops.shared_prompt`), with the same log-probs and gradients.
+
     Logs the `OnlineModule` objective stats (scores, KL, entropy, RLHF reward = score -
     beta * KL, lengths, EOS fraction, times, tokens/s) plus `policy/{loss,clipfrac,
     clipfrac_low,clipfrac_high,ratio_mean,first_ratio_mean}`, `objective/kl_loss` (the k3
@@ -197,8 +201,8 @@ class GRPOModule(OnlineModule):
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.sampling.temperature,
-            )  # (n, R)
+                mask[rows], self.sampling.temperature, groups=rows // group,
+            )  # (n, R); a group's rows in this micro-batch share one prompt computation
             if on_policy:
                 filled[rows] = logps.detach().float()
             old = None if on_policy else rollout.logps[rows]

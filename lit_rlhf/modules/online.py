@@ -224,10 +224,12 @@ class OnlineModule(PolicyModule):
         micro = self.hparams.micro_batch_size
         temperature = self.sampling.temperature
         args = (prompt_ids, prompt_mask, response_ids, response_mask)
+        # a prompt's `repeats` copies share one prompt computation (`shared_prompt`)
+        groups = torch.arange(prompt_ids.shape[0], device=prompt_ids.device) // repeats if repeats > 1 else None
         with torch.no_grad():
-            logps = self.response_token_logps(self.policy, *args, temperature, micro) if with_logps else None  # (N, R)
+            logps = self.response_token_logps(self.policy, *args, temperature, micro, groups) if with_logps else None  # (N, R)
             ref = getattr(self, "ref_model", None)
-            ref_logps = None if ref is None else self.response_token_logps(ref, *args, temperature, micro)
+            ref_logps = None if ref is None else self.response_token_logps(ref, *args, temperature, micro, groups)
         rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, logps, ref_logps, meta=meta)
         with torch.no_grad():
             values = self.rollout_values(rollout.input_ids, rollout.attention_mask, response_ids.shape[1])
@@ -244,8 +246,11 @@ class OnlineModule(PolicyModule):
         Validation (the module not in training mode) reports the raw weighted sum."""
         per_source: dict[str, Tensor] = {}
         if getattr(self, "reward_model", None) is not None:
+            shared = group_size > 1 and self.shared_prompt  # a prompt's copies: one prompt computation
+            groups = torch.arange(rollout.prompt_ids.shape[0], device=rollout.prompt_ids.device) // group_size if shared else None
             per_source["reward_model"] = reward_model_scores(
-                self.reward_model, rollout.input_ids, rollout.attention_mask, self.hparams.micro_batch_size
+                self.reward_model, rollout.input_ids, rollout.attention_mask, self.hparams.micro_batch_size,
+                groups, rollout.prompt_ids.shape[1],
             )
         if self.reward_fns:
             prompts = rollout.meta.get("prompt") or self.tokenizer.batch_decode(

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from lit_rlhf import models
 from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.modules.base import SchedulerName, TrainingModule, decay_groups
+from lit_rlhf.ops.shared_prompt import grouped_scalar_scores
 from lit_rlhf.types import PreferenceBatch, split_pair
 
 EVAL_SPLIT = "eval_split"  # meta column naming the evaluation split of each pair
@@ -84,6 +85,10 @@ class RewardModule(TrainingModule):
         on_nonfinite: what a NaN/inf loss or gradient does before the optimizer step: `error`
             (default) stops with an error naming the step and the batch rows; `skip` skips that
             optimizer step and counts it (`train/guard/skipped_steps`), as in `PolicyModule`.
+        shared_prompt: each pair's prompt is computed once (`lit_rlhf.ops.shared_prompt`: one
+            packed row `[prompt, chosen, rejected]` with a block mask, each completion scored at
+            its own last token); same rewards and gradients as the padded rows. Backbones whose
+            attention takes no 4D mask (`flash_attention_2`) use the padded rows (warned).
 
     Optimiser, schedule, exact resume, start-up checks and the export at fit end are
     `TrainingModule`'s.
@@ -111,6 +116,7 @@ class RewardModule(TrainingModule):
         calibration_bins: int = 10,
         score_batch_size: int = 16,
         on_nonfinite: Literal["error", "skip"] = "error",
+        shared_prompt: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -146,8 +152,11 @@ class RewardModule(TrainingModule):
         """(chosen, rejected) rewards, (B,) each in float32, from one forward over the 2B rows."""
         if not isinstance(batch, PreferenceBatch):
             raise TypeError(f"RewardModule needs a PreferenceBatch, got {type(batch).__name__}")
-        rewards = self(batch.input_ids, batch.attention_mask).float()  # (2B,)
-        return split_pair(rewards)
+        if self.hparams.get("shared_prompt", True):
+            rewards = grouped_scalar_scores(self.reward_model, batch.input_ids, batch.attention_mask, batch.sharing)
+        else:
+            rewards = self(batch.input_ids, batch.attention_mask)
+        return split_pair(rewards.float())  # (B,), (B,)
 
     def _margin(self, batch: PreferenceBatch) -> Tensor | None:
         if not self.hparams.use_margin:

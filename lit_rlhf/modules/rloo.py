@@ -76,8 +76,8 @@ class RLOOModule(OnlineModule):
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.sampling.temperature,
-            )  # (n, R)
+                mask[rows], self.sampling.temperature, groups=rows // group,
+            )  # (n, R); a group's rows share one prompt computation
             loss = rloo_loss(logps, advantages[rows], mask[rows])
             return loss, {"policy/loss": loss.detach()}
 

@@ -27,15 +27,28 @@ def reward_model_scores(
     input_ids: Tensor,
     attention_mask: Tensor,
     micro_batch_size: int | None = None,
+    groups: Tensor | None = None,
+    prompt_width: int = 0,
 ) -> Tensor:
     """Scores (N,) of left-padded prompt + D23-cut response rows (N, P+R), read at the last
-    real token of each row: the EOS of a response that has one, its last token otherwise (D12)."""
+    real token of each row: the EOS of a response that has one, its last token otherwise (D12).
+
+    `groups` (N,): rows with equal ids have the same prompt (columns [:prompt_width]); each
+    micro-batch then computes each of its prompts once (`lit_rlhf.ops.shared_prompt`), same scores."""
+    from lit_rlhf.ops.shared_prompt import grouped_scalar_scores
+    from lit_rlhf.types import PromptSharing
+
     size = micro_batch_size or input_ids.shape[0]
     index = last_true_index(attention_mask.bool())  # (N,)
     chunks = []
     for start in range(0, input_ids.shape[0], size):
         sl = slice(start, start + size)
-        chunks.append(reward_model.score(input_ids[sl], attention_mask[sl], index[sl]).float())
+        if groups is not None and hasattr(reward_model, "backbone"):
+            ends = torch.full((groups[sl].shape[0],), prompt_width, dtype=torch.long, device=groups.device)
+            sharing = PromptSharing(ends, groups[sl])
+            chunks.append(grouped_scalar_scores(reward_model, input_ids[sl], attention_mask[sl], sharing).float())
+        else:
+            chunks.append(reward_model.score(input_ids[sl], attention_mask[sl], index[sl]).float())
     return torch.cat(chunks)
 
 

@@ -105,8 +105,9 @@ def test_precompute_reference_respects_ref_model_and_reports_missing_rows(tiny_t
     assert stats["rewards/chosen"].abs() < 1e-5  # policy == its own initial checkpoint
 
 
-def test_one_concatenated_forward(tiny_tokenizer):
-    module = DPOModule()
+@pytest.mark.parametrize("shared_prompt", [True, False])
+def test_one_concatenated_forward(tiny_tokenizer, shared_prompt):
+    module = DPOModule(shared_prompt=shared_prompt)
     calls = []
     # the decoder: the chunked log-prob path runs it and the output layer, not the model's forward
     module.policy.get_decoder().register_forward_hook(lambda mod, args, kwargs, out: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
@@ -114,7 +115,12 @@ def test_one_concatenated_forward(tiny_tokenizer):
     module.compute_loss(batch)  # the first call also checks the chunked path on a few tokens, once per model
     calls.clear()
     module.compute_loss(batch)
-    assert calls == [batch.input_ids.shape]  # chosen and rejected together, (2B, T)
+    if shared_prompt:  # one packed row [prompt, chosen, rejected] per pair, (B, L)
+        chosen, rejected = batch.loss_mask.sum(dim=1).view(2, -1)
+        width = int((batch.prompt_lengths[: batch.num_pairs] + chosen + rejected).max())
+        assert calls == [torch.Size([batch.num_pairs, width])]
+    else:
+        assert calls == [batch.input_ids.shape]  # chosen and rejected together, (2B, T)
 
 
 def test_nll_term_adds_the_chosen_token_mean_nll(tiny_tokenizer):
