@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from lit_rlhf import checks, models, resume, rng
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
+from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum
 from lit_rlhf.ops.shared_prompt import grouped_token_logps, shared_response_logps
@@ -268,6 +269,9 @@ class TrainingModule(LightningModule):
             return
         elapsed = time.perf_counter() - self._step_started_at
         self.log("train/perf/tokens_per_sec", float(mask.sum()) / max(elapsed, 1e-9), on_step=True, on_epoch=False)
+        waste = padding_fraction(batch)  # the share of the batch's token slots that are padding
+        if waste is not None:
+            self.log("train/data/padding_fraction", waste, on_step=True, on_epoch=False)
 
     # ----------------------------------------------------------------------------------------
     # export
