@@ -260,6 +260,9 @@ class TrainingModule(LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_started_at = time.perf_counter()
+        waste = padding_fraction(batch) if step_stats_due(self._trainer) else None  # share of token slots that are PAD
+        if waste is not None:
+            self.log("train/data/padding_fraction", waste, on_step=True, on_epoch=False)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._trainer is not None:
@@ -269,9 +272,6 @@ class TrainingModule(LightningModule):
             return
         elapsed = time.perf_counter() - self._step_started_at
         self.log("train/perf/tokens_per_sec", float(mask.sum()) / max(elapsed, 1e-9), on_step=True, on_epoch=False)
-        waste = padding_fraction(batch)  # the share of the batch's token slots that are padding
-        if waste is not None:
-            self.log("train/data/padding_fraction", waste, on_step=True, on_epoch=False)
 
     # ----------------------------------------------------------------------------------------
     # export

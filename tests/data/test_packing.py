@@ -10,7 +10,7 @@ import torch
 from lit_rlhf.data import TLDRSFTDataModule
 from lit_rlhf.data.collate import SFTCollator
 from lit_rlhf.data.packing import PackedSFTCollator, first_fit_decreasing, pack_sequences, padding_fraction, unpack
-from lit_rlhf.types import PackedSFTBatch, SFTBatch
+from lit_rlhf.types import PackedSFTBatch, Rollout, SFTBatch
 
 PAD, EOS = 0, 9
 
@@ -77,6 +77,12 @@ def test_padding_fraction():
     assert padding_fraction(PackedSFTCollator(PAD)(examples)) == 0.0
     assert padding_fraction(PackedSFTCollator(PAD, 5)(examples)) == pytest.approx(1 - 7 / 10)  # rows of 5 and 2
     assert padding_fraction(object()) is None
+    rollout = Rollout(prompt_ids=torch.zeros(2, 3, dtype=torch.long),
+                      prompt_mask=torch.tensor([[False, True, True], [True, True, True]]),
+                      response_ids=torch.zeros(2, 2, dtype=torch.long),
+                      response_mask=torch.tensor([[True, False], [True, True]]), has_eos=torch.ones(2, dtype=torch.bool),
+                      logps=None)
+    assert padding_fraction(rollout) == pytest.approx(2 / 10)  # prompt and response padding both count
 
 
 def test_datamodule_packs_the_same_examples_per_batch(tiny_tokenizer):
