@@ -68,7 +68,8 @@ class TrainingModule(LightningModule):
       starts, and the skipped-step counter;
     - start-up checks in `setup("fit")` (`lit_rlhf.checks`, against `batch_types`) and atomic
       checkpoint files;
-    - step logging under `{stage}/{group}/{name}` (`log_stats`), tokens per second;
+    - step logging under `{stage}/{group}/{name}` (`log_stats`), tokens per second, the
+      padding share of each training batch (`train/data/padding_fraction`);
     - `export_hf(export_dir)` at the end of fit when the `export_dir` hparam is set.
 
     A subclass calls `save_hyperparameters()` in its `__init__` (with `lr`, `warmup_ratio`,

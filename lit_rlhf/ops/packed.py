@@ -5,9 +5,10 @@ The model gets `position_ids` and `attention_mask=None`; Hugging Face models bui
 `transformers.masking_utils` (Llama, SmolLM2, Qwen2, GPT-NeoX, ...) then detect the examples
 from the position restarts (`find_packed_sequence_indices`) and attend within each example only:
 a block-diagonal causal mask for the `sdpa`, `eager` and `flex_attention` kernels, per-example
-lengths for `flash_attention_2/3`. Whether a model does is checked once per model and attention
+lengths for `flash_attention_2/3` (`tests/modules/test_sft_packing.py` checks `sdpa` and `eager`
+on Llama, Qwen2 and GPT-NeoX). Whether a model does is checked once per model and attention
 implementation (`packing_supported`: a packed row of two short sequences against each sequence
-alone); a model that does not is refused here, and `PolicyModule` unpacks the batch for it.
+alone); a model that does not is refused here, and `SFTModule` unpacks the batch for it.
 
 Both log-prob paths of `lit_rlhf.ops.logprobs` apply: the chunked one (last hidden states, the
 output layer a chunk of scored tokens at a time) and the dense logits. A token at position 0
