@@ -5,7 +5,7 @@ batch: the examples of an optimizer step do not change, so the loss, the recipes
 resume are the padded path's) into a `PackedSFTBatch`: the examples laid end to end in rows of at
 most `pack_length` tokens (first-fit decreasing), position ids restarting at every example, PAD
 only after a row's last example. `unpack` turns it back into the right-padded `SFTBatch`, which
-`PolicyModule`s use for a model whose attention cannot take packed rows.
+`SFTModule` uses for a model whose attention cannot take packed rows.
 
 `padding_fraction(batch)` is the share of a batch's token slots that are padding (any batch
 with `input_ids` and `attention_mask`; a `Rollout` counts prompt and response padding); the
