@@ -177,3 +177,15 @@ def test_bench_packing_runs(tmp_path):
     assert result["padded"]["tokens"] == result["packed"]["tokens"] and result["packed"]["padding_fraction"] == 0.0
     assert result["padded"]["step_time_s"]["n"] == result["packed"]["step_time_s"]["n"] == 2
     assert result["speedup_of_medians"] > 0 and result["slot_ratio"] >= 1.0
+
+
+def test_padding_fraction_is_logged_for_padded_batches(tmp_path):
+    module = SFTModule(model="tiny-random-llama")
+    rows = examples(module.tokenizer, n=4)
+    batch = SFTCollator(module.tokenizer.pad_token_id)(rows)
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
+                        log_every_n_steps=1)
+    trainer.fit(module, DataLoader(rows, batch_size=4, collate_fn=SFTCollator(module.tokenizer.pad_token_id)))
+    logged = float(trainer.callback_metrics["train/data/padding_fraction"])
+    assert logged == pytest.approx(1 - float(batch.attention_mask.sum()) / batch.attention_mask.numel()) and logged > 0
