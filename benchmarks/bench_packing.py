@@ -18,6 +18,9 @@ slots (sum over rows of width^2, what an sdpa/eager kernel computes with a dense
 speedup is the median padded step over the median packed step, and the median of the per-pair
 ratios. The first batch's loss is checked equal on both layouts (`loss_abs_diff`).
 `--counts-only`: the token counts alone (no step runs; meaningful on a busy machine).
+`--comparisons`: `--data` is TL;DR comparisons data (e.g. the shared `tldr/comparisons.sample.jsonl`,
+real post lengths), each prompt with its chosen summary an SFT example (rows that fail the
+formatting are skipped).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed A/B pairs at the start")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--chunk-size", type=int, default=256, help="logprob_chunk_size (0: dense logits)")
+    p.add_argument("--comparisons", action="store_true",
+                   help="--data is TL;DR comparisons data: each prompt + its chosen summary is an SFT example")
     p.add_argument("--counts-only", action="store_true", help="token counts only, no training steps")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
@@ -68,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    from lit_rlhf.data import TLDRSFTDataModule
+    from lit_rlhf.data import TLDRPreferenceDataModule, TLDRSFTDataModule
     from lit_rlhf.data.collate import SFTCollator
     from lit_rlhf.data.packing import PackedSFTCollator
     from lit_rlhf.modules import SFTModule
@@ -76,10 +81,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     module = SFTModule(model=args.model, logprob_chunk_size=args.chunk_size or None)
     module.train()
-    dm = TLDRSFTDataModule(args.data, tokenizer=module.tokenizer, max_prompt_length=args.max_prompt_length,
-                           max_completion_length=args.max_completion_length, batch_size=args.batch_size,
-                           val_split=None, test_split=None, limit=args.limit)
-    rows = dm.dataset("train").to_list()
+    common = dict(tokenizer=module.tokenizer, max_prompt_length=args.max_prompt_length,
+                  max_completion_length=args.max_completion_length, batch_size=args.batch_size, val_split=None,
+                  limit=args.limit)
+    if args.comparisons:
+        dm = TLDRPreferenceDataModule(args.data, on_bad_rows="skip", **common)
+        rows = [{"_prompt_ids": r["_prompt_ids"], "_completion_ids": r["_chosen_ids"]}
+                for r in dm.dataset("train").to_list()]
+    else:
+        rows = TLDRSFTDataModule(args.data, test_split=None, **common).dataset("train").to_list()
     pad = module.tokenizer.pad_token_id
     groups = [rows[i: i + args.batch_size] for i in range(0, len(rows), args.batch_size)]
     collators = {"padded": SFTCollator(pad), "packed": PackedSFTCollator(pad, args.pack_length)}
