@@ -69,6 +69,7 @@ def collect_problems(trainer: Any, module: Any) -> list[str]:
 
 _SUGGESTED = {
     "SFTBatch": "TLDRSFTDataModule",
+    "PackedSFTBatch": "TLDRSFTDataModule with packing: true",
     "PreferenceBatch": "TLDRPreferenceDataModule or UltraFeedbackPreferenceDataModule",
     "SingleBatch": "UltraFeedbackSingleDataModule",
     "PromptBatch": "TLDRPromptDataModule or UltraFeedbackPromptDataModule",

@@ -41,6 +41,38 @@ class SFTBatch(NamedTuple):
     to = _move
 
 
+class PackedSFTBatch(NamedTuple):
+    """SFT examples packed end to end into rows, without padding between them (padding-free).
+
+    Row r holds whole examples one after the other; `position_ids` restart at 0 at the first
+    token of every example, and attention never crosses from one example into another: the
+    model gets `position_ids` and no attention mask, and detects the packed examples from the
+    restarts (Hugging Face `masking_utils.find_packed_sequence_indices`: a block-diagonal causal
+    mask for the sdpa/eager/flex kernels, per-example lengths for flash-attention). PAD fills a
+    row after its last example only; that tail is numbered 0, 1, ... as one more segment, which
+    no example attends to (it comes after them) and nothing scores. A token at position 0 is
+    never scored (it has no context), as column 0 of the padded layout. Built by
+    `lit_rlhf.data.packing.PackedSFTCollator`; `lit_rlhf.data.packing.unpack` gives back the
+    right-padded `SFTBatch` of the same examples. Loss sums over `loss_mask` equal the padded
+    batch's, so a token-mean loss is unchanged.
+    """
+
+    input_ids: Tensor  # (R, L) long, R <= B rows, examples end to end, PAD after the last one of a row
+    position_ids: Tensor  # (R, L) long, 0 at every example's first token (and at the PAD tail's)
+    attention_mask: Tensor  # (R, L) bool, True on example tokens; not given to the model (see above)
+    loss_mask: Tensor  # (R, L) bool, True on completion tokens (EOS included)
+    example_rows: Tensor  # (B,) long, row of each example (examples in the collator's input order)
+    example_starts: Tensor  # (B,) long, column of each example's first token in its row
+    example_lengths: Tensor  # (B,) long, tokens of each example
+    meta: dict[str, list[Any]] = {}  # lists of length B (examples, not rows)
+
+    to = _move
+
+    @property
+    def num_examples(self) -> int:
+        return self.example_lengths.shape[0]
+
+
 class PreferenceBatch(NamedTuple):
     """Pairs collated for one forward pass (D5, right padding).
 

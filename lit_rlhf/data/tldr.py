@@ -26,6 +26,7 @@ import datasets
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator
+from lit_rlhf.data.packing import PackedSFTCollator, sft_collator
 from lit_rlhf.data.formatting import (
     BAD_CHOICE,
     BAD_STRUCTURE,
@@ -247,7 +248,10 @@ class _ReferenceTexts:
 
 
 class TLDRSFTDataModule(_ReferenceTexts, RLHFDataModule):
-    """TL;DR SFT: (D2 query, D3 reference summary) -> `SFTBatch` (right padded, D5).
+    """TL;DR SFT: (D2 query, D3 reference summary) -> `SFTBatch` (right padded, D5), or with
+    `packing: true` -> `PackedSFTBatch` (the same examples per batch, packed end to end without
+    padding into rows of at most `pack_length` tokens; null: one row per batch; see
+    `lit_rlhf.data.packing`). Packing applies to every split; the loss is the same either way.
 
     Metadata: "prompt", "reference" and every other source column but `post` (`id`,
     `subreddit`, `title`).
@@ -277,21 +281,27 @@ class TLDRSFTDataModule(_ReferenceTexts, RLHFDataModule):
         seed: int = 0,
         on_bad_rows: BadRowPolicy = "error",
         limit: int | None = None,
+        packing: bool = False,
+        pack_length: int | None = None,
     ):
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
                          test_split=test_split, split_map=split_map, data_files=data_files,
                          max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
                          num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+        if pack_length is not None and pack_length < 1:
+            raise ValueError(f"pack_length must be >= 1 or null (one row per batch), got {pack_length}")
         self.max_completion_length = max_completion_length
         self.truncate_completions = truncate_completions
+        self.packing = packing
+        self.pack_length = pack_length
         self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
         return TLDRSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
                                 self.truncate_completions, _passthrough(self, role, TLDRSFTFormatter.consumed))
 
-    def _collator(self, role: str) -> SFTCollator:
-        return SFTCollator(self.tokenizer.pad_token_id)
+    def _collator(self, role: str) -> SFTCollator | PackedSFTCollator:
+        return sft_collator(self.tokenizer.pad_token_id, self.packing, self.pack_length)
 
 
 class TLDRPromptDataModule(_ReferenceTexts, RLHFDataModule):

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from lit_rlhf import checks, models, resume, rng
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
+from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum
 from lit_rlhf.ops.shared_prompt import grouped_token_logps, shared_response_logps
@@ -67,7 +68,8 @@ class TrainingModule(LightningModule):
       starts, and the skipped-step counter;
     - start-up checks in `setup("fit")` (`lit_rlhf.checks`, against `batch_types`) and atomic
       checkpoint files;
-    - step logging under `{stage}/{group}/{name}` (`log_stats`), tokens per second;
+    - step logging under `{stage}/{group}/{name}` (`log_stats`), tokens per second, the
+      padding share of each training batch (`train/data/padding_fraction`);
     - `export_hf(export_dir)` at the end of fit when the `export_dir` hparam is set.
 
     A subclass calls `save_hyperparameters()` in its `__init__` (with `lr`, `warmup_ratio`,
@@ -259,6 +261,9 @@ class TrainingModule(LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_started_at = time.perf_counter()
+        waste = padding_fraction(batch) if step_stats_due(self._trainer) else None  # share of token slots that are PAD
+        if waste is not None:
+            self.log("train/data/padding_fraction", waste, on_step=True, on_epoch=False)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._trainer is not None:

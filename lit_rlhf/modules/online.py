@@ -54,6 +54,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
 from lit_rlhf import distributed
+from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import (
     SamplingConfig,
     decode_responses,
@@ -437,6 +438,7 @@ class OnlineModule(PolicyModule):
         stats["time/generation"] = torch.tensor(generated - started)
         stats["time/update"] = torch.tensor(updated - generated)
         stats["perf/tokens_per_sec"] = rollout.attention_mask.sum().float() / max(updated - started, 1e-9)
+        stats["data/padding_fraction"] = torch.tensor(padding_fraction(rollout))  # prompt and response PAD
         stats["objective/episodes"] = torch.tensor(float(self.episodes))
         self.log_stats("train", stats, prog_bar=("objective/scores", "objective/kl"))
         every = self.hparams.log_completions_every_n_steps
@@ -459,7 +461,7 @@ class OnlineModule(PolicyModule):
         return stats
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        pass  # tokens/s is logged by training_step (prompt + response tokens)
+        pass  # tokens/s and the padding fraction are logged by training_step (prompt + response tokens)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_end(outputs, batch, batch_idx)  # bookkeeping (tokens/s is logged in training_step)

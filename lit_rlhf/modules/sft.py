@@ -9,9 +9,11 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
 from lit_rlhf import distributed
+from lit_rlhf.data.packing import unpack
 from lit_rlhf.modules.base import PolicyModule
 from lit_rlhf.ops import masked_sum
-from lit_rlhf.types import SFTBatch
+from lit_rlhf.ops.packed import packed_token_logps, packing_supported
+from lit_rlhf.types import PackedSFTBatch, SFTBatch
 
 
 class SFTModule(PolicyModule):
@@ -27,19 +29,34 @@ class SFTModule(PolicyModule):
     (partitioned) gradients, each batch's loss is its own token mean instead. The logged
     `train/loss` is each batch's token mean.
 
+    Batches are right padded (`SFTBatch`) or packed without padding (`PackedSFTBatch`, the
+    DataModule's `packing: true`); both give the same loss and gradients (`batch_logps`). A
+    model whose attention cannot keep packed examples apart gets the packed batch unpacked
+    (padded), with a warning.
+
     Args: see `PolicyModule` (model, tokenizer, optimiser and schedule, export).
     """
 
-    batch_types = (SFTBatch,)
+    batch_types = (SFTBatch, PackedSFTBatch)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._step_tokens = 0.0  # completion tokens of the batches accumulated since the last step
 
-    def nll_terms(self, batch: SFTBatch) -> tuple[Tensor, Tensor]:
+    def batch_logps(self, batch: SFTBatch | PackedSFTBatch) -> tuple[Tensor, Tensor]:
+        """(per-token log-probs of the policy, the loss mask they go with) of a padded or packed batch."""
+        if isinstance(batch, PackedSFTBatch):
+            if packing_supported(self.policy):
+                logps = packed_token_logps(self.policy, batch.input_ids, batch.position_ids, batch.loss_mask,
+                                           chunk_size=self.logprob_chunk_size)
+                return logps, batch.loss_mask
+            batch = unpack(batch, self.tokenizer.pad_token_id)
+        return self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask
+
+    def nll_terms(self, batch: SFTBatch | PackedSFTBatch) -> tuple[Tensor, Tensor]:
         """(summed NLL of the completion tokens, their number) of one batch."""
-        logps = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (B, T)
-        return -masked_sum(logps, batch.loss_mask), batch.loss_mask.sum()
+        logps, loss_mask = self.batch_logps(batch)
+        return -masked_sum(logps, loss_mask), loss_mask.sum()
 
     def _nll(self, batch: SFTBatch):
         """The token mean of the NLL of one batch."""
