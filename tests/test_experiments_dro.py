@@ -86,6 +86,10 @@ def test_bad_triplet_files_are_refused(tmp_path):
         TripletDataModule(path, "pointwise", pad_token_id=0)
 
 
+def test_balanced_kto_weight_is_the_undesirable_to_desirable_ratio(triplet_file):
+    assert driver.balanced_desirable_weight(read_triplets(triplet_file)) == pytest.approx(6 / 3)
+
+
 def test_win_rate_counts_ties_half():
     ours = [[1.0, 0.0], [1.0, 1.0]]
     theirs = [[0.0, 0.0], [1.0, 0.0]]

@@ -120,8 +120,21 @@ def prompt_rows(budget: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return rows
 
 
-def build_module(arm: dict[str, Any], lr: float, budget: dict[str, Any]):
+def balanced_desirable_weight(triplets: Sequence[dict[str, Any]]) -> float:
+    """n_U / n_D over the triplets (desirable = reward above the mean): the KTO weight that puts
+    lambda_D n_D / (lambda_U n_U) at 1, the low end of the KTO paper's [1, 4/3] (Sec. 4.2)."""
+    stats = reward_statistics(triplets)
+    desirable = sum(float(t["reward"]) > stats["mean"] for t in triplets)
+    return (len(triplets) - desirable) / desirable
+
+
+def build_module(arm: dict[str, Any], lr: float, budget: dict[str, Any], triplets: Path | None = None):
+    """The arm's module at learning rate `lr`; `desirable_weight: balanced` is resolved from the triplets."""
     kwargs = dict(arm.get("init_args") or {})
+    if kwargs.get("desirable_weight") == "balanced":
+        if triplets is None:
+            raise ValueError("desirable_weight: balanced needs the triplets")
+        kwargs["desirable_weight"] = balanced_desirable_weight(read_triplets(triplets))
     kwargs.update({key: lr for key in arm["lr_args"]})
     return module_class(arm["module"])(model=budget["model"], warmup_steps=budget["warmup_steps"],
                                        lr_scheduler="constant", **kwargs)
@@ -130,7 +143,7 @@ def build_module(arm: dict[str, Any], lr: float, budget: dict[str, Any]):
 def train(arm: dict[str, Any], lr: float, seed: int, triplets: Path, budget: dict[str, Any]):
     """One run: the arm's module trained `steps` steps on the triplets; returns the module."""
     L.seed_everything(seed, verbose=False)
-    module = build_module(arm, lr, budget)
+    module = build_module(arm, lr, budget, triplets)
     data = TripletDataModule(triplets, arm["data"], module.tokenizer.pad_token_id, budget["batch_size"], seed=seed)
     trainer = L.Trainer(accelerator="cpu", devices=1, precision="32", max_steps=budget["steps"], max_epochs=-1,
                         gradient_clip_val=budget["max_grad_norm"], logger=False, enable_checkpointing=False,
@@ -144,9 +157,9 @@ def train(arm: dict[str, Any], lr: float, seed: int, triplets: Path, budget: dic
 
 @torch.no_grad()
 def evaluate(policy, reference, tokenizer, rows: Sequence[dict[str, Any]], budget: dict[str, Any],
-             reward_fn: Callable[..., list[float]], sampled: bool = True) -> dict[str, Any]:
+             reward_fn: Callable[..., list[float]], sampled: bool = True, kl: bool = True) -> dict[str, Any]:
     """Greedy accuracy, and (with `sampled`) the sampled rewards (per prompt, `eval_samples`
-    each), their mean and the KL estimate to `reference`, on `rows`."""
+    each) and their mean, and (with `kl`) the KL estimate to `reference`, on `rows`."""
     policy.eval()
     n_tokens, chunk = budget["max_new_tokens"], budget["chunk"]
 
@@ -168,12 +181,14 @@ def evaluate(policy, reference, tokenizer, rows: Sequence[dict[str, Any]], budge
     for part, batch, ids, mask, _ in generate_chunks(policy, tokenizer, rows, n, config, budget["eval_seed"], chunk):
         flat = score(part, decode_responses(tokenizer, ids, mask), n)
         rewards += [flat[i * n:(i + 1) * n] for i in range(len(part))]
+        if not kl:
+            continue
         prompt_mask = batch.attention_mask.bool()
         logp = sequence_token_logps(policy, batch.input_ids, prompt_mask, ids, mask).sum(dim=1)  # (chunk*n,)
         logq = sequence_token_logps(reference, batch.input_ids, prompt_mask, ids, mask).sum(dim=1)
         log_ratios += (logp - logq).tolist()
     result.update(sampled_rewards=rewards, mean_reward=sum(map(sum, rewards)) / (len(rewards) * n),
-                  kl=sum(log_ratios) / len(log_ratios))
+                  kl=sum(log_ratios) / len(log_ratios) if kl else None)
     return result
 
 
@@ -313,10 +328,9 @@ def _run(profile, out, arms, overrides, reward_fn, log) -> dict[str, Any]:
         for lr in lrs:
             t0 = time.perf_counter()
             module = train(arm, lr, budget["sweep_seed"], path, budget)
-            val = evaluate(module.policy, start, tokenizer, rows["val"], budget, reward_fn)
+            val = evaluate(module.policy, start, tokenizer, rows["val"], budget, reward_fn, kl=False)
             seconds["sweep"] += time.perf_counter() - t0
-            sweep.append({"lr": lr, "val_accuracy": val["accuracy"], "val_mean_reward": val["mean_reward"],
-                          "val_kl": val["kl"]})
+            sweep.append({"lr": lr, "val_accuracy": val["accuracy"], "val_mean_reward": val["mean_reward"]})
             log(f"sweep {name} lr {lr:.1e}: val accuracy {val['accuracy']:.3f}, mean reward {val['mean_reward']:.3f}")
             del module
             if budget["collect_garbage"]:
