@@ -313,6 +313,11 @@ def _run(profile, out, arms, overrides, reward_fn, log) -> dict[str, Any]:
     stats = reward_statistics(read_triplets(path))
     seconds["sampling"] = time.perf_counter() - t0
     log(f"{len(triplets)} triplets, mean reward {stats['mean']:.3f} (std {stats['std']:.3f}) -> {path}")
+    examples = {}
+    for name, arm in arm_cfgs.items():  # every arm's data checked before any training
+        data = TripletDataModule(path, arm["data"], tokenizer.pad_token_id, budget["batch_size"])
+        examples[arm["data"]] = len(data.examples)
+    log(f"training examples per data mode: {examples}")
 
     t0 = time.perf_counter()
     start_eval = evaluate(start, start, tokenizer, rows["test"], budget, reward_fn)
@@ -368,7 +373,7 @@ def _run(profile, out, arms, overrides, reward_fn, log) -> dict[str, Any]:
     seconds["total"] = time.perf_counter() - started
     results = {
         "budget": budget, "profile": profile,
-        "data": {"triplets": len(triplets), "reward_mean": stats["mean"], "reward_std": stats["std"],
+        "data": {"triplets": len(triplets), "examples_per_mode": examples, "reward_mean": stats["mean"], "reward_std": stats["std"],
                  "train_prompts": len(rows["train"]), "val_prompts": len(rows["val"]),
                  "test_prompts": len(rows["test"])},
         "start": {"accuracy": start_eval["accuracy"], "mean_reward": start_eval["mean_reward"],
