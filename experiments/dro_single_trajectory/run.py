@@ -243,6 +243,9 @@ def markdown_table(results: dict[str, Any]) -> str:
                  f"{b['eval_samples']} sampled completion(s) each; {results['data']['triplets']} training triplets "
                  f"({b['train_prompts']} prompts x {b['samples_per_prompt']}), {b['steps']} steps of "
                  f"{b['batch_size']} sequences; model {b['model']}.")
+    m = results["machine"]
+    lines.append(f"Measured {results['date']} on {m['platform']} ({m['threads']} torch threads; Python {m['python']}, "
+                 f"torch {m['torch']}, lightning {m['lightning']}); {results['seconds']['total'] / 60:.1f} min in all.")
     return "\n".join(lines) + "\n"
 
 
