@@ -149,8 +149,7 @@ def parity_reward(prompts, completions, reference):
     return [float(len(c) % 2) for c in completions]
 
 
-def test_driver_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
-    monkeypatch.setenv("LIT_RLHF_SHARED_DATA", "/work/shared/data")
+def test_driver_end_to_end_on_a_tiny_model(tmp_path):
     out = tmp_path / "out"
     results = driver.run("smoke", out, reward_fn=parity_reward, log=lambda _: None)
     budget = results["budget"]
