@@ -1,0 +1,209 @@
+"""Single-trajectory data for the DRO replication: (prompt, completion, exact reward) triplets.
+
+`sample_triplets` samples k completions per prompt from a policy (temperature 1) and scores
+each with an exact reward; `write_triplets` / `read_triplets` keep them as JSONL (one triplet
+a line, with the token ids, so training sees exactly the sampled tokens). `TripletDataModule`
+turns the file into the batch type each method trains on, with the library's collators:
+
+- `single` -> `SingleBatch` with rewards normalised to mean 0 / variance 1 over the training
+  triplets (DRO paper, Sec. 4; as `UltraFeedbackSingleDataModule`): DRO-V, and KTO with
+  `labels_from: rewards` (desirable = reward above the batch mean);
+- `pairs` -> `PreferenceBatch`: per prompt, its best- and worst-rewarded completions (first in
+  sampling order on ties); a prompt whose completions all score the same gives no pair (DPO);
+- `sft` -> `SFTBatch`: the completions whose reward is above the training mean (the
+  rejection-sampling baseline).
+
+Sampling seeds: each chunk of `chunk` prompts (in file order) is sampled after
+`torch.manual_seed(seed_of(seed, chunk_index))`, so a chunk's samples do not depend on what was
+sampled before it (a run restarted at any chunk, or one chunk re-sampled, gives the same tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, Sequence
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator, SingleCollator
+from lit_rlhf.generation import SamplingConfig, decode_responses, generate_responses
+
+Mode = Literal["single", "pairs", "sft"]
+MODES = ("single", "pairs", "sft")
+
+
+def seed_of(seed: int, chunk_index: int) -> int:
+    """The torch seed of one sampling chunk: a fixed function of (run seed, chunk index)."""
+    return (int(seed) * 1_000_003 + int(chunk_index)) % (2**63 - 1)
+
+
+@torch.no_grad()
+def generate_chunks(model, tokenizer, prompt_rows: Sequence[dict[str, Any]], n: int, config: SamplingConfig,
+                    seed: int, chunk: int) -> Iterator[tuple[list[dict[str, Any]], Any, Tensor, Tensor, Tensor]]:
+    """Per chunk of `chunk` prompt rows (`_prompt_ids`): (rows, PromptBatch with each prompt
+    repeated n times (row i * n + j = sample j of prompt i), response ids (chunk*n, R), response
+    mask, has_eos), sampled after `torch.manual_seed(seed_of(seed, chunk_index))`."""
+    collate = PromptCollator(tokenizer.pad_token_id)
+    device = next(model.parameters()).device
+    for index, start in enumerate(range(0, len(prompt_rows), chunk)):
+        rows = list(prompt_rows[start:start + chunk])
+        batch = collate([{"_prompt_ids": r["_prompt_ids"]} for r in rows for _ in range(n)]).to(device)
+        torch.manual_seed(seed_of(seed, index))
+        ids, mask, has_eos = generate_responses(model, batch.input_ids, batch.attention_mask.bool(), config,
+                                                tokenizer.eos_token_id, tokenizer.pad_token_id)
+        yield rows, batch, ids, mask, has_eos
+
+
+def sample_completions(model, tokenizer, prompt_rows: Sequence[dict[str, Any]], n: int, config: SamplingConfig,
+                       seed: int, chunk: int) -> list[list[dict[str, Any]]]:
+    """`n` completions of each prompt row (`generate_chunks`). Returns, per prompt, n dicts
+    {completion (text without EOS), completion_ids (EOS included when sampled), has_eos}."""
+    out: list[list[dict[str, Any]]] = []
+    for rows, _, ids, mask, has_eos in generate_chunks(model, tokenizer, prompt_rows, n, config, seed, chunk):
+        texts = decode_responses(tokenizer, ids, mask)
+        kept = [row[m].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
+        for i in range(len(rows)):
+            out.append([{"completion": texts[i * n + j], "completion_ids": kept[i * n + j],
+                         "has_eos": bool(has_eos[i * n + j])} for j in range(n)])
+    return out
+
+
+def sample_triplets(model, tokenizer, prompt_rows: Sequence[dict[str, Any]], k: int, config: SamplingConfig,
+                    reward_fn: Callable[..., list[float]], seed: int, chunk: int) -> list[dict[str, Any]]:
+    """k scored completions per prompt row (`prompt`, `reference`, `_prompt_ids`): the triplets."""
+    samples = sample_completions(model, tokenizer, prompt_rows, k, config, seed, chunk)
+    triplets = []
+    for p, (row, completions) in enumerate(zip(prompt_rows, samples)):
+        rewards = reward_fn([row["prompt"]] * k, [c["completion"] for c in completions],
+                            reference=[row["reference"]] * k)
+        for j, (c, r) in enumerate(zip(completions, rewards)):
+            triplets.append({"prompt_index": p, "sample_index": j, "prompt": row["prompt"],
+                             "reference": row["reference"], "completion": c["completion"], "reward": float(r),
+                             "has_eos": c["has_eos"], "prompt_ids": list(row["_prompt_ids"]),
+                             "completion_ids": c["completion_ids"]})
+    return triplets
+
+
+def write_triplets(path: str | Path, triplets: Sequence[dict[str, Any]]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for t in triplets:
+            f.write(json.dumps(t) + "\n")
+    return path
+
+
+REQUIRED = ("prompt_index", "prompt", "completion", "reward", "prompt_ids", "completion_ids")
+
+
+def read_triplets(path: str | Path) -> list[dict[str, Any]]:
+    """The triplets of a JSONL file, checked: every field of `REQUIRED`, a finite reward,
+    non-empty prompt and completion ids."""
+    rows = []
+    with Path(path).open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            missing = [k for k in REQUIRED if k not in row]
+            if missing:
+                raise ValueError(f"{path}:{n}: triplet without {missing}")
+            if not math.isfinite(float(row["reward"])):
+                raise ValueError(f"{path}:{n}: reward {row['reward']!r} is not finite")
+            if not row["prompt_ids"] or not row["completion_ids"]:
+                raise ValueError(f"{path}:{n}: empty prompt_ids or completion_ids")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no triplets")
+    return rows
+
+
+def reward_statistics(triplets: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean and population standard deviation of the rewards (the normalisation statistics)."""
+    raw = torch.tensor([float(t["reward"]) for t in triplets], dtype=torch.float64)
+    mean, std = float(raw.mean()), float(raw.std(correction=0))
+    if not std > 0:
+        raise ValueError(f"the {len(triplets)} training rewards are all {mean}: they cannot be normalised "
+                         "(and carry no signal); sample more completions per prompt or use other prompts")
+    return {"mean": mean, "std": std, "count": len(triplets)}
+
+
+def _by_prompt(triplets: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for t in triplets:
+        groups.setdefault(t["prompt_index"], []).append(t)
+    return groups
+
+
+def examples_for(triplets: Sequence[dict[str, Any]], mode: Mode, stats: dict[str, float]) -> list[dict[str, Any]]:
+    """The collator examples of one mode (see the module docstring)."""
+    def meta(t):
+        return {"prompt": t["prompt"], "completion": t["completion"], "reward": float(t["reward"])}
+
+    if mode == "single":
+        return [{**meta(t), "_prompt_ids": t["prompt_ids"], "_completion_ids": t["completion_ids"],
+                 "_reward": float(t["reward"])} for t in triplets]
+    if mode == "sft":
+        return [{**meta(t), "_prompt_ids": t["prompt_ids"], "_completion_ids": t["completion_ids"]}
+                for t in triplets if float(t["reward"]) > stats["mean"]]
+    if mode == "pairs":
+        pairs = []
+        for group in _by_prompt(triplets).values():
+            rewards = [float(t["reward"]) for t in group]
+            best = max(range(len(group)), key=lambda j: (rewards[j], -j))
+            worst = min(range(len(group)), key=lambda j: (rewards[j], j))
+            if rewards[best] > rewards[worst]:
+                c, r = group[best], group[worst]
+                pairs.append({"prompt": c["prompt"], "chosen": c["completion"], "rejected": r["completion"],
+                              "_prompt_ids": c["prompt_ids"], "_chosen_ids": c["completion_ids"],
+                              "_rejected_ids": r["completion_ids"]})
+        return pairs
+    raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+
+
+class TripletDataModule(L.LightningDataModule):
+    """A triplet JSONL -> shuffled training batches of one `mode` (`single`, `pairs`, `sft`).
+
+    Args:
+        path: the JSONL written by `write_triplets`.
+        mode: which batch type (module docstring).
+        pad_token_id: the tokenizer's PAD id (right padding, D5).
+        batch_size: sequences per batch; `pairs` batches hold `batch_size // 2` pairs, so every
+            mode trains on the same number of sequences per step.
+        seed: the shuffling seed.
+    Incomplete last batches are dropped (KTO's KL estimate needs at least two rows).
+    """
+
+    def __init__(self, path: str | Path, mode: Mode, pad_token_id: int, batch_size: int = 8, seed: int = 0):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+        self.path, self.mode, self.seed = Path(path), mode, seed
+        triplets = read_triplets(self.path)
+        self.reward_stats = reward_statistics(triplets)
+        self.examples = examples_for(triplets, mode, self.reward_stats)
+        self.batch_size = batch_size // 2 if mode == "pairs" else batch_size
+        if self.batch_size < 1 or (mode == "single" and self.batch_size < 2):
+            raise ValueError(f"batch_size {batch_size} is too small for mode {mode!r}")
+        if len(self.examples) < self.batch_size:
+            raise ValueError(f"{self.path} gives {len(self.examples)} {mode} example(s), fewer than one batch "
+                             f"of {self.batch_size}: sample more prompts or completions")
+        if mode == "single":
+            self.collator = SingleCollator(pad_token_id, self.reward_stats["mean"], self.reward_stats["std"])
+        elif mode == "pairs":
+            self.collator = PreferenceCollator(pad_token_id)
+        else:
+            self.collator = SFTCollator(pad_token_id)
+
+    def batch_type(self, role: str = "train") -> type:
+        return self.collator.batch_type
+
+    def train_dataloader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.examples, batch_size=self.batch_size, shuffle=True, drop_last=True,
+                          collate_fn=self.collator, generator=generator)
