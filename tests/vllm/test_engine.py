@@ -95,3 +95,17 @@ def test_eos_cut_and_pad_fill(setup, engine):
         else:
             assert n == 12 and eos not in row
         assert all(x < 0 for x in lp[:n])
+
+
+def test_judge_completions_on_vllm_equal_hf_greedy(setup, engine):
+    """The judge's completions (`judge_policy.generate_completions`, used by the judge callback)
+    are the same texts whether the engine or the hf sampler decodes greedily."""
+    from lit_rlhf.judge_policy import generate_completions
+
+    tokenizer, policy, _, _ = setup
+    engine.sync_weights(policy)
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in ["hi", "one two three", "The cat", "q"]]
+    greedy = SamplingConfig(max_new_tokens=10, temperature=1.0, do_sample=False)
+    on_vllm = generate_completions(policy, tokenizer, prompts, greedy, batch_size=3, engine=engine)
+    on_hf = generate_completions(policy, tokenizer, prompts, greedy, batch_size=3)
+    assert on_vllm == on_hf and len(on_vllm) == 4 and any(on_vllm)
