@@ -42,7 +42,7 @@ def fit(module, root, callbacks=(), ckpt_path=None, **trainer_args):
 def grpo(model_dir, backend, **extra):
     L.seed_everything(0)
     args = dict(reward_fns=[CharacterFractionReward(LETTERS)], num_generations=4, max_new_tokens=8, lr=3e-3,
-                lr_scheduler="constant", beta=0.01, num_iterations=2, total_episodes=16 * 30,
+                lr_scheduler="constant", beta=0.01, num_iterations=2, total_episodes=16 * 20,
                 log_completions_every_n_steps=0)
     return GRPOModule(model=model_dir, generation_backend=backend, **{**args, **extra})
 
@@ -51,8 +51,8 @@ def ppo(model_dir, backend, **extra):
     L.seed_everything(0)
     return PPOModule(
         model=model_dir, reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=8, temperature=1.0,
-        lr=1e-3, lr_scheduler="constant", kl_coef=0.01, ppo_epochs=2, num_minibatches=2, micro_batch_size=4,
-        total_episodes=8 * 30, generation_backend=backend, log_completions_every_n_steps=0, **extra,
+        lr=3e-3, lr_scheduler="constant", kl_coef=0.01, ppo_epochs=2, num_minibatches=2, micro_batch_size=4,
+        total_episodes=8 * 20, generation_backend=backend, log_completions_every_n_steps=0, **extra,
     )
 
 
@@ -117,3 +117,36 @@ def test_bad_backend_configuration_is_named(vllm_model_dir):
         grpo(vllm_model_dir, "hf", tis_cap=2.0)
     with pytest.raises(ValueError, match="GSPO"):
         grpo(vllm_model_dir, "vllm", tis_cap=2.0, importance_sampling="sequence")
+
+
+def test_judge_callback_samples_the_policy_with_the_engine(vllm_model_dir, engine, tmp_path):
+    """Validation of a GRPO module on vllm: its rollouts and the judge callback's completions come
+    from the engine, and the judged completions are the policy's greedy ones (as hf decodes them)."""
+    from callbacks import JudgeEvalCallback
+    from lit_rlhf.generation import SamplingConfig
+    from lit_rlhf.judge_policy import generate_completions, prompts_from_texts
+    from lit_rlhf.judges import Judgement, PairwiseJudge
+
+    class LongerWins(PairwiseJudge):
+        def judge(self, prompts, completions_a, completions_b):
+            return [Judgement("a" if len(a) > len(b) else "b" if len(b) > len(a) else "tie") for a, b in
+                    zip(completions_a, completions_b)]
+
+    module = attach(grpo(vllm_model_dir, "vllm"), engine)
+    calls = []
+    generate = engine.generate
+    engine.generate = lambda *a, **k: calls.append(a[0].shape[0]) or generate(*a, **k)
+    greedy = SamplingConfig(max_new_tokens=6, temperature=1.0, do_sample=False)
+    prompts = ["Q: say something.\nA:", "hello", "The cat"]
+    callback = JudgeEvalCallback(LongerWins(), baseline="reference", prompts=prompts, references=["a", "bb", "x"],
+                                 sampling=greedy, batch_size=2)
+    trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=[callback], enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    try:
+        trainer.validate(module, dataloaders=prompt_loader(module.tokenizer))
+    finally:
+        del engine.generate  # back to the class method
+    assert calls[:2] == [4, 4] and calls[2:] == [2, 1]  # 2 validation batches, then the judge's 3 prompts
+    ids = prompts_from_texts(module.tokenizer, prompts).prompt_ids
+    expected = generate_completions(module.policy, module.tokenizer, ids, greedy, batch_size=2)
+    assert [r["policy"] for r in callback.last_evaluation.rows] == expected
