@@ -1,11 +1,10 @@
 """The `vllm` generation backend: a vLLM engine colocated in the training process.
 
 The engine holds a copy of the policy's weights (the colocated mode of TRL, verl's hybrid
-engine): `VLLMEngine.from_policy` builds it from the policy's config and the run's tokenizer
-(same vocabulary, PAD token included: the config is the resized model's), with dummy weights,
-and loads the policy's current weights at once; `sync_weights` loads them again after every
-optimizer update that changed them (under DeepSpeed ZeRO-3 each sharded parameter is gathered
-first). The trainer still computes every log-prob the update uses; the sampler's own log-probs
+engine): `VLLMEngine.from_policy` builds it from a checkpoint of the policy as it is and the
+run's tokenizer (same vocabulary, PAD token included: the config is the resized model's);
+`sync_weights` loads the policy's weights in place after every optimizer update that changed
+them (vLLM's in-place reload; under DeepSpeed ZeRO-3 each sharded parameter is gathered first). The trainer still computes every log-prob the update uses; the sampler's own log-probs
 are returned to measure the mismatch (and for truncated importance sampling).
 
 `generate` maps `SamplingConfig` one to one onto vLLM's `SamplingParams` (temperature, top-k,
@@ -29,6 +28,7 @@ import os
 import random
 import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -112,6 +112,15 @@ def gathered_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
             yield name, buf.detach()
 
 
+def _reprocess_embeddings(model: nn.Module) -> None:
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedEmbeddingMethod):
+            method.process_weights_after_loading(module)
+
+
 class VLLMEngine:
     """A vLLM engine sampling from a policy's weights (see the module docstring).
 
@@ -145,14 +154,15 @@ class VLLMEngine:
                              f"({len(tokenizer)}): resize its embeddings first (lit_rlhf.models.load_causal_lm does)")
         dtype = next(policy.parameters()).dtype
         workdir = tempfile.TemporaryDirectory(prefix="lit_rlhf_vllm_")
-        config.save_pretrained(workdir.name)
+        # the engine loads a checkpoint of the policy as it is now (vLLM's dummy weights are no
+        # start: they also randomise buffers, such as the rotary cache, that a reload never sets)
+        policy.save_pretrained(workdir.name, safe_serialization=True)
         tokenizer.save_pretrained(workdir.name)
         if max_model_len is None:
             max_model_len = min(int(getattr(config, "max_position_embeddings", 2048)), 4096)
         kwargs = dict(
             model=workdir.name,
             dtype=dtype,
-            load_format="dummy",  # the weights come from the policy, right below
             max_model_len=max_model_len,
             enforce_eager=on_cpu,
             generation_config="vllm",  # no defaults from the model's generation_config.json
@@ -163,9 +173,9 @@ class VLLMEngine:
         kwargs.update(engine_kwargs)
         with preserved_random_state():  # vLLM seeds the global generators in-process
             llm = vllm.LLM(**kwargs)
-        engine = cls(llm, workdir)
-        engine.load_weights(gathered_parameters(policy))
-        return engine
+        for weights in Path(workdir.name).glob("*.safetensors"):
+            weights.unlink()  # loaded: later syncs go from memory to memory
+        return cls(llm, workdir)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Load (name, tensor) pairs (Hugging Face names) into the engine's model."""
@@ -173,11 +183,15 @@ class VLLMEngine:
         # loader and post-processing (fused QKV / gate-up, kernel layouts), as a load from disk
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights),
                                                           "is_checkpoint_format": True})
+        # a tied output layer gets no weights of its own, so the reload skips its post-processing
+        # (on CPU: the GEMM-ready copy of the weight): redo it for every embedding-type layer
+        self.llm.apply_model(_reprocess_embeddings)
         self.llm.reset_prefix_cache()
 
     def sync_weights(self, policy: nn.Module, step: int | None = None) -> None:
         """Load `policy`'s current weights; `step` records which optimizer step they are of."""
-        self.load_weights(gathered_parameters(policy))
+        weights = list(gathered_parameters(policy))
+        self.load_weights(weights)
         self.synced_step = step
 
     @torch.no_grad()

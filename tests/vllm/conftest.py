@@ -23,7 +23,7 @@ if not vllm_available():
 
 @pytest.fixture(scope="session")
 def vllm_model_dir(tmp_path_factory):
-    """A tiny random Llama (hidden 64, 2 heads of 32, 2 layers) with the tiny tokenizer (PAD added)."""
+    """A tiny random Llama (hidden 64, 2 heads of 32, 2 layers, tied embeddings) with the tiny tokenizer (PAD added)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from lit_rlhf.models import load_tokenizer
@@ -33,7 +33,7 @@ def vllm_model_dir(tmp_path_factory):
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,  # as SmolLM2: the tied output layer must follow syncs
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
