@@ -283,9 +283,13 @@ class JudgeEvalCallback(Callback):
 
     def _generate(self, trainer: Trainer, model: torch.nn.Module, tokenizer: Any, prompts: EvalPrompts,
                   synced: bool) -> list[str]:
+        module = trainer.lightning_module
+        engine = None  # the policy on a module with generation_backend: vllm samples with its engine
+        if model is getattr(module, "policy", None) and getattr(module, "hparams", {}).get("generation_backend") == "vllm":
+            engine = module.vllm_engine()
         with trainer.precision_plugin.forward_context():
             return generate_completions(model, tokenizer, prompts.prompt_ids, self.sampling, self.batch_size,
-                                        synced_gpus=synced, seed=self.seed)
+                                        synced_gpus=synced, seed=self.seed, engine=engine)
 
     # ----------------------------------------------------------------------------------------
     # logging (rank 0)

@@ -156,8 +156,13 @@ def generate_completions(
     batch_size: int = 8,
     synced_gpus: bool = False,
     seed: int = 0,
+    engine: Any = None,
 ) -> list[str]:
     """Completion texts (EOS and padding removed) of `model` for each prompt, in order.
+
+    `engine`: a `lit_rlhf.generation.vllm.VLLMEngine` holding `model`'s weights samples instead
+    of `generate_responses` (same settings and post-processing; its seeds come from the same
+    forked, seeded RNG).
 
     Prompts are left padded in batches of `batch_size` (D5) and sampled with
     `lit_rlhf.generation.generate_responses` (D23 cut after the first EOS). Sampling runs under a
@@ -175,10 +180,14 @@ def generate_completions(
         torch.manual_seed(seed)
         for start in range(0, len(prompt_ids), batch_size):
             ids, mask = pad_left(prompt_ids[start : start + batch_size], tokenizer.pad_token_id)  # (b, P)
-            response_ids, response_mask, _ = generate_responses(
-                model, ids.to(device), mask.to(device), sampling, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                synced_gpus=synced_gpus,
-            )  # (b, R)
+            if engine is not None:
+                response_ids, response_mask, _, _ = engine.generate(ids, mask, sampling, tokenizer.eos_token_id,
+                                                                    tokenizer.pad_token_id)  # (b, R)
+            else:
+                response_ids, response_mask, _ = generate_responses(
+                    model, ids.to(device), mask.to(device), sampling, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                    synced_gpus=synced_gpus,
+                )  # (b, R)
             texts.extend(decode_responses(tokenizer, response_ids.cpu(), response_mask.cpu()))
     return texts
 

@@ -143,6 +143,7 @@ class Rollout(NamedTuple):
     values: Tensor | None = None  # (B, R) value estimates (PPO)
     scores: Tensor | None = None  # (B,) scalar reward of each response, after shaping hooks
     meta: dict[str, list[Any]] = {}
+    sampler_logps: Tensor | None = None  # (B, R) the sampling engine's log-probs (vLLM backend), else None
 
     @property
     def input_ids(self) -> Tensor:  # (B, P+R)

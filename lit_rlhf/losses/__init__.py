@@ -31,8 +31,10 @@ from lit_rlhf.losses.ppo import (
 )
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
 from lit_rlhf.losses.rloo import RLOOLossOutput, rloo, rloo_loss, rloo_sequence_rewards
+from lit_rlhf.losses.tis import truncated_importance_weights
 
 __all__ = [
+    "truncated_importance_weights",
     "KTO_WEIGHT_RATIO_RANGE",
     "AdvantageScale",
     "Aggregation",

@@ -91,6 +91,7 @@ def grpo_policy_loss(
     beta: float = 0.0,
     aggregation: Aggregation = "token_mean",
     max_completion_length: int | None = None,
+    token_weights: Tensor | None = None,
 ) -> GRPOLossOutput:
     """Clipped GRPO loss with the KL to the reference inside the loss (DeepSeekMath eq. 3).
 
@@ -115,6 +116,9 @@ def grpo_policy_loss(
     - "constant_normalizer": sum over all kept tokens / (N * max_completion_length) (Dr. GRPO,
                              Liu et al. 2025: no length-dependent normaliser). `max_completion_length`
                              defaults to T, the padded completion length.
+
+    `token_weights` (N, T), no gradient: each token's clipped surrogate is multiplied by its
+    weight (truncated importance sampling, `losses.tis`); None = 1.
     """
     if beta != 0.0 and ref_logps is None:
         raise ValueError("ref_logps is required when beta != 0")
@@ -128,6 +132,8 @@ def grpo_policy_loss(
     ratio = torch.exp(torch.where(mask, logps - old_logps, zero))  # (N, T)
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     surrogate = -torch.minimum(ratio * adv, clipped_ratio * adv)  # (N, T)
+    if token_weights is not None:
+        surrogate = surrogate * token_weights.detach()
     if ref_logps is not None:
         kl = kl_penalty(torch.where(mask, logps, zero), torch.where(mask, ref_logps.detach(), zero), "k3")  # (N, T)
         per_token = surrogate + beta * kl if beta != 0.0 else surrogate

@@ -92,6 +92,8 @@ class GRPOModule(OnlineModule):
             max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
     """
 
+    supports_tis = True
+
     def __init__(
         self,
         num_generations: int = 4,
@@ -121,6 +123,9 @@ class GRPOModule(OnlineModule):
         if importance_sampling == "sequence" and advantage.startswith("reinforce_pp"):
             raise ValueError("importance_sampling 'sequence' (GSPO) needs one advantage per sequence; "
                              f"advantage {advantage!r} gives one per token")
+        if importance_sampling == "sequence" and kwargs.get("tis_cap") is not None:
+            raise ValueError("tis_cap weights tokens; importance_sampling 'sequence' (GSPO) has one ratio per "
+                             "sequence: use importance_sampling 'token' with tis_cap")
         if max_sampling_rounds < 1:
             raise ValueError(f"max_sampling_rounds must be >= 1, got {max_sampling_rounds}")
         if scale not in ("group", "batch", "none"):
@@ -207,9 +212,10 @@ class GRPOModule(OnlineModule):
                 filled[rows] = logps.detach().float()
             old = None if on_policy else rollout.logps[rows]
             ref = None if ref_logps is None else ref_logps[rows]
+            tis = self.tis_weights(rollout, rows, logps.detach() if on_policy else old)  # (n, R) or None
             if token_advantages is not None:  # REINFORCE++: the KL is already in the advantages
-                out = clipped_token_loss(logps, old, token_advantages[rows], loss_mask[rows], hp.clip_eps_low,
-                                         hp.clip_eps_high)
+                token_adv = token_advantages[rows] if tis is None else token_advantages[rows] * tis
+                out = clipped_token_loss(logps, old, token_adv, loss_mask[rows], hp.clip_eps_low, hp.clip_eps_high)
             elif sequence_level:  # GSPO
                 out = gspo_policy_loss(logps, old, ref, advantages[rows], loss_mask[rows], hp.clip_eps_low,
                                        hp.clip_eps_high, self.beta)
@@ -217,6 +223,7 @@ class GRPOModule(OnlineModule):
                 out = grpo_policy_loss(
                     logps, old, ref, advantages[rows], loss_mask[rows],
                     hp.clip_eps_low, hp.clip_eps_high, self.beta, hp.aggregation, max_completion_length=mask.shape[1],
+                    token_weights=tis,
                 )
             return out.loss, {
                 "loss/total": out.loss.detach(),

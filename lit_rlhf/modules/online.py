@@ -61,6 +61,7 @@ from lit_rlhf.generation import (
     generate_responses,
     needs_synced_gpus,
 )
+from lit_rlhf.losses import truncated_importance_weights
 from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import (
@@ -107,10 +108,22 @@ class OnlineModule(PolicyModule):
         log_completions_every_n_steps: log sample completions as TensorBoard text every this
             many rollouts (0 = never).
         num_logged_completions: how many completions each such log shows.
+        generation_backend: who samples the rollouts: `hf` (our KV-cache sampler, the
+            reference) or `vllm` (a vLLM engine colocated in this process, holding a copy of the
+            policy's weights, reloaded after every optimizer step: `lit_rlhf.generation.vllm`).
+            Either way the update's log-probs are the trainer's; with `vllm` the sampler's own
+            are logged against them (`rollout/sampler_logprob_diff`, mean and max of
+            |log pi_train - log pi_sampler| over the response tokens).
+        vllm_kwargs: keyword arguments of the vLLM engine (`VLLMEngine.from_policy`:
+            `max_model_len`, `gpu_memory_utilization`, ... passed to `vllm.LLM`).
+        tis_cap: truncated importance sampling (`losses.tis`): GRPO's and PPO's policy-gradient
+            term of each token is weighted by min(pi_train / pi_sampler, tis_cap); None = off.
+            Needs `generation_backend: vllm` (with `hf` the sampler is the trainer).
         **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
     """
 
     batch_types = (PromptBatch,)
+    supports_tis = False  # whether the update applies `tis_cap` (GRPO, PPO)
 
     def __init__(
         self,
@@ -130,9 +143,20 @@ class OnlineModule(PolicyModule):
         total_episodes: int | None = None,
         log_completions_every_n_steps: int = 50,
         num_logged_completions: int = 4,
+        generation_backend: Literal["hf", "vllm"] = "hf",
+        vllm_kwargs: dict[str, Any] | None = None,
+        tis_cap: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if generation_backend not in ("hf", "vllm"):
+            raise ValueError(f"generation_backend must be 'hf' or 'vllm', got {generation_backend!r}")
+        if tis_cap is not None and (generation_backend != "vllm" or tis_cap <= 0):
+            raise ValueError(f"tis_cap (got {tis_cap}) must be > 0 and needs generation_backend 'vllm' "
+                             f"(got {generation_backend!r}): with 'hf' the sampler is the trainer")
+        if tis_cap is not None and not self.supports_tis:
+            raise ValueError(f"{type(self).__name__} has no truncated importance sampling: tis_cap is for GRPO and PPO")
+        self._vllm_engine = None  # built on the first rollout (generation_backend: vllm)
         self.automatic_optimization = False
         self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         self.val_sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=val_temperature or temperature,
@@ -218,10 +242,7 @@ class OnlineModule(PolicyModule):
             prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)  # (B*G, P)
             prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
             meta = repeat_meta(meta, repeats)
-        response_ids, response_mask, has_eos = generate_responses(
-            self.policy, prompt_ids, prompt_mask, sampling or self.sampling, self.tokenizer.eos_token_id,
-            self.tokenizer.pad_token_id, synced_gpus=self._synced_gpus,
-        )  # (N, R), (N, R), (N,)
+        response_ids, response_mask, has_eos, sampler_logps = self.generate(prompt_ids, prompt_mask, sampling or self.sampling)
         micro = self.hparams.micro_batch_size
         temperature = self.sampling.temperature
         args = (prompt_ids, prompt_mask, response_ids, response_mask)
@@ -231,13 +252,46 @@ class OnlineModule(PolicyModule):
             logps = self.response_token_logps(self.policy, *args, temperature, micro, groups) if with_logps else None  # (N, R)
             ref = getattr(self, "ref_model", None)
             ref_logps = None if ref is None else self.response_token_logps(ref, *args, temperature, micro, groups)
-        rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, logps, ref_logps, meta=meta)
+        rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, logps, ref_logps, meta=meta,
+                          sampler_logps=sampler_logps)
         with torch.no_grad():
             values = self.rollout_values(rollout.input_ids, rollout.attention_mask, response_ids.shape[1])
         rollout = rollout._replace(values=values)
         scores, per_source = self.score_rollout(rollout, repeats)
         self.check_finite(batch, scores=scores, values=values)
         return rollout.with_scores(scores), per_source
+
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor,
+                 sampling: SamplingConfig) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """Sample responses with the `generation_backend` -> (response_ids (N, R), response_mask
+        (N, R), has_eos (N,), the sampler's log-probs (N, R), None for `hf`). With `vllm`, the
+        engine is built on first use and gets the policy's weights whenever an optimizer step
+        changed them since its last sync; each row's seed comes from torch's generator."""
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        if self.hparams.get("generation_backend", "hf") == "hf":
+            return (*generate_responses(self.policy, prompt_ids, prompt_mask, sampling, eos, pad,
+                                        synced_gpus=self._synced_gpus), None)
+        return self.vllm_engine().generate(prompt_ids, prompt_mask, sampling, eos, pad)
+
+    def vllm_engine(self):
+        """The colocated vLLM engine, holding the policy's current weights."""
+        from lit_rlhf.generation.vllm import VLLMEngine
+
+        step = self.global_step if self._trainer is not None else 0
+        if self._vllm_engine is None:
+            self._vllm_engine = VLLMEngine.from_policy(self.policy, self.tokenizer, **(self.hparams.get("vllm_kwargs") or {}))
+            self._vllm_engine.synced_step = step
+        elif self._vllm_engine.synced_step != step:
+            self._vllm_engine.sync_weights(self.policy, step)
+        return self._vllm_engine
+
+    def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor) -> Tensor | None:
+        """Truncated importance weights (n, R) of `rows` (`tis_cap`), None when TIS is off.
+        `train_logps`: the trainer's log-probs of those rows at sampling time."""
+        cap = self.hparams.get("tis_cap")
+        if cap is None or rollout.sampler_logps is None:
+            return None
+        return truncated_importance_weights(train_logps, rollout.sampler_logps[rows], rollout.response_mask[rows], cap)
 
     @torch.no_grad()
     def score_rollout(self, rollout: Rollout, group_size: int = 1) -> tuple[Tensor, dict[str, Tensor]]:
@@ -458,6 +512,10 @@ class OnlineModule(PolicyModule):
             kl = masked_sum(rollout.logps - rollout.ref_logps, mask, dim=1)  # (N,) k1, summed per sequence
             stats["objective/kl"] = kl.mean()
             stats["objective/rlhf_reward"] = (rollout.scores.float() - self.kl_weight * kl).mean()
+        if rollout.sampler_logps is not None and rollout.logps is not None and mask.any():
+            diff = (rollout.logps.float() - rollout.sampler_logps.float()).abs()[mask]  # trainer vs sampler, same temperature
+            stats["rollout/sampler_logprob_diff"] = diff.mean()
+            stats["rollout/sampler_logprob_diff_max"] = diff.max()
         return stats
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

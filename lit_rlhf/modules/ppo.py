@@ -71,6 +71,8 @@ class PPOModule(OnlineModule):
             tokenizer, dtype, optimiser and schedule, export).
     """
 
+    supports_tis = True
+
     def __init__(
         self,
         value_model: str | None = None,
@@ -148,7 +150,9 @@ class PPOModule(OnlineModule):
                 mask[rows], self.sampling.temperature,
             )  # (n, R)
             values = self.value_model(input_ids[rows], attention_mask[rows]).float()[:, -response_length - 1: -1]  # (n, R)
-            pg = ppo_policy_loss(logps, rollout.logps[rows], advantages[rows], mask[rows], hp.clip_eps)
+            tis = self.tis_weights(rollout, rows, rollout.logps[rows])  # (n, R): truncated IS, None when off
+            adv = advantages[rows] if tis is None else advantages[rows] * tis  # w >= 0: weights each token's clipped term
+            pg = ppo_policy_loss(logps, rollout.logps[rows], adv, mask[rows], hp.clip_eps)
             vf = ppo_value_loss(values, rollout.values[rows], returns[rows], mask[rows], hp.value_clip_eps)
             loss = pg.loss + hp.value_coef * vf.loss
             return loss, {
