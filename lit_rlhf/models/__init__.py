@@ -1,9 +1,11 @@
-"""Every model and tokenizer the methods need, in three files:
+"""Every model and tokenizer the methods need, in four files:
 
 - `loading`: tokenizers and causal LMs from a builtin name, a `.gguf` file, a local directory or
   a hub id; PAD != EOS (D3), dropout off (D7), frozen copies;
 - `heads`: scalar-head models (reward models, PPO value models, DRO-V's V(x); D11, D12, D14) and
   loading a trained reward model back;
+- `adapters`: LoRA (`peft`): named adapters on one frozen base (policy, value, reward), the
+  reference policy as that base with the adapters disabled;
 - `export`: a scalar-head model as a plain `transformers` sequence classifier.
 
 Every name is importable from `lit_rlhf.models` itself.

@@ -140,7 +140,16 @@ def _reward_model_from_checkpoint(path: Path, tokenizer=None, dtype: str | torch
             f"'{prefix}*' weights (found {len(weights)} such weights, hyper_parameters {sorted(hparams)})"
         )
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(hparams.get("tokenizer") or hparams["model"])
-    model = load_scalar_model(hparams["model"], tokenizer, dtype if dtype is not None else hparams.get("dtype"))
+    dtype = dtype if dtype is not None else hparams.get("dtype")
+    if hparams.get("lora") is not None:  # trained as a LoRA adapter: rebuild it, load, merge
+        from lit_rlhf.models import adapters
+
+        config = adapters.lora_config(hparams["lora"])
+        model, peft_model = adapters.lora_scalar_model(hparams["model"], tokenizer, dtype, config)
+        model.load_state_dict(weights)
+        peft_model.merge_and_unload()  # in place: model.backbone is left with plain linear layers
+        return model
+    model = load_scalar_model(hparams["model"], tokenizer, dtype)
     model.load_state_dict(weights)
     return model
 
@@ -152,11 +161,23 @@ def load_reward_model(name_or_ckpt: str, tokenizer=None, dtype: str | torch.dtyp
     - a `RewardModule` Lightning checkpoint (`.ckpt` file): the base model named in its
       hyper-parameters is rebuilt and the trained weights (head bias included, D15) loaded; or
     - a directory exported by `RewardModule.export_hf` (or any one-label
-      `AutoModelForSequenceClassification`): its head and `config.reward_bias` are kept.
+      `AutoModelForSequenceClassification`): its head and `config.reward_bias` are kept;
+    - a LoRA reward model's adapter directory (`<export_dir>/adapter`: PEFT adapter and
+      `scalar_head.safetensors`): the base it names, with the adapter merged in, and its head.
     Any other model name gets a fresh D11 head (with a warning: it is not a trained reward model).
     Rewards are read with `.score(input_ids, attention_mask)` at the last real token (D12, D14).
     """
     path = Path(str(name_or_ckpt)).expanduser()
+    from lit_rlhf.models import adapters
+
+    if adapters.is_scalar_adapter_dir(path):  # a LoRA reward model: its base with the adapter merged in
+        from peft import PeftModel
+
+        base_name = adapters.adapter_base_name(path)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(base_name)
+        merged = PeftModel.from_pretrained(load_causal_lm(base_name, tokenizer, dtype), str(path)).merge_and_unload()
+        head = adapters.load_head(path, next(merged.parameters()).dtype)
+        return ScalarHeadModel(backbone_of(merged), head).eval()
     if path.suffix == ".ckpt":
         if not path.is_file():
             raise ModelNotFoundError(f"reward model checkpoint {path} does not exist")

@@ -8,6 +8,8 @@ A model name is one of:
   Llama with SmolLM2's real 49k-token tokenizer, from that conversion: real token lengths);
 - a path to a `.gguf` file;
 - a local directory with a Hugging Face model (for instance one written by our export);
+- a LoRA adapter directory in PEFT format (`adapter_config.json`): its base (the name in
+  `base_model_name_or_path`) with the adapter merged in;
 - a Hugging Face hub id (needs network access, or the hub cache).
 
 Every tokenizer gets a PAD token distinct from EOS (D3), every model has dropout disabled (D7)
@@ -158,12 +160,24 @@ def _resolve(name: str) -> tuple[str, Path | str]:
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file {path} does not exist")
         return "gguf", path
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        return "adapter", path  # a LoRA adapter (PEFT format) on the base its config names
     if path.is_dir():
         return "dir", path
     if name.startswith((".", "/", "~")) or path.exists():
         raise ModelNotFoundError(f"{name!r} looks like a local path but is not a model directory or a .gguf file")
     _check_hub()
     return "hub", name
+
+
+def _adapter_base(path: Path) -> str:
+    """The base model a PEFT adapter directory names (`base_model_name_or_path`)."""
+    import json
+
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ModelNotFoundError(f"LoRA adapter {path} does not name its base model (base_model_name_or_path)")
+    return base
 
 
 def _hub_error(name: str, err: Exception) -> ModelNotFoundError:
@@ -205,6 +219,8 @@ def ensure_pad_token(tokenizer):
 def load_tokenizer(name: str, padding_side: str = "right"):
     """Load the tokenizer of any model name this module accepts, with PAD != EOS (D3)."""
     kind, where = _resolve(name)
+    if kind == "adapter":
+        return load_tokenizer(_adapter_base(Path(where)), padding_side)
     if kind == "tiny" and name == TINY_RANDOM_LLAMA:
         tokenizer = _tiny_tokenizer()
     elif kind == "tiny":  # tiny-random-smollm2: SmolLM2's tokenizer, from the converted GGUF (cached)
@@ -302,6 +318,11 @@ def load_causal_lm(name: str, tokenizer=None, dtype: str | torch.dtype | None = 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(name)
     torch_dtype = _parse_dtype(dtype)
     kind, where = _resolve(name)
+    if kind == "adapter":  # the base with the adapter merged in: a plain transformers model
+        from peft import PeftModel
+
+        base = load_causal_lm(_adapter_base(Path(where)), tokenizer, dtype)
+        return PeftModel.from_pretrained(base, str(where)).merge_and_unload()
     if kind == "tiny":
         model = _tiny_model(tokenizer, torch_dtype)
     elif kind == "gguf":

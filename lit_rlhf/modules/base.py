@@ -41,6 +41,7 @@ from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from torch import Tensor, nn
 
 from lit_rlhf import checks, models, resume, rng
+from lit_rlhf.models import adapters
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum, per_token_logps
@@ -316,6 +317,12 @@ class PolicyModule(TrainingModule):
             layer applied to this many scored tokens at a time (recomputed in backward), so the
             (B, T, V) logits never exist; same values and gradients as the dense path. `null`:
             the dense logits. Models with a final logit transform use the dense path (warned).
+        lora: train LoRA adapters on a frozen base instead of the weights (`peft`): a
+            `peft.LoraConfig` by `class_path`/`init_args`, or the short spec `r`, `alpha`,
+            `dropout`, `target_modules`, `modules_to_save` (`lit_rlhf.models.adapters.lora_config`).
+            The reference policy is then the base with the adapter disabled (no copy), and the
+            method's other networks (PPO's value and reward, DRO-V's value) are further
+            adapters on the same base. `null`: full fine-tuning.
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
@@ -339,6 +346,7 @@ class PolicyModule(TrainingModule):
         on_nonfinite: Literal["error", "skip"] = "error",
         frozen_placement: Literal["partitioned", "whole"] = "partitioned",
         logprob_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)
@@ -355,8 +363,16 @@ class PolicyModule(TrainingModule):
         self.model_name = model
         self.tokenizer = models.load_tokenizer(tokenizer or model)
         self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
+        self.lora_config = adapters.lora_config(lora)
+        if self.lora_config is not None:  # the policy is the adapter `policy` on a frozen base
+            self.policy = adapters.add_lora(self.policy, self.lora_config, adapters.POLICY)
+            adapters.set_trainable(self.policy, {adapters.POLICY: True})
         if gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kwargs = {"use_reentrant": False}
+            if self.lora_config is not None:  # recompute under the adapter of the original forward
+                kwargs["context_fn"] = adapters.checkpoint_context_fn(self.policy)
+                self.policy.enable_input_require_grads()
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self._frozen_names: list[str] = []
         self._whole_frozen: dict[str, nn.Module] = {}  # frozen models kept out of the module tree
 
@@ -383,9 +399,26 @@ class PolicyModule(TrainingModule):
         return module
 
     def load_reference(self, name: str | None, dtype: str = "float32") -> nn.Module:
-        """The reference policy: `name` loaded fresh, or a frozen copy of the initial policy."""
+        """The reference policy: `name` loaded fresh, or a frozen copy of the initial policy;
+        with LoRA (and no `name`) the policy's own base with its adapters disabled."""
+        if name is None and self.lora_config is not None:
+            view = adapters.AdapterView(self.policy, None)  # no second copy of the base
+            object.__setattr__(self, "ref_model", view)  # owns no weights: not a submodule
+            return view
         ref = models.frozen_copy(self.policy) if name is None else models.load_reference_model(name, self.tokenizer, dtype)
         return self.add_frozen("ref_model", ref)
+
+    def load_reward_source(self, name: str) -> nn.Module:
+        """The reward model `name` for `add_frozen`: with LoRA, a LoRA reward model exported on
+        the policy's base (`<export_dir>/adapter`) becomes the frozen adapter `reward` on the
+        shared base (`lit_rlhf.models.adapters.scalar_adapter`); anything else is loaded as a
+        separate model (`lit_rlhf.models.load_reward_model`)."""
+        if self.lora_config is not None:
+            scalar = adapters.scalar_adapter(self.policy, adapters.REWARD, self.lora_config, name, self.model_name,
+                                             trainable=False)
+            if scalar is not None:
+                return scalar
+        return models.load_reward_model(name, self.tokenizer, dtype=self.hparams.dtype)
 
     def _apply(self, fn, *args, **kwargs):
         super()._apply(fn, *args, **kwargs)
@@ -425,7 +458,8 @@ class PolicyModule(TrainingModule):
     def model_logps(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
         """Per-token log-probs (B, T) of a causal LM on the tokens where `loss_mask` is True (0
         elsewhere), chunked or dense as `logprob_chunk_size` says."""
-        return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size=self.logprob_chunk_size)
+        with adapters.activated(model) as module:  # an AdapterView: its base, with its adapter on
+            return per_token_logps(module, input_ids, attention_mask, loss_mask, temperature, chunk_size=self.logprob_chunk_size)
 
     def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> Tensor:
         """Per-token log-probs (B, T) of the policy on the tokens where `loss_mask` is True."""
@@ -449,8 +483,9 @@ class PolicyModule(TrainingModule):
         """Log-probs (B, R) of sampled responses under `model` (0 where `response_mask` is
         False), differentiable unless called under `torch.no_grad()`; chunked or dense as
         `logprob_chunk_size` says."""
-        return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                                     micro_batch_size, chunk_size=self.logprob_chunk_size)
+        with adapters.activated(model) as module:
+            return token_logps_with_grad(module, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+                                         micro_batch_size, chunk_size=self.logprob_chunk_size)
 
     @staticmethod
     def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:
@@ -470,10 +505,18 @@ class PolicyModule(TrainingModule):
     # ----------------------------------------------------------------------------------------
 
     def export_hf(self, directory: str | Path) -> Path:
-        """Write the policy and tokenizer with `save_pretrained` (loadable by plain transformers)."""
+        """Write the policy and tokenizer with `save_pretrained` (loadable by plain transformers).
+
+        With LoRA: the base with the `policy` adapter merged in `directory` (plain transformers),
+        and the adapter alone in PEFT format in `directory/adapter` (`PeftModel.from_pretrained`
+        on the base, `lit_rlhf.models.load_causal_lm(directory/adapter)`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(directory, safe_serialization=True)
+        if self.lora_config is not None:
+            adapters.merged_copy(self.policy, adapters.POLICY).save_pretrained(directory, safe_serialization=True)
+            adapters.save_adapter(self.policy, directory / "adapter", adapters.POLICY, base_name=self.model_name)
+        else:
+            self.policy.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         log.info("exported %s to %s", type(self).__name__, directory)
         return directory

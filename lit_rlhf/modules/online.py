@@ -157,7 +157,7 @@ class OnlineModule(PolicyModule):
         if reward_normalization not in ("none", "group", "batch"):
             raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {reward_normalization!r}")
         if reward_model is not None:
-            self.add_frozen("reward_model", load_reward_model(reward_model, self.tokenizer, dtype=self.hparams.dtype))
+            self.add_frozen("reward_model", self.load_reward_source(reward_model))
         self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints
         self.rollouts = 0
 
