@@ -352,6 +352,16 @@ class AdapterScalarModel(ScalarHeadModel):
             return super().forward(input_ids, attention_mask)
 
 
+def lora_on_scalar(scalar: ScalarHeadModel, config, adapter: str = VALUE) -> ScalarHeadModel:
+    """Train a separate scalar-head model (a reward model on another base, or a full-weight one
+    a value starts from, D22) as a LoRA adapter on its own frozen body, and its head in full."""
+    body = add_lora(scalar.backbone, config, adapter)
+    set_trainable(body, {adapter: True})
+    scalar.backbone = body
+    scalar.head.requires_grad_(True)
+    return scalar
+
+
 def lora_scalar_model(name: str, tokenizer, dtype, config, adapter: str = REWARD) -> tuple[ScalarHeadModel, nn.Module]:
     """A scalar-head model trained as a LoRA adapter: `(scalar, peft_model)`.
 

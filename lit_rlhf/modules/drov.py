@@ -92,6 +92,8 @@ class DROVModule(PolicyModule):
         else:
             self.value = models.load_scalar_model(value_model or self.model_name, self.tokenizer, self.hparams.dtype)
             self.value.requires_grad_(True)
+            if self.lora_config is not None:  # another base: a value adapter on its own frozen body
+                adapters.lora_on_scalar(self.value, self.lora_config, adapters.VALUE)
         self.load_reference(ref_model, self.hparams.dtype)
 
     # ----------------------------------------------------------------------------------------

@@ -110,6 +110,8 @@ class PPOModule(OnlineModule):
             self.value_model = load_scalar_model(self.model_name, self.tokenizer, self.hparams.dtype)
         else:  # D22: the value model starts from the reward model; it is trained
             self.value_model = load_reward_model(source, self.tokenizer, dtype=self.hparams.dtype)
+            if self.lora_config is not None:  # a full reward model: its own frozen base, a value adapter on it
+                adapters.lora_on_scalar(self.value_model, self.lora_config, adapters.VALUE)
 
     @property
     def kl_weight(self) -> float:
