@@ -435,19 +435,29 @@ class PolicyModule(TrainingModule):
     def _frozen_prefixes(self) -> tuple[str, ...]:
         return tuple(f"{name}." for name in self._frozen_names)
 
+    def _rebuilt_keys(self) -> set[str]:
+        """With LoRA: the state-dict keys of every frozen parameter (the base, a frozen reward
+        adapter), rebuilt from their names like the frozen models, so checkpoints hold the
+        trained adapters and heads only."""
+        if getattr(self, "lora_config", None) is None:
+            return set()
+        return {name for name, param in self.named_parameters(remove_duplicate=False) if not param.requires_grad}
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        prefixes = self._frozen_prefixes()
-        if prefixes and "state_dict" in checkpoint:
-            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(prefixes)}
+        prefixes, rebuilt = self._frozen_prefixes(), self._rebuilt_keys()
+        if (prefixes or rebuilt) and "state_dict" in checkpoint:
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
+                                        if not (k.startswith(prefixes) if prefixes else False) and k not in rebuilt}
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Frozen models are not in checkpoints: keep the ones this module was built with."""
-        prefixes = self._frozen_prefixes()
-        if prefixes:
+        """Frozen models (and, with LoRA, the frozen base) are not in checkpoints: keep the ones
+        this module was built with."""
+        prefixes, rebuilt = self._frozen_prefixes(), self._rebuilt_keys()
+        if prefixes or rebuilt:
             state_dict = dict(state_dict)
             for key, value in super().state_dict().items():
-                if key.startswith(prefixes) and key not in state_dict:
+                if key not in state_dict and ((prefixes and key.startswith(prefixes)) or key in rebuilt):
                     state_dict[key] = value
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 

@@ -207,3 +207,16 @@ def test_drov_value_is_an_adapter_with_its_own_learning_rate():
     assert not value & policy
     assert policy == {id(p) for _, p in adapters.adapter_parameters(module.policy, "policy")}
     assert groups["value"]["lr"] == 5e-4
+
+
+def test_checkpoints_hold_the_adapters_not_the_frozen_base():
+    module = DPOModule(model="tiny-random-llama", lora=LORA)
+    perturb(module.policy, "policy")
+    checkpoint = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(checkpoint)
+    saved = checkpoint["state_dict"]
+    assert saved and all("lora_" in k and ".policy." in k for k in saved)
+    restored = DPOModule(model="tiny-random-llama", lora=LORA)
+    restored.load_state_dict(saved)  # the base is rebuilt from the model name
+    for key, value in module.state_dict().items():
+        assert torch.equal(value, restored.state_dict()[key]), key
