@@ -220,3 +220,16 @@ def test_checkpoints_hold_the_adapters_not_the_frozen_base():
     restored.load_state_dict(saved)  # the base is rebuilt from the model name
     for key, value in module.state_dict().items():
         assert torch.equal(value, restored.state_dict()[key]), key
+
+
+def test_nonfinite_guard_sees_adapter_gradients():
+    from lit_rlhf.modules.base import NonFiniteError
+
+    module = PPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward()], max_new_tokens=4, lora=LORA)
+    ids, mask, _ = batch(module.tokenizer)
+    module.value_model(ids, mask).sum().backward()
+    assert module.gradients_finite()
+    name, param = adapters.adapter_parameters(module.policy, "value")[0]
+    param.grad[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="lora_A.value"):
+        module.gradients_finite()
