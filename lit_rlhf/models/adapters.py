@@ -124,12 +124,6 @@ def adapter_names(model: nn.Module) -> list[str]:
     return list(config) if isinstance(config, dict) else []
 
 
-def is_lora(model: Any) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel) or isinstance(model, AdapterView)
-
-
 def _tuner_layers(model: nn.Module) -> list[nn.Module]:
     from peft.tuners.tuners_utils import BaseTunerLayer
 

@@ -67,7 +67,6 @@ from lit_rlhf.rewards import (
     call_reward_fn,
     combine_rewards,
     function_name,
-    load_reward_model,
     reward_model_scores,
 )
 from lit_rlhf.types import PromptBatch, Rollout

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import bench_lora
 
 
+@pytest.mark.slow  # two worker processes
 def test_bench_lora_reports_memory_and_time_of_each_variant(tmp_path):
     out = bench_lora.main(["--model", "tiny-random-llama", "--methods", "dpo", "--variants", "full,lora", "--rounds", "1",
                            "--warmup", "1", "--steps", "1", "--batch-size", "2", "--prompt-length", "12",
