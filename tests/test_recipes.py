@@ -245,7 +245,8 @@ def _model_args(config: dict) -> list[str]:
     return args
 
 
-def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = None, run: bool = True):
+def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = None, run: bool = True,
+               extra_args: tuple[str, ...] = ()):
     config = _declared(recipe)
     accumulate = int(config.get("trainer", {}).get("accumulate_grad_batches", 1) or 1)
     declared = config["model"].get("init_args") or {}
@@ -272,13 +273,17 @@ def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = N
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={tmp_path}",
         # online: 1 prompt per rollout (x num_generations); offline: 2 rows (KTO's z0 needs 2)
-        *_model_args(config), *_data_args(config, data_dirs, 1 if online else 2),
+        *_model_args(config), *_data_args(config, data_dirs, 1 if online else 2), *extra_args,
     ]
     torch.manual_seed(0)
     return main(args, run=run)
 
 
 def trained_and_initial(module) -> tuple[dict, dict]:
+    if getattr(module, "lora_config", None) is not None:  # LoRA: the trained adapters' B, which start at 0
+        peft_model = getattr(module, "reward_peft", None) or module.policy
+        trained = {n: p.detach() for n, p in peft_model.named_parameters() if p.requires_grad and "lora_B" in n}
+        return trained, {n: torch.zeros_like(p) for n, p in trained.items()}
     tokenizer = models.load_tokenizer(TINY)
     fresh = models.load_causal_lm(TINY, tokenizer)
     if hasattr(module, "policy"):
@@ -315,6 +320,21 @@ def _assert_outputs(module, tmp_path: Path) -> None:
 def test_recipe_runs(recipe, tmp_path, data_dirs):
     torch.set_num_threads(2)
     cli = run_recipe(recipe, tmp_path, data_dirs)
+    assert_trained(cli, tmp_path)
+
+
+# the LoRA step: the *_lora.yaml recipes (DPO, GRPO, PPO, reward) run above as they are; every
+# other method runs its quickstart recipe again with a small LoRA config
+LORA_METHODS_WITH_RECIPE = {_declared(p)["model"]["class_path"] for p in RECIPES if "lora" in p.name}
+LORA_STEP = [p for p in sorted((CONFIGS / "quickstart").glob("*.yaml"))
+             if _declared(p).get("model") and _declared(p)["model"]["class_path"] not in LORA_METHODS_WITH_RECIPE]
+
+
+@pytest.mark.parametrize("recipe", LORA_STEP, ids=_name)
+def test_recipe_runs_with_lora(recipe, tmp_path, data_dirs):
+    torch.set_num_threads(2)
+    cli = run_recipe(recipe, tmp_path, data_dirs, extra_args=("--model.init_args.lora={r: 4, alpha: 8}",))
+    assert cli.model.lora_config is not None and cli.model.lora_config.r == 4
     assert_trained(cli, tmp_path)
 
 

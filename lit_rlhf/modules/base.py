@@ -42,6 +42,7 @@ from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from torch import Tensor, nn
 
 from lit_rlhf import checks, models, resume, rng
+from lit_rlhf.models import adapters
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import token_logps_with_grad
@@ -329,6 +330,12 @@ class PolicyModule(TrainingModule):
             so the prompt is computed once (`lit_rlhf.ops.shared_prompt`); same log-probs and
             gradients as the padded rows. Models whose attention takes no 4D mask
             (`flash_attention_2`) use the padded rows (warned). `false`: always the padded rows.
+        lora: train LoRA adapters on a frozen base instead of the weights (`peft`): a
+            `peft.LoraConfig` by `class_path`/`init_args`, or the short spec `r`, `alpha`,
+            `dropout`, `target_modules`, `modules_to_save` (`lit_rlhf.models.adapters.lora_config`).
+            The reference policy is then the base with the adapter disabled (no copy), and the
+            method's other networks (PPO's value and reward, DRO-V's value) are further
+            adapters on the same base. `null`: full fine-tuning.
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
@@ -353,6 +360,7 @@ class PolicyModule(TrainingModule):
         frozen_placement: Literal["partitioned", "whole"] = "partitioned",
         logprob_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
         shared_prompt: bool = True,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)
@@ -370,8 +378,16 @@ class PolicyModule(TrainingModule):
         self.model_name = model
         self.tokenizer = models.load_tokenizer(tokenizer or model)
         self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
+        self.lora_config = adapters.lora_config(lora)
+        if self.lora_config is not None:  # the policy is the adapter `policy` on a frozen base
+            self.policy = adapters.add_lora(self.policy, self.lora_config, adapters.POLICY)
+            adapters.set_trainable(self.policy, {adapters.POLICY: True})
         if gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kwargs = {"use_reentrant": False}
+            if self.lora_config is not None:  # recompute under the adapter of the original forward
+                kwargs["context_fn"] = adapters.checkpoint_context_fn(self.policy)
+                self.policy.enable_input_require_grads()
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self._frozen_names: list[str] = []
         self._whole_frozen: dict[str, nn.Module] = {}  # frozen models kept out of the module tree
 
@@ -398,9 +414,26 @@ class PolicyModule(TrainingModule):
         return module
 
     def load_reference(self, name: str | None, dtype: str = "float32") -> nn.Module:
-        """The reference policy: `name` loaded fresh, or a frozen copy of the initial policy."""
+        """The reference policy: `name` loaded fresh, or a frozen copy of the initial policy;
+        with LoRA (and no `name`) the policy's own base with its adapters disabled."""
+        if name is None and self.lora_config is not None:
+            view = adapters.AdapterView(self.policy, None)  # no second copy of the base
+            object.__setattr__(self, "ref_model", view)  # owns no weights: not a submodule
+            return view
         ref = models.frozen_copy(self.policy) if name is None else models.load_reference_model(name, self.tokenizer, dtype)
         return self.add_frozen("ref_model", ref)
+
+    def load_reward_source(self, name: str) -> nn.Module:
+        """The reward model `name` for `add_frozen`: with LoRA, a LoRA reward model exported on
+        the policy's base (`<export_dir>/adapter`) becomes the frozen adapter `reward` on the
+        shared base (`lit_rlhf.models.adapters.scalar_adapter`); anything else is loaded as a
+        separate model (`lit_rlhf.models.load_reward_model`)."""
+        if self.lora_config is not None:
+            scalar = adapters.scalar_adapter(self.policy, adapters.REWARD, self.lora_config, name, self.model_name,
+                                             trainable=False)
+            if scalar is not None:
+                return scalar
+        return models.load_reward_model(name, self.tokenizer, dtype=self.hparams.dtype)
 
     def _apply(self, fn, *args, **kwargs):
         super()._apply(fn, *args, **kwargs)
@@ -417,19 +450,29 @@ class PolicyModule(TrainingModule):
     def _frozen_prefixes(self) -> tuple[str, ...]:
         return tuple(f"{name}." for name in self._frozen_names)
 
+    def _rebuilt_keys(self) -> set[str]:
+        """With LoRA: the state-dict keys of every frozen parameter (the base, a frozen reward
+        adapter), rebuilt from their names like the frozen models, so checkpoints hold the
+        trained adapters and heads only."""
+        if getattr(self, "lora_config", None) is None:
+            return set()
+        return {name for name, param in self.named_parameters(remove_duplicate=False) if not param.requires_grad}
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        prefixes = self._frozen_prefixes()
-        if prefixes and "state_dict" in checkpoint:
-            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(prefixes)}
+        prefixes, rebuilt = self._frozen_prefixes(), self._rebuilt_keys()
+        if (prefixes or rebuilt) and "state_dict" in checkpoint:
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
+                                        if not (k.startswith(prefixes) if prefixes else False) and k not in rebuilt}
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Frozen models are not in checkpoints: keep the ones this module was built with."""
-        prefixes = self._frozen_prefixes()
-        if prefixes:
+        """Frozen models (and, with LoRA, the frozen base) are not in checkpoints: keep the ones
+        this module was built with."""
+        prefixes, rebuilt = self._frozen_prefixes(), self._rebuilt_keys()
+        if prefixes or rebuilt:
             state_dict = dict(state_dict)
             for key, value in super().state_dict().items():
-                if key.startswith(prefixes) and key not in state_dict:
+                if key not in state_dict and ((prefixes and key.startswith(prefixes)) or key in rebuilt):
                     state_dict[key] = value
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
@@ -444,7 +487,9 @@ class PolicyModule(TrainingModule):
         share a prompt (`PreferenceBatch.sharing`): with `shared_prompt` on, each such prompt is
         computed once (`lit_rlhf.ops.shared_prompt`); the values are the same either way."""
         sharing = sharing if self.shared_prompt else None
-        return grouped_token_logps(model, input_ids, attention_mask, loss_mask, sharing, temperature, self.logprob_chunk_size)
+        with adapters.activated(model) as module:  # an AdapterView: its base, with its adapter on
+            return grouped_token_logps(module, input_ids, attention_mask, loss_mask, sharing, temperature,
+                                       self.logprob_chunk_size)
 
     def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0,
                      sharing: PromptSharing | None = None) -> Tensor:
@@ -472,11 +517,12 @@ class PolicyModule(TrainingModule):
         False), differentiable unless called under `torch.no_grad()`; chunked or dense as
         `logprob_chunk_size` says. `groups` (B,): rows with equal ids have the same prompt (a
         GRPO group): with `shared_prompt` on, each micro-batch computes each of its prompts once."""
-        if groups is None or not self.shared_prompt:
-            return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                                         micro_batch_size, chunk_size=self.logprob_chunk_size)
-        return shared_response_logps(model, prompt_ids, prompt_mask, response_ids, response_mask, groups, temperature,
-                                     micro_batch_size, self.logprob_chunk_size)
+        with adapters.activated(model) as module:
+            if groups is None or not self.shared_prompt:
+                return token_logps_with_grad(module, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+                                             micro_batch_size, chunk_size=self.logprob_chunk_size)
+            return shared_response_logps(module, prompt_ids, prompt_mask, response_ids, response_mask, groups, temperature,
+                                         micro_batch_size, self.logprob_chunk_size)
 
     @staticmethod
     def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:
@@ -496,10 +542,18 @@ class PolicyModule(TrainingModule):
     # ----------------------------------------------------------------------------------------
 
     def export_hf(self, directory: str | Path) -> Path:
-        """Write the policy and tokenizer with `save_pretrained` (loadable by plain transformers)."""
+        """Write the policy and tokenizer with `save_pretrained` (loadable by plain transformers).
+
+        With LoRA: the base with the `policy` adapter merged in `directory` (plain transformers),
+        and the adapter alone in PEFT format in `directory/adapter` (`PeftModel.from_pretrained`
+        on the base, `lit_rlhf.models.load_causal_lm(directory/adapter)`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(directory, safe_serialization=True)
+        if self.lora_config is not None:
+            adapters.merged_copy(self.policy, adapters.POLICY).save_pretrained(directory, safe_serialization=True)
+            adapters.save_adapter(self.policy, directory / "adapter", adapters.POLICY, base_name=self.model_name)
+        else:
+            self.policy.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         log.info("exported %s to %s", type(self).__name__, directory)
         return directory

@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from lit_rlhf import models
+from lit_rlhf.models import adapters
 from lit_rlhf.losses import DPOLossType, dpo_loss
 from lit_rlhf.modules.base import PolicyModule
 from lit_rlhf.ops import masked_mean
@@ -122,11 +123,15 @@ class DPOModule(PolicyModule):
         """Fill `ref_logps_cache` from `dataloaders` with a freshly loaded reference; returns its size.
 
         The reference is `ref_model`, or the `model` checkpoint itself (the initial policy), loaded
-        here and freed at the end, so it is the same on a resumed run. Under data parallelism each
+        here and freed at the end, so it is the same on a resumed run (with LoRA: the policy's
+        own base with the adapter disabled, nothing loaded). Under data parallelism each
         rank scores every world_size-th batch and the tables are merged on all ranks.
         """
-        ref = models.load_reference_model(self.hparams.ref_model or self.model_name, self.tokenizer, self.hparams.dtype)
-        ref.to(self.device)
+        if self.hparams.ref_model is None and getattr(self, "lora_config", None) is not None:
+            ref = adapters.AdapterView(self.policy, None)  # LoRA: the policy's base, adapter disabled
+        else:
+            ref = models.load_reference_model(self.hparams.ref_model or self.model_name, self.tokenizer, self.hparams.dtype)
+            ref.to(self.device)
         trainer = self._trainer
         world_size = trainer.world_size if trainer is not None else 1
         rank = trainer.global_rank if trainer is not None else 0

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf import models
+from lit_rlhf.models import adapters
 from lit_rlhf.losses import drov_loss
 from lit_rlhf.modules.base import PolicyModule, decay_groups
 from lit_rlhf.types import SingleBatch
@@ -44,7 +45,8 @@ class DROVModule(PolicyModule):
             checkpoint with a fresh D11 scalar head on its backbone (a SEPARATE network, no
             shared parameters); a reward model directory keeps its head (`load_scalar_model`);
             `shared` = a scalar head on the policy's own backbone (the paper's shared-network
-            ablation: the value loss then also moves the policy's backbone).
+            ablation: the value loss then also moves the policy's backbone). With `lora` and no
+            `value_model`, V(x) is the adapter `value` on the policy's frozen base.
         value_per: `example` (V(x), one value per prompt, the paper's DRO-V) or `batch` (one
             learnable scalar for all prompts, the paper's single-value ablation; no value network).
         ref_model: reference policy name; `None` = a frozen copy of the initial policy.
@@ -79,11 +81,19 @@ class DROVModule(PolicyModule):
         self.batch_value: nn.Parameter | None = None
         if value_per == "batch":
             self.batch_value = nn.Parameter(torch.zeros(()))
+        elif value_model == SHARED and self.lora_config is not None:  # a head on the policy adapter
+            self.value = adapters.AdapterScalarModel(self.policy, adapters.POLICY)
         elif value_model == SHARED:
             self.value = models.ScalarHeadModel(models.backbone_of(self.policy))
+        elif self.lora_config is not None and (
+            value := adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, value_model, self.model_name)
+        ) is not None:  # LoRA: the adapter `value` on the policy's base (own learning rate)
+            self.value = value
         else:
             self.value = models.load_scalar_model(value_model or self.model_name, self.tokenizer, self.hparams.dtype)
             self.value.requires_grad_(True)
+            if self.lora_config is not None:  # another base: a value adapter on its own frozen body
+                adapters.lora_on_scalar(self.value, self.lora_config, adapters.VALUE)
         self.load_reference(ref_model, self.hparams.dtype)
 
     # ----------------------------------------------------------------------------------------
@@ -96,6 +106,8 @@ class DROVModule(PolicyModule):
             return [self.batch_value]
         if self.hparams.value_model == SHARED:
             return list(self.value.head.parameters())
+        if isinstance(self.value, adapters.AdapterScalarModel):  # its LoRA weights and head
+            return list(adapters.param_group_params(self.policy, self.value.adapter, self.value.head))
         return list(self.value.parameters())
 
     def values(self, batch: SingleBatch) -> Tensor:
@@ -111,6 +123,8 @@ class DROVModule(PolicyModule):
         hp = self.hparams
         value_ids = {id(p) for p in self.value_parameters()}
         policy_params = nn.ParameterList([p for p in self.policy.parameters() if id(p) not in value_ids])
+        if self.lora_config is not None:  # only the policy adapter (the value adapter is the value's)
+            policy_params = adapters.param_group_params(self.policy, adapters.POLICY)
         value_params = nn.ParameterList(self.value_parameters())
         groups = decay_groups(policy_params, hp.weight_decay, lr=hp.lr, name="policy")
         groups += decay_groups(value_params, hp.weight_decay, lr=hp.value_lr, name="value")

@@ -69,7 +69,6 @@ from lit_rlhf.rewards import (
     call_reward_fn,
     combine_rewards,
     function_name,
-    load_reward_model,
     reward_model_scores,
 )
 from lit_rlhf.types import PromptBatch, Rollout
@@ -182,7 +181,7 @@ class OnlineModule(PolicyModule):
         if reward_normalization not in ("none", "group", "batch"):
             raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {reward_normalization!r}")
         if reward_model is not None:
-            self.add_frozen("reward_model", load_reward_model(reward_model, self.tokenizer, dtype=self.hparams.dtype))
+            self.add_frozen("reward_model", self.load_reward_source(reward_model))
         self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints
         self.rollouts = 0
 

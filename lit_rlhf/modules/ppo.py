@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lit_rlhf.distributed import global_masked_whiten
 from lit_rlhf.losses import ppo_policy_loss, ppo_rewards, ppo_value_loss
-from lit_rlhf.models import load_scalar_model
+from lit_rlhf.models import adapters, load_scalar_model
 from lit_rlhf.modules.base import decay_groups
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.ops import gae, masked_sum
@@ -103,10 +103,17 @@ class PPOModule(OnlineModule):
         self.kl_coef = float(kl_coef)
         self.load_reference(self.hparams.ref_model, self.hparams.dtype)
         source = value_model or self.hparams.reward_model
-        if source is None:  # no reward model to start from: the policy's backbone with a fresh D11 head
+        value = None
+        if self.lora_config is not None:  # the adapter `value` on the policy's base (D22 from a LoRA reward)
+            value = adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, source, self.model_name)
+        if value is not None:
+            self.value_model = value
+        elif source is None:  # no reward model to start from: the policy's backbone with a fresh D11 head
             self.value_model = load_scalar_model(self.model_name, self.tokenizer, self.hparams.dtype)
         else:  # D22: the value model starts from the reward model; it is trained
             self.value_model = load_reward_model(source, self.tokenizer, dtype=self.hparams.dtype)
+            if self.lora_config is not None:  # a full reward model: its own frozen base, a value adapter on it
+                adapters.lora_on_scalar(self.value_model, self.lora_config, adapters.VALUE)
 
     @property
     def kl_weight(self) -> float:
@@ -118,6 +125,10 @@ class PPOModule(OnlineModule):
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         wd = self.hparams.weight_decay
         value_lr = self.hparams.value_lr or self.hparams.lr
+        if isinstance(self.value_model, adapters.AdapterScalarModel):  # one base: each adapter its own group
+            policy = adapters.param_group_params(self.policy, adapters.POLICY)
+            value = adapters.param_group_params(self.policy, adapters.VALUE, self.value_model.head)
+            return decay_groups(policy, wd, name="policy") + decay_groups(value, wd, name="value", lr=value_lr)
         return decay_groups(self.policy, wd, name="policy") + decay_groups(self.value_model, wd, name="value", lr=value_lr)
 
     def rollout_values(self, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:

@@ -46,6 +46,7 @@ import torchmetrics
 from torch import Tensor, nn
 
 from lit_rlhf import models
+from lit_rlhf.models import adapters
 from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.modules.base import SchedulerName, TrainingModule, decay_groups
 from lit_rlhf.ops.shared_prompt import grouped_scalar_scores
@@ -89,6 +90,9 @@ class RewardModule(TrainingModule):
             packed row `[prompt, chosen, rejected]` with a block mask, each completion scored at
             its own last token); same rewards and gradients as the padded rows. Backbones whose
             attention takes no 4D mask (`flash_attention_2`) use the padded rows (warned).
+        lora: train a LoRA adapter (and the head) on the frozen causal LM `model` instead of
+            its weights (`lit_rlhf.models.adapters.lora_config` lists the forms). The export
+            then also writes the adapter alone to `export_dir/adapter`.
 
     Optimiser, schedule, exact resume, start-up checks and the export at fit end are
     `TrainingModule`'s.
@@ -117,6 +121,7 @@ class RewardModule(TrainingModule):
         score_batch_size: int = 16,
         on_nonfinite: Literal["error", "skip"] = "error",
         shared_prompt: bool = True,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -130,7 +135,12 @@ class RewardModule(TrainingModule):
             raise ValueError(f"calibration_bins and score_batch_size must be >= 1, got {calibration_bins}, {score_batch_size}")
         self.model_name = model
         self.tokenizer = models.load_tokenizer(tokenizer or model)
-        self.reward_model = models.load_scalar_model(model, self.tokenizer, dtype)
+        self.lora_config = adapters.lora_config(lora)
+        if self.lora_config is None:
+            self.reward_model = models.load_scalar_model(model, self.tokenizer, dtype)
+        else:  # the adapter `reward` on a frozen causal LM base, and a trained head
+            self.reward_model, peft_model = adapters.lora_scalar_model(model, self.tokenizer, dtype, self.lora_config)
+            object.__setattr__(self, "reward_peft", peft_model)  # the body is reward_model.backbone
         if gradient_checkpointing:
             self.reward_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.group_columns = tuple(group_columns)
@@ -338,11 +348,20 @@ class RewardModule(TrainingModule):
         """Write an `AutoModelForSequenceClassification` (num_labels=1) and the tokenizer.
 
         See the module docstring (and `lit_rlhf.models.to_sequence_classifier`) for where the head
-        bias goes. Load it back with `lit_rlhf.models.load_reward_model(directory)`.
+        bias goes. Load it back with `lit_rlhf.models.load_reward_model(directory)`. With LoRA
+        the adapter is merged into that classifier, and also written alone (PEFT format, with
+        `scalar_head.safetensors`) to `directory/adapter`, which PPO/GRPO/RLOO with LoRA on the
+        same base take as `reward_model` as a frozen adapter on their shared base.
         """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        classifier, folded = models.to_sequence_classifier(self.reward_model, self.tokenizer.pad_token_id)
+        scalar = self.reward_model
+        if self.lora_config is not None:  # merged for plain transformers; the adapter alone in adapter/
+            adapters.save_adapter(self.reward_peft, directory / "adapter", adapters.REWARD, base_name=self.model_name)
+            adapters.save_head(self.reward_model.head, directory / "adapter")
+            merged = adapters.merged_copy(self.reward_peft, adapters.REWARD)
+            scalar = models.ScalarHeadModel(models.backbone_of(merged), self.reward_model.head)
+        classifier, folded = models.to_sequence_classifier(scalar, self.tokenizer.pad_token_id)
         bias = float(self.reward_model.head.bias.detach())
         if not folded and bias != 0.0:
             log.warning(

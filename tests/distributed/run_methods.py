@@ -10,7 +10,8 @@ stop generating at different steps need `synced_gpus=True`). `--checkpoint dpo` 
 checkpoint (a ZeRO directory under DeepSpeed), resumes from it for one more step, and reports
 the resumed global step. `--grad_probe` saves DPO's full (ZeRO-3: gathered) gradients of the
 output layer and the embedding at the first optimizer step, then fits one more DPO step with the
-dense log-prob path (`logprob_chunk_size: null`) and saves its gradients alike.
+dense log-prob path (`logprob_chunk_size: null`) and saves its gradients alike. `--lora` builds
+every module with a small LoRA config (adapters on one frozen base).
 """
 
 from __future__ import annotations
@@ -159,9 +160,13 @@ def main() -> None:
     parser.add_argument("--frozen_placement", default="", choices=["", "partitioned", "whole"])
     # manual check of the regression: generation WITHOUT synced_gpus (crashes on gloo, hangs on NCCL)
     parser.add_argument("--force_unsynced", action="store_true")
+    parser.add_argument("--lora", action="store_true")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.lora:  # every module this script builds (fit, resume, dense probe) trains LoRA adapters
+        build = W.build_module
+        W.build_module = lambda method, **overrides: build(method, **{"lora": {"r": 4, "alpha": 8}, **overrides})
     if args.force_unsynced:
         from lit_rlhf.modules.online import OnlineModule
 

@@ -33,6 +33,7 @@ TLDR = dict(max_prompt_length=96, max_completion_length=256, limit=6, batch_size
 UF = dict(path="bundled:ultrafeedback", max_prompt_length=128, max_completion_length=512, limit=2, batch_size=3)
 ONLINE = dict(reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=4, lr=1e-2, micro_batch_size=None,
               log_completions_every_n_steps=0)
+LORA = {"r": 4, "alpha": 8}
 
 
 
@@ -58,6 +59,13 @@ CASES = {
     "grpo_dynamic": (GRPOModule, dict(num_generations=2, beta=0.0, dynamic_sampling=True, max_sampling_rounds=3,
                                       **{**ONLINE, "reward_fns": [mostly_letters]}), 1, TLDRPromptDataModule,
                      dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
+    # LoRA: adapters on one frozen base (PPO: policy and value adapters; the reference is the base)
+    "dpo_lora": (DPOModule, dict(lr=1e-2, beta=0.5, lora=LORA), 1, TLDRPreferenceDataModule,
+                 dict(path="bundled:tldr_comparisons", **TLDR)),
+    "reward_lora": (RewardModule, dict(lr=1e-2, lora=LORA), 1, TLDRPreferenceDataModule,
+                    dict(path="bundled:tldr_comparisons", **TLDR)),
+    "ppo_lora": (PPOModule, dict(ppo_epochs=2, num_minibatches=2, lora=LORA, **ONLINE), 4, TLDRPromptDataModule,
+                 dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
 }
 IGNORED = ("perf/", "time/")  # wall-clock metrics
 

@@ -1,4 +1,4 @@
-"""One place that loads every model and tokenizer the methods need.
+"""Loading tokenizers and causal LMs from any model name.
 
 A model name is one of:
 - a builtin: `tiny-random-llama` (a 2-layer Llama, hidden size 64, seeded random weights and an
@@ -8,10 +8,12 @@ A model name is one of:
   Llama with SmolLM2's real 49k-token tokenizer, from that conversion: real token lengths);
 - a path to a `.gguf` file;
 - a local directory with a Hugging Face model (for instance one written by our export);
+- a LoRA adapter directory in PEFT format (`adapter_config.json`): its base (the name in
+  `base_model_name_or_path`) with the adapter merged in;
 - a Hugging Face hub id (needs network access, or the hub cache).
 
 Every tokenizer gets a PAD token distinct from EOS (D3), every model has dropout disabled (D7)
-and embeddings sized to the tokenizer, and scalar heads are initialised N(0, 1/sqrt(d+1)) (D11).
+and embeddings sized to the tokenizer. Scalar heads live in `lit_rlhf.models.heads`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -159,12 +160,24 @@ def _resolve(name: str) -> tuple[str, Path | str]:
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file {path} does not exist")
         return "gguf", path
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        return "adapter", path  # a LoRA adapter (PEFT format) on the base its config names
     if path.is_dir():
         return "dir", path
     if name.startswith((".", "/", "~")) or path.exists():
         raise ModelNotFoundError(f"{name!r} looks like a local path but is not a model directory or a .gguf file")
     _check_hub()
     return "hub", name
+
+
+def _adapter_base(path: Path) -> str:
+    """The base model a PEFT adapter directory names (`base_model_name_or_path`)."""
+    import json
+
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ModelNotFoundError(f"LoRA adapter {path} does not name its base model (base_model_name_or_path)")
+    return base
 
 
 def _hub_error(name: str, err: Exception) -> ModelNotFoundError:
@@ -206,6 +219,8 @@ def ensure_pad_token(tokenizer):
 def load_tokenizer(name: str, padding_side: str = "right"):
     """Load the tokenizer of any model name this module accepts, with PAD != EOS (D3)."""
     kind, where = _resolve(name)
+    if kind == "adapter":
+        return load_tokenizer(_adapter_base(Path(where)), padding_side)
     if kind == "tiny" and name == TINY_RANDOM_LLAMA:
         tokenizer = _tiny_tokenizer()
     elif kind == "tiny":  # tiny-random-smollm2: SmolLM2's tokenizer, from the converted GGUF (cached)
@@ -303,6 +318,11 @@ def load_causal_lm(name: str, tokenizer=None, dtype: str | torch.dtype | None = 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(name)
     torch_dtype = _parse_dtype(dtype)
     kind, where = _resolve(name)
+    if kind == "adapter":  # the base with the adapter merged in: a plain transformers model
+        from peft import PeftModel
+
+        base = load_causal_lm(_adapter_base(Path(where)), tokenizer, dtype)
+        return PeftModel.from_pretrained(base, str(where)).merge_and_unload()
     if kind == "tiny":
         model = _tiny_model(tokenizer, torch_dtype)
     elif kind == "gguf":
@@ -329,210 +349,3 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 def load_reference_model(name: str, tokenizer=None, dtype: str | torch.dtype | None = None) -> nn.Module:
     """Load a causal LM as a frozen reference policy."""
     return frozen_copy(load_causal_lm(name, tokenizer, dtype))
-
-
-def init_scalar_head(head: nn.Linear) -> nn.Linear:
-    """D11: weights ~ N(0, 1/sqrt(d_model + 1)), bias 0."""
-    std = 1.0 / math.sqrt(head.in_features + 1)
-    with torch.no_grad():
-        head.weight.normal_(0.0, std)
-        if head.bias is not None:
-            head.bias.zero_()
-    return head
-
-
-def hidden_size(model: nn.Module) -> int:
-    config = model.config
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(text_config.hidden_size)
-
-
-# --------------------------------------------------------------------------------------------
-# scalar-head models: reward models (D11, D12, D14), PPO value models (D22), DRO-V's V(x)
-# --------------------------------------------------------------------------------------------
-
-
-class ScalarHeadModel(nn.Module):
-    """A transformer backbone with a linear scalar head: one number per position.
-
-    `forward` returns the head's output at every position (B, T); `score` reads it at one index
-    per row, by default the last real token (the EOS of a response, D12), which is right for
-    left- and right-padded rows alike (D14). The head has a bias so that D15 (reward
-    normalisation) can shift the reward of reference responses to mean 0.
-    """
-
-    def __init__(self, backbone: nn.Module, head: nn.Linear | None = None) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.config = backbone.config
-        self.head = head if head is not None else init_scalar_head(nn.Linear(hidden_size(backbone), 1, bias=True))
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        from lit_rlhf.ops import position_ids_from_mask
-
-        out = self.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask.long(),
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        )
-        hidden = out.last_hidden_state  # (B, T, d)
-        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)  # (B, T)
-
-    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
-        """Scalar at `index` (B,) or, by default, at the last True of `attention_mask` (D12)."""
-        from lit_rlhf.ops import last_true_index
-
-        values = self(input_ids, attention_mask)  # (B, T)
-        if index is None:
-            index = last_true_index(attention_mask.bool())
-        return values.gather(1, index.unsqueeze(1)).squeeze(1)
-
-
-def backbone_of(causal_lm: nn.Module) -> nn.Module:
-    """The transformer body of a causal LM (or sequence classifier), without its output head."""
-    body = getattr(causal_lm, "base_model", None)
-    if body is None or body is causal_lm:
-        raise ValueError(f"cannot find the backbone of {type(causal_lm).__name__}")
-    return body
-
-
-def _is_sequence_classifier(location: Path) -> bool:
-    import json
-
-    config_file = location / "config.json"
-    if not config_file.is_file():
-        return False
-    architectures = json.loads(config_file.read_text()).get("architectures") or []
-    return any(a.endswith("ForSequenceClassification") for a in architectures)
-
-
-def load_scalar_model(name: str, tokenizer=None, dtype: str | torch.dtype | None = None) -> ScalarHeadModel:
-    """A `ScalarHeadModel` from any accepted model name.
-
-    A directory holding an `AutoModelForSequenceClassification` with one label (e.g. a reward
-    model exported by `RewardModule`) keeps its head (and the `reward_bias` our export records in
-    its config, see `RewardModule.export_hf`); any other causal LM gets a fresh head with the D11
-    initialisation.
-    """
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(name)
-    kind, where = _resolve(name)
-    if kind == "dir" and _is_sequence_classifier(Path(where)):
-        from transformers import AutoModelForSequenceClassification
-
-        classifier = AutoModelForSequenceClassification.from_pretrained(where, dtype=_parse_dtype(dtype))
-        if classifier.config.num_labels != 1:
-            raise ValueError(f"{name!r} is a classifier with {classifier.config.num_labels} labels; a reward model has 1")
-        classifier = _finish(classifier, tokenizer)
-        head = nn.Linear(hidden_size(classifier), 1, bias=True).to(classifier.score.weight.dtype)
-        with torch.no_grad():
-            head.weight.copy_(classifier.score.weight)
-            head.bias.fill_(float(getattr(classifier.config, "reward_bias", 0.0)))
-        return ScalarHeadModel(backbone_of(classifier), head)
-    causal_lm = load_causal_lm(name, tokenizer, dtype)
-    return ScalarHeadModel(backbone_of(causal_lm))
-
-
-# --------------------------------------------------------------------------------------------
-# reward models: export to AutoModelForSequenceClassification and loading back
-# --------------------------------------------------------------------------------------------
-
-# Where the final norm of a backbone lives (its output is the `last_hidden_state` the head reads).
-_FINAL_NORM_NAMES = ("final_layer_norm", "ln_f", "decoder.final_layer_norm", "norm", "final_norm")
-REWARD_BIAS_KEY = "reward_bias"
-
-
-def final_norm_of(backbone: nn.Module) -> tuple[str, nn.Module] | None:
-    """(name, module) of the backbone's final normalisation layer, or None when not found."""
-    modules = dict(backbone.named_modules())
-    for name in _FINAL_NORM_NAMES:
-        if name in modules:
-            return name, modules[name]
-    return None
-
-
-def to_sequence_classifier(scalar: ScalarHeadModel, pad_token_id: int):
-    """An `AutoModelForSequenceClassification` (num_labels=1) giving the rewards of `scalar`.
-
-    Transformers' sequence-classification heads have no bias, so the head bias `c` goes where
-    plain `transformers` still sees it when that can be exact:
-
-    - final norm is a LayerNorm with a bias (GPT-NeoX/Pythia, GPT-2, OPT): the reward is
-      `w . LN(x) + c` with `LN(x) = g * xhat + b`, so `b' = b + c * w / ||w||^2` gives
-      `w . LN'(x) = w . LN(x) + c` exactly (up to float rounding); `config.reward_bias = 0`;
-    - otherwise (RMSNorm: Llama, SmolLM2, Mistral; or a zero head): the bias is written to
-      `config.reward_bias`, which `load_scalar_model` / `load_reward_model` add back. Plain
-      `transformers` then returns `reward - reward_bias` (a constant shift: rankings, accuracies
-      and pairwise judgements are unchanged).
-
-    Returns `(classifier, folded)` where `folded` says whether the bias went into the final norm.
-    The classifier shares no tensors with `scalar`, which is left untouched.
-    """
-    from transformers import AutoModelForSequenceClassification
-
-    backbone = scalar.backbone
-    config = copy.deepcopy(backbone.config)
-    config.num_labels = 1
-    config.pad_token_id = pad_token_id
-    config.architectures = None
-    classifier = AutoModelForSequenceClassification.from_config(config, dtype=next(backbone.parameters()).dtype)
-    body = backbone_of(classifier)
-    body.load_state_dict(backbone.state_dict())
-    weight = scalar.head.weight.detach()  # (1, d)
-    bias = float(scalar.head.bias.detach().float()) if scalar.head.bias is not None else 0.0
-    with torch.no_grad():
-        classifier.score.weight.copy_(weight.to(classifier.score.weight.dtype))
-    folded = False
-    norm = final_norm_of(body)
-    w = weight.double().reshape(-1)
-    if bias != 0.0 and norm is not None and isinstance(norm[1], nn.LayerNorm) and norm[1].bias is not None:
-        if float(w.dot(w)) > 0.0:
-            with torch.no_grad():
-                delta = bias * w / w.dot(w)  # (d,)
-                norm[1].bias.copy_((norm[1].bias.double() + delta).to(norm[1].bias.dtype))
-            folded = True
-    classifier.config.pad_token_id = pad_token_id
-    setattr(classifier.config, REWARD_BIAS_KEY, 0.0 if folded else bias)
-    classifier.config.reward_bias_folded = folded
-    return disable_dropout(classifier), folded
-
-
-def _reward_model_from_checkpoint(path: Path, tokenizer=None, dtype: str | torch.dtype | None = None) -> ScalarHeadModel:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    hparams = checkpoint.get("hyper_parameters") or {}
-    state = checkpoint.get("state_dict") or {}
-    prefix = "reward_model."
-    weights = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-    if not weights or "model" not in hparams:
-        raise ValueError(
-            f"{path} is not a RewardModule checkpoint: it needs hyper_parameters.model and "
-            f"'{prefix}*' weights (found {len(weights)} such weights, hyper_parameters {sorted(hparams)})"
-        )
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(hparams.get("tokenizer") or hparams["model"])
-    model = load_scalar_model(hparams["model"], tokenizer, dtype if dtype is not None else hparams.get("dtype"))
-    model.load_state_dict(weights)
-    return model
-
-
-def load_reward_model(name_or_ckpt: str, tokenizer=None, dtype: str | torch.dtype | None = None) -> ScalarHeadModel:
-    """A trained reward model as a `ScalarHeadModel` (in eval mode; gradients left enabled).
-
-    `name_or_ckpt` is either
-    - a `RewardModule` Lightning checkpoint (`.ckpt` file): the base model named in its
-      hyper-parameters is rebuilt and the trained weights (head bias included, D15) loaded; or
-    - a directory exported by `RewardModule.export_hf` (or any one-label
-      `AutoModelForSequenceClassification`): its head and `config.reward_bias` are kept.
-    Any other model name gets a fresh D11 head (with a warning: it is not a trained reward model).
-    Rewards are read with `.score(input_ids, attention_mask)` at the last real token (D12, D14).
-    """
-    path = Path(str(name_or_ckpt)).expanduser()
-    if path.suffix == ".ckpt":
-        if not path.is_file():
-            raise ModelNotFoundError(f"reward model checkpoint {path} does not exist")
-        model = _reward_model_from_checkpoint(path, tokenizer, dtype)
-    else:
-        model = load_scalar_model(str(name_or_ckpt), tokenizer, dtype)  # raises first when nothing loads
-        if not (path.is_dir() and _is_sequence_classifier(path)):
-            log.warning("%r is not an exported reward model or a RewardModule checkpoint: its scalar head "
-                        "is freshly initialised (D11), so its rewards are random", str(name_or_ckpt))
-    return model.eval()

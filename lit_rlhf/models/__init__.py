@@ -1,0 +1,65 @@
+"""Every model and tokenizer the methods need, in four files:
+
+- `loading`: tokenizers and causal LMs from a builtin name, a `.gguf` file, a local directory or
+  a hub id; PAD != EOS (D3), dropout off (D7), frozen copies;
+- `heads`: scalar-head models (reward models, PPO value models, DRO-V's V(x); D11, D12, D14) and
+  loading a trained reward model back;
+- `adapters`: LoRA (`peft`): named adapters on one frozen base (policy, value, reward), the
+  reference policy as that base with the adapters disabled;
+- `export`: a scalar-head model as a plain `transformers` sequence classifier.
+
+Every name is importable from `lit_rlhf.models` itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util  # noqa: F401  (tests patch `lit_rlhf.models.importlib.util.find_spec`)
+
+from lit_rlhf.models.export import _FINAL_NORM_NAMES, REWARD_BIAS_KEY, final_norm_of, to_sequence_classifier
+from lit_rlhf.models.heads import (
+    ScalarHeadModel,
+    _is_sequence_classifier,
+    _reward_model_from_checkpoint,
+    backbone_of,
+    hidden_size,
+    init_scalar_head,
+    load_reward_model,
+    load_scalar_model,
+)
+from lit_rlhf.models.loading import (
+    BUILTIN_MODELS,
+    PAD_TOKEN,
+    SMOLLM2_135M_INSTRUCT,
+    TINY_RANDOM_LLAMA,
+    TINY_RANDOM_SMOLLM2,
+    ModelNotFoundError,
+    _SMOLLM2_GGUF,
+    _SMOLLM2_PACKAGE,
+    _TINY_CHAT_TEMPLATE,
+    _TINY_SEED,
+    _check_hub,
+    _finish,
+    _hub_error,
+    _load_gguf,
+    _parse_dtype,
+    _resolve,
+    _smollm2_dir,
+    _smollm2_gguf_path,
+    _tiny_model,
+    _tiny_tokenizer,
+    cache_dir,
+    disable_dropout,
+    ensure_pad_token,
+    frozen_copy,
+    load_causal_lm,
+    load_reference_model,
+    load_tokenizer,
+)
+
+__all__ = [
+    "BUILTIN_MODELS", "PAD_TOKEN", "REWARD_BIAS_KEY", "SMOLLM2_135M_INSTRUCT", "TINY_RANDOM_LLAMA",
+    "TINY_RANDOM_SMOLLM2", "ModelNotFoundError", "ScalarHeadModel", "backbone_of", "cache_dir",
+    "disable_dropout", "ensure_pad_token", "final_norm_of", "frozen_copy", "hidden_size",
+    "init_scalar_head", "load_causal_lm", "load_reference_model", "load_reward_model",
+    "load_scalar_model", "load_tokenizer", "to_sequence_classifier",
+]

@@ -1,0 +1,478 @@
+"""LoRA with `peft`: named adapters on one frozen base model.
+
+With a LoRA config a module trains low-rank adapters instead of the base weights, and every
+network it needs lives on the same base:
+
+- the policy is the adapter `policy`; the reference policy is the same base with every adapter
+  disabled (`AdapterView(model, None)`), never a second copy of the weights;
+- PPO's value model and reward model, DRO-V's V(x), are further adapters (`value`, `reward`) on
+  that base, each with its own scalar head (`AdapterScalarModel`); the reward adapter is frozen.
+
+`use_adapter(model, name)` activates exactly one adapter (or none) for the calls inside it by
+setting the active adapter of every LoRA layer directly. peft's own `set_adapter` and
+`disable_adapter` also flip `requires_grad` of the adapters they switch off, which would take
+parameters out of an optimizer, a DDP bucket or a DeepSpeed partition in the middle of training;
+`use_adapter` never touches `requires_grad`, so which parameters train is decided once
+(`set_trainable`). Since an inactive adapter is not in the computation, the gradients of one
+adapter never reach another.
+
+Gradient checkpointing recomputes a forward pass during backward, after `use_adapter` has
+returned: `checkpoint_context_fn` makes the recomputation run under the adapter state of the
+original forward (`torch.utils.checkpoint`'s `context_fn`, non-reentrant checkpointing).
+
+A LoRA config is given as `lora:` in YAML, either a `peft.LoraConfig` by class path
+
+    lora:
+      class_path: peft.LoraConfig
+      init_args: {r: 16, lora_alpha: 32, target_modules: all-linear}
+
+or the short spec `lora_config` documents (`r`, `alpha`, `dropout`, `target_modules`,
+`modules_to_save`).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from lit_rlhf.models.heads import ScalarHeadModel, init_scalar_head, hidden_size
+
+POLICY = "policy"
+VALUE = "value"
+REWARD = "reward"
+HEAD_FILE = "scalar_head.safetensors"  # the scalar head saved next to a reward/value adapter
+HEAD_CONFIG = "scalar_head.json"
+_SPEC_KEYS = {"r", "alpha", "dropout", "target_modules", "modules_to_save"}
+
+
+# --------------------------------------------------------------------------------------------
+# configuration
+# --------------------------------------------------------------------------------------------
+
+
+def lora_config(spec: Any):
+    """A `peft.LoraConfig` from `spec`, or None when `spec` is None (no LoRA).
+
+    `spec` is one of:
+    - a `peft.LoraConfig`;
+    - `{"class_path": "peft.LoraConfig", "init_args": {...}}` (the YAML class-path form);
+    - the short spec, every key optional: `r` (rank, default 8), `alpha` (scaling numerator,
+      default 2r), `dropout` (default 0: D7 keeps the ratio of PPO's first epoch exactly 1),
+      `target_modules` (default `all-linear`: every linear layer but the output layer),
+      `modules_to_save` (modules trained in full next to the adapter, default none).
+    """
+    from peft import LoraConfig
+
+    if spec is None:
+        return None
+    if isinstance(spec, LoraConfig):
+        return spec
+    if not isinstance(spec, dict):
+        raise TypeError(f"lora must be a mapping or a peft.LoraConfig, got {type(spec).__name__}: {spec!r}")
+    if "class_path" in spec:
+        module_name, _, class_name = str(spec["class_path"]).rpartition(".")
+        cls = getattr(importlib.import_module(module_name or "peft"), class_name, None)
+        if cls is None or not (isinstance(cls, type) and issubclass(cls, LoraConfig)):
+            raise ValueError(f"lora.class_path must name peft.LoraConfig (or a subclass), got {spec['class_path']!r}")
+        return cls(**dict(spec.get("init_args") or {}))
+    unknown = sorted(set(spec) - _SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"unknown lora keys {unknown}; expected some of {sorted(_SPEC_KEYS)} or class_path/init_args")
+    r = int(spec.get("r", 8))
+    if r < 1:
+        raise ValueError(f"lora.r must be >= 1, got {r}")
+    dropout = float(spec.get("dropout", 0.0))
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"lora.dropout must be in [0, 1), got {dropout}")
+    return LoraConfig(
+        r=r,
+        lora_alpha=float(spec.get("alpha", 2 * r)),
+        lora_dropout=dropout,
+        target_modules=spec.get("target_modules", "all-linear"),
+        modules_to_save=spec.get("modules_to_save"),
+        bias="none",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# building: one base, named adapters
+# --------------------------------------------------------------------------------------------
+
+
+def add_lora(model: nn.Module, config, adapter: str = POLICY):
+    """Wrap `model` in a `peft.PeftModel` with the adapter `adapter`; the base is frozen."""
+    from peft import PeftModel, get_peft_model
+
+    if isinstance(model, PeftModel):
+        model.add_adapter(adapter, copy.deepcopy(config))
+    else:
+        model = get_peft_model(model, copy.deepcopy(config), adapter_name=adapter)
+    forget_layers(model)
+    return model
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    """Names of the LoRA adapters on `model` (in the order they were added)."""
+    config = getattr(model, "peft_config", None)
+    return list(config) if isinstance(config, dict) else []
+
+
+def _tuner_layers(model: nn.Module) -> list[nn.Module]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = model.__dict__.get("_lit_rlhf_tuner_layers")
+    if layers is None:
+        layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+        model.__dict__["_lit_rlhf_tuner_layers"] = layers  # not an attribute nn.Module tracks
+    return layers
+
+
+def forget_layers(model: nn.Module) -> None:
+    """Drop the cached list of LoRA layers (after adding an adapter)."""
+    model.__dict__.pop("_lit_rlhf_tuner_layers", None)
+
+
+def _state(model: nn.Module) -> list[tuple[Any, bool]]:
+    return [(layer._active_adapter, layer._disable_adapters) for layer in _tuner_layers(model)]
+
+
+def _restore(model: nn.Module, state: list[tuple[Any, bool]]) -> None:
+    for layer, (active, disabled) in zip(_tuner_layers(model), state):
+        layer._active_adapter = active
+        layer._disable_adapters = disabled
+
+
+@contextmanager
+def use_adapter(model: nn.Module, adapter: str | None) -> Iterator[nn.Module]:
+    """Run the calls inside with exactly the adapter `adapter` active (None: the bare base).
+
+    Only the active-adapter switches of the LoRA layers change; `requires_grad` is untouched, and
+    the previous state comes back on exit."""
+    saved = _state(model)
+    try:
+        for layer in _tuner_layers(model):
+            if adapter is None:
+                layer._disable_adapters = True
+            else:
+                layer._active_adapter = [adapter]
+                layer._disable_adapters = False
+        yield model
+    finally:
+        _restore(model, saved)
+
+
+def checkpoint_context_fn(model: nn.Module):
+    """`context_fn` for non-reentrant `torch.utils.checkpoint`: the recomputation in backward runs
+    with the adapters that were active in the forward pass it replays."""
+
+    def context_fn():
+        state = _state(model)
+
+        @contextmanager
+        def replay():
+            current = _state(model)
+            _restore(model, state)
+            try:
+                yield
+            finally:
+                _restore(model, current)
+
+        return nullcontext(), replay()
+
+    return context_fn
+
+
+def adapter_parameters(model: nn.Module, adapter: str) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of the LoRA weights of `adapter` on `model`."""
+    marker = f".{adapter}."
+    return [(n, p) for n, p in model.named_parameters() if "lora_" in n and marker in n]
+
+
+def set_trainable(model: nn.Module, trainable: dict[str, bool]) -> None:
+    """Freeze the base; train exactly the adapters marked True (here or by an earlier call).
+
+    peft switches `requires_grad` when it adds or loads an adapter; this puts every adapter
+    back to what the module decided, and leaves the layers' active adapter at the first one
+    (the policy)."""
+    marks = model.__dict__.setdefault("_lit_rlhf_trainable", {})
+    marks.update(trainable)
+    for _, param in model.named_parameters():
+        param.requires_grad_(False)
+    for adapter, train in marks.items():
+        for _, param in adapter_parameters(model, adapter):
+            param.requires_grad_(train)
+    forget_layers(model)
+    first = next(iter(marks))
+    for layer in _tuner_layers(model):
+        layer._active_adapter = [first]
+        layer._disable_adapters = False
+
+
+def scalar_adapter(
+    model: nn.Module,
+    adapter: str,
+    config,
+    source: str | None = None,
+    base_name: str | None = None,
+    trainable: bool = True,
+) -> "AdapterScalarModel | None":
+    """A scalar-head network as the adapter `adapter` on the shared base `model`.
+
+    - `source` None: a fresh adapter (`config`) and a fresh D11 head;
+    - `source` a LoRA reward model exported by `RewardModule` (`<export_dir>/adapter`: PEFT
+      adapter + `scalar_head.safetensors`) trained on the same base (`base_name`): its adapter
+      weights and head (D22: a value model that starts from the reward model);
+    - anything else: None (the caller loads a separate model, as without LoRA).
+    """
+    if source is None:
+        add_lora(model, config, adapter)
+        head = None
+    elif is_scalar_adapter_dir(source) and _same_base(adapter_base_name(source), base_name):
+        load_adapter(model, source, adapter)
+        head = load_head(Path(str(source)).expanduser())
+    else:
+        return None
+    set_trainable(model, {adapter: trainable})
+    scalar = AdapterScalarModel(model, adapter, head)
+    scalar.head.requires_grad_(trainable)
+    return scalar
+
+
+def _same_base(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return False
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+def param_group_params(model: nn.Module, adapter: str, extra: nn.Module | None = None) -> nn.ParameterList:
+    """The trainable parameters of one network on the shared base: its adapter's LoRA weights
+    (and `extra`'s, e.g. its scalar head), for one optimizer parameter group."""
+    params = [p for _, p in adapter_parameters(model, adapter) if p.requires_grad]
+    if extra is not None:
+        params += [p for p in extra.parameters() if p.requires_grad]
+    return nn.ParameterList(params)
+
+
+def backbone(model: nn.Module) -> nn.Module:
+    """The transformer body (no output layer) under a `PeftModel` of a causal LM, LoRA layers in."""
+    from peft import PeftModel
+
+    inner = model.get_base_model() if isinstance(model, PeftModel) else model
+    body = getattr(inner, "base_model", None)
+    if body is None or body is inner:
+        raise ValueError(f"cannot find the backbone of {type(inner).__name__}")
+    return body
+
+
+class AdapterView:
+    """The shared base seen with one adapter active (or none: the reference policy).
+
+    Not an `nn.Module`: it owns no weights, so nothing freezes, moves or checkpoints the base
+    through it. Calls run under `use_adapter`; `lit_rlhf.modules.base.PolicyModule` unwraps it
+    (`activated`) before asking for log-probs, so the chunked path sees the real model."""
+
+    def __init__(self, model: nn.Module, adapter: str | None) -> None:
+        self.model = model
+        self.adapter = adapter
+
+    def __call__(self, *args, **kwargs):
+        with use_adapter(self.model, self.adapter):
+            return self.model(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        with use_adapter(self.model, self.adapter):
+            return self.model.generate(*args, **kwargs)
+
+    def eval(self) -> "AdapterView":
+        return self
+
+    def train(self, mode: bool = True) -> "AdapterView":
+        return self
+
+    def parameters(self):
+        return self.model.parameters()
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def __repr__(self) -> str:
+        return f"AdapterView(adapter={self.adapter!r})"
+
+
+@contextmanager
+def activated(model: Any) -> Iterator[nn.Module]:
+    """Yield the module to call for `model`: an `AdapterView`'s base with its adapter active,
+    any other module as it is."""
+    if isinstance(model, AdapterView):
+        with use_adapter(model.model, model.adapter) as inner:
+            yield inner
+    else:
+        yield model
+
+
+class AdapterScalarModel(ScalarHeadModel):
+    """A scalar-head model (reward, value) whose body is an adapter on a shared base.
+
+    Only the head is a registered submodule: the base and its adapters belong to the policy's
+    `PeftModel` (checkpointed, moved and sharded with it), so nothing is held twice. `forward`
+    runs the backbone with exactly `adapter` active (D12, D14 as `ScalarHeadModel`)."""
+
+    def __init__(self, peft_model: nn.Module, adapter: str, head: nn.Linear | None = None) -> None:
+        nn.Module.__init__(self)
+        object.__setattr__(self, "peft_model", peft_model)  # not a child: the policy owns it
+        self.adapter = adapter
+        self.config = peft_model.config
+        if head is None:
+            head = init_scalar_head(nn.Linear(hidden_size(peft_model), 1, bias=True))
+        self.head = head.to(next(peft_model.parameters()).dtype)
+
+    @property
+    def backbone(self) -> nn.Module:
+        return backbone(self.peft_model)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        with use_adapter(self.peft_model, self.adapter):
+            return super().forward(input_ids, attention_mask)
+
+
+def lora_on_scalar(scalar: ScalarHeadModel, config, adapter: str = VALUE) -> ScalarHeadModel:
+    """Train a separate scalar-head model (a reward model on another base, or a full-weight one
+    a value starts from, D22) as a LoRA adapter on its own frozen body, and its head in full."""
+    body = add_lora(scalar.backbone, config, adapter)
+    set_trainable(body, {adapter: True})
+    scalar.backbone = body
+    scalar.head.requires_grad_(True)
+    return scalar
+
+
+def lora_scalar_model(name: str, tokenizer, dtype, config, adapter: str = REWARD) -> tuple[ScalarHeadModel, nn.Module]:
+    """A scalar-head model trained as a LoRA adapter: `(scalar, peft_model)`.
+
+    The causal LM `name` is wrapped whole (so the saved adapter has the layout of a causal LM's
+    and loads onto a policy's base), and the scalar model's body is its transformer body with
+    the LoRA layers in; the head (D11) trains with the adapter."""
+    from lit_rlhf.models.heads import _is_sequence_classifier
+    from lit_rlhf.models.loading import _resolve, load_causal_lm
+
+    kind, where = _resolve(name)
+    if kind == "dir" and _is_sequence_classifier(Path(where)):
+        raise ValueError(f"lora trains an adapter on a causal LM base; {name!r} is a sequence classifier "
+                         "(give the causal LM it was trained from, or train it without lora)")
+    peft_model = add_lora(load_causal_lm(name, tokenizer, dtype), config, adapter)
+    set_trainable(peft_model, {adapter: True})
+    scalar = ScalarHeadModel(backbone(peft_model))
+    scalar.head.to(next(peft_model.parameters()).dtype)
+    return scalar, peft_model
+
+
+# --------------------------------------------------------------------------------------------
+# saving and loading adapters (PEFT format), merging
+# --------------------------------------------------------------------------------------------
+
+
+def save_head(head: nn.Linear, directory: Path, reward_bias: float | None = None) -> None:
+    """Write a scalar head next to an adapter: `scalar_head.safetensors` (+ its bias in json)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {"weight": head.weight.detach().float().contiguous().cpu()}
+    if head.bias is not None:
+        tensors["bias"] = head.bias.detach().float().contiguous().cpu()
+    save_file(tensors, str(directory / HEAD_FILE))
+    (directory / HEAD_CONFIG).write_text(json.dumps({"in_features": head.in_features, "reward_bias": reward_bias}))
+
+
+def load_head(directory: Path, dtype: torch.dtype = torch.float32) -> nn.Linear:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(directory / HEAD_FILE))
+    weight = tensors["weight"]
+    head = nn.Linear(weight.shape[1], 1, bias="bias" in tensors)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        if "bias" in tensors:
+            head.bias.copy_(tensors["bias"])
+    return head.to(dtype)
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """True when `path` is a PEFT adapter directory (an `adapter_config.json`)."""
+    path = Path(str(path)).expanduser()
+    return path.is_dir() and (path / "adapter_config.json").is_file()
+
+
+def is_scalar_adapter_dir(path: str | Path) -> bool:
+    """A PEFT adapter saved with a scalar head (a LoRA reward model exported by `RewardModule`)."""
+    path = Path(str(path)).expanduser()
+    return is_adapter_dir(path) and (path / HEAD_FILE).is_file()
+
+
+def adapter_base_name(path: str | Path) -> str | None:
+    """The base model name recorded in an adapter's config (`base_model_name_or_path`)."""
+    config = json.loads((Path(str(path)).expanduser() / "adapter_config.json").read_text())
+    return config.get("base_model_name_or_path")
+
+
+def load_adapter(model: nn.Module, path: str | Path, adapter: str):
+    """Load a saved PEFT adapter as `adapter` onto `model` (wrapping it in a PeftModel if needed)."""
+    from peft import PeftModel
+
+    path = str(Path(str(path)).expanduser())
+    if isinstance(model, PeftModel):
+        model.load_adapter(path, adapter_name=adapter)
+        forget_layers(model)
+        return model
+    return PeftModel.from_pretrained(model, path, adapter_name=adapter, is_trainable=True)
+
+
+def copy_adapter(model: nn.Module, source: str, target: str) -> None:
+    """Make adapter `target` start from the weights of adapter `source` (same config)."""
+    mine = dict(adapter_parameters(model, target))
+    with torch.no_grad():
+        for name, param in adapter_parameters(model, source):
+            mine[name.replace(f".{source}.", f".{target}.")].copy_(param)
+
+
+def merged_copy(model: nn.Module, adapter: str) -> nn.Module:
+    """A plain `transformers` model: a copy of the base with `adapter` merged into its weights.
+
+    The training model is left untouched (the copy is merged and unloaded, the other adapters
+    dropped)."""
+    clone = copy.deepcopy(model)
+    forget_layers(clone)
+    for name in adapter_names(clone):
+        if name != adapter:
+            clone.delete_adapter(name)
+    return clone.merge_and_unload(adapter_names=[adapter])
+
+
+def save_adapter(model: nn.Module, directory: Path, adapter: str, base_name: str | None = None) -> Path:
+    """Write `adapter` alone in PEFT format to `directory` (loadable by `PeftModel.from_pretrained`
+    on the base; `base_model_name_or_path` records `base_name`). Returns `directory`."""
+    import tempfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = model.peft_config[adapter]
+    previous = config.base_model_name_or_path
+    if base_name is not None:
+        config.base_model_name_or_path = base_name
+    try:
+        with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
+            model.save_pretrained(tmp, selected_adapters=[adapter], safe_serialization=True)
+            written = Path(tmp) / adapter if adapter != "default" else Path(tmp)
+            for item in written.iterdir():
+                item.replace(directory / item.name)
+    finally:
+        config.base_model_name_or_path = previous
+    return directory
