@@ -7,10 +7,10 @@ Each (method, gradient checkpointing) cell runs the method's benchmark script
 (`bench_memory_sft`, `bench_dpo`, `bench_grpo`, `bench_ppo`) once per framework, one process at
 a time (the largest run needs ~10 GB: `--min-free-gb` waits for that much available memory
 before each), with `--batch-size 1` (1 pair for DPO, 1 prompt x `--generations` 2 for GRPO, 1
-prompt for PPO), `--prompt-length 256 --completion-length 1024`, `--warmup 1 --steps 1` (the
-measured step is the second, after the optimizer states exist), `--no-bare`, float32 on CPU.
-The memory is `StepPeaks`' (benchmarks/common.py): the resident-memory high-water mark of the
-measured training step, reset just before it, so model loading does not count.
+prompt for PPO), `--prompt-length 256 --completion-length 1024`, `--warmup 1 --steps 1` (from
+the second step on the optimizer states exist), `--no-bare`, float32 on CPU.
+The memory is `StepPeaks`' (benchmarks/common.py): the larger resident-memory high-water mark of
+the two training steps, each reset just before its step, so model loading does not count.
 
 The by-phase estimate per cell (ours): weights, gradients and AdamW's two moments of the trained
 model (4, 4 and 8 bytes per parameter, float32), the frozen models a step holds (DPO/GRPO/PPO:
