@@ -41,7 +41,7 @@ def _rows(cfg: BenchConfig, tokenizer) -> list[list[dict[str, list[int]]]]:
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import DPOModule
 
-    module = DPOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine")
+    module = DPOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing)
     batches = [preference_batch(rows) for rows in _rows(cfg, module.tokenizer)]
     parts = PartTimer()
 

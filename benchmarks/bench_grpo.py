@@ -65,7 +65,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     group = cfg.extra["generations"]
     module = GRPOModule(
         model=cfg.model, reward_fns=[alpha_fraction_reward], num_generations=group, max_new_tokens=cfg.completion_length,
-        temperature=TEMPERATURE, beta=BETA, lr=LR, max_grad_norm=1.0, log_completions_every_n_steps=0,
+        temperature=TEMPERATURE, beta=BETA, lr=LR, max_grad_norm=1.0, log_completions_every_n_steps=0, gradient_checkpointing=cfg.gradient_checkpointing,
     )
     tok = module.tokenizer
     batches = [prompt_batch(tok, texts) for texts in _texts(cfg, tok)]

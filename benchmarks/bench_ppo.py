@@ -133,7 +133,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
             model=cfg.model, reward_model=reward_dir, max_new_tokens=cfg.completion_length, temperature=TEMPERATURE,
             ppo_epochs=epochs, num_minibatches=1, kl_coef=KL_COEF, kl_estimator="k1", clip_eps=CLIP,
             value_clip_eps=VALUE_CLIP, value_coef=VALUE_COEF, gamma=GAMMA, lam=LAM, whiten_rewards=False, lr=LR,
-            adam_eps=ADAM_EPS, max_grad_norm=1.0, log_completions_every_n_steps=0,
+            adam_eps=ADAM_EPS, max_grad_norm=1.0, log_completions_every_n_steps=0, gradient_checkpointing=cfg.gradient_checkpointing,
         )  # the value model starts from the reward model (D22)
     tok = module.tokenizer
     batches = _batches(cfg, tok)

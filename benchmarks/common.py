@@ -72,6 +72,9 @@ class BenchConfig:
             `log_every_n_steps`, TRL's `logging_steps`); 10 is TRL's default and our configs'
             offline setting. Metrics are computed every step either way.
         seed: seed of the data, the weights' heads and the sampling.
+        gradient_checkpointing: recompute activations in the backward pass, on both sides (ours:
+            the module's `gradient_checkpointing`; TRL: `TrainingArguments.gradient_checkpointing`,
+            both non-reentrant).
         in_process: run the workers in this process (no memory isolation; for the smoke test).
         no_bare: skip our interleaved bare-model steps (no overhead ratio): our step memory
             without the heap those steps leave behind in the same process.
@@ -90,6 +93,7 @@ class BenchConfig:
     threads: int = 2
     log_every: int = 10
     seed: int = 0
+    gradient_checkpointing: bool = False
     in_process: bool = False
     no_bare: bool = False
     profile: bool = False
@@ -441,14 +445,17 @@ def trl_step_timer():
 
 def trl_training_args(cfg: BenchConfig, output_dir: str, **overrides: Any) -> dict[str, Any]:
     """TrainingArguments shared by every TRL run: CPU, float32, no eval/saving/reporting, no
-    gradient checkpointing, workers 0, the same steps, batch size, seed and schedule as ours."""
+    gradient checkpointing unless `--gradient-checkpointing` (then non-reentrant, as ours), workers 0,
+    the same steps, batch size, seed and schedule as ours."""
     args = dict(
         output_dir=output_dir, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=1,
         max_steps=cfg.total_steps, learning_rate=1e-5, lr_scheduler_type="cosine", warmup_steps=0, weight_decay=0.0,
         report_to=[], use_cpu=True, bf16=False, fp16=False, dataloader_num_workers=0, dataloader_pin_memory=False,
         save_strategy="no", eval_strategy="no", logging_steps=cfg.log_every, disable_tqdm=True, seed=cfg.seed, data_seed=cfg.seed,
-        gradient_checkpointing=False, max_grad_norm=0.0,
+        gradient_checkpointing=cfg.gradient_checkpointing, max_grad_norm=0.0,
     )
+    if cfg.gradient_checkpointing:
+        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     args.update(overrides)
     return args
 

@@ -22,14 +22,14 @@ def test_the_example_runs_end_to_end_on_the_tiny_model(tmp_path, capsys):
     torch.set_num_threads(1)
     result = run([
         "--config", "examples/verifiable_math.yaml", "--model.init_args.model=tiny-random-llama",
-        "--model.init_args.total_episodes=32", "--model.init_args.max_new_tokens=4",
+        "--model.init_args.total_episodes=24", "--model.init_args.max_new_tokens=4",
         "--data.init_args.test_split=test[:6]", "--data.init_args.eval_batch_size=6",
         "--data.init_args.max_prompt_length=256", f"--trainer.logger.init_args.save_dir={tmp_path}",
         "--trainer.enable_progress_bar=false",
     ])
     out = capsys.readouterr().out
     assert "95% interval of the rise" in out and "test" in out
-    assert result["n"] == 6 and result["steps"] == 1 and result["episodes"] == 32
+    assert result["n"] == 6 and result["steps"] == 1 and result["episodes"] == 24
     assert 0.0 <= result["before"] <= 1.0 and 0.0 <= result["after"] <= 1.0
     low, high = result["rise_95ci"]
     assert low <= result["rise"] <= high
