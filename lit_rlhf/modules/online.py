@@ -147,9 +147,14 @@ class OnlineModule(PolicyModule):
         tis_cap: float | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
         if generation_backend not in ("hf", "vllm"):
             raise ValueError(f"generation_backend must be 'hf' or 'vllm', got {generation_backend!r}")
+        if generation_backend == "vllm" and kwargs.get("lora") is not None:
+            # the engine is built from, and synced with, full weights; a LoRA policy would need
+            # its adapter merged (or vLLM's LoRA support) at every sync: not built yet
+            raise ValueError("generation_backend 'vllm' does not take a LoRA policy yet (lora is set): "
+                             "use generation_backend 'hf' with lora, or vllm with full fine-tuning")
+        super().__init__(**kwargs)
         if tis_cap is not None and (generation_backend != "vllm" or tis_cap <= 0):
             raise ValueError(f"tis_cap (got {tis_cap}) must be > 0 and needs generation_backend 'vllm' "
                              f"(got {generation_backend!r}): with 'hf' the sampler is the trainer")
