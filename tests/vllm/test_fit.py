@@ -52,7 +52,7 @@ def ppo(model_dir, backend, **extra):
     return PPOModule(
         model=model_dir, reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=8, temperature=1.0,
         lr=3e-3, lr_scheduler="constant", kl_coef=0.01, ppo_epochs=2, num_minibatches=2, micro_batch_size=4,
-        total_episodes=8 * 20, generation_backend=backend, log_completions_every_n_steps=0, **extra,
+        total_episodes=8 * 30, generation_backend=backend, log_completions_every_n_steps=0, **extra,
     )
 
 
