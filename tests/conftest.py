@@ -16,6 +16,18 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture()
+def one_thread():
+    """torch on one thread for the test: bitwise-reproducible CPU kernels, and much faster when
+    the CPU is shared. A test module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from lit_rlhf.models import load_tokenizer

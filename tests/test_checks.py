@@ -24,12 +24,7 @@ TINY = "tiny-random-llama"
 TLDR = dict(max_prompt_length=96, max_completion_length=256, limit=4, batch_size=2, val_split=None, test_split=None)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class NoStep(Callback):

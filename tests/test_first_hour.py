@@ -44,12 +44,7 @@ SHORT = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_every_method_has_a_quickstart_recipe_on_the_embedded_model_and_bundled_data():

@@ -10,12 +10,7 @@ from lit_rlhf.generation import SamplingConfig, generate_responses, sequence_tok
 from lit_rlhf.models import load_causal_lm
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CPU is shared: one thread is much faster under contention
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def markov_lm(tokenizer, transitions: dict[int, int]):

@@ -13,12 +13,7 @@ from lit_rlhf.rewards import CharacterFractionReward
 LORA = {"r": 4, "alpha": 8}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def batch(tokenizer, n=3, length=12, seed=0):

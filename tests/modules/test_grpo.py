@@ -20,12 +20,7 @@ PROMPTS = ["hello there", "what is", "tell me a story", "x", "abc", "The cat", "
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CPU is shared: one thread is much faster under contention
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def prompt_loader(tokenizer, batch_size=4):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from tests.modules.test_ppo_cli import CONFIGS, _one_thread, exported_reward_model, run_config, scalar_tags  # noqa: F401
+import pytest
+
+from tests.modules.test_ppo_cli import CONFIGS, exported_reward_model, run_config, scalar_tags  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_tldr_grpo_config_fits(tmp_path, exported_reward_model):

@@ -36,12 +36,7 @@ class Last(Callback):
         self.rollouts.append(rollout)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_dynamic_sampling_keeps_informative_groups_and_counts_the_extra_generation(tmp_path):

@@ -13,12 +13,7 @@ from tests.modules.test_grpo import fit
 from tests.modules.test_token_mean import early_eos
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_update_is_reinforce_with_the_kl_in_the_reward(tmp_path):

@@ -20,12 +20,7 @@ PAIRS = [("Q: sky?\nA:", " blue"), ("Q: describe a long river in detail?\nA:", "
          ("Q: 1+1?\nA:", " 2"), ("Q: grass?\nA:", " green, mostly, in the spring and summer")]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class FirstStepGrads(Callback):

@@ -12,12 +12,7 @@ import torch
 from tests.resume.harness import Setup, assert_same_run, fit, straight_run
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def stop_lines(caplog) -> list[str]:

@@ -50,15 +50,7 @@ def run_cli(*args):
                           timeout=300)
 
 
-@pytest.fixture()
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_preempted_job_resubmitted_with_the_same_command(tmp_path, _one_thread):
+def test_preempted_job_resubmitted_with_the_same_command(tmp_path, one_thread):
     cfg = write_config(tmp_path / "sft.yaml", config(tmp_path, signal_marker=tmp_path / "signalled"))
     command = ["fit", "--config", str(cfg), "--ckpt_path", "last", "--fresh_if_no_checkpoint", "true"]
 

@@ -25,12 +25,7 @@ SIGTERM = signal.SIGTERM
 KILL = None
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # bitwise-reproducible CPU kernels, and the CPU is shared
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def sanity(trainer) -> bool:

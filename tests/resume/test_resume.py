@@ -70,12 +70,7 @@ CASES = {
 IGNORED = ("perf/", "time/")  # wall-clock metrics
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # bitwise-reproducible CPU kernels, and the CPU is shared
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class Recorder(Callback):

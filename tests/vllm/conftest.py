@@ -71,8 +71,6 @@ def attach(module, engine):
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Every vLLM test on one torch thread (tests/conftest.py)."""
     yield
-    torch.set_num_threads(threads)
