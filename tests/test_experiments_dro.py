@@ -122,7 +122,7 @@ def test_budget_and_arms_refuse_unknown_names():
     with pytest.raises(ValueError, match="unknown arm"):
         driver.load_arms(["drov", "ppo"])
     assert set(driver.load_arms()) == {"drov", "drov_value_per_batch", "drov_shared_network", "kto_tau5",
-                                       "kto_tau0.1", "dpo", "sft_rejection"}
+                                       "kto_tau5_unweighted", "kto_tau0.1", "dpo", "sft_rejection"}
 
 
 def test_sampling_is_reproducible_per_chunk():
