@@ -214,7 +214,14 @@ def test_judge_policy_cli_samples_a_lora_checkpoint_with_vllm(lora_grpo_fit, vll
     policy) judges the same greedy completions as the hf sampler, baseline model included."""
     from lit_rlhf.judge_policy import main
 
-    _, _, ckpt = lora_grpo_fit
+    _, _, trained = lora_grpo_fit
+    # a few steps of the tiny model leave its greedy text as the base's: move the adapter further
+    checkpoint = torch.load(trained, weights_only=False)
+    gen = torch.Generator().manual_seed(0)
+    for name, tensor in checkpoint["state_dict"].items():
+        if "lora_B.policy" in name:
+            tensor.add_(0.5 * torch.randn(tensor.shape, generator=gen))
+    torch.save(checkpoint, ckpt := tmp_path / "moved.ckpt")
 
     def run(backend, *extra):
         out = tmp_path / backend
