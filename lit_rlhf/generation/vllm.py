@@ -154,6 +154,22 @@ def policy_adapter(policy: nn.Module, adapter: str | None = None) -> str | None:
     return adapter
 
 
+def check_tied_embeddings(policy: nn.Module, adapter: str) -> None:
+    """Refuse an adapter that changes the input or output embeddings of a model with tied
+    embeddings: the trainer then uses two different matrices (LoRA on the lookup, or a trained
+    copy of the output layer), which vLLM's tied layer cannot hold."""
+    inner = policy.get_base_model()
+    if not getattr(inner.config, "tie_word_embeddings", False):
+        return
+    embeddings = [inner.get_input_embeddings(), inner.get_output_embeddings()]
+    names = {n for n, m in inner.named_modules() if any(m is e for e in embeddings if e is not None)}
+    changed = sorted(names & adapters.adapter_modules(policy, adapter))
+    if changed:
+        raise ValueError(f"adapter {adapter!r} changes {changed} of a model with tied embeddings: the trainer's "
+                         "input and output embeddings then differ, which the vLLM engine's tied layer cannot hold; "
+                         "leave the embeddings out of target_modules / modules_to_save, or use generation_backend 'hf'")
+
+
 def save_merged_checkpoint(policy: nn.Module, adapter: str, directory: str | Path) -> None:
     """Write the base of the LoRA model `policy` with `adapter` merged (`adapters.merged_weights`)
     as a plain Hugging Face checkpoint: `config.json` and `model.safetensors`."""
@@ -252,6 +268,7 @@ class VLLMEngine:
         if adapter is None:
             policy.save_pretrained(workdir.name, safe_serialization=True)
         else:  # the base with the adapter merged, out of place
+            check_tied_embeddings(policy, adapter)
             save_merged_checkpoint(policy, adapter, workdir.name)
         tokenizer.save_pretrained(workdir.name)
         if max_model_len is None:
@@ -310,6 +327,7 @@ class VLLMEngine:
             self.load_weights(gathered_parameters(policy))
             self._lora_base = None
         else:
+            check_tied_embeddings(policy, adapter)
             frozen = adapters.base_is_frozen(policy)
             partial = not full and frozen and self._lora_base is not None and self._lora_base() is policy
             modules = with_packed_siblings(adapters.adapter_modules(policy, adapter), self.packed_modules()) \

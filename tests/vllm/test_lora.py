@@ -183,6 +183,10 @@ def test_engine_refuses_an_adapter_the_policy_lacks(vllm_model_dir, engine, prom
         engine.sync_weights(plain, adapter=adapters.POLICY)
     with pytest.raises(ValueError, match="no adapter 'value'"):
         engine.sync_weights(lora_policy(vllm_model_dir, tokenizer), adapter=adapters.VALUE)
+    # tied embeddings: LoRA on the lookup (or a trained copy of the output layer) cannot be served
+    for lora in ({**LORA, "target_modules": ["q_proj", "embed_tokens"]}, {**LORA, "modules_to_save": ["lm_head"]}):
+        with pytest.raises(ValueError, match="tied embeddings"):
+            engine.sync_weights(lora_policy(vllm_model_dir, tokenizer, lora))
 
 
 @pytest.fixture(scope="module")
