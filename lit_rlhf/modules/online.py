@@ -62,6 +62,7 @@ from lit_rlhf.generation import (
     needs_synced_gpus,
 )
 from lit_rlhf.losses import truncated_importance_weights
+from lit_rlhf.models import adapters
 from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import (
@@ -109,7 +110,8 @@ class OnlineModule(PolicyModule):
         num_logged_completions: how many completions each such log shows.
         generation_backend: who samples the rollouts: `hf` (our KV-cache sampler, the
             reference) or `vllm` (a vLLM engine colocated in this process, holding a copy of the
-            policy's weights, reloaded after every optimizer step: `lit_rlhf.generation.vllm`).
+            policy's weights, reloaded after every optimizer step: `lit_rlhf.generation.vllm`;
+            with `lora`, the base with the policy adapter merged).
             Either way the update's log-probs are the trainer's; with `vllm` the sampler's own
             are logged against them (`rollout/sampler_logprob_diff`, mean and max of
             |log pi_train - log pi_sampler| over the response tokens).
@@ -149,11 +151,6 @@ class OnlineModule(PolicyModule):
     ) -> None:
         if generation_backend not in ("hf", "vllm"):
             raise ValueError(f"generation_backend must be 'hf' or 'vllm', got {generation_backend!r}")
-        if generation_backend == "vllm" and kwargs.get("lora") is not None:
-            # the engine is built from, and synced with, full weights; a LoRA policy would need
-            # its adapter merged (or vLLM's LoRA support) at every sync: not built yet
-            raise ValueError("generation_backend 'vllm' does not take a LoRA policy yet (lora is set): "
-                             "use generation_backend 'hf' with lora, or vllm with full fine-tuning")
         super().__init__(**kwargs)
         if tis_cap is not None and (generation_backend != "vllm" or tis_cap <= 0):
             raise ValueError(f"tis_cap (got {tis_cap}) must be > 0 and needs generation_backend 'vllm' "
@@ -278,15 +275,18 @@ class OnlineModule(PolicyModule):
         return self.vllm_engine().generate(prompt_ids, prompt_mask, sampling, eos, pad)
 
     def vllm_engine(self):
-        """The colocated vLLM engine, holding the policy's current weights."""
+        """The colocated vLLM engine, holding the policy's current weights (with LoRA: the base
+        with the `policy` adapter merged, `lit_rlhf.generation.vllm`)."""
         from lit_rlhf.generation.vllm import VLLMEngine
 
         step = self.global_step if self._trainer is not None else 0
+        adapter = adapters.POLICY if self.lora_config is not None else None
         if self._vllm_engine is None:
-            self._vllm_engine = VLLMEngine.from_policy(self.policy, self.tokenizer, **(self.hparams.get("vllm_kwargs") or {}))
+            self._vllm_engine = VLLMEngine.from_policy(self.policy, self.tokenizer, adapter=adapter,
+                                                       **(self.hparams.get("vllm_kwargs") or {}))
             self._vllm_engine.synced_step = step
         elif self._vllm_engine.synced_step != step:
-            self._vllm_engine.sync_weights(self.policy, step)
+            self._vllm_engine.sync_weights(self.policy, step, adapter=adapter)
         return self._vllm_engine
 
     def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor) -> Tensor | None:

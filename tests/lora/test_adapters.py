@@ -228,11 +228,3 @@ def test_nonfinite_guard_sees_adapter_gradients():
     param.grad[0, 0] = float("nan")
     with pytest.raises(NonFiniteError, match="lora_A.value"):
         module.gradients_finite()
-
-
-def test_vllm_backend_with_a_lora_policy_is_a_clear_error():
-    from lit_rlhf.modules import GRPOModule
-
-    with pytest.raises(ValueError, match="does not take a LoRA policy"):
-        GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward()], lora={"r": 4},
-                   generation_backend="vllm")
