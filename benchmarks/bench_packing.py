@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from lit_rlhf.data.collate import SFTCollator
     from lit_rlhf.data.packing import PackedSFTCollator
     from lit_rlhf.modules import SFTModule
-    from lit_rlhf.modules.base import build_adamw
+    from lit_rlhf.modules.optim import build_adamw
 
     module = SFTModule(model=args.model, logprob_chunk_size=args.chunk_size or None)
     module.train()

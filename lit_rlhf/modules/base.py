@@ -13,8 +13,8 @@ logging, export at fit end). What lives here exists once:
   modules get per-token log-probs, right under either padding side (D5), without the logits of
   the whole batch (`logprob_chunk_size`, `lit_rlhf.ops.logprobs`), a shared prompt computed once
   (`shared_prompt`, `lit_rlhf.ops.shared_prompt`);
-- AdamW with warmup and a cosine/linear/constant schedule (`configure_optimizers`, overridable
-  through `optimizer_param_groups`);
+- AdamW with warmup and a cosine/linear/constant schedule (`configure_optimizers`, built by
+  `lit_rlhf.modules.optim`, overridable through `optimizer_param_groups`);
 - metric logging under `{stage}/{group}/{name}`, tokens per second;
 - export of the policy in Hugging Face format (`export_hf`), at the end of fit when
   `export_dir` is set, and from any checkpoint with `python -m lit_rlhf.export`;
@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from lit_rlhf import checks, models, resume, rng
 from lit_rlhf.models import adapters
+from lit_rlhf.modules.optim import SchedulerName, build_adamw, decay_groups, lr_lambda
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import token_logps_with_grad
@@ -53,7 +54,6 @@ from lit_rlhf.types import PromptSharing
 
 log = logging.getLogger(__name__)
 
-SchedulerName = Literal["cosine", "linear", "constant"]
 CHECKPOINT_KEY = "lit_rlhf"
 
 
@@ -600,73 +600,3 @@ class NonFiniteError(FloatingPointError):
 
 class _SkipStep(Exception):
     """Raised inside the optimizer closure to skip one step (caught in `optimizer_step`)."""
-
-
-def decay_groups(module: nn.Module, weight_decay: float, name: str | None = None, **extra: Any) -> list[dict[str, Any]]:
-    """Split trainable parameters into decayed (matrices) and non-decayed (biases, norms) groups.
-
-    With `name`, the groups are named `name` and `name/no_decay` (distinct names: Lightning's
-    `LearningRateMonitor` logs one learning rate per named group and refuses duplicates)."""
-    decay, no_decay = [], []
-    for param in module.parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
-    names = ({"name": name}, {"name": f"{name}/no_decay"}) if name is not None else ({}, {})
-    groups = [
-        {"params": decay, "weight_decay": weight_decay, **names[0], **extra},
-        {"params": no_decay, "weight_decay": 0.0, **names[1], **extra},
-    ]
-    return [g for g in groups if g["params"]]
-
-
-def offloads_optimizer(trainer: Any) -> bool:
-    """True when the trainer's DeepSpeed strategy keeps the optimizer states in CPU memory."""
-    from lightning.pytorch.strategies import DeepSpeedStrategy
-
-    strategy = getattr(trainer, "strategy", None) if trainer is not None else None
-    if not isinstance(strategy, DeepSpeedStrategy):
-        return False
-    offload = (strategy.config or {}).get("zero_optimization", {}).get("offload_optimizer") or {}
-    return offload.get("device", "none") not in ("none", None)
-
-
-def build_adamw(param_groups: list[dict[str, Any]], trainer: Any = None, clips: bool = False, **hyper: Any) -> torch.optim.Optimizer:
-    """AdamW over `param_groups` (`lr`, `eps`, `betas`, `weight_decay` in `hyper`).
-
-    - DeepSpeed with the optimizer offloaded to CPU: DeepSpeed's CPU Adam in AdamW mode (the
-      engine refuses a torch optimizer there);
-    - otherwise torch's AdamW, fused (one kernel per parameter: no parameter-sized temporaries,
-      13x faster than the per-tensor loop for a 28M-parameter embedding on CPU) when every
-      parameter is a floating-point tensor on CPU or CUDA, as transformers' Trainer does;
-    - except under fp16 mixed precision with gradient clipping (`clips`): the GradScaler's
-      gradients must be unscaled before they are clipped, which the fused kernel does only inside
-      its step, so the per-tensor (foreach) AdamW is built. Under bf16 nothing is scaled and the
-      fused AdamW is clipped as it is (`TrainingModule.clip_gradients`).
-    """
-    if offloads_optimizer(trainer):
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-        return DeepSpeedCPUAdam(param_groups, adamw_mode=True, **hyper)
-    params = [p for group in param_groups for p in group["params"]]
-    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    if clips and getattr(getattr(trainer, "precision_plugin", None), "scaler", None) is not None:
-        fused = False  # fp16: clip after the GradScaler unscales, which needs the non-fused step
-    return torch.optim.AdamW(param_groups, fused=fused or None, **hyper)
-
-
-def lr_lambda(name: SchedulerName, warmup: int, total: int):
-    """Multiplier of the peak learning rate at optimizer step `step`: linear warmup, then decay."""
-    if name not in ("cosine", "linear", "constant"):
-        raise ValueError(f"unknown lr_scheduler {name!r}; expected 'cosine', 'linear' or 'constant'")
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        if name == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        if name == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor

@@ -10,7 +10,7 @@ from torch import Tensor
 from lit_rlhf.distributed import global_masked_whiten
 from lit_rlhf.losses import ppo_policy_loss, ppo_rewards, ppo_value_loss
 from lit_rlhf.models import adapters, load_scalar_model
-from lit_rlhf.modules.base import decay_groups
+from lit_rlhf.modules.optim import decay_groups
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.ops import gae, masked_sum
 from lit_rlhf.rewards import load_reward_model

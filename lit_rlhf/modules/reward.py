@@ -48,7 +48,8 @@ from torch import Tensor, nn
 from lit_rlhf import models
 from lit_rlhf.models import adapters
 from lit_rlhf.losses import bradley_terry_loss
-from lit_rlhf.modules.base import SchedulerName, TrainingModule, decay_groups
+from lit_rlhf.modules.base import TrainingModule
+from lit_rlhf.modules.optim import SchedulerName, decay_groups
 from lit_rlhf.ops.shared_prompt import grouped_scalar_scores
 from lit_rlhf.types import PreferenceBatch, split_pair
 
