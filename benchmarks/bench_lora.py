@@ -251,9 +251,9 @@ class PhaseMeter:
         return self.phases
 
 
-def wrap_phase(obj: Any, name: str, meter: PhaseMeter, phase: Any, after: str) -> None:
+def wrap_phase(obj: Any, name: str, meter: PhaseMeter, phase: Any, after: str | None) -> None:
     """Make `obj.name(...)` a phase of `meter`: `phase` (a name, or a callable giving it at call
-    time) while it runs, `after` once it returns."""
+    time) while it runs, `after` once it returns (None: the phase goes on until the next mark)."""
     original = getattr(obj, name)
 
     @functools.wraps(original)
@@ -262,7 +262,8 @@ def wrap_phase(obj: Any, name: str, meter: PhaseMeter, phase: Any, after: str) -
         try:
             return original(*args, **kwargs)
         finally:
-            meter.mark(after)
+            if after is not None:
+                meter.mark(after)
 
     setattr(obj, name, wrapped)
 
@@ -334,7 +335,7 @@ def phases_lora(cfg, spec: dict[str, Any], tensors: bool) -> dict[str, Any]:
     profiled = measured + 1 if tensors else None
     meter = PhaseMeter()
     wrap_phase(module, "policy_logps", meter, "policy forward", "loss")
-    wrap_phase(module, "reference_logps", meter, "reference forward", "loss")
+    wrap_phase(module, "reference_logps", meter, "reference forward", None)  # then the policy forward
 
     class Probe(L.Callback):
         prof = None
