@@ -503,7 +503,8 @@ def phases_worker(variant: str, argv: Sequence[str], spec: dict[str, Any], tenso
 
 
 def run_phases(variants: Sequence[str], passthrough: list[str], ns) -> dict[str, Any]:
-    """Each variant in its own process, one after the other; then the table rows."""
+    """Each variant in its own process, one after the other (with `--json`, the results so far
+    are written after each)."""
     results = {}
     for variant in variants:
         print(f"[lora phases] {variant} ...", file=sys.stderr, flush=True)
@@ -517,6 +518,9 @@ def run_phases(variants: Sequence[str], passthrough: list[str], ns) -> dict[str,
             if proc.returncode != 0 or not result.exists():
                 raise RuntimeError(f"phases/{variant} worker failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
             results[variant] = json.loads(result.read_text())
+        if ns.json:
+            Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(ns.json).write_text(json.dumps({"phases": results, "partial": True}, indent=2))
     return results
 
 
