@@ -38,7 +38,8 @@ def test_bench_lora_phases_split_the_dpo_step_by_phase_and_tensor_category(tmp_p
         assert result["step_start"]["malloc_system_mb"] >= result["step_start"]["malloc_in_use_mb"] > 0
         # the profiled step: every phase's live tensors, with the (frozen and LoRA) weights as parameters
         tensors = result["tensors"]
-        assert [p["phase"] for p in tensors["phases"]][:5] == expected
+        profiled = [p["phase"] for p in tensors["phases"]]  # the phases that allocated tensors
+        assert {"reference forward", "policy forward", "backward"} <= set(profiled) <= set(names), profiled
         peak = tensors["step_peak"]
         assert peak["total_mb"] >= max(p["total_mb"] for p in tensors["phases"]) - 1e-9
         assert peak["parameter"] > 0 and abs(sum(v for k, v in peak.items() if k != "total_mb") - peak["total_mb"]) < 1e-6
