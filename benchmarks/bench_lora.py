@@ -139,6 +139,10 @@ def trl_lora(method: str, cfg, spec: dict[str, Any]) -> WorkerResult:
         return original(self, *args, peft_config=config, **kwargs)
 
     trainer_cls.__init__ = with_peft
+    if method == "dpo":  # bench_dpo.trl builds a reference copy that with_peft drops: build none
+        from lit_rlhf import models
+
+        models.frozen_copy = lambda model: None
     result = _bench(method).trl(cfg)
     result.framework = "trl_lora"
     return result
