@@ -42,6 +42,7 @@ from lit_rlhf.judge_policy import (
     prompts_from_texts,
 )
 from lit_rlhf.judges import PairwiseJudge
+from lit_rlhf.models import adapters
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,9 @@ class JudgeEvalCallback(Callback):
         judge: the `PairwiseJudge` (from YAML: `{class_path: lit_rlhf.judges.LocalLMJudge, init_args: ...}`).
         baseline: `reference` (the data's reference completions) or `initial` (completions of the
             initial policy: `baseline_model` when set, else the module's `ref_model` when it has one,
-            else the module's `model` loaded afresh; generated once, cached and checkpointed).
+            else, with LoRA, the policy's own base with its adapters off (nothing loaded), else the
+            module's `model` loaded afresh; generated once, cached and checkpointed). A LoRA
+            policy samples with exactly its `policy` adapter on.
         baseline_model: model name or directory of the `initial` baseline (overrides `ref_model`).
         num_prompts: number of evaluation prompts (fewer when the split has fewer).
         every_n_steps: evaluate after every N-th optimizer step (0 = never during training).
@@ -275,6 +278,8 @@ class JudgeEvalCallback(Callback):
 
         if self.baseline_model is None and getattr(pl_module, "ref_model", None) is not None:
             return pl_module.ref_model, False
+        if self.baseline_model is None and getattr(pl_module, "lora_config", None) is not None:
+            return adapters.AdapterView(pl_module.policy, None), False  # the frozen base, adapters off
         name = self.baseline_model or pl_module.hparams.get("model")
         if not name:
             raise ValueError("baseline 'initial' needs baseline_model, a module ref_model, or a module `model` name")
@@ -287,8 +292,8 @@ class JudgeEvalCallback(Callback):
         engine = None  # the policy on a module with generation_backend: vllm samples with its engine
         if model is getattr(module, "policy", None) and getattr(module, "hparams", {}).get("generation_backend") == "vllm":
             engine = module.vllm_engine()
-        with trainer.precision_plugin.forward_context():
-            return generate_completions(model, tokenizer, prompts.prompt_ids, self.sampling, self.batch_size,
+        with trainer.precision_plugin.forward_context(), _sampler(model) as sampler:
+            return generate_completions(sampler, tokenizer, prompts.prompt_ids, self.sampling, self.batch_size,
                                         synced_gpus=synced, seed=self.seed, engine=engine)
 
     # ----------------------------------------------------------------------------------------
@@ -332,3 +337,13 @@ class JudgeEvalCallback(Callback):
         cache = state_dict.get("baseline_cache")
         self._baseline_cache = None if cache is None else dict(cache)
         self.history = [dict(h) for h in state_dict.get("history", [])]
+
+
+def _sampler(model: Any):
+    """A context giving the module `generate_completions` samples with: an `AdapterView`'s shared
+    base under its adapter (the reference view: none), so the sampler switches the real model to
+    eval mode (a training-mode model with gradient checkpointing drops the KV cache); a LoRA policy
+    (a model holding the `policy` adapter) under exactly that adapter; any other model as it is."""
+    if not isinstance(model, adapters.AdapterView) and adapters.POLICY in adapters.adapter_names(model):
+        model = adapters.AdapterView(model, adapters.POLICY)
+    return adapters.activated(model)

@@ -51,8 +51,10 @@ class DPOModule(PolicyModule):
 
     Chosen and rejected sequences go through the policy in ONE forward pass: the batch is
     already concatenated, rows `[:B]` chosen and `[B:]` rejected, (2B, T); with `shared_prompt`
-    (default) each pair's prompt is computed once, for the policy and the reference. Sequence log-probs
-    are sums over completion tokens; the loss family `f(beta * h)` lives in `dpo_loss`.
+    (default) each pair's prompt is computed once, for the policy and the reference. The
+    reference runs first (without grad), so its temporaries never add to the policy's saved
+    activations. Sequence log-probs are sums over completion tokens; the loss family
+    `f(beta * h)` lives in `dpo_loss`.
 
     Args:
         beta: KL strength; the implicit reward is `beta * log(pi / pi_ref)`. The DPO paper uses
@@ -197,9 +199,10 @@ class DPOModule(PolicyModule):
         """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
         if not isinstance(batch, PreferenceBatch):
             raise TypeError(f"DPOModule needs a PreferenceBatch (chosen rows first), got {type(batch).__name__}")
+        # the reference first: its forward pass's temporaries are freed before the policy's graph exists
+        ref_chosen, ref_rejected = split_pair(self.reference_logps(batch))  # (B,), (B,)
         per_token = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask, sharing=batch.sharing)  # (2B, T)
         policy_chosen, policy_rejected = split_pair(self.sequence_logps(per_token, batch.loss_mask))  # (B,), (B,)
-        ref_chosen, ref_rejected = split_pair(self.reference_logps(batch))  # (B,), (B,)
         out = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta, self.loss_type)
         stats = {
             "rewards/chosen": out.chosen_rewards.mean(),

@@ -6,6 +6,7 @@
   its Wilson interval, tie/invalid rates and lengths by hand, end to end through `trainer.validate`;
 - a judge that raises does not stop a fit (a second callback in the same CLI fit);
 - the `initial` baseline is generated once, kept in the checkpoint and reused after a resume;
+- a LoRA policy samples with its adapter, the `initial` baseline is its base with the adapter off;
 - the entry point judges an exported tiny policy against the reference summaries.
 """
 
@@ -237,6 +238,47 @@ def test_initial_baseline_is_generated_once_and_survives_a_resume(tmp_path, monk
     calls.clear()
     with_ref.evaluate(_trainer(tmp_path), dpo)
     assert calls == [dpo.policy, dpo.ref_model] and with_ref.state_dict()["baseline_cache"]["source"] == "ref_model"
+
+
+def test_lora_policy_is_judged_with_its_adapter_against_its_adapter_free_base(tmp_path, monkeypatch):
+    """With LoRA the policy samples with its adapter on, and the `initial` baseline is the same base
+    with the adapter off: a DPO module's reference view, and for a module without a reference
+    (SFT) that view too, never a second copy of the base. A policy in training mode with gradient
+    checkpointing still samples with the KV cache (eval mode inside), and every adapter switch is
+    as it was afterwards."""
+    from lit_rlhf import models
+    from lit_rlhf.models import adapters
+    from lit_rlhf.modules import DPOModule
+
+    prompts = [f"Q{i}: say something.\nA:" for i in range(4)]
+    loads = []
+    real_load = models.load_causal_lm
+    monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    for cls, extra in ((DPOModule, {}), (SFTModule, {"gradient_checkpointing": True})):
+        torch.manual_seed(0)
+        module = cls(model="tiny-random-llama", lora={"r": 4, "alpha": 8}, **extra).train()
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():  # move the adapter away from its identity start (B = 0)
+            for _, param in adapters.adapter_parameters(module.policy, adapters.POLICY):
+                param.add_(0.5 * torch.randn(param.shape, generator=gen))
+        state = adapters._state(module.policy)
+        loads.clear()
+        callback = JudgeEvalCallback(LongerWins(), baseline="initial", prompts=prompts, sampling=SHORT)
+        callback.evaluate(_trainer(tmp_path), module)
+        assert loads == [], f"{cls.__name__}: the baseline loaded a second copy of the base"
+        assert adapters._state(module.policy) == state and module.policy.training
+
+        ids = prompts_from_texts(module.tokenizer, prompts).prompt_ids
+        merged = adapters.merged_copy(module.policy, adapters.POLICY).eval()  # plain model: base + adapter
+        base = real_load("tiny-random-llama", module.tokenizer).eval()
+        with_adapter = generate_completions(merged, module.tokenizer, ids, SHORT)
+        without = generate_completions(base, module.tokenizer, ids, SHORT)
+        assert with_adapter != without  # the adapter changes what the policy says
+        rows = callback.last_evaluation.rows
+        assert [r["policy"] for r in rows] == with_adapter, cls.__name__
+        assert [r["baseline"] for r in rows] == without, cls.__name__
+        expected_source = "ref_model" if cls is DPOModule else "tiny-random-llama"
+        assert callback.state_dict()["baseline_cache"]["source"] == expected_source
 
 
 def test_entry_point_judges_an_exported_policy_against_references(tmp_path):

@@ -2,12 +2,15 @@
 
 DPO (policy adapter, reference = the base with it disabled) and PPO (policy and value adapters
 on one base, a trained value head) train with gradients reduced across ranks: every rank ends
-with the same adapters. Under ZeRO-3 the ranks generate responses of different lengths
-(`synced_gpus`), and DPO's ZeRO-3 checkpoint directory resumes to the weights of a straight run.
+with the same adapters. Under DDP the same launch also fits DRO-V (policy and value adapters on
+one base, each its own learning rate) and the reward model (a reward adapter and its head). Under
+ZeRO-3 the ranks generate responses of different lengths (`synced_gpus`), and DPO's ZeRO-3
+checkpoint directory resumes to the weights of a straight run.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -17,17 +20,23 @@ from tests.distributed.launch import launch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "distributed" / "run_methods.py"
 METHODS = ("dpo", "ppo")
+DDP_METHODS = METHODS + ("drov", "reward")  # one launch: the process start-up is most of the cost
 STRATEGY = {"ddp": "DDPStrategy", "zero2": "CPUDeepSpeedStrategy", "zero3": "CPUDeepSpeedStrategy"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(STRATEGY))
 def test_lora_trains_under_data_parallel_strategies(strategy, tmp_path):
-    args = ["--strategy", strategy, "--methods", ",".join(METHODS), "--lora"]
+    methods = DDP_METHODS if strategy == "ddp" else METHODS
+    args = ["--strategy", strategy, "--methods", ",".join(methods), "--lora"]
     if strategy == "zero3":
         args += ["--uneven_lengths", "--checkpoint", "dpo"]
     results = launch(SCRIPT, args, 2, tmp_path, timeout=500)
-    check_method_results(results, METHODS, STRATEGY[strategy])
+    check_method_results(results, methods, STRATEGY[strategy])
+    if strategy == "ddp":  # DRO-V's value adapter trained next to the policy adapter, on every rank
+        for rank in (0, 1):
+            steps = results[rank]["drov"]["metrics"]
+            assert all(math.isfinite(step["train/value/loss"]) for step in steps), (rank, steps)
     if strategy == "zero3":
         for rank in (0, 1):
             resume = results[rank]["dpo"]["resume"]
