@@ -3,6 +3,8 @@ checkpointing on the tiny model (in process, ours only); the by-phase arithmetic
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks import bench_memory, bench_memory_sft
@@ -20,8 +22,40 @@ def test_sft_memory_worker_runs_with_gradient_checkpointing(tmp_path):
 
 def test_phases_split_the_peak():
     params = 1024 * 1024  # 4 MiB of float32 weights
-    out = bench_memory.phases("dpo", params, peak_mb=100.0)
+    runtime = bench_memory.RUNTIME_MB
+    out = bench_memory.phases("dpo", params, peak_mb=runtime + 100.0, logprob_mb=3.0, checkpoint_mb=2.0)
     assert out["weights"] == out["grads"] == out["reference"] == pytest.approx(4.0) and out["adam"] == pytest.approx(8.0)
-    assert sum(out.values()) == pytest.approx(100.0) and out["activations_logits_runtime"] == pytest.approx(80.0)
-    ppo = bench_memory.phases("ppo", params, peak_mb=100.0)
+    assert out["logprob_chunks"] == 3.0 and out["checkpointed_layer_inputs"] == 2.0 and "activations" not in out
+    assert sum(out.values()) == pytest.approx(runtime + 100.0) and out["other"] == pytest.approx(100.0 - 20.0 - 5.0)
+    ppo = bench_memory.phases("ppo", params, peak_mb=runtime + 100.0)
     assert ppo["value_weights_grads_adam"] == pytest.approx(16.0) and ppo["reward_model"] == pytest.approx(4.0)
+    assert "reference" not in bench_memory.phases("sft", params, peak_mb=runtime + 100.0)
+
+
+def test_activations_are_what_checkpointing_removes():
+    sizes = {"parameters": 1024 * 1024, "vocab": 1000, "hidden": 16, "layers": 2}
+    peak = bench_memory.RUNTIME_MB + 100.0
+    cells = {False: {"ours": {"peak_rss_mb": peak + 30.0}, "trl": {"peak_rss_mb": peak + 80.0}},
+             True: {"ours": {"peak_rss_mb": peak}, "trl": {"peak_rss_mb": peak + 10.0}}}
+    bench_memory.add_phases(cells, "sft", sizes, rows=1, seq=64)
+    kept = bench_memory.checkpoint_inputs_mb(2, 1, 64, 16)
+    assert kept == pytest.approx(2 * 64 * 16 * 4 / 2**20)
+    assert cells[False]["phases_mb"]["activations"] == pytest.approx(30.0 + kept)
+    assert cells[True]["phases_mb"]["checkpointed_layer_inputs"] == pytest.approx(kept)
+    assert cells[False]["phases_mb"]["other"] == pytest.approx(cells[True]["phases_mb"]["other"])  # by construction
+    assert cells[False]["checkpointing_saved_mb"] == {"ours": pytest.approx(30.0), "trl": pytest.approx(70.0)}
+    assert bench_memory.logprob_working_set_mb(1000, 16, chunk=8) == pytest.approx((2 * 8 * 1000 + 1000 * 16) * 4 / 2**20)
+
+
+def test_reuse_takes_earlier_runs_of_the_same_shape_only(tmp_path):
+    earlier = {"model": "m", "prompt_length": 4, "completion_length": 8,
+               "cells": [{"method": "sft", "gradient_checkpointing": True, "ours": {"peak_rss_mb": 1.0},
+                          "trl": {"peak_rss_mb": 2.0}},
+                         {"method": "dpo", "gradient_checkpointing": False, "trl": {"error": "exit 1"}}]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    now = {"model": "m", "prompt_length": 4, "completion_length": 8}
+    assert bench_memory.reusable_runs(str(path), now, ["trl"]) == {("sft", True, "trl"): {"peak_rss_mb": 2.0}}
+    assert set(bench_memory.reusable_runs(str(path), now, ["ours", "trl"])) == {("sft", True, "trl"), ("sft", True, "ours")}
+    with pytest.raises(SystemExit, match="not"):
+        bench_memory.reusable_runs(str(path), {**now, "completion_length": 16}, ["trl"])
