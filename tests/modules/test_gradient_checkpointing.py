@@ -38,7 +38,7 @@ def saved_tiny(tmp_path_factory) -> str:
 
 
 class Recomputations(L.Callback):
-    """Counts the forward calls of the decoder layers of the trained models `trained_of(module)`
+    """Counts the calls of the decoder layers of the trained models `trained_of(module)`
     inside the backward pass (between `on_before_backward` and `on_after_backward`) and records,
     at the start of each training batch, whether every trained submodule is in train mode and
     every frozen one (`frozen_of(module)`) in eval mode."""
@@ -53,10 +53,10 @@ class Recomputations(L.Callback):
         layers = [m for model in self.trained_of(pl_module) for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
         assert layers, "no decoder layers found"
         self.layers = len(layers)
-        for layer in layers:
-            layer.register_forward_hook(self._count)
+        for layer in layers:  # a pre-hook: the recomputation may stop early, inside the layer
+            layer.register_forward_pre_hook(self._count)
 
-    def _count(self, module, args, output) -> None:
+    def _count(self, module, args) -> None:
         if self.in_backward:
             self.backward_calls[-1] += 1
 
@@ -73,11 +73,14 @@ class Recomputations(L.Callback):
         self.in_backward = False
 
 
-def fit_one_step(module, batch, callback: Recomputations, tmp_path) -> None:
+def fit_one_step(module, batch_or_loader, callback: Recomputations, tmp_path) -> None:
     trainer = L.Trainer(max_steps=1, max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback],
                         default_root_dir=tmp_path)
-    trainer.fit(module, train_dataloaders=DataLoader([batch], batch_size=None, collate_fn=lambda item: item))
+    loader = batch_or_loader
+    if not isinstance(loader, DataLoader):
+        loader = DataLoader([batch_or_loader], batch_size=None, collate_fn=lambda item: item)
+    trainer.fit(module, train_dataloaders=loader)
 
 
 def sft_batch() -> SFTBatch:
@@ -124,8 +127,8 @@ def test_ppo_recomputes_the_policy_and_the_value_model(saved_tiny, tmp_path):
     module = PPOModule(model=saved_tiny, reward_fns=[CharacterFractionReward()], max_new_tokens=4, ppo_epochs=1,
                        num_minibatches=1, total_episodes=2, gradient_checkpointing=True)
     tokenizer = module.tokenizer
-    prompts = PromptCollator(tokenizer.pad_token_id)(
-        [{"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hello there", "once")])
+    rows = [{"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hello there", "once")]
+    prompts = DataLoader(rows, batch_size=2, collate_fn=PromptCollator(tokenizer.pad_token_id))
     calls = Recomputations(lambda m: [m.policy, m.value_model], frozen_of=lambda m: [m.ref_model])
     fit_one_step(module, prompts, calls, tmp_path)
     assert calls.modes == [(True, True)]
