@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--reuse", default=None, help="an earlier --json of the same model and shape: its runs are "
                         "taken as they are instead of run again (give --frameworks/--methods/--gc to choose what runs)")
     parser.add_argument("--reuse-frameworks", default="ours,trl", help="which frameworks' runs --reuse takes")
+    parser.add_argument("--markdown", default=None, help="print the tables of this earlier --json as Markdown and exit")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return {}
     args.trl_python = {m: str(Path(args.trl_ppo_venv if m == "ppo" else args.trl_venv) / "bin" / "python") for m in SCRIPTS}
     sizes = model_sizes(args.model)
     seq = args.prompt_length + args.completion_length
@@ -235,6 +239,33 @@ def format_cell(cell: dict) -> str:
         if "error" in cell.get(fw, {}):
             line += f"\n  {fw} failed: {cell[fw]['error'][-600:]}"
     return line
+
+
+PHASE_COLUMNS = ("weights", "grads", "adam", "reference", "value_weights_grads_adam", "reward_model", "runtime",
+                 "logprob_chunks", "checkpointed_layer_inputs", "activations", "other")
+
+
+def markdown(result: dict) -> str:
+    """The peaks table and our by-phase table of a `--json` result, as Markdown (for RESULTS.md)."""
+    lines = ["| method | gradient checkpointing | ours MiB | TRL MiB | ours / TRL | goal | dense logits MiB |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+
+    def mib(entry: dict) -> str:
+        return f"{entry['peak_rss_mb']:.0f}" if "peak_rss_mb" in entry else ("error" if "error" in entry else "-")
+
+    for c in result["cells"]:
+        ratio = f"{c['ours_over_trl']:.2f}x" if "ours_over_trl" in c else "-"
+        goal = f"<= {c['goal']}x: {'met' if c['goal_met'] else 'missed'}" if "goal" in c else "-"
+        lines.append(f"| {c['method'].upper()} | {'on' if c['gradient_checkpointing'] else 'off'} | {mib(c.get('ours', {}))} | "
+                     f"{mib(c.get('trl', {}))} | {ratio} | {goal} | {c['dense_logits_mb']:.0f} |")
+    cells = [c for c in result["cells"] if "phases_mb" in c]
+    used = [k for k in PHASE_COLUMNS if any(k in c["phases_mb"] for c in cells)]
+    lines += ["", "| ours, MiB | " + " | ".join(used) + " | peak |", "| --- " * (len(used) + 2) + "|"]
+    for c in cells:
+        ph = c["phases_mb"]
+        lines.append(f"| {c['method'].upper()} GC {'on' if c['gradient_checkpointing'] else 'off'} | "
+                     + " | ".join(f"{ph[k]:.0f}" if k in ph else "" for k in used) + f" | {c['ours']['peak_rss_mb']:.0f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
