@@ -7,8 +7,9 @@ Each (method, gradient checkpointing) cell runs the method's benchmark script
 (`bench_memory_sft`, `bench_dpo`, `bench_grpo`, `bench_ppo`) once per framework, one process at
 a time (the largest run needs ~10 GB: `--min-free-gb` waits for that much available memory
 before each), with `--batch-size 1` (1 pair for DPO, 1 prompt x `--generations` 2 for GRPO, 1
-prompt for PPO), `--prompt-length 256 --completion-length 1024`, `--warmup 1 --steps 1` (from
-the second step on the optimizer states exist), `--no-bare`, float32 on CPU.
+prompt for PPO with `--ppo-epochs` 1 optimizer step per rollout: more repeat the same work),
+`--prompt-length 256 --completion-length 1024`, `--warmup 1 --steps 1` (from the second step on
+the optimizer states exist), `--no-bare`, float32 on CPU.
 The memory is `StepPeaks`' (benchmarks/common.py): the larger resident-memory high-water mark of
 the two training steps, each reset just before its step, so model loading does not count.
 
@@ -79,6 +80,8 @@ def run_cell(method: str, gc: bool, args: argparse.Namespace, framework: str) ->
             cmd.append("--gradient-checkpointing")
         if method == "grpo":
             cmd += ["--generations", str(args.generations)]
+        if method == "ppo":
+            cmd += ["--ppo-epochs", str(args.ppo_epochs)]
         print(f"[memory] {method} gc={gc} {framework}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
@@ -141,6 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompt-length", type=int, default=256)
     parser.add_argument("--completion-length", type=int, default=1024)
     parser.add_argument("--generations", type=int, default=2)
+    parser.add_argument("--ppo-epochs", type=int, default=1, help="PPO optimizer steps per rollout: each repeats the "
+                        "same forward+backward+step, so the peak does not depend on it (from the first step on the AdamW "
+                        "moments exist); 1 keeps the run short")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--frameworks", default="ours,trl")
     parser.add_argument("--trl-venv", default="/tmp/benchvenv", help="python environment with TRL (SFT, DPO, GRPO)")
