@@ -256,6 +256,9 @@ def trl(cfg: BenchConfig) -> WorkerResult:
         ref = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
         reward = AutoModelForSequenceClassification.from_pretrained(reward_dir, dtype=torch.float32)
         value = AutoModelForSequenceClassification.from_pretrained(reward_dir, dtype=torch.float32)
+        if cfg.gradient_checkpointing:  # TRL's PPO loop replaces `Trainer.train`, where the Trainer would turn it on;
+            # this is what TRL's `PolicyAndValueWrapper.gradient_checkpointing_enable` does: the policy only
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         args = PPOConfig(
             **trl_training_args(cfg, out, learning_rate=LR, adam_epsilon=ADAM_EPS, per_device_train_batch_size=cfg.batch_size,
                                 gradient_accumulation_steps=1),

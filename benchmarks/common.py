@@ -561,6 +561,7 @@ def _with_step_peak(result: WorkerResult) -> WorkerResult:
     process peak next to it in `info`."""
     if StepPeaks.peaks:
         result.info["process_peak_rss_mb"] = max(StepPeaks.process_peak, result.peak_rss_mb)
+        result.info["step_peaks_mb"] = [round(peak, 1) for peak in StepPeaks.peaks]  # warm-up steps first
         result.peak_rss_mb = max(StepPeaks.peaks)
     StepPeaks.peaks.clear()
     StepPeaks.process_peak = 0.0

@@ -234,8 +234,14 @@ class TrainingModule(LightningModule):
             allow_hparam_globals(self.hparams)  # resume from our own checkpoints with weights_only loading
 
     def on_train_start(self) -> None:
-        """Resume the random generators where the checkpoint left them, after everything that
-        may draw differently in a resumed run (set-up, sanity check, dataloader creation)."""
+        """Put the trained models in train mode, then resume the random generators where the
+        checkpoint left them, after everything that may draw differently in a resumed run
+        (set-up, sanity check, dataloader creation).
+
+        A model loaded with `from_pretrained` arrives in eval mode and Lightning's fit does not
+        switch it; left so, gradient checkpointing (which Hugging Face layers apply only in train
+        mode) would silently stay off. Frozen models stay in eval mode (`PolicyModule.train`)."""
+        self.train()
         if self._restored_rng is not None:
             rng.restore_state(self._restored_rng)
             self._restored_rng = None

@@ -106,7 +106,9 @@ class LinearTokenLogps(torch.autograd.Function):
                 g_c = g.to(ctx.compute_dtype)
                 if need_h:
                     grad_h[start:end] = (g_c @ w).to(hidden.dtype)
-                if need_w:
+                if need_w and g_c.dtype == acc:  # accumulate in place: no (V, H) temporary per chunk
+                    grad_w.addmm_(g_c.t(), h.to(acc))
+                elif need_w:
                     grad_w.add_((g_c.t() @ h.to(ctx.compute_dtype)).to(acc))
                 if grad_b is not None:
                     grad_b.add_(g.sum(0))

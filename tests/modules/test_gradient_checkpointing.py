@@ -1,0 +1,135 @@
+"""Gradient checkpointing is in effect during fit, for models loaded from a directory too.
+
+`from_pretrained` returns a model in eval mode and Lightning's fit does not switch it, while
+Hugging Face decoder layers checkpoint only in train mode: a module must put its trained models
+in train mode itself, or `gradient_checkpointing: true` silently keeps every activation. The
+evidence asserted here is the recomputation itself: with checkpointing on, each decoder layer of
+the trained model runs once more inside the backward pass (and never without it), while frozen
+models stay in eval mode."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from lit_rlhf.data.collate import PromptCollator
+from lit_rlhf.models import load_causal_lm, load_tokenizer
+from lit_rlhf.modules import DPOModule, PPOModule, RewardModule, SFTModule
+from lit_rlhf.rewards import CharacterFractionReward
+from lit_rlhf.types import PreferenceBatch, SFTBatch
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPT, CHOSEN, REJECTED = [5, 6, 7, 8, 9, 10], [11, 12, 13, 2], [14, 15, 2, 2]
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory) -> str:
+    """The tiny model saved to a directory: loading it goes through `from_pretrained` (eval mode)."""
+    path = tmp_path_factory.mktemp("tiny_model")
+    tokenizer = load_tokenizer("tiny-random-llama")
+    load_causal_lm("tiny-random-llama", tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    assert not load_causal_lm(str(path), tokenizer).training  # the situation under test
+    return str(path)
+
+
+class Recomputations(L.Callback):
+    """Counts the calls of the decoder layers of the trained models `trained_of(module)`
+    inside the backward pass (between `on_before_backward` and `on_after_backward`) and records,
+    at the start of each training batch, whether every trained submodule is in train mode and
+    every frozen one (`frozen_of(module)`) in eval mode."""
+
+    def __init__(self, trained_of, frozen_of=lambda module: []) -> None:
+        self.trained_of, self.frozen_of = trained_of, frozen_of
+        self.in_backward = False
+        self.backward_calls: list[int] = []
+        self.modes: list[tuple[bool, bool]] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        layers = [m for model in self.trained_of(pl_module) for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        assert layers, "no decoder layers found"
+        self.layers = len(layers)
+        for layer in layers:  # a pre-hook: the recomputation may stop early, inside the layer
+            layer.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        if self.in_backward:
+            self.backward_calls[-1] += 1
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        trained = all(m.training for model in self.trained_of(pl_module) for m in model.modules())
+        frozen = not any(m.training for f in self.frozen_of(pl_module) for m in f.modules())
+        self.modes.append((trained, frozen))
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self.backward_calls.append(0)
+        self.in_backward = True
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self.in_backward = False
+
+
+def fit_one_step(module, batch_or_loader, callback: Recomputations, tmp_path) -> None:
+    trainer = L.Trainer(max_steps=1, max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback],
+                        default_root_dir=tmp_path)
+    loader = batch_or_loader
+    if not isinstance(loader, DataLoader):
+        loader = DataLoader([batch_or_loader], batch_size=None, collate_fn=lambda item: item)
+    trainer.fit(module, train_dataloaders=loader)
+
+
+def sft_batch() -> SFTBatch:
+    ids = torch.tensor([PROMPT + CHOSEN, PROMPT + REJECTED])
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    loss_mask[:, len(PROMPT):] = True
+    return SFTBatch(ids, torch.ones_like(ids, dtype=torch.bool), loss_mask)
+
+
+def preference_batch() -> PreferenceBatch:
+    ids = torch.tensor([PROMPT + CHOSEN, PROMPT + REJECTED])  # one pair: chosen row, then rejected
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    loss_mask[:, len(PROMPT):] = True
+    return PreferenceBatch(ids, torch.ones_like(ids, dtype=torch.bool), loss_mask, torch.full((2,), len(PROMPT)),
+                           meta={"index": [0, 0]})
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_sft_recomputes_every_layer_in_backward_only_with_checkpointing(saved_tiny, tmp_path, checkpointing):
+    module = SFTModule(model=saved_tiny, gradient_checkpointing=checkpointing)
+    calls = Recomputations(lambda m: [m.policy])
+    fit_one_step(module, sft_batch(), calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers if checkpointing else 0]
+
+
+def test_dpo_recomputes_the_policy_and_keeps_the_reference_in_eval_mode(saved_tiny, tmp_path):
+    module = DPOModule(model=saved_tiny, gradient_checkpointing=True)
+    calls = Recomputations(lambda m: [m.policy], frozen_of=lambda m: [m.ref_model])
+    fit_one_step(module, preference_batch(), calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]  # one policy forward (the pair shares its prompt), recomputed once
+
+
+def test_reward_model_recomputes_every_layer_in_backward(saved_tiny, tmp_path):
+    module = RewardModule(model=saved_tiny, gradient_checkpointing=True)
+    calls = Recomputations(lambda m: [m.reward_model])
+    fit_one_step(module, preference_batch(), calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]
+
+
+def test_ppo_recomputes_the_policy_and_the_value_model(saved_tiny, tmp_path):
+    module = PPOModule(model=saved_tiny, reward_fns=[CharacterFractionReward()], max_new_tokens=4, ppo_epochs=1,
+                       num_minibatches=1, total_episodes=2, gradient_checkpointing=True)
+    tokenizer = module.tokenizer
+    rows = [{"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hello there", "once")]
+    prompts = DataLoader(rows, batch_size=2, collate_fn=PromptCollator(tokenizer.pad_token_id))
+    calls = Recomputations(lambda m: [m.policy, m.value_model], frozen_of=lambda m: [m.ref_model])
+    fit_one_step(module, prompts, calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]  # one backward of the policy + value loss: both models recomputed
