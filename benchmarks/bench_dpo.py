@@ -23,7 +23,7 @@ from benchmarks.common import (
     peak_rss_mb,
     preference_batch,
     run_benchmark,
-    token_rows,
+    step_rows,
     trl_step_timer,
     trl_training_args,
 )
@@ -32,17 +32,11 @@ BETA = 0.1
 LR = 1e-5
 
 
-def _rows(cfg: BenchConfig, tokenizer) -> list[list[dict[str, list[int]]]]:
-    """One list of `batch_size` rows per step."""
-    rows = token_rows(tokenizer, cfg.batch_size * cfg.total_steps, cfg.prompt_length, cfg.completion_length)
-    return [rows[i * cfg.batch_size: (i + 1) * cfg.batch_size] for i in range(cfg.total_steps)]
-
-
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import DPOModule
 
     module = DPOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing)
-    batches = [preference_batch(rows) for rows in _rows(cfg, module.tokenizer)]
+    batches = [preference_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
     parts = PartTimer()
 
     def bare(batch, optimizer) -> None:
@@ -80,7 +74,7 @@ def trl(cfg: BenchConfig) -> WorkerResult:
 
     tokenizer = models.load_tokenizer(cfg.model)
     policy = models.load_causal_lm(cfg.model, tokenizer, "float32")
-    steps = _rows(cfg, tokenizer)
+    steps = step_rows(cfg, tokenizer)
     flat = [row for rows in steps for row in rows]
     dataset = Dataset.from_list(flat)  # prompt_ids / chosen_ids / rejected_ids: already tokenised
 

@@ -22,17 +22,12 @@ from benchmarks.common import (
     fit_ours,
     peak_rss_mb,
     run_benchmark,
-    token_rows,
+    step_rows,
     trl_step_timer,
     trl_training_args,
 )
 
 LR = 1e-5
-
-
-def _rows(cfg: BenchConfig, tokenizer) -> list[list[dict[str, list[int]]]]:
-    rows = token_rows(tokenizer, cfg.batch_size * cfg.total_steps, cfg.prompt_length, cfg.completion_length)
-    return [rows[i * cfg.batch_size: (i + 1) * cfg.batch_size] for i in range(cfg.total_steps)]
 
 
 def sft_batch(rows: Sequence[dict[str, list[int]]]):
@@ -49,7 +44,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import SFTModule
 
     module = SFTModule(model=cfg.model, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing)
-    batches = [sft_batch(rows) for rows in _rows(cfg, module.tokenizer)]
+    batches = [sft_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
 
     def bare(batch, optimizer) -> None:
         logits = module.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long()).logits[:, :-1]
@@ -73,7 +68,7 @@ def trl(cfg: BenchConfig) -> WorkerResult:
 
     tokenizer = models.load_tokenizer(cfg.model)
     policy = models.load_causal_lm(cfg.model, tokenizer, "float32")
-    flat = [row for rows in _rows(cfg, tokenizer) for row in rows]
+    flat = [row for rows in step_rows(cfg, tokenizer) for row in rows]
     # already tokenised (TRL skips its own tokenisation when `input_ids` is there); loss on the completion
     dataset = Dataset.from_list([
         {"input_ids": r["prompt_ids"] + r["chosen_ids"], "completion_mask": [0] * len(r["prompt_ids"]) + [1] * len(r["chosen_ids"])}

@@ -23,7 +23,7 @@ from benchmarks.common import (
     peak_rss_mb,
     preference_batch,
     run_benchmark,
-    token_rows,
+    step_rows,
     trl_step_timer,
     trl_training_args,
 )
@@ -31,17 +31,12 @@ from benchmarks.common import (
 LR = 1e-5
 
 
-def _rows(cfg: BenchConfig, tokenizer) -> list[list[dict[str, list[int]]]]:
-    rows = token_rows(tokenizer, cfg.batch_size * cfg.total_steps, cfg.prompt_length, cfg.completion_length)
-    return [rows[i * cfg.batch_size: (i + 1) * cfg.batch_size] for i in range(cfg.total_steps)]
-
-
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import RewardModule
 
     torch.manual_seed(cfg.seed)  # the D11 head
     module = RewardModule(model=cfg.model, lr=LR, lr_scheduler="cosine")
-    batches = [preference_batch(rows) for rows in _rows(cfg, module.tokenizer)]
+    batches = [preference_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
     parts = PartTimer()
 
     def bare(batch, optimizer) -> None:
@@ -77,7 +72,7 @@ def trl(cfg: BenchConfig) -> WorkerResult:
     scalar = models.load_scalar_model(cfg.model, tokenizer, "float32")
     classifier, _ = models.to_sequence_classifier(scalar, tokenizer.pad_token_id)
     del scalar
-    flat = [row for rows in _rows(cfg, tokenizer) for row in rows]
+    flat = [row for rows in step_rows(cfg, tokenizer) for row in rows]
     dataset = Dataset.from_list([
         {"chosen_ids": r["prompt_ids"] + r["chosen_ids"], "rejected_ids": r["prompt_ids"] + r["rejected_ids"]} for r in flat
     ])  # TRL's own pre-tokenised format: used as is

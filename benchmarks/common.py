@@ -259,6 +259,12 @@ def token_rows(tokenizer, n: int, prompt_length: int, completion_length: int) ->
     return rows
 
 
+def step_rows(cfg: BenchConfig, tokenizer) -> list[list[dict[str, list[int]]]]:
+    """`token_rows` for every step of `cfg`: one list of `batch_size` rows per step."""
+    rows = token_rows(tokenizer, cfg.batch_size * cfg.total_steps, cfg.prompt_length, cfg.completion_length)
+    return [rows[i * cfg.batch_size: (i + 1) * cfg.batch_size] for i in range(cfg.total_steps)]
+
+
 def preference_batch(rows: Sequence[dict[str, list[int]]]):
     """A `PreferenceBatch` (chosen rows first) of equal-length rows: no padding at all."""
     from lit_rlhf.types import PreferenceBatch
