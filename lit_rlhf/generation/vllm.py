@@ -17,7 +17,7 @@ the straight run does.
 
 A LoRA policy (a `peft` model: the `policy` adapter, maybe next to PPO's `value` and `reward`
 adapters on the same frozen base) reaches the engine as plain weights: the base with the policy
-adapter merged, computed out of place (`lit_rlhf.models.adapters.merged_weights`: W + B A times
+adapter merged, computed out of place (`lit_rlhf.models.merging.merged_weights`: W + B A times
 the scaling, per LoRA layer; other adapters never enter; the trained model is not touched, so
 the reference, the adapter-free base, stays as it is). The engine is built from that merged
 checkpoint; as long as the base stays frozen, a sync then sends only the layers the adapter
@@ -60,7 +60,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
-from lit_rlhf.models import adapters
+from lit_rlhf.models import adapters, merging
 
 CPU_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: weights reachable
@@ -163,7 +163,7 @@ def check_tied_embeddings(policy: nn.Module, adapter: str) -> None:
         return
     embeddings = [inner.get_input_embeddings(), inner.get_output_embeddings()]
     names = {n for n, m in inner.named_modules() if any(m is e for e in embeddings if e is not None)}
-    changed = sorted(names & adapters.adapter_modules(policy, adapter))
+    changed = sorted(names & merging.adapter_modules(policy, adapter))
     if changed:
         raise ValueError(f"adapter {adapter!r} changes {changed} of a model with tied embeddings: the trainer's "
                          "input and output embeddings then differ, which the vLLM engine's tied layer cannot hold; "
@@ -171,7 +171,7 @@ def check_tied_embeddings(policy: nn.Module, adapter: str) -> None:
 
 
 def save_merged_checkpoint(policy: nn.Module, adapter: str, directory: str | Path) -> None:
-    """Write the base of the LoRA model `policy` with `adapter` merged (`adapters.merged_weights`)
+    """Write the base of the LoRA model `policy` with `adapter` merged (`merging.merged_weights`)
     as a plain Hugging Face checkpoint: `config.json` and `model.safetensors`."""
     from safetensors.torch import save_file
 
@@ -179,7 +179,7 @@ def save_merged_checkpoint(policy: nn.Module, adapter: str, directory: str | Pat
     config = copy.deepcopy(inner.config)
     config.architectures = [type(inner).__name__]
     config.save_pretrained(directory)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in adapters.merged_weights(policy, adapter)}
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in merging.merged_weights(policy, adapter)}
     save_file(tensors, str(Path(directory) / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -289,7 +289,7 @@ class VLLMEngine:
         for weights in Path(workdir.name).glob("*.safetensors"):
             weights.unlink()  # loaded: later syncs go from memory to memory
         engine = cls(llm, workdir)
-        if adapter is not None and adapters.base_is_frozen(policy):
+        if adapter is not None and merging.base_is_frozen(policy):
             engine._lora_base = weakref.ref(policy)
         return engine
 
@@ -328,11 +328,11 @@ class VLLMEngine:
             self._lora_base = None
         else:
             check_tied_embeddings(policy, adapter)
-            frozen = adapters.base_is_frozen(policy)
+            frozen = merging.base_is_frozen(policy)
             partial = not full and frozen and self._lora_base is not None and self._lora_base() is policy
-            modules = with_packed_siblings(adapters.adapter_modules(policy, adapter), self.packed_modules()) \
+            modules = with_packed_siblings(merging.adapter_modules(policy, adapter), self.packed_modules()) \
                 if partial else None
-            self.load_weights(adapters.merged_weights(policy, adapter, modules), partial=partial)
+            self.load_weights(merging.merged_weights(policy, adapter, modules), partial=partial)
             self._lora_base = weakref.ref(policy) if frozen else None
         self.synced_step = step
 
