@@ -313,11 +313,10 @@ def tensor_phases(prof) -> dict[str, Any]:
 
 
 def _phase_rows(cfg):
-    from benchmarks import bench_dpo
-    from benchmarks.common import preference_batch
+    from benchmarks.common import preference_batch, step_rows
 
     def batches(tokenizer):
-        return [preference_batch(rows) for rows in bench_dpo._rows(cfg, tokenizer)]
+        return [preference_batch(rows) for rows in step_rows(cfg, tokenizer)]
 
     return batches
 
