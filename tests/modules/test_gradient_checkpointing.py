@@ -17,9 +17,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.models import load_causal_lm, load_tokenizer
-from lit_rlhf.modules import DPOModule, PPOModule, RewardModule, SFTModule
+from lit_rlhf.modules import DPOModule, DROVModule, KTOModule, PPOModule, RewardModule, SFTModule
 from lit_rlhf.rewards import CharacterFractionReward
-from lit_rlhf.types import PreferenceBatch, SFTBatch
+from lit_rlhf.types import PreferenceBatch, SFTBatch, SingleBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,6 +98,14 @@ def preference_batch() -> PreferenceBatch:
                            meta={"index": [0, 0]})
 
 
+def single_batch() -> SingleBatch:
+    ids = torch.tensor([PROMPT + CHOSEN, PROMPT + REJECTED])
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    loss_mask[:, len(PROMPT):] = True
+    return SingleBatch(ids, torch.ones_like(ids, dtype=torch.bool), loss_mask, torch.full((2,), len(PROMPT)),
+                       rewards=torch.tensor([1.0, -1.0]))
+
+
 @pytest.mark.parametrize("checkpointing", [True, False])
 def test_sft_recomputes_every_layer_in_backward_only_with_checkpointing(saved_tiny, tmp_path, checkpointing):
     module = SFTModule(model=saved_tiny, gradient_checkpointing=checkpointing)
@@ -133,3 +141,32 @@ def test_ppo_recomputes_the_policy_and_the_value_model(saved_tiny, tmp_path):
     fit_one_step(module, prompts, calls, tmp_path)
     assert calls.modes == [(True, True)]
     assert calls.backward_calls == [calls.layers]  # one backward of the policy + value loss: both models recomputed
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_drov_recomputes_the_policy_and_the_value_network(saved_tiny, tmp_path, checkpointing):
+    module = DROVModule(model=saved_tiny, gradient_checkpointing=checkpointing)  # V(x): a separate network
+    calls = Recomputations(lambda m: [m.policy, m.value], frozen_of=lambda m: [m.ref_model])
+    fit_one_step(module, single_batch(), calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers if checkpointing else 0]  # one backward of policy + value loss
+
+
+def test_drov_lora_value_on_its_own_base_is_recomputed(saved_tiny, tmp_path):
+    # another checkpoint than the policy's: V(x) is a value adapter on its own frozen body
+    module = DROVModule(model=saved_tiny, value_model="tiny-random-llama", lora={"r": 4, "alpha": 8},
+                        gradient_checkpointing=True)
+    assert module.value.backbone is not module.policy.get_base_model().model  # two bodies
+    calls = Recomputations(lambda m: [m.policy, m.value])
+    fit_one_step(module, single_batch(), calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]
+
+
+def test_kto_recomputes_the_policy_and_keeps_the_reference_in_eval_mode(saved_tiny, tmp_path):
+    module = KTOModule(model=saved_tiny, gradient_checkpointing=True)
+    batch = single_batch()._replace(rewards=None, labels=torch.tensor([True, False]))
+    calls = Recomputations(lambda m: [m.policy], frozen_of=lambda m: [m.ref_model])
+    fit_one_step(module, batch, calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]  # z0's forward (mismatched pairs) is without grad: not recomputed
