@@ -5,9 +5,12 @@ Hugging Face decoder layers checkpoint only in train mode: a module must put its
 in train mode itself, or `gradient_checkpointing: true` silently keeps every activation. The
 evidence asserted here is the recomputation itself: with checkpointing on, each decoder layer of
 the trained model runs once more inside the backward pass (and never without it), while frozen
-models stay in eval mode."""
+models stay in eval mode. Lightning's start-of-training check of the modes (which runs before
+`on_train_start`) reports nothing: the frozen models are in eval mode on purpose."""
 
 from __future__ import annotations
+
+import warnings
 
 import lightning as L
 import pytest
@@ -74,13 +77,18 @@ class Recomputations(L.Callback):
 
 
 def fit_one_step(module, batch_or_loader, callback: Recomputations, tmp_path) -> None:
+    """One training step; Lightning's start-of-training check finds no module in eval mode but
+    the frozen ones, which it does not report."""
     trainer = L.Trainer(max_steps=1, max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback],
                         default_root_dir=tmp_path)
     loader = batch_or_loader
     if not isinstance(loader, DataLoader):
         loader = DataLoader([batch_or_loader], batch_size=None, collate_fn=lambda item: item)
-    trainer.fit(module, train_dataloaders=loader)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, train_dataloaders=loader)
+    assert not [str(w.message) for w in caught if "eval mode" in str(w.message)]
 
 
 def sft_batch() -> SFTBatch:
@@ -170,3 +178,16 @@ def test_kto_recomputes_the_policy_and_keeps_the_reference_in_eval_mode(saved_ti
     fit_one_step(module, batch, calls, tmp_path)
     assert calls.modes == [(True, True)]
     assert calls.backward_calls == [calls.layers]  # z0's forward (mismatched pairs) is without grad: not recomputed
+
+
+def test_a_trained_module_left_in_eval_mode_is_still_reported(tmp_path):
+    module = DPOModule(model="tiny-random-llama")
+    module.train()
+    module.policy.lm_head.eval()  # a trained module in eval mode; the reference is frozen (eval mode on purpose)
+    with pytest.warns(UserWarning, match=r"^1 trained module\(s\) in eval mode at the start of training: policy.lm_head$"):
+        module.warn_trained_in_eval_mode()
+    module.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module.warn_trained_in_eval_mode()  # only the frozen reference is in eval mode: nothing to say
+    assert not module.ref_model.training
