@@ -67,6 +67,34 @@ def peft_config(spec: dict[str, Any]):
     return adapters.lora_config(spec)
 
 
+def lora_parser(description: str) -> argparse.ArgumentParser:
+    """The flags both LoRA benchmarks (this one and `bench_lora_phases.py`) take: the adapter
+    (`--lora-r`, `--lora-alpha`), TRL's python, `--json`, and a worker's result file."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--lora-alpha", type=float, default=32.0)
+    parser.add_argument("--trl-python", default="/tmp/benchvenv/bin/python")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--worker-result", help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_lora_args(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(our flags, the method benchmark's): a worker gets its own flags, then the method
+    benchmark's after `--`; otherwise the flags `parser` does not know pass through."""
+    if "--" in argv:
+        split = argv.index("--")
+        return parser.parse_args(argv[:split]), argv[split + 1:]
+    return parser.parse_known_args(argv)
+
+
+def write_json(path: str | None, out: dict[str, Any]) -> None:
+    """`out` as indented JSON at `path` (its folder made), nothing when `path` is None."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=2))
+
+
 # --------------------------------------------------------------------------------------------
 # workers: the method benchmark's own worker, with LoRA switched on
 # --------------------------------------------------------------------------------------------
@@ -216,23 +244,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         from benchmarks import bench_lora_phases
 
         return bench_lora_phases.main([a for a in argv if a != "--phases"])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = lora_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--variants", default="full,lora,trl_lora")
-    parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--lora-alpha", type=float, default=32.0)
-    parser.add_argument("--trl-python", default="/tmp/benchvenv/bin/python")
     parser.add_argument("--trl-ppo-python", default="/tmp/benchvenv-ppo/bin/python")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--json", default=None)
     parser.add_argument("--phases", action="store_true", help="run bench_lora_phases.py with the other flags")
     parser.add_argument("--worker-variant", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-result", help=argparse.SUPPRESS)
-    if "--" in argv:  # a worker: its own flags, then the method benchmark's after `--`
-        split = argv.index("--")
-        ns, passthrough = parser.parse_args(argv[:split]), argv[split + 1:]
-    else:
-        ns, passthrough = parser.parse_known_args(argv)
+    ns, passthrough = parse_lora_args(parser, argv)
     spec = lora_spec(ns)
     if ns.worker_variant:
         method, variant = ns.worker_variant.split(":")
@@ -255,9 +274,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     out = report(results)
     out["config"] = {"argv": argv, "lora": spec, "load_average": os.getloadavg()}
     print(format_report(out))
-    if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps(out, indent=2))
+    write_json(ns.json, out)
     return out
 
 

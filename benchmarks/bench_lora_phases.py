@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.bench_lora import lora_spec, peft_config
+from benchmarks.bench_lora import lora_parser, lora_spec, parse_lora_args, peft_config, write_json
 from benchmarks.common import REPO, parse_config, setup_worker
 
 PHASE_VARIANTS = ("lora", "trl_lora", "bare")
@@ -384,9 +384,7 @@ def run_phases(variants: Sequence[str], passthrough: list[str], ns) -> dict[str,
             if proc.returncode != 0 or not result.exists():
                 raise RuntimeError(f"phases/{variant} worker failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
             results[variant] = json.loads(result.read_text())
-        if ns.json:
-            Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(ns.json).write_text(json.dumps({"phases": results, "partial": True}, indent=2))
+        write_json(ns.json, {"phases": results, "partial": True})
     return results
 
 
@@ -410,20 +408,11 @@ def format_phases(results: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = lora_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--phase-variants", default=",".join(PHASE_VARIANTS))
     parser.add_argument("--tensors", action="store_true", help="torch's memory profiler on one more step")
-    parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--lora-alpha", type=float, default=32.0)
-    parser.add_argument("--trl-python", default="/tmp/benchvenv/bin/python")
-    parser.add_argument("--json", default=None)
     parser.add_argument("--phase-worker", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-result", help=argparse.SUPPRESS)
-    if "--" in argv:  # a worker: its own flags, then the DPO benchmark's after `--`
-        split = argv.index("--")
-        ns, passthrough = parser.parse_args(argv[:split]), argv[split + 1:]
-    else:
-        ns, passthrough = parser.parse_known_args(argv)
+    ns, passthrough = parse_lora_args(parser, argv)  # the DPO benchmark's flags pass through
     spec = lora_spec(ns)
     if ns.phase_worker:
         result = phases_worker(ns.phase_worker, passthrough, spec, ns.tensors)
@@ -436,9 +425,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     out = {"phases": run_phases(variants, passthrough, ns),
            "config": {"argv": argv, "lora": spec, "load_average": os.getloadavg()}}
     print(format_phases(out["phases"]))
-    if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps(out, indent=2))
+    write_json(ns.json, out)
     return out
 
 
