@@ -1,5 +1,6 @@
 """The rollout side of `OnlineModule` (steps 1-4 of `lit_rlhf.modules.online`): sample, score
-once, reward, shape; the rollout's objective stats and logged completions.
+once, reward, shape; the rollout's objective stats and logged completions; the seeded
+generators of validation sampling (`validation_rng`) and `repeat_meta`.
 
 `RolloutMixin` holds the methods; `OnlineModule` mixes it in and defines what they read: the
 sampling settings (`sampling`), the reward sources (`reward_model`, `reward_fns`), the
@@ -35,7 +36,6 @@ from lit_rlhf.types import PromptBatch, Rollout
 
 class RolloutMixin:
     """Generation, reward sources and the rollout hook of an `OnlineModule` (a `PolicyModule`)."""
-
 
     @property
     def _synced_gpus(self) -> bool:

@@ -21,7 +21,6 @@ from lit_rlhf.types import Rollout
 class UpdateLoopMixin:
     """The update loop of an `OnlineModule` (a `PolicyModule` under manual optimization)."""
 
-
     def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor) -> Tensor | None:
         """Truncated importance weights (n, R) of `rows` (`tis_cap`), None when TIS is off.
         `train_logps`: the trainer's log-probs of those rows at sampling time."""
