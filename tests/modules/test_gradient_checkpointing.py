@@ -191,3 +191,26 @@ def test_a_trained_module_left_in_eval_mode_is_still_reported(tmp_path):
         warnings.simplefilter("error")
         module.warn_trained_in_eval_mode()  # only the frozen reference is in eval mode: nothing to say
     assert not module.ref_model.training
+
+
+def test_ppo_lora_value_on_a_separate_reward_model_is_recomputed(saved_tiny, tmp_path):
+    # a full reward model (not an adapter of the policy's base): the value (D22) is a LoRA adapter on its own body
+    reward_dir = RewardModule(model=saved_tiny).export_hf(tmp_path / "reward")
+    module = PPOModule(model=saved_tiny, reward_model=str(reward_dir), lora={"r": 4, "alpha": 8}, max_new_tokens=4,
+                       ppo_epochs=1, num_minibatches=1, total_episodes=2, gradient_checkpointing=True)
+    assert module.value_model.backbone is not module.policy.get_base_model().model  # two bodies
+    tokenizer = module.tokenizer
+    rows = [{"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hello there", "once")]
+    prompts = DataLoader(rows, batch_size=2, collate_fn=PromptCollator(tokenizer.pad_token_id))
+    calls = Recomputations(lambda m: [m.policy, m.value_model], frozen_of=lambda m: [m.reward_model])
+    fit_one_step(module, prompts, calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]
+
+
+def test_reward_model_lora_recomputes_every_layer_in_backward(saved_tiny, tmp_path):
+    module = RewardModule(model=saved_tiny, lora={"r": 4, "alpha": 8}, gradient_checkpointing=True)
+    calls = Recomputations(lambda m: [m.reward_model])
+    fit_one_step(module, preference_batch(), calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]
