@@ -106,6 +106,11 @@ def preference_batch() -> PreferenceBatch:
                            meta={"index": [0, 0]})
 
 
+def prompt_loader(tokenizer) -> DataLoader:
+    rows = [{"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hello there", "once")]
+    return DataLoader(rows, batch_size=2, collate_fn=PromptCollator(tokenizer.pad_token_id))
+
+
 def single_batch() -> SingleBatch:
     ids = torch.tensor([PROMPT + CHOSEN, PROMPT + REJECTED])
     loss_mask = torch.zeros_like(ids, dtype=torch.bool)
@@ -131,8 +136,9 @@ def test_dpo_recomputes_the_policy_and_keeps_the_reference_in_eval_mode(saved_ti
     assert calls.backward_calls == [calls.layers]  # one policy forward (the pair shares its prompt), recomputed once
 
 
-def test_reward_model_recomputes_every_layer_in_backward(saved_tiny, tmp_path):
-    module = RewardModule(model=saved_tiny, gradient_checkpointing=True)
+@pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8}])
+def test_reward_model_recomputes_every_layer_in_backward(saved_tiny, tmp_path, lora):
+    module = RewardModule(model=saved_tiny, lora=lora, gradient_checkpointing=True)
     calls = Recomputations(lambda m: [m.reward_model])
     fit_one_step(module, preference_batch(), calls, tmp_path)
     assert calls.modes == [(True, True)]
@@ -142,11 +148,8 @@ def test_reward_model_recomputes_every_layer_in_backward(saved_tiny, tmp_path):
 def test_ppo_recomputes_the_policy_and_the_value_model(saved_tiny, tmp_path):
     module = PPOModule(model=saved_tiny, reward_fns=[CharacterFractionReward()], max_new_tokens=4, ppo_epochs=1,
                        num_minibatches=1, total_episodes=2, gradient_checkpointing=True)
-    tokenizer = module.tokenizer
-    rows = [{"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hello there", "once")]
-    prompts = DataLoader(rows, batch_size=2, collate_fn=PromptCollator(tokenizer.pad_token_id))
     calls = Recomputations(lambda m: [m.policy, m.value_model], frozen_of=lambda m: [m.ref_model])
-    fit_one_step(module, prompts, calls, tmp_path)
+    fit_one_step(module, prompt_loader(module.tokenizer), calls, tmp_path)
     assert calls.modes == [(True, True)]
     assert calls.backward_calls == [calls.layers]  # one backward of the policy + value loss: both models recomputed
 
@@ -199,18 +202,8 @@ def test_ppo_lora_value_on_a_separate_reward_model_is_recomputed(saved_tiny, tmp
     module = PPOModule(model=saved_tiny, reward_model=str(reward_dir), lora={"r": 4, "alpha": 8}, max_new_tokens=4,
                        ppo_epochs=1, num_minibatches=1, total_episodes=2, gradient_checkpointing=True)
     assert module.value_model.backbone is not module.policy.get_base_model().model  # two bodies
-    tokenizer = module.tokenizer
-    rows = [{"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hello there", "once")]
-    prompts = DataLoader(rows, batch_size=2, collate_fn=PromptCollator(tokenizer.pad_token_id))
     calls = Recomputations(lambda m: [m.policy, m.value_model], frozen_of=lambda m: [m.reward_model])
-    fit_one_step(module, prompts, calls, tmp_path)
+    fit_one_step(module, prompt_loader(module.tokenizer), calls, tmp_path)
     assert calls.modes == [(True, True)]
     assert calls.backward_calls == [calls.layers]
 
-
-def test_reward_model_lora_recomputes_every_layer_in_backward(saved_tiny, tmp_path):
-    module = RewardModule(model=saved_tiny, lora={"r": 4, "alpha": 8}, gradient_checkpointing=True)
-    calls = Recomputations(lambda m: [m.reward_model])
-    fit_one_step(module, preference_batch(), calls, tmp_path)
-    assert calls.modes == [(True, True)]
-    assert calls.backward_calls == [calls.layers]
