@@ -25,22 +25,8 @@ peak memory (goal <= 0.5), LoRA DPO / TRL LoRA DPO peak memory (goal <= 0.7) and
 Our interleaved bare-model steps are off (`--no-bare`): the overhead ratio is the method
 benchmarks' business. Timings are only meaningful on a quiet machine (benchmarks/README.md).
 
-Where a LoRA DPO step's memory goes (`--phases`, memory only):
-
-    python -m benchmarks.bench_lora --phases --model smollm2-135m-instruct --batch-size 2 \
-        --prompt-length 64 --completion-length 16 --json benchmarks/results/lora_dpo_phases.json
-
-runs, each in its own process, `lora` (our `DPOModule` with LoRA, fitted by Lightning as above),
-`trl_lora` (TRL's `DPOTrainer` with `peft_config`, its reference the adapter-free base) and
-`bare` (the floor: the same LoRA model, data and log-prob path in plain torch, without
-Lightning or a module: reference forward without grad, policy forward, DPO loss, backward,
-fused AdamW). Each reports its resident memory after the imports (the runtime), after building
-the model and at the start of the measured step (with how much freed memory glibc's malloc held
-then), and for each phase of that step (`PhaseMeter`: step start, policy forward, reference
-forward, loss, backward, optimizer step) the resident size at its start and its peak. With
-`--tensors` a further step runs under `torch.profiler(profile_memory=True)` and torch's memory
-profiler splits the live tensor bytes at each phase's peak into parameters, optimizer state,
-inputs, activations, gradients, temporaries and autograd detail (`tensor_phases`).
+Where a LoRA DPO step's memory goes, phase by phase: `bench_lora_phases.py` (also run as
+`python -m benchmarks.bench_lora --phases ...`).
 """
 
 from __future__ import annotations
@@ -50,7 +36,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -80,6 +65,34 @@ def peft_config(spec: dict[str, Any]):
     from lit_rlhf.models import adapters
 
     return adapters.lora_config(spec)
+
+
+def lora_parser(description: str) -> argparse.ArgumentParser:
+    """The flags both LoRA benchmarks (this one and `bench_lora_phases.py`) take: the adapter
+    (`--lora-r`, `--lora-alpha`), TRL's python, `--json`, and a worker's result file."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--lora-alpha", type=float, default=32.0)
+    parser.add_argument("--trl-python", default="/tmp/benchvenv/bin/python")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--worker-result", help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_lora_args(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(our flags, the method benchmark's): a worker gets its own flags, then the method
+    benchmark's after `--`; otherwise the flags `parser` does not know pass through."""
+    if "--" in argv:
+        split = argv.index("--")
+        return parser.parse_args(argv[:split]), argv[split + 1:]
+    return parser.parse_known_args(argv)
+
+
+def write_json(path: str | None, out: dict[str, Any]) -> None:
+    """`out` as indented JSON at `path` (its folder made), nothing when `path` is None."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,383 +182,6 @@ def worker(method: str, variant: str, argv: Sequence[str], spec: dict[str, Any])
 
 
 # --------------------------------------------------------------------------------------------
-# where a LoRA DPO step's memory goes (--phases)
-# --------------------------------------------------------------------------------------------
-
-PHASE_VARIANTS = ("lora", "trl_lora", "bare")
-
-
-def status_mb(field: str) -> float:
-    """A memory field of /proc/self/status (`VmRSS`, `VmHWM`) in MiB (Linux)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024.0
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def malloc_totals_mb() -> dict[str, float]:
-    """glibc malloc's totals over every arena (`malloc_stats`, mmapped chunks included): `system`
-    (what malloc holds from the kernel), `in_use`, and `free_held` = system - in use (memory
-    freed to malloc but not returned to the kernel; resident where it was touched). glibc prints
-    32-bit counters: right below 4 GiB, as here."""
-    import ctypes
-    import tempfile
-
-    libc = ctypes.CDLL("libc.so.6")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            libc.malloc_stats()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        tmp.seek(0)
-        text = tmp.read()
-    total = text.split("Total (incl. mmap):")[-1]
-    system = int(re.search(r"system bytes\s*=\s*(\d+)", total).group(1))
-    in_use = int(re.search(r"in use bytes\s*=\s*(\d+)", total).group(1))
-    return {"malloc_system_mb": system / 2**20, "malloc_in_use_mb": in_use / 2**20,
-            "malloc_free_held_mb": (system - in_use) / 2**20}
-
-
-class PhaseMeter:
-    """Resident memory by phase of one training step: at every boundary (`mark(next phase)`) the
-    resident size (VmRSS) and the peak of the phase that ends (VmHWM, reset at each boundary
-    through /proc/self/clear_refs, as `common.StepPeaks`). With `ranges`, every phase is also a
-    `torch.profiler.record_function` range `phase:<name>` (for `tensor_phases`)."""
-
-    def __init__(self) -> None:
-        self.phases: list[dict[str, Any]] = []
-        self.current: str | None = None
-        self.ranges = False
-        self._start = 0.0
-        self._range = None
-
-    @property
-    def active(self) -> bool:
-        return self.current is not None
-
-    def start(self, phase: str, ranges: bool = False) -> None:
-        self.phases, self.current, self.ranges = [], None, ranges
-        self.mark(phase, force=True)
-
-    def mark(self, phase: str | None, force: bool = False) -> None:
-        if not (self.active or force):
-            return
-        now, peak = status_mb("VmRSS"), status_mb("VmHWM")
-        if self.current is not None:
-            self.phases.append({"phase": self.current, "rss_start_mb": self._start, "peak_mb": peak, "rss_end_mb": now})
-        if self._range is not None:
-            self._range.__exit__(None, None, None)
-            self._range = None
-        self.current, self._start = phase, now
-        if phase is None:
-            return
-        Path("/proc/self/clear_refs").write_text("5")
-        if self.ranges:
-            import torch
-
-            self._range = torch.profiler.record_function(f"phase:{phase}")
-            self._range.__enter__()
-
-    def stop(self) -> list[dict[str, Any]]:
-        self.mark(None)
-        return self.phases
-
-
-def wrap_phase(obj: Any, name: str, meter: PhaseMeter, phase: Any, after: str | None) -> None:
-    """Make `obj.name(...)` a phase of `meter`: `phase` (a name, or a callable giving it at call
-    time) while it runs, `after` once it returns (None: the phase goes on until the next mark)."""
-    original = getattr(obj, name)
-
-    @functools.wraps(original)
-    def wrapped(*args, **kwargs):
-        meter.mark(phase() if callable(phase) else phase)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            if after is not None:
-                meter.mark(after)
-
-    setattr(obj, name, wrapped)
-
-
-def profiled_step_start():
-    import torch
-
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                  record_shapes=True, with_stack=True)
-    prof.start()
-    return prof
-
-
-def tensor_phases(prof) -> dict[str, Any]:
-    """Live tensor bytes (MiB) of a profiled step by category of torch's memory profiler
-    (`parameter`, `optimizer_state`, `input`, `temporary`, `activation`, `gradient`,
-    `autograd_detail`, `unknown`), at the step's peak and at the peak of each `phase:*` range."""
-    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
-
-    times, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
-    labels = {index + 1: "unknown" if category is None else category.name.lower()
-              for category, index in _CATEGORY_TO_INDEX.items()}
-    totals = [sum(row[1:]) for row in sizes]
-
-    def at(i: int) -> dict[str, float]:
-        return {"total_mb": totals[i] / 2**20, **{labels[j]: sizes[i][j] / 2**20 for j in sorted(labels)}}
-
-    ranges = []
-    results = prof.profiler.kineto_results
-    for event in results.events():
-        try:
-            name = event.name()
-        except UnicodeDecodeError:  # a few profiler events carry undecodable names
-            continue
-        if name.startswith("phase:"):
-            ranges.append((name[len("phase:"):], event.start_ns() // 1000, event.end_ns() // 1000))
-    out: dict[str, Any] = {"step_peak": at(max(range(len(totals)), key=totals.__getitem__)), "phases": []}
-    for name, start, end in sorted(ranges, key=lambda r: r[1]):
-        inside = [i for i, t in enumerate(times) if start <= t <= end]
-        if inside:
-            out["phases"].append({"phase": name, **at(max(inside, key=totals.__getitem__))})
-    return out
-
-
-def _phase_rows(cfg):
-    from benchmarks.common import preference_batch, step_rows
-
-    def batches(tokenizer):
-        return [preference_batch(rows) for rows in step_rows(cfg, tokenizer)]
-
-    return batches
-
-
-def phases_lora(cfg, spec: dict[str, Any], tensors: bool) -> dict[str, Any]:
-    """Our `DPOModule` with LoRA, fitted by a plain Lightning Trainer as `common.fit_ours` does."""
-    import lightning as L
-    from torch.utils.data import DataLoader
-
-    from benchmarks import bench_dpo
-    from lit_rlhf.modules import DPOModule
-
-    out: dict[str, Any] = {"rss_runtime_mb": status_mb("VmRSS")}
-    module = DPOModule(model=cfg.model, beta=bench_dpo.BETA, lr=bench_dpo.LR, lr_scheduler="cosine", lora=spec,
-                       gradient_checkpointing=cfg.gradient_checkpointing)
-    out["rss_model_mb"] = status_mb("VmRSS")
-    batches = _phase_rows(cfg)(module.tokenizer)
-    measured = cfg.warmup
-    profiled = measured + 1 if tensors else None
-    meter = PhaseMeter()
-    wrap_phase(module, "policy_logps", meter, "policy forward", "loss")
-    wrap_phase(module, "reference_logps", meter, "reference forward", None)  # then the policy forward
-
-    class Probe(L.Callback):
-        prof = None
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if batch_idx == measured:
-                out["step_start"] = {"rss_mb": status_mb("VmRSS"), **malloc_totals_mb()}
-                meter.start("step start")
-            elif batch_idx == profiled:
-                self.prof = profiled_step_start()
-                meter.start("step start", ranges=True)
-
-        def on_before_backward(self, trainer, pl_module, loss):
-            meter.mark("backward")
-
-        def on_after_backward(self, trainer, pl_module):
-            meter.mark("after backward")
-
-        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-            meter.mark("optimizer step")
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if batch_idx == measured:
-                out["phases"] = meter.stop()
-            elif batch_idx == profiled:
-                meter.stop()
-                self.prof.stop()
-                out["tensors"] = tensor_phases(self.prof)
-
-    trainer = L.Trainer(accelerator="cpu", devices=1, precision="32-true", max_steps=len(batches), logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Probe()], log_every_n_steps=cfg.log_every)
-    trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None, shuffle=False, collate_fn=lambda b: b))
-    return out
-
-
-def phases_trl_lora(cfg, spec: dict[str, Any], tensors: bool) -> dict[str, Any]:
-    """TRL's `DPOTrainer` of `bench_dpo.trl` with `peft_config` (no reference model built)."""
-    import torch
-    from transformers import TrainerCallback
-    from trl import DPOTrainer
-
-    from benchmarks import bench_dpo
-    from lit_rlhf import models
-
-    out: dict[str, Any] = {"rss_runtime_mb": status_mb("VmRSS")}
-    config = peft_config(spec)
-    models.frozen_copy = lambda model: None  # with peft_config TRL's reference is the base: build no copy
-    measured = cfg.warmup
-    profiled = measured + 1 if tensors else None
-    meter = PhaseMeter()
-    original = DPOTrainer.__init__
-
-    @functools.wraps(original)
-    def with_peft(self, *args, **kwargs):
-        kwargs["ref_model"] = None
-        original(self, *args, peft_config=config, **kwargs)
-        out["rss_model_mb"] = status_mb("VmRSS")
-        wrap_phase(self.model, "forward", meter, lambda: "policy forward" if torch.is_grad_enabled() else "reference forward",
-                   "loss")
-        wrap_phase(self.accelerator, "backward", meter, "backward", "after backward")
-
-    DPOTrainer.__init__ = with_peft
-
-    class Probe(TrainerCallback):
-        prof = None
-        times: list[float] = []
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            if state.global_step == measured:
-                out["step_start"] = {"rss_mb": status_mb("VmRSS"), **malloc_totals_mb()}
-                meter.start("step start")
-            elif state.global_step == profiled:
-                self.prof = profiled_step_start()
-                meter.start("step start", ranges=True)
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            meter.mark("optimizer step")
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step - 1 == measured:
-                out["phases"] = meter.stop()
-            elif state.global_step - 1 == profiled:
-                meter.stop()
-                self.prof.stop()
-                out["tensors"] = tensor_phases(self.prof)
-
-    bench_dpo.trl_step_timer = Probe
-    bench_dpo.trl(cfg)
-    return out
-
-
-def phases_bare(cfg, spec: dict[str, Any], tensors: bool) -> dict[str, Any]:
-    """The floor: the LoRA policy (same adapters), the same batches and log-prob path
-    (`grouped_token_logps`: shared prompt, chunked output layer) and fused AdamW in plain torch:
-    reference forward without grad (adapter off), policy forward, DPO sigmoid loss, backward, step
-    (the module's order)."""
-    import torch
-    import torch.nn.functional as F
-
-    from benchmarks import bench_dpo
-    from lit_rlhf.models import adapters, load_causal_lm, load_tokenizer
-    from lit_rlhf.ops import DEFAULT_CHUNK_SIZE
-    from lit_rlhf.ops.shared_prompt import grouped_token_logps
-
-    out: dict[str, Any] = {"rss_runtime_mb": status_mb("VmRSS")}
-    tokenizer = load_tokenizer(cfg.model)
-    policy = adapters.add_lora(load_causal_lm(cfg.model, tokenizer, "float32"), peft_config(spec), adapters.POLICY)
-    adapters.set_trainable(policy, {adapters.POLICY: True})
-    policy.train()
-    if cfg.gradient_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
-            "use_reentrant": False, "context_fn": adapters.checkpoint_context_fn(policy)})
-        policy.enable_input_require_grads()
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=bench_dpo.LR, fused=True)
-    out["rss_model_mb"] = status_mb("VmRSS")
-    meter = PhaseMeter()
-    prof = None
-    for step, batch in enumerate(_phase_rows(cfg)(tokenizer)):
-        if step == cfg.warmup:
-            out["step_start"] = {"rss_mb": status_mb("VmRSS"), **malloc_totals_mb()}
-            meter.start("step start")
-        elif tensors and step == cfg.warmup + 1:
-            prof = profiled_step_start()
-            meter.start("step start", ranges=True)
-        elif step > cfg.warmup + int(tensors):
-            break
-        args = (batch.input_ids, batch.attention_mask, batch.loss_mask, batch.sharing, 1.0, DEFAULT_CHUNK_SIZE)
-        meter.mark("reference forward")
-        with torch.no_grad(), adapters.use_adapter(policy, None):
-            ref = (grouped_token_logps(policy, *args) * batch.loss_mask).sum(dim=1)  # (2B,)
-        meter.mark("policy forward")
-        logps = (grouped_token_logps(policy, *args) * batch.loss_mask).sum(dim=1)  # (2B,)
-        meter.mark("loss")
-        half = logps.shape[0] // 2
-        h = (logps[:half] - ref[:half]) - (logps[half:] - ref[half:])  # (B,)
-        loss = -F.logsigmoid(bench_dpo.BETA * h).mean()
-        meter.mark("backward")
-        loss.backward()
-        meter.mark("optimizer step")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        phases = meter.stop()
-        if prof is not None:
-            prof.stop()
-            out["tensors"] = tensor_phases(prof)
-        elif step == cfg.warmup:
-            out["phases"] = phases
-    return out
-
-
-def phases_worker(variant: str, argv: Sequence[str], spec: dict[str, Any], tensors: bool) -> dict[str, Any]:
-    from benchmarks import bench_dpo
-
-    cfg, _ = parse_config(argv, "dpo phases worker", getattr(bench_dpo, "_extra", None))
-    setup_worker(cfg)
-    if tensors:
-        cfg.steps += 1  # the profiled step runs after the measured one
-    run = {"lora": phases_lora, "trl_lora": phases_trl_lora, "bare": phases_bare}[variant]
-    out = run(cfg, spec, tensors)
-    out["step_peak_mb"] = max(p["peak_mb"] for p in out["phases"])
-    out["runtime_modules"] = sorted(m for m in ("lightning", "transformers", "peft", "trl", "datasets", "accelerate")
-                                    if m in sys.modules)
-    return out
-
-
-def run_phases(variants: Sequence[str], passthrough: list[str], ns) -> dict[str, Any]:
-    """Each variant in its own process, one after the other (with `--json`, the results so far
-    are written after each)."""
-    results = {}
-    for variant in variants:
-        print(f"[lora phases] {variant} ...", file=sys.stderr, flush=True)
-        python = ns.trl_python if variant == "trl_lora" else sys.executable
-        with tempfile.TemporaryDirectory(prefix="lit_rlhf_bench_lora_phases_") as tmp:
-            result = Path(tmp) / "phases.json"
-            cmd = [python, "-m", "benchmarks.bench_lora", "--lora-r", str(ns.lora_r), "--lora-alpha", str(ns.lora_alpha),
-                   "--phase-worker", variant, "--worker-result", str(result), *(["--tensors"] if ns.tensors else []),
-                   "--", *passthrough]
-            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-            if proc.returncode != 0 or not result.exists():
-                raise RuntimeError(f"phases/{variant} worker failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-            results[variant] = json.loads(result.read_text())
-        if ns.json:
-            Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(ns.json).write_text(json.dumps({"phases": results, "partial": True}, indent=2))
-    return results
-
-
-def format_phases(results: dict[str, Any]) -> str:
-    lines = []
-    for variant, r in results.items():
-        start = r["step_start"]
-        lines.append(f"{variant}: runtime {r['rss_runtime_mb']:.0f} MiB, + model {r['rss_model_mb']:.0f}, step start "
-                     f"{start['rss_mb']:.0f} (malloc holds {start['malloc_free_held_mb']:.0f} freed), step peak "
-                     f"{r['step_peak_mb']:.0f}")
-        for p in r["phases"]:
-            lines.append(f"    {p['phase']:>18}: start {p['rss_start_mb']:7.0f}  peak {p['peak_mb']:7.0f}  "
-                         f"(+{p['peak_mb'] - start['rss_mb']:6.0f} over step start)")
-        for p in (r.get("tensors") or {}).get("phases", []):
-            cats = ", ".join(f"{k} {v:.0f}" for k, v in p.items() if k not in ("phase", "total_mb") and v >= 0.5)
-            lines.append(f"    tensors at {p['phase']:>18} peak: {p['total_mb']:7.0f} MiB ({cats})")
-    if "lora" in results and "trl_lora" in results:
-        lines.append(f"lora / trl_lora step peak: {results['lora']['step_peak_mb'] / results['trl_lora']['step_peak_mb']:.3f}")
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------------
 
@@ -604,43 +240,19 @@ def format_report(out: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    if "--phases" in argv:  # where a LoRA DPO step's memory goes
+        from benchmarks import bench_lora_phases
+
+        return bench_lora_phases.main([a for a in argv if a != "--phases"])
+    parser = lora_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--variants", default="full,lora,trl_lora")
-    parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--lora-alpha", type=float, default=32.0)
-    parser.add_argument("--trl-python", default="/tmp/benchvenv/bin/python")
     parser.add_argument("--trl-ppo-python", default="/tmp/benchvenv-ppo/bin/python")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--phases", action="store_true", help="where a LoRA DPO step's memory goes (see above)")
-    parser.add_argument("--phase-variants", default=",".join(PHASE_VARIANTS))
-    parser.add_argument("--tensors", action="store_true", help="with --phases: torch's memory profiler on one more step")
+    parser.add_argument("--phases", action="store_true", help="run bench_lora_phases.py with the other flags")
     parser.add_argument("--worker-variant", help=argparse.SUPPRESS)
-    parser.add_argument("--phase-worker", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-result", help=argparse.SUPPRESS)
-    if "--" in argv:  # a worker: its own flags, then the method benchmark's after `--`
-        split = argv.index("--")
-        ns, passthrough = parser.parse_args(argv[:split]), argv[split + 1:]
-    else:
-        ns, passthrough = parser.parse_known_args(argv)
+    ns, passthrough = parse_lora_args(parser, argv)
     spec = lora_spec(ns)
-    if ns.phase_worker:
-        result = phases_worker(ns.phase_worker, passthrough, spec, ns.tensors)
-        Path(ns.worker_result).write_text(json.dumps(result))
-        return None
-    if ns.phases:
-        variants = [v for v in ns.phase_variants.split(",") if v]
-        unknown = [v for v in variants if v not in PHASE_VARIANTS]
-        if unknown:
-            raise SystemExit(f"unknown phase variant(s) {unknown}; expected some of {list(PHASE_VARIANTS)}")
-        out = {"phases": run_phases(variants, passthrough, ns),
-               "config": {"argv": argv, "lora": spec, "load_average": os.getloadavg()}}
-        print(format_phases(out["phases"]))
-        if ns.json:
-            Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(ns.json).write_text(json.dumps(out, indent=2))
-        return out
     if ns.worker_variant:
         method, variant = ns.worker_variant.split(":")
         result = worker(method, variant, passthrough, spec)
@@ -662,9 +274,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     out = report(results)
     out["config"] = {"argv": argv, "lora": spec, "load_average": os.getloadavg()}
     print(format_report(out))
-    if ns.json:
-        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ns.json).write_text(json.dumps(out, indent=2))
+    write_json(ns.json, out)
     return out
 
 

@@ -5,8 +5,7 @@ carry no information for a run of this project:
 
 - Lightning: the LitLogger tip, "GPU/TPU/HPU available", "Seed set to", "Loading
   `train_dataloader` to estimate ...", "`weights_only` was not set", the LeafSpec deprecation,
-  "Found N module(s) in eval mode" (frozen reference and reward models are in eval mode by
-  design, D7), "Trying to infer the `batch_size`";
+  "Trying to infer the `batch_size`";
 - DeepSpeed: "Setting accelerator to CPU" (printed when Lightning imports its DeepSpeed
   strategy on a machine without GPU);
 - the progress bars of `transformers` (loading weights, writing shards), `datasets` (building
@@ -46,7 +45,6 @@ LOG_FILTERS: dict[str, tuple[str, ...]] = {
 # (message regex, category) of Python warnings ignored
 WARNING_FILTERS: tuple[tuple[str, type[Warning]], ...] = (
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning),
-    (r"Found \d+ module\(s\) in eval mode at the start of training", Warning),
     (r"Trying to infer the `batch_size` from an ambiguous collection", Warning),
 )
 

@@ -341,6 +341,11 @@ class AdapterScalarModel(ScalarHeadModel):
     def backbone(self) -> nn.Module:
         return backbone(self.peft_model)
 
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Nothing of its own to switch: the shared base is the policy's, which `PolicyModule`'s
+        `gradient_checkpointing` checkpoints, each recomputation under the adapter of the forward
+        it replays (`checkpoint_context_fn`)."""
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         with use_adapter(self.peft_model, self.adapter):
             return super().forward(input_ids, attention_mask)

@@ -74,6 +74,12 @@ class ScalarHeadModel(nn.Module):
         hidden = out.last_hidden_state  # (B, T, d)
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)  # (B, T)
 
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute the backbone's activations in the backward pass (non-reentrant
+        `torch.utils.checkpoint` by default); the head is one linear layer, kept as it is."""
+        kwargs = {"use_reentrant": False} if gradient_checkpointing_kwargs is None else gradient_checkpointing_kwargs
+        self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
         """Scalar at `index` (B,) or, by default, at the last True of `attention_mask` (D12)."""
         from lit_rlhf.ops import last_true_index

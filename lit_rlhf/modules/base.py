@@ -39,6 +39,7 @@ import torch
 from lightning import LightningModule
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities.enums import GradClipAlgorithmType
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_rlhf import checks, models, resume, rng
@@ -233,15 +234,32 @@ class TrainingModule(LightningModule):
             install_atomic_checkpoint_io(self.trainer)
             allow_hparam_globals(self.hparams)  # resume from our own checkpoints with weights_only loading
 
-    def on_train_start(self) -> None:
-        """Put the trained models in train mode, then resume the random generators where the
-        checkpoint left them, after everything that may draw differently in a resumed run
-        (set-up, sanity check, dataloader creation).
+    def on_fit_start(self) -> None:
+        """Put the trained models in train mode before the fit loop starts; frozen models stay
+        in eval mode (`PolicyModule.train`, D7).
 
         A model loaded with `from_pretrained` arrives in eval mode and Lightning's fit does not
         switch it; left so, gradient checkpointing (which Hugging Face layers apply only in train
-        mode) would silently stay off. Frozen models stay in eval mode (`PolicyModule.train`)."""
+        mode) would silently stay off. The fit loop then checks the modes before `on_train_start`
+        and would warn of every module in eval mode, the frozen models included: its check is
+        replaced by `warn_trained_in_eval_mode`, which leaves the frozen models out."""
         self.train()
+        loop = self.trainer.fit_loop
+        if callable(getattr(loop, "_warn_if_modules_in_eval_mode", None)):  # Lightning's (private) check
+            loop._warn_if_modules_in_eval_mode = self.warn_trained_in_eval_mode
+
+    def warn_trained_in_eval_mode(self) -> None:
+        """Warn (rank 0), naming them, of the submodules in eval mode at the start of training
+        other than the frozen models."""
+        frozen = set(getattr(self, "_frozen_names", ()))
+        stray = [name for name, m in self.named_modules() if not m.training and name.split(".")[0] not in frozen]
+        if stray:
+            rank_zero_warn(f"{len(stray)} trained module(s) in eval mode at the start of training: "
+                           f"{', '.join(stray[:5])}{', ...' if len(stray) > 5 else ''}")
+
+    def on_train_start(self) -> None:
+        """Resume the random generators where the checkpoint left them, after everything that
+        may draw differently in a resumed run (set-up, sanity check, dataloader creation)."""
         if self._restored_rng is not None:
             rng.restore_state(self._restored_rng)
             self._restored_rng = None

@@ -179,6 +179,7 @@ class DPOModule(PolicyModule):
         return loaders
 
     def on_fit_start(self) -> None:
+        super().on_fit_start()
         if self.precompute_ref_logps:
             names = ("train_dataloader",) + (("val_dataloader",) if self.trainer.limit_val_batches != 0 else ())
             self.precompute_reference(self._datamodule_loaders(names))

@@ -48,6 +48,8 @@ class DROVModule(PolicyModule):
             `shared` = a scalar head on the policy's own backbone (the paper's shared-network
             ablation: the value loss then also moves the policy's backbone). With `lora` and no
             `value_model`, V(x) is the adapter `value` on the policy's frozen base.
+            `gradient_checkpointing` applies to the value network as to the policy (one on the
+            policy's backbone or base is checkpointed with the policy).
         value_per: `example` (V(x), one value per prompt, the paper's DRO-V) or `batch` (one
             learnable scalar for all prompts, the paper's single-value ablation; no value network).
         ref_model: reference policy name; `None` = a frozen copy of the initial policy.
@@ -95,6 +97,8 @@ class DROVModule(PolicyModule):
             self.value.requires_grad_(True)
             if self.lora_config is not None:  # another base: a value adapter on its own frozen body
                 adapters.lora_on_scalar(self.value, self.lora_config, adapters.VALUE)
+        if self.hparams.gradient_checkpointing and self.value is not None and value_model != SHARED:
+            self.value.gradient_checkpointing_enable()  # trained like the policy: checkpointed too
         self.load_reference(ref_model, self.hparams.dtype)
 
     # ----------------------------------------------------------------------------------------

@@ -39,43 +39,36 @@ once that many episodes were sampled and sizes the learning-rate schedule to
 `trainer.max_steps` at -1 and `trainer.max_epochs` at -1 then (the prompt loader is simply
 reshuffled each epoch, D21). Without it, `trainer.max_steps` counts optimizer steps
 (`updates_per_rollout()` of them per rollout).
+
+Where the code is: steps 1-4 are `online_rollout.RolloutMixin`, step 5's loop is
+`online_update.UpdateLoopMixin`; this file holds `OnlineModule` itself (its arguments, what a
+method defines, the Lightning hooks: training and validation steps, episode budget, schedule
+length, checkpointed counters).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Literal
 
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
-from lit_rlhf import distributed
 from lit_rlhf.data.packing import padding_fraction
-from lit_rlhf.generation import (
-    SamplingConfig,
-    decode_responses,
-    generate_responses,
-    needs_synced_gpus,
-)
-from lit_rlhf.losses import truncated_importance_weights
-from lit_rlhf.models import adapters
+from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
+from lit_rlhf.modules.online_rollout import RolloutMixin, repeat_meta, validation_rng
+from lit_rlhf.modules.online_update import UpdateLoopMixin
 from lit_rlhf.ops import masked_sum
-from lit_rlhf.rewards import (
-    RewardNormalization,
-    call_reward_fn,
-    combine_rewards,
-    function_name,
-    reward_model_scores,
-)
+from lit_rlhf.rewards import RewardNormalization
 from lit_rlhf.types import PromptBatch, Rollout
 
+__all__ = ["OnlineModule", "RolloutMixin", "UpdateLoopMixin", "repeat_meta", "validation_rng"]
 
-class OnlineModule(PolicyModule):
+
+class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
     """Base of PPO and GRPO: generation, reward sources, the rollout hook, the update loop.
 
     Args:
@@ -220,235 +213,6 @@ class OnlineModule(PolicyModule):
         None) and the stats to log (names `group/name`)."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------------------------------------
-    # rollouts
-    # ------------------------------------------------------------------------------------------
-
-    @property
-    def _synced_gpus(self) -> bool:
-        return needs_synced_gpus(self._trainer)
-
-    def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True,
-                     sampling: SamplingConfig | None = None) -> tuple[Rollout, dict[str, Tensor]]:
-        """Generate, score once (old/reference log-probs, values) and reward, without grad.
-
-        `with_logps=False` leaves `rollout.logps` None (the update computes them). `sampling`
-        (default `self.sampling`) is how the responses are drawn; log-probs are always at the
-        training temperature. Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
-        combined, unshaped scores, and each reward source's (N,) rewards by name.
-        """
-        prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
-        meta = dict(batch.meta)
-        if repeats > 1:
-            prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)  # (B*G, P)
-            prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
-            meta = repeat_meta(meta, repeats)
-        response_ids, response_mask, has_eos, sampler_logps = self.generate(prompt_ids, prompt_mask, sampling or self.sampling)
-        micro = self.hparams.micro_batch_size
-        temperature = self.sampling.temperature
-        args = (prompt_ids, prompt_mask, response_ids, response_mask)
-        # a prompt's `repeats` copies share one prompt computation (`shared_prompt`)
-        groups = torch.arange(prompt_ids.shape[0], device=prompt_ids.device) // repeats if repeats > 1 else None
-        with torch.no_grad():
-            logps = self.response_token_logps(self.policy, *args, temperature, micro, groups) if with_logps else None  # (N, R)
-            ref = getattr(self, "ref_model", None)
-            ref_logps = None if ref is None else self.response_token_logps(ref, *args, temperature, micro, groups)
-        rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, logps, ref_logps, meta=meta,
-                          sampler_logps=sampler_logps)
-        with torch.no_grad():
-            values = self.rollout_values(rollout.input_ids, rollout.attention_mask, response_ids.shape[1])
-        rollout = rollout._replace(values=values)
-        scores, per_source = self.score_rollout(rollout, repeats)
-        self.check_finite(batch, scores=scores, values=values)
-        return rollout.with_scores(scores), per_source
-
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor,
-                 sampling: SamplingConfig) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """Sample responses with the `generation_backend` -> (response_ids (N, R), response_mask
-        (N, R), has_eos (N,), the sampler's log-probs (N, R), None for `hf`). With `vllm`, the
-        engine is built on first use and gets the policy's weights whenever an optimizer step
-        changed them since its last sync; each row's seed comes from torch's generator."""
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        if self.hparams.get("generation_backend", "hf") == "hf":
-            return (*generate_responses(self.policy, prompt_ids, prompt_mask, sampling, eos, pad,
-                                        synced_gpus=self._synced_gpus), None)
-        return self.vllm_engine().generate(prompt_ids, prompt_mask, sampling, eos, pad)
-
-    def vllm_engine(self):
-        """The colocated vLLM engine, holding the policy's current weights (with LoRA: the base
-        with the `policy` adapter merged, `lit_rlhf.generation.vllm`)."""
-        from lit_rlhf.generation.vllm import VLLMEngine
-
-        step = self.global_step if self._trainer is not None else 0
-        adapter = adapters.POLICY if self.lora_config is not None else None
-        if self._vllm_engine is None:
-            self._vllm_engine = VLLMEngine.from_policy(self.policy, self.tokenizer, adapter=adapter,
-                                                       **(self.hparams.get("vllm_kwargs") or {}))
-            self._vllm_engine.synced_step = step
-        elif self._vllm_engine.synced_step != step:
-            self._vllm_engine.sync_weights(self.policy, step, adapter=adapter)
-        return self._vllm_engine
-
-    def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor) -> Tensor | None:
-        """Truncated importance weights (n, R) of `rows` (`tis_cap`), None when TIS is off.
-        `train_logps`: the trainer's log-probs of those rows at sampling time."""
-        cap = self.hparams.get("tis_cap")
-        if cap is None or rollout.sampler_logps is None:
-            return None
-        return truncated_importance_weights(train_logps, rollout.sampler_logps[rows], rollout.response_mask[rows], cap)
-
-    @torch.no_grad()
-    def score_rollout(self, rollout: Rollout, group_size: int = 1) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every reward source on the rollout -> (weighted score (N,), {source name: (N,)}).
-
-        `group_size` rows per prompt (contiguous); `reward_normalization: group` needs >= 2.
-        Validation (the module not in training mode) reports the raw weighted sum."""
-        per_source: dict[str, Tensor] = {}
-        if getattr(self, "reward_model", None) is not None:
-            shared = group_size > 1 and self.shared_prompt  # a prompt's copies: one prompt computation
-            groups = torch.arange(rollout.prompt_ids.shape[0], device=rollout.prompt_ids.device) // group_size if shared else None
-            per_source["reward_model"] = reward_model_scores(
-                self.reward_model, rollout.input_ids, rollout.attention_mask, self.hparams.micro_batch_size,
-                groups, rollout.prompt_ids.shape[1],
-            )
-        if self.reward_fns:
-            prompts = rollout.meta.get("prompt") or self.tokenizer.batch_decode(
-                [ids[m].tolist() for ids, m in zip(rollout.prompt_ids, rollout.prompt_mask)]
-            )
-            completions = decode_responses(self.tokenizer, rollout.response_ids, rollout.response_mask)
-            columns = {
-                "completion_length": rollout.response_mask.sum(dim=1).tolist(),  # tokens, EOS included
-                "truncated": (~rollout.has_eos).tolist(),
-                **rollout.meta,
-            }
-            for fn in self.reward_fns:
-                name = function_name(fn)
-                while name in per_source:
-                    name += "_"
-                per_source[name] = call_reward_fn(fn, list(prompts), completions, columns)
-        device = rollout.response_ids.device
-        per_source = {k: v.to(device) for k, v in per_source.items()}
-        how = self.hparams.get("reward_normalization", "none") if self.training else "none"  # val: raw scores
-        if how == "group" and group_size < 2:
-            raise ValueError("reward_normalization 'group' needs several samples per prompt (GRPO's "
-                             "num_generations); this method samples one: use 'batch' or 'none'")
-        return combine_rewards(per_source, self.hparams.reward_weights, how, group_size), per_source
-
-    def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
-        """The shaped rollout a training step optimises on: `make_rollout` then the rollout hooks.
-        Returns (rollout, each source's rewards, sampling stats to log). A method may sample more
-        than one batch of prompts here (GRPO's dynamic sampling)."""
-        rollout, per_source = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
-        return self.apply_rollout_hooks(rollout), per_source, {}
-
-    def apply_rollout_hooks(self, rollout: Rollout) -> Rollout:
-        """The rollout hook: `callback.on_rollout_scores(trainer, pl_module, rollout) -> Rollout`
-        for each callback of `trainer.callbacks` that defines it, in list order."""
-        trainer = self._trainer
-        if trainer is None:
-            return rollout
-        for callback in trainer.callbacks:
-            hook = getattr(callback, "on_rollout_scores", None)
-            if hook is None:
-                continue
-            shaped = hook(trainer, self, rollout)
-            name = type(callback).__name__
-            if not isinstance(shaped, Rollout):
-                raise TypeError(f"{name}.on_rollout_scores must return a Rollout, got {type(shaped).__name__}")
-            if shaped.scores is None or shaped.scores.shape != rollout.scores.shape:
-                raise ValueError(f"{name}.on_rollout_scores must keep scores of shape {tuple(rollout.scores.shape)}")
-            rollout = shaped
-        return rollout
-
-    def notify_rollout_end(self, rollout: Rollout) -> None:
-        """`callback.on_rollout_end(trainer, pl_module, rollout)` for each callback that defines
-        it, in list order, with the final rollout (after the update; `logps` always filled)."""
-        trainer = self._trainer
-        for callback in trainer.callbacks if trainer is not None else []:
-            hook = getattr(callback, "on_rollout_end", None)
-            if hook is not None:
-                hook(trainer, self, rollout)
-
-    # ------------------------------------------------------------------------------------------
-    # the update loop
-    # ------------------------------------------------------------------------------------------
-
-    def minibatches(self, n_rows: int, num_minibatches: int, shuffle: bool = True) -> Iterator[Tensor]:
-        """Row indices of `num_minibatches` minibatches covering the rollout once."""
-        if n_rows % num_minibatches:
-            raise ValueError(f"the rollout's {n_rows} rows do not split into num_minibatches={num_minibatches} equal minibatches")
-        order = torch.randperm(n_rows) if shuffle else torch.arange(n_rows)
-        return iter(order.view(num_minibatches, -1))
-
-    def run_updates(
-        self,
-        n_rows: int,
-        epochs: int,
-        num_minibatches: int,
-        loss_fn: Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]],
-        row_weights: Tensor | None = None,
-    ) -> dict[str, Tensor]:
-        """`epochs` passes over the rollout in `num_minibatches` minibatches, one optimizer step
-        each, accumulating gradients over micro-batches of `micro_batch_size` rows.
-
-        `loss_fn(rows)` gets the rollout row indices of a micro-batch and returns (loss, stats),
-        the loss averaged over that micro-batch. Each micro-batch's loss is weighted by its share
-        of the minibatch's total weight, so the accumulated gradient is that of the loss over the
-        whole minibatch, whatever `micro_batch_size`:
-
-        - `row_weights` None: every row weighs 1 (a mean over sequences: the share of rows);
-        - `row_weights` (N,): the weight of each row, e.g. its number of response tokens for a
-          token-mean loss: a micro-batch's token mean times its tokens over the minibatch's tokens
-          is its token sum over the minibatch's tokens. The minibatch total is summed over all
-          ranks and multiplied by the world size (data parallelism averages the ranks'
-          gradients), so the loss is the token mean of the GLOBAL minibatch.
-
-        Returns the stats averaged over all micro-batches, plus `policy/first_ratio_mean` from the
-        first one (exactly 1: D7).
-        """
-        optimizer = self.optimizers()
-        totals: dict[str, Tensor] = {}
-        count = 0
-        first: dict[str, Tensor] = {}
-        for epoch in range(epochs):
-            # the first pass keeps the rollout's row order, so its first micro-batch is the one
-            # the old log-probs were computed on (bitwise equal ratios, D7)
-            for rows in self.minibatches(n_rows, num_minibatches, shuffle=epoch > 0):
-                micro = self.hparams.micro_batch_size or len(rows)
-                total = self.minibatch_weight(rows, row_weights)
-                finite = True
-                for start in range(0, len(rows), micro):
-                    micro_rows = rows[start: start + micro]
-                    loss, stats = loss_fn(micro_rows)
-                    finite = self.check_finite(loss=loss)  # raises (on_nonfinite: error) or skips the step
-                    if not finite:
-                        break
-                    share = len(micro_rows) if row_weights is None else row_weights[micro_rows].sum()
-                    self.manual_backward(loss * (share / total))
-                    if not first:
-                        first = {k: v.detach() for k, v in stats.items()}
-                    for k, v in stats.items():
-                        totals[k] = totals.get(k, 0.0) + v.detach().float()
-                    count += 1
-                if finite and self.gradients_finite():
-                    self.apply_optimizer_step(optimizer)
-                else:
-                    optimizer.zero_grad(set_to_none=True)
-        out = {k: v / max(count, 1) for k, v in totals.items()}
-        if "policy/ratio_mean" in first:
-            out["policy/first_ratio_mean"] = first["policy/ratio_mean"]
-        return out
-
-    @staticmethod
-    def minibatch_weight(rows: Tensor, row_weights: Tensor | None) -> Tensor | float:
-        """The total weight a minibatch's micro-batch losses are divided by (see `run_updates`)."""
-        if row_weights is None:
-            return float(len(rows))
-        total = row_weights[rows].sum().float()
-        if distributed.is_distributed():  # the global minibatch: every rank's rows, then DDP's 1/W
-            total = distributed.all_reduce_sum(total) / distributed.world_size()
-        return total.clamp(min=1e-6)  # a minibatch with no token in the loss (all masked): zero, not 0/0
-
     def setup(self, stage: str) -> None:
         super().setup(stage)
         # Under DeepSpeed the engine clips inside its step and Lightning's `clip_gradients` does
@@ -456,22 +220,6 @@ class OnlineModule(PolicyModule):
         strategy = self._trainer.strategy if self._trainer is not None else None
         if isinstance(strategy, DeepSpeedStrategy) and self.hparams.max_grad_norm:
             strategy.config.setdefault("gradient_clipping", float(self.hparams.max_grad_norm))
-
-    def apply_optimizer_step(self, optimizer) -> None:
-        """Clip, step, zero the grads, advance the learning-rate schedule by one step (unless
-        it advances per rollout: `step_lr_schedule` after the update then)."""
-        max_norm = self.hparams.max_grad_norm
-        if max_norm:
-            self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if self.hparams.get("lr_schedule_per", "optimizer_step") == "optimizer_step":
-            self.step_lr_schedule()
-
-    def step_lr_schedule(self) -> None:
-        schedulers = self.lr_schedulers()
-        for scheduler in schedulers if isinstance(schedulers, list) else [schedulers] if schedulers else []:
-            scheduler.step()
 
     # ------------------------------------------------------------------------------------------
     # the training step
@@ -503,25 +251,6 @@ class OnlineModule(PolicyModule):
         if every and (self.rollouts - 1) % every == 0:
             self.log_completions(rollout)
 
-    def rollout_stats(self, rollout: Rollout) -> dict[str, Tensor]:
-        """Objective stats of a shaped rollout: scores, KL, entropy, RLHF reward, lengths, EOS."""
-        mask = rollout.response_mask
-        stats = {
-            "objective/scores": rollout.scores.float().mean(),
-            "objective/entropy": -masked_sum(rollout.logps, mask, dim=1).mean(),  # sampled estimate, per sequence
-            "response/length": mask.sum(dim=1).float().mean(),
-            "response/eos_fraction": rollout.has_eos.float().mean(),
-        }
-        if rollout.ref_logps is not None:
-            kl = masked_sum(rollout.logps - rollout.ref_logps, mask, dim=1)  # (N,) k1, summed per sequence
-            stats["objective/kl"] = kl.mean()
-            stats["objective/rlhf_reward"] = (rollout.scores.float() - self.kl_weight * kl).mean()
-        if rollout.sampler_logps is not None and rollout.logps is not None and mask.any():
-            diff = (rollout.logps.float() - rollout.sampler_logps.float()).abs()[mask]  # trainer vs sampler, same temperature
-            stats["rollout/sampler_logprob_diff"] = diff.mean()
-            stats["rollout/sampler_logprob_diff_max"] = diff.max()
-        return stats
-
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         pass  # tokens/s and the padding fraction are logged by training_step (prompt + response tokens)
 
@@ -537,25 +266,6 @@ class OnlineModule(PolicyModule):
             return f"total_episodes={total} reached ({self.episodes} episodes sampled)"
         return ""
 
-    def log_completions(self, rollout: Rollout) -> None:
-        """Sample completions as a TensorBoard text table (prompt tail, completion, score)."""
-        logger = self.logger
-        experiment = getattr(logger, "experiment", None) if logger is not None else None
-        if experiment is None or not hasattr(experiment, "add_text") or not self.trainer.is_global_zero:
-            return
-        k = self.hparams.num_logged_completions
-        texts = decode_responses(self.tokenizer, rollout.response_ids[:k], rollout.response_mask[:k])
-        prompts = rollout.meta.get("prompt") or self.tokenizer.batch_decode(
-            [ids[m].tolist() for ids, m in zip(rollout.prompt_ids[:k], rollout.prompt_mask[:k])]
-        )
-
-        def cell(s: str) -> str:
-            return s.replace("|", "\\|").replace("\n", " ")
-
-        rows = ["| prompt (end) | completion | score |", "|---|---|---|"]
-        for p, c, s in zip(prompts, texts, rollout.scores[:k].tolist()):
-            rows.append(f"| {cell(p[-200:])} | {cell(c)} | {s:.3f} |")
-        experiment.add_text("train/completions", "\n".join(rows), self.global_step)
 
     # ------------------------------------------------------------------------------------------
     # validation: sample once per prompt and report the unshaped scores
@@ -621,21 +331,3 @@ class OnlineModule(PolicyModule):
         info = checkpoint.get(CHECKPOINT_KEY, {})
         self.episodes = int(info.get("episodes", 0))
         self.rollouts = int(info.get("rollouts", 0))
-
-
-@contextmanager
-def validation_rng(device: torch.device, step: int, batch_idx: int) -> Iterator[None]:
-    """Fork the torch generators (CPU, and `device` when it is a GPU) and seed them from the run's
-    seed (`PL_GLOBAL_SEED`, set by `seed_everything`), `step` and `batch_idx`; the global state
-    is restored on exit."""
-    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-    fork = torch.random.fork_rng(devices=[device], device_type="cuda") if device.type == "cuda" else \
-        torch.random.fork_rng(devices=[])
-    with fork:
-        torch.manual_seed((seed * 1_000_003 + step * 10_007 + batch_idx) % (2**63))
-        yield
-
-
-def repeat_meta(meta: dict[str, Sequence[Any]], repeats: int) -> dict[str, list[Any]]:
-    """Each column's entries repeated `repeats` times in place (a prompt's copies contiguous)."""
-    return {k: [v for v in values for _ in range(repeats)] for k, values in meta.items()}

@@ -53,7 +53,8 @@ class PPOModule(OnlineModule):
         value_model: the value model's initial weights (D22); None = the reward model (or, when
             there is none, the policy's backbone with a fresh D11 head).
             `gradient_checkpointing` applies to it as to the policy (a LoRA value adapter on the
-            policy's base is checkpointed with the policy; one on a separate reward model is not).
+            policy's base is checkpointed with the policy; one on a separate reward model's body
+            checkpoints that body).
         value_lr: learning rate of the value model; None = `lr`.
         kl_coef: the KL penalty coefficient (0.05, N+ Table 7); adapted by `KLControlCallback`.
         kl_estimator: per-token KL estimator of the penalty: `k1` (log pi - log pi_ref, N+) or `k3`.
@@ -116,8 +117,8 @@ class PPOModule(OnlineModule):
             self.value_model = load_reward_model(source, self.tokenizer, dtype=self.hparams.dtype)
             if self.lora_config is not None:  # a full reward model: its own frozen base, a value adapter on it
                 adapters.lora_on_scalar(self.value_model, self.lora_config, adapters.VALUE)
-        if self.hparams.gradient_checkpointing and self.lora_config is None:  # trained like the policy: checkpointed too
-            self.value_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.hparams.gradient_checkpointing:  # trained like the policy: checkpointed too
+            self.value_model.gradient_checkpointing_enable()
 
     @property
     def kl_weight(self) -> float:

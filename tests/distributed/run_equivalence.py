@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
-from lit_rlhf.modules import online  # noqa: E402
+from lit_rlhf.modules import online_rollout  # noqa: E402
 from tests.distributed import workloads as W  # noqa: E402
 
 GROUP = 2
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    online.generate_responses = row_seeded_generation(online.generate_responses)
+    online_rollout.generate_responses = row_seeded_generation(online_rollout.generate_responses)
     _, size = W.world()
     strategy = "ddp" if size > 1 else "single"
     W.write_result(args.out, {method: run(method, args, strategy) for method in args.methods.split(",")})

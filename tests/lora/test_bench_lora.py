@@ -1,10 +1,11 @@
-"""Smoke test of benchmarks/bench_lora.py: LoRA and full DPO side by side on the tiny model."""
+"""Smoke tests of benchmarks/bench_lora.py (LoRA and full DPO side by side on the tiny model) and
+benchmarks/bench_lora_phases.py (a LoRA DPO step's memory by phase)."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import bench_lora
+from benchmarks import bench_lora, bench_lora_phases
 
 
 @pytest.mark.slow  # two worker processes
@@ -23,9 +24,9 @@ def test_bench_lora_reports_memory_and_time_of_each_variant(tmp_path):
 
 @pytest.mark.slow  # two worker processes
 def test_bench_lora_phases_split_the_dpo_step_by_phase_and_tensor_category(tmp_path):
-    out = bench_lora.main(["--phases", "--phase-variants", "lora,bare", "--tensors", "--model", "tiny-random-llama",
-                           "--warmup", "1", "--steps", "1", "--batch-size", "2", "--prompt-length", "12",
-                           "--completion-length", "6", "--lora-r", "4", "--json", str(tmp_path / "phases.json")])
+    out = bench_lora_phases.main(["--phase-variants", "lora,bare", "--tensors", "--model", "tiny-random-llama",
+                                  "--warmup", "1", "--steps", "1", "--batch-size", "2", "--prompt-length", "12",
+                                  "--completion-length", "6", "--lora-r", "4", "--json", str(tmp_path / "phases.json")])
     expected = ["step start", "reference forward", "policy forward", "loss", "backward"]
     for variant in ("lora", "bare"):
         result = out["phases"][variant]
@@ -44,3 +45,10 @@ def test_bench_lora_phases_split_the_dpo_step_by_phase_and_tensor_category(tmp_p
         assert peak["total_mb"] >= max(p["total_mb"] for p in tensors["phases"]) - 1e-9
         assert peak["parameter"] > 0 and abs(sum(v for k, v in peak.items() if k != "total_mb") - peak["total_mb"]) < 1e-6
     assert (tmp_path / "phases.json").is_file()
+
+
+def test_bench_lora_phases_flag_runs_bench_lora_phases_with_the_other_flags(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench_lora_phases, "main", lambda argv: seen.append(argv) or {"phases": {}})
+    assert bench_lora.main(["--phases", "--phase-variants", "bare", "--model", "tiny-random-llama"]) == {"phases": {}}
+    assert seen == [["--phase-variants", "bare", "--model", "tiny-random-llama"]]

@@ -5,9 +5,12 @@ Hugging Face decoder layers checkpoint only in train mode: a module must put its
 in train mode itself, or `gradient_checkpointing: true` silently keeps every activation. The
 evidence asserted here is the recomputation itself: with checkpointing on, each decoder layer of
 the trained model runs once more inside the backward pass (and never without it), while frozen
-models stay in eval mode."""
+models stay in eval mode. Lightning's start-of-training check of the modes (which runs before
+`on_train_start`) reports nothing: the frozen models are in eval mode on purpose."""
 
 from __future__ import annotations
+
+import warnings
 
 import lightning as L
 import pytest
@@ -17,9 +20,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.models import load_causal_lm, load_tokenizer
-from lit_rlhf.modules import DPOModule, PPOModule, RewardModule, SFTModule
+from lit_rlhf.modules import DPOModule, DROVModule, KTOModule, PPOModule, RewardModule, SFTModule
 from lit_rlhf.rewards import CharacterFractionReward
-from lit_rlhf.types import PreferenceBatch, SFTBatch
+from lit_rlhf.types import PreferenceBatch, SFTBatch, SingleBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -74,13 +77,18 @@ class Recomputations(L.Callback):
 
 
 def fit_one_step(module, batch_or_loader, callback: Recomputations, tmp_path) -> None:
+    """One training step; Lightning's start-of-training check finds no module in eval mode but
+    the frozen ones, which it does not report."""
     trainer = L.Trainer(max_steps=1, max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback],
                         default_root_dir=tmp_path)
     loader = batch_or_loader
     if not isinstance(loader, DataLoader):
         loader = DataLoader([batch_or_loader], batch_size=None, collate_fn=lambda item: item)
-    trainer.fit(module, train_dataloaders=loader)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, train_dataloaders=loader)
+    assert not [str(w.message) for w in caught if "eval mode" in str(w.message)]
 
 
 def sft_batch() -> SFTBatch:
@@ -96,6 +104,19 @@ def preference_batch() -> PreferenceBatch:
     loss_mask[:, len(PROMPT):] = True
     return PreferenceBatch(ids, torch.ones_like(ids, dtype=torch.bool), loss_mask, torch.full((2,), len(PROMPT)),
                            meta={"index": [0, 0]})
+
+
+def prompt_loader(tokenizer) -> DataLoader:
+    rows = [{"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hello there", "once")]
+    return DataLoader(rows, batch_size=2, collate_fn=PromptCollator(tokenizer.pad_token_id))
+
+
+def single_batch() -> SingleBatch:
+    ids = torch.tensor([PROMPT + CHOSEN, PROMPT + REJECTED])
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    loss_mask[:, len(PROMPT):] = True
+    return SingleBatch(ids, torch.ones_like(ids, dtype=torch.bool), loss_mask, torch.full((2,), len(PROMPT)),
+                       rewards=torch.tensor([1.0, -1.0]))
 
 
 @pytest.mark.parametrize("checkpointing", [True, False])
@@ -115,8 +136,9 @@ def test_dpo_recomputes_the_policy_and_keeps_the_reference_in_eval_mode(saved_ti
     assert calls.backward_calls == [calls.layers]  # one policy forward (the pair shares its prompt), recomputed once
 
 
-def test_reward_model_recomputes_every_layer_in_backward(saved_tiny, tmp_path):
-    module = RewardModule(model=saved_tiny, gradient_checkpointing=True)
+@pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8}])
+def test_reward_model_recomputes_every_layer_in_backward(saved_tiny, tmp_path, lora):
+    module = RewardModule(model=saved_tiny, lora=lora, gradient_checkpointing=True)
     calls = Recomputations(lambda m: [m.reward_model])
     fit_one_step(module, preference_batch(), calls, tmp_path)
     assert calls.modes == [(True, True)]
@@ -126,10 +148,62 @@ def test_reward_model_recomputes_every_layer_in_backward(saved_tiny, tmp_path):
 def test_ppo_recomputes_the_policy_and_the_value_model(saved_tiny, tmp_path):
     module = PPOModule(model=saved_tiny, reward_fns=[CharacterFractionReward()], max_new_tokens=4, ppo_epochs=1,
                        num_minibatches=1, total_episodes=2, gradient_checkpointing=True)
-    tokenizer = module.tokenizer
-    rows = [{"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hello there", "once")]
-    prompts = DataLoader(rows, batch_size=2, collate_fn=PromptCollator(tokenizer.pad_token_id))
     calls = Recomputations(lambda m: [m.policy, m.value_model], frozen_of=lambda m: [m.ref_model])
-    fit_one_step(module, prompts, calls, tmp_path)
+    fit_one_step(module, prompt_loader(module.tokenizer), calls, tmp_path)
     assert calls.modes == [(True, True)]
     assert calls.backward_calls == [calls.layers]  # one backward of the policy + value loss: both models recomputed
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_drov_recomputes_the_policy_and_the_value_network(saved_tiny, tmp_path, checkpointing):
+    module = DROVModule(model=saved_tiny, gradient_checkpointing=checkpointing)  # V(x): a separate network
+    calls = Recomputations(lambda m: [m.policy, m.value], frozen_of=lambda m: [m.ref_model])
+    fit_one_step(module, single_batch(), calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers if checkpointing else 0]  # one backward of policy + value loss
+
+
+def test_drov_lora_value_on_its_own_base_is_recomputed(saved_tiny, tmp_path):
+    # another checkpoint than the policy's: V(x) is a value adapter on its own frozen body
+    module = DROVModule(model=saved_tiny, value_model="tiny-random-llama", lora={"r": 4, "alpha": 8},
+                        gradient_checkpointing=True)
+    assert module.value.backbone is not module.policy.get_base_model().model  # two bodies
+    calls = Recomputations(lambda m: [m.policy, m.value])
+    fit_one_step(module, single_batch(), calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]
+
+
+def test_kto_recomputes_the_policy_and_keeps_the_reference_in_eval_mode(saved_tiny, tmp_path):
+    module = KTOModule(model=saved_tiny, gradient_checkpointing=True)
+    batch = single_batch()._replace(rewards=None, labels=torch.tensor([True, False]))
+    calls = Recomputations(lambda m: [m.policy], frozen_of=lambda m: [m.ref_model])
+    fit_one_step(module, batch, calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]  # z0's forward (mismatched pairs) is without grad: not recomputed
+
+
+def test_a_trained_module_left_in_eval_mode_is_still_reported(tmp_path):
+    module = DPOModule(model="tiny-random-llama")
+    module.train()
+    module.policy.lm_head.eval()  # a trained module in eval mode; the reference is frozen (eval mode on purpose)
+    with pytest.warns(UserWarning, match=r"^1 trained module\(s\) in eval mode at the start of training: policy.lm_head$"):
+        module.warn_trained_in_eval_mode()
+    module.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module.warn_trained_in_eval_mode()  # only the frozen reference is in eval mode: nothing to say
+    assert not module.ref_model.training
+
+
+def test_ppo_lora_value_on_a_separate_reward_model_is_recomputed(saved_tiny, tmp_path):
+    # a full reward model (not an adapter of the policy's base): the value (D22) is a LoRA adapter on its own body
+    reward_dir = RewardModule(model=saved_tiny).export_hf(tmp_path / "reward")
+    module = PPOModule(model=saved_tiny, reward_model=str(reward_dir), lora={"r": 4, "alpha": 8}, max_new_tokens=4,
+                       ppo_epochs=1, num_minibatches=1, total_episodes=2, gradient_checkpointing=True)
+    assert module.value_model.backbone is not module.policy.get_base_model().model  # two bodies
+    calls = Recomputations(lambda m: [m.policy, m.value_model], frozen_of=lambda m: [m.reward_model])
+    fit_one_step(module, prompt_loader(module.tokenizer), calls, tmp_path)
+    assert calls.modes == [(True, True)]
+    assert calls.backward_calls == [calls.layers]
+

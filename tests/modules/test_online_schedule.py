@@ -8,7 +8,7 @@ import pytest
 import torch
 from lightning import Callback
 
-import lit_rlhf.modules.online as online
+import lit_rlhf.modules.online_rollout as online_rollout
 from lit_rlhf.modules import GRPOModule
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.modules.test_grpo import prompt_loader
@@ -24,13 +24,13 @@ class LearningRates(Callback):
 
 def fit(tmp_path, monkeypatch, **kwargs):
     temperatures = []
-    generate = online.generate_responses
+    generate = online_rollout.generate_responses
 
     def recording(policy, prompt_ids, prompt_mask, sampling, *args, **kw):
         temperatures.append(sampling.temperature)
         return generate(policy, prompt_ids, prompt_mask, sampling, *args, **kw)
 
-    monkeypatch.setattr(online, "generate_responses", recording)
+    monkeypatch.setattr(online_rollout, "generate_responses", recording)
     torch.set_num_threads(1)
     L.seed_everything(0)
     module = GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward("abc")], num_generations=2,

@@ -1,0 +1,122 @@
+"""The update side of `OnlineModule` (step 5 of `lit_rlhf.modules.online`): minibatches over a
+rollout, gradient accumulation over micro-batches, clipping, optimizer and schedule steps, and
+the truncated importance weights of the policy-gradient term.
+
+`UpdateLoopMixin` holds the methods; `OnlineModule` mixes it in, and each method's `update`
+calls `run_updates` with its loss.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from lit_rlhf import distributed
+from lit_rlhf.losses import truncated_importance_weights
+from lit_rlhf.types import Rollout
+
+
+class UpdateLoopMixin:
+    """The update loop of an `OnlineModule` (a `PolicyModule` under manual optimization)."""
+
+    def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor) -> Tensor | None:
+        """Truncated importance weights (n, R) of `rows` (`tis_cap`), None when TIS is off.
+        `train_logps`: the trainer's log-probs of those rows at sampling time."""
+        cap = self.hparams.get("tis_cap")
+        if cap is None or rollout.sampler_logps is None:
+            return None
+        return truncated_importance_weights(train_logps, rollout.sampler_logps[rows], rollout.response_mask[rows], cap)
+
+    def minibatches(self, n_rows: int, num_minibatches: int, shuffle: bool = True) -> Iterator[Tensor]:
+        """Row indices of `num_minibatches` minibatches covering the rollout once."""
+        if n_rows % num_minibatches:
+            raise ValueError(f"the rollout's {n_rows} rows do not split into num_minibatches={num_minibatches} equal minibatches")
+        order = torch.randperm(n_rows) if shuffle else torch.arange(n_rows)
+        return iter(order.view(num_minibatches, -1))
+
+    def run_updates(
+        self,
+        n_rows: int,
+        epochs: int,
+        num_minibatches: int,
+        loss_fn: Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]],
+        row_weights: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """`epochs` passes over the rollout in `num_minibatches` minibatches, one optimizer step
+        each, accumulating gradients over micro-batches of `micro_batch_size` rows.
+
+        `loss_fn(rows)` gets the rollout row indices of a micro-batch and returns (loss, stats),
+        the loss averaged over that micro-batch. Each micro-batch's loss is weighted by its share
+        of the minibatch's total weight, so the accumulated gradient is that of the loss over the
+        whole minibatch, whatever `micro_batch_size`:
+
+        - `row_weights` None: every row weighs 1 (a mean over sequences: the share of rows);
+        - `row_weights` (N,): the weight of each row, e.g. its number of response tokens for a
+          token-mean loss: a micro-batch's token mean times its tokens over the minibatch's tokens
+          is its token sum over the minibatch's tokens. The minibatch total is summed over all
+          ranks and multiplied by the world size (data parallelism averages the ranks'
+          gradients), so the loss is the token mean of the GLOBAL minibatch.
+
+        Returns the stats averaged over all micro-batches, plus `policy/first_ratio_mean` from the
+        first one (exactly 1: D7).
+        """
+        optimizer = self.optimizers()
+        totals: dict[str, Tensor] = {}
+        count = 0
+        first: dict[str, Tensor] = {}
+        for epoch in range(epochs):
+            # the first pass keeps the rollout's row order, so its first micro-batch is the one
+            # the old log-probs were computed on (bitwise equal ratios, D7)
+            for rows in self.minibatches(n_rows, num_minibatches, shuffle=epoch > 0):
+                micro = self.hparams.micro_batch_size or len(rows)
+                total = self.minibatch_weight(rows, row_weights)
+                finite = True
+                for start in range(0, len(rows), micro):
+                    micro_rows = rows[start: start + micro]
+                    loss, stats = loss_fn(micro_rows)
+                    finite = self.check_finite(loss=loss)  # raises (on_nonfinite: error) or skips the step
+                    if not finite:
+                        break
+                    share = len(micro_rows) if row_weights is None else row_weights[micro_rows].sum()
+                    self.manual_backward(loss * (share / total))
+                    if not first:
+                        first = {k: v.detach() for k, v in stats.items()}
+                    for k, v in stats.items():
+                        totals[k] = totals.get(k, 0.0) + v.detach().float()
+                    count += 1
+                if finite and self.gradients_finite():
+                    self.apply_optimizer_step(optimizer)
+                else:
+                    optimizer.zero_grad(set_to_none=True)
+        out = {k: v / max(count, 1) for k, v in totals.items()}
+        if "policy/ratio_mean" in first:
+            out["policy/first_ratio_mean"] = first["policy/ratio_mean"]
+        return out
+
+    @staticmethod
+    def minibatch_weight(rows: Tensor, row_weights: Tensor | None) -> Tensor | float:
+        """The total weight a minibatch's micro-batch losses are divided by (see `run_updates`)."""
+        if row_weights is None:
+            return float(len(rows))
+        total = row_weights[rows].sum().float()
+        if distributed.is_distributed():  # the global minibatch: every rank's rows, then DDP's 1/W
+            total = distributed.all_reduce_sum(total) / distributed.world_size()
+        return total.clamp(min=1e-6)  # a minibatch with no token in the loss (all masked): zero, not 0/0
+
+    def apply_optimizer_step(self, optimizer) -> None:
+        """Clip, step, zero the grads, advance the learning-rate schedule by one step (unless
+        it advances per rollout: `step_lr_schedule` after the update then)."""
+        max_norm = self.hparams.max_grad_norm
+        if max_norm:
+            self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if self.hparams.get("lr_schedule_per", "optimizer_step") == "optimizer_step":
+            self.step_lr_schedule()
+
+    def step_lr_schedule(self) -> None:
+        schedulers = self.lr_schedulers()
+        for scheduler in schedulers if isinstance(schedulers, list) else [schedulers] if schedulers else []:
+            scheduler.step()
