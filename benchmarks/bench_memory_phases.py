@@ -166,7 +166,7 @@ def peak_allocations(profile: Any, known: dict[int, tuple[int, str]] | None = No
         "allocated_peak_mb": peak / MiB,
         "peak_at": {"phase": _phase(at), "where": _label(at)},
         "live_by_origin_mb": [{"phase": k[0], "origin": k[1], "mb": v / MiB}
-                              for k, v in sorted(groups.items(), key=lambda kv: -kv[1]) if v >= MiB],
+                              for k, v in sorted(groups.items(), key=lambda kv: -kv[1]) if v >= MiB or k[0] == "before the step"],
         "largest_blocks_mb": [{"phase": k[0], "origin": k[1], "mb": s / MiB} for s, k in sorted(blocks, key=lambda b: -b[0])[:top]],
     }
 
@@ -204,6 +204,7 @@ class MallocSampler:
                 "heap_free_kept_mb": info.fordblks / MiB, "mapped_blocks_mb": info.hblkhd / MiB}
 
     def _run(self) -> None:
+        self.samples.append(self.sample())
         while not self._stop.wait(self.interval):
             self.samples.append(self.sample())
 
@@ -214,6 +215,7 @@ class MallocSampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        self.samples.append(self.sample())
 
     def at_peak(self) -> dict[str, float]:
         """The sample with the largest resident memory."""
