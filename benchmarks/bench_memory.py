@@ -18,7 +18,7 @@ trained model (4, 4 and 8 bytes per parameter, float32), the frozen models a ste
 (DPO/GRPO/PPO: the reference, 4 bytes per parameter; PPO: the reward model too, and the value
 model trained like the policy), the process's runtime (Python, torch and the libraries:
 `RUNTIME_MB`, the whole step peak of the tiny model), the log-prob working set of the chunked
-path (two chunks of logits and one output-layer gradient buffer, `logprob_working_set_mb`),
+path (one chunk of logits and one output-layer gradient buffer, `logprob_working_set_mb`),
 with gradient checkpointing the layer inputs it keeps (layers x rows x tokens x hidden x 4
 bytes), and without it the activations, measured as the difference between the cell's peak and
 the same method's peak with checkpointing (plus the layer inputs that one keeps): what
@@ -101,10 +101,10 @@ def model_sizes(model: str) -> dict[str, int]:
 
 
 def logprob_working_set_mb(vocab: int, hidden: int, chunk: int = CHUNK) -> float:
-    """The chunked log-prob path's largest transient (MiB): in its backward pass a chunk's
-    log-softmax and softmax-gradient (2 x chunk x vocab floats) and the output layer's gradient
-    buffer (vocab x hidden floats) it accumulates before handing it to autograd."""
-    return (2 * chunk * vocab + vocab * hidden) * 4 / MiB
+    """The chunked log-prob path's largest transient (MiB): in its backward pass one chunk's
+    logits, turned into the softmax gradient in place (chunk x vocab floats), and the output
+    layer's gradient buffer (vocab x hidden floats) it accumulates before handing it to autograd."""
+    return (chunk * vocab + vocab * hidden) * 4 / MiB
 
 
 def checkpoint_inputs_mb(layers: int, rows: int, seq: int, hidden: int) -> float:

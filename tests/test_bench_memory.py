@@ -45,7 +45,7 @@ def test_activations_are_what_checkpointing_removes():
     assert cells[True]["phases_mb"]["checkpointed_layer_inputs"] == pytest.approx(kept)
     assert cells[False]["phases_mb"]["other"] == pytest.approx(cells[True]["phases_mb"]["other"])  # by construction
     assert cells[False]["checkpointing_saved_mb"] == {"ours": pytest.approx(30.0), "trl": pytest.approx(70.0)}
-    assert bench_memory.logprob_working_set_mb(1000, 16, chunk=8) == pytest.approx((2 * 8 * 1000 + 1000 * 16) * 4 / 2**20)
+    assert bench_memory.logprob_working_set_mb(1000, 16, chunk=8) == pytest.approx((8 * 1000 + 1000 * 16) * 4 / 2**20)
 
 
 def test_reuse_takes_earlier_runs_of_the_same_shape_only(tmp_path):
@@ -87,3 +87,27 @@ def test_profiled_step_files_the_model_states_under_their_categories():
     assert peaks["optimizer_state"] == pytest.approx(2 * weights_mb, rel=0.01)  # AdamW's two moments, second step
     assert weights_mb * 0.99 <= peaks["gradient"] <= 2 * weights_mb  # every weight gets a gradient
     assert result["peak_mb"] >= peaks["parameter"] + peaks["optimizer_state"]
+
+
+def test_peak_blocks_start_from_the_known_states_and_hold_no_stale_gradient():
+    result = bench_memory_phases.main(["--model", "tiny-random-llama", "--method", "sft", "--gradient-checkpointing",
+                                       "--prompt-length", "12", "--completion-length", "6", "--threads", "1", "--no-categories"])
+    from lit_rlhf.models import load_causal_lm, load_tokenizer
+
+    weights_mb = sum(p.numel() for p in load_causal_lm("tiny-random-llama", load_tokenizer("tiny-random-llama")).parameters()) * 4 / 2**20
+    known = {row["origin"]: row["mb"] for row in result["live_by_origin_mb"] if row["phase"] == "before the step"}
+    assert known["optimizer state"] == pytest.approx(2 * weights_mb, rel=0.01)
+    assert known["parameter"] == pytest.approx(weights_mb, rel=0.01)
+    assert "gradient (earlier step)" not in known  # dropped when the step starts (TrainingModule.free_stale_gradients)
+    assert result["peak_at"]["phase"] in ("forward", "backward", "optimizer")
+    assert result["allocated_peak_mb"] >= 3 * weights_mb * 0.99
+    assert "peak_mb" not in result  # --no-categories: torch's category analysis skipped
+
+
+def test_malloc_sampling_splits_the_resident_peak():
+    result = bench_memory_phases.main(["--model", "tiny-random-llama", "--method", "sft", "--prompt-length", "12",
+                                       "--completion-length", "6", "--threads", "1", "--malloc"])
+    peak = result["at_rss_peak"]
+    assert result["samples"] >= 2  # at least the first and the last moment of the step
+    assert peak["heap_mb"] == pytest.approx(peak["heap_in_use_mb"] + peak["heap_free_kept_mb"], abs=1.0)
+    assert 0 < peak["heap_in_use_mb"] + peak["mapped_blocks_mb"] < peak["rss_mb"]

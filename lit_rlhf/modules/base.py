@@ -286,9 +286,25 @@ class TrainingModule(LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_started_at = time.perf_counter()
+        self.free_stale_gradients(batch_idx)
         waste = padding_fraction(batch) if step_stats_due(self._trainer) else None  # share of token slots that are PAD
         if waste is not None:
             self.log("train/data/padding_fraction", waste, on_step=True, on_epoch=False)
+
+    def free_stale_gradients(self, batch_idx: int) -> None:
+        """Drop the previous optimizer step's gradients before this step's forward pass.
+
+        Lightning's automatic optimisation sets them to None only after `training_step`, right
+        before the backward pass, so a full copy of the trained weights' size would stay in memory
+        through the forward pass, where a step with gradient checkpointing peaks. Dropped here at
+        the batches where Lightning zeroes them (the first of each gradient-accumulation window);
+        nothing reads them in between, so the step computes the same. Manual optimisation
+        (`OnlineModule`) frees them right after each optimizer step itself."""
+        trainer = self._trainer
+        if trainer is None or not self.automatic_optimization or batch_idx % trainer.accumulate_grad_batches:
+            return
+        for param in self.parameters():
+            param.grad = None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._trainer is not None:

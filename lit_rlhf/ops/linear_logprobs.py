@@ -42,6 +42,15 @@ def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float, ac
     return z
 
 
+def _logsumexp_(z: Tensor) -> Tensor:
+    """`torch.logsumexp(z, dim=-1)` computed in `z`'s own memory (z is overwritten): the same
+    steps as torch's kernel (the row maximum, infinite maxima taken as 0, then
+    `log(sum(exp(z - max))) + max`) without its (rows, V) temporary `z - max`."""
+    m = z.amax(dim=-1, keepdim=True)  # (c, 1)
+    m.masked_fill_(m.abs() == float("inf"), 0.0)
+    return z.sub_(m).exp_().sum(dim=-1).log_().add_(m.squeeze(-1))
+
+
 class LinearTokenLogps(torch.autograd.Function):
     """`(log_softmax(z)[target], entropy(softmax(z)))` with `z = (hidden W^T + b) / temperature`,
     computed and differentiated `chunk_size` rows at a time (the logits are recomputed in backward).
@@ -63,12 +72,16 @@ class LinearTokenLogps(torch.autograd.Function):
             for start in range(0, n, chunk_size):
                 end = min(start + chunk_size, n)
                 z = _chunk_logits(hidden[start:end], w, b, temperature, acc)  # (c, V)
-                lse = torch.logsumexp(z, dim=-1)  # (c,)
-                lses[start:end] = lse
-                logps[start:end] = z.gather(-1, targets[start:end, None]).squeeze(-1) - lse
+                picked = z.gather(-1, targets[start:end, None]).squeeze(-1)  # (c,)
                 if with_entropy:
+                    lse = torch.logsumexp(z, dim=-1)  # (c,)
                     p = torch.softmax(z, dim=-1)
                     entropy[start:end] = lse - (p * z).sum(-1)
+                    del p
+                else:
+                    lse = _logsumexp_(z)  # overwrites z: one (c, V) buffer instead of two
+                lses[start:end] = lse
+                logps[start:end] = picked - lse
                 del z
         ctx.save_for_backward(hidden, weight, bias, targets, lses, entropy)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
@@ -92,13 +105,14 @@ class LinearTokenLogps(torch.autograd.Function):
                 end = min(start + chunk, hidden.shape[0])
                 h = hidden[start:end]
                 logp = _chunk_logits(h, w, b, temperature, acc).sub_(lses[start:end, None])  # (c, V) log-softmax
-                p = logp.exp()
                 g_lp = grad_logps[start:end, None].to(acc)  # (c, 1)
                 if use_entropy:  # dH/dz = -p (log p + H)
+                    p = logp.exp()
                     g = logp.add_(entropy[start:end, None]).mul_(p).mul_(-grad_entropy[start:end, None].to(acc))
                     g.sub_(p.mul_(g_lp))
-                else:
-                    g = p.mul_(-g_lp)
+                    del p
+                else:  # p = exp(log p) in place: one (c, V) buffer
+                    g = logp.exp_().mul_(-g_lp)
                 del logp
                 g.scatter_add_(-1, targets[start:end, None], g_lp)  # + onehot(y) * dL/dlogp
                 if temperature != 1.0:

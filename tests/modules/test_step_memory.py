@@ -1,0 +1,99 @@
+"""What a training step holds in memory: no gradients of the previous step during the forward pass.
+
+Lightning's automatic optimisation sets the gradients to None only after `training_step`; until
+then the previous optimizer step's gradients (the size of the trained weights) stay alive through
+the whole forward pass. `TrainingModule.free_stale_gradients` drops them when a step starts, at
+the batches where Lightning would zero them anyway, so the training itself is unchanged: the
+weights after a fit with gradient accumulation equal those of the old order, bit for bit.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lit_rlhf.modules import DPOModule, SFTModule
+from lit_rlhf.modules.base import TrainingModule
+from lit_rlhf.types import PreferenceBatch, SFTBatch
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPT = [5, 6, 7, 8, 9, 10]
+
+
+def sft_batches(n: int) -> list[SFTBatch]:
+    out = []
+    for i in range(n):
+        ids = torch.tensor([PROMPT + [11 + i, 12, 13, 2], PROMPT + [14, 15 + i, 2, 2]])
+        loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+        loss_mask[:, len(PROMPT):] = True
+        out.append(SFTBatch(ids, torch.ones_like(ids, dtype=torch.bool), loss_mask))
+    return out
+
+
+def preference_batches(n: int) -> list[PreferenceBatch]:
+    return [PreferenceBatch(b.input_ids, b.attention_mask, b.loss_mask, torch.full((2,), len(PROMPT)), meta={"index": [i, i]})
+            for i, b in enumerate(sft_batches(n))]
+
+
+class GradientsAtForward(L.Callback):
+    """Whether any parameter of the trained model holds a gradient when its differentiable forward
+    pass starts (at its input embedding: the log-prob paths may call the decoder directly)."""
+
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        policy = pl_module.policy
+
+        def record(module, args) -> None:
+            if torch.is_grad_enabled():
+                self.seen.append(any(p.grad is not None for p in policy.parameters()))
+
+        policy.get_input_embeddings().register_forward_pre_hook(record)
+
+
+def fit(module, batches: list, accumulate: int, callback: L.Callback | None = None) -> None:
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                        accumulate_grad_batches=accumulate, callbacks=[callback] if callback else [])
+    trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None, collate_fn=lambda item: item))
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_no_gradient_of_an_earlier_step_lives_through_the_forward_pass(accumulate):
+    module = SFTModule(model="tiny-random-llama", lr=1e-3, warmup_ratio=0.0)
+    seen = GradientsAtForward()
+    fit(module, sft_batches(4), accumulate, seen)
+    # a batch that continues an accumulation window still sees (and adds to) the window's gradients
+    assert seen.seen == ([False] * 4 if accumulate == 1 else [False, True, False, True])
+
+
+def test_dpo_policy_forward_starts_without_gradients():
+    module = DPOModule(model="tiny-random-llama", lr=1e-3, warmup_ratio=0.0)
+    seen = GradientsAtForward()
+    fit(module, preference_batches(3), 1, seen)
+    assert seen.seen == [False] * 3
+
+
+@pytest.mark.parametrize("make", [lambda: SFTModule(model="tiny-random-llama", lr=1e-3, warmup_ratio=0.0),
+                                  lambda: DPOModule(model="tiny-random-llama", lr=1e-3, warmup_ratio=0.0)])
+def test_fit_is_unchanged_by_dropping_the_gradients_early(make, monkeypatch):
+    batches = sft_batches(4) if isinstance(make(), SFTModule) else preference_batches(4)
+
+    def trained(keep_stale: bool) -> dict[str, torch.Tensor]:
+        if keep_stale:  # the order before: gradients dropped by Lightning only after training_step
+            monkeypatch.setattr(TrainingModule, "free_stale_gradients", lambda self, batch_idx: None)
+        torch.manual_seed(0)
+        module = make()
+        fit(module, batches, accumulate=2)
+        monkeypatch.undo()
+        return {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+
+    early, late = trained(False), trained(True)
+    assert early.keys() == late.keys()
+    for name in early:
+        assert torch.equal(early[name], late[name]), name
+    assert any(not torch.equal(early[n], p) for n, p in make().policy.named_parameters())  # the fit did train
