@@ -125,6 +125,8 @@ def final_values(setup: Setup, tmp_path):
     ("dpo", {"gradient_checkpointing": True}),
     ("drov", {}),  # two learning rates (policy, value) in one AdamW
     ("reward", {}),
+    ("kto", {}),
+    ("dpo_lora", {}),  # LoRA: the adapters only, the reference is the base with them off
 ])
 def test_same_run_as_the_whole_model_step(name, extra, tmp_path):
     """4 steps, cosine schedule after warmup, weight decay: every weight, optimizer moment, step
