@@ -29,7 +29,8 @@ GradScaler, manual optimisation, `on_nonfinite: skip`) is refused at start-up
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -91,6 +92,20 @@ class InBackwardAdamW(torch.optim.AdamW):
         for handle in self._handles:
             handle.remove()
         self._handles, self._group_of = [], {}
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Inside: a plain AdamW (gradients kept, `step()` steps them all), on the same state;
+        the hooks come back on the way out (e.g. a textbook step for comparison)."""
+        if not self.attached:
+            yield
+            return
+        settings = (self._names, self.gradient_factor, self.nonfinite_error)
+        self.detach()
+        try:
+            yield
+        finally:
+            self.attach(*settings)
 
     def _name(self, param: Tensor) -> str:
         return self._names.get(id(param), f"<parameter of shape {tuple(param.shape)}>")
