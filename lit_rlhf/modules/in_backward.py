@@ -16,8 +16,11 @@ optimizer they always see, and a checkpoint of either path resumes on the other:
   elementwise per tensor, so the result is bitwise the one the whole-model step gives;
 - before the update the hook multiplies the gradient by `gradient_factor()` when that returns a
   number (what a module otherwise does to the gradients in `on_before_optimizer_step`, e.g. the
-  SFT token mean), and refuses a non-finite gradient (`NonFiniteError` naming the parameter), so
-  nothing non-finite reaches the weights;
+  SFT token mean), and checks it is finite, so nothing non-finite reaches the weights or the
+  moments. The fused kernel takes the check as its `found_inf` flag (as under a GradScaler: a
+  flagged parameter is left as it was, with its step count), so no host synchronisation happens
+  per parameter, and the error naming the parameters is raised once the backward pass is over;
+  the other kernels check before the update and raise at once;
 - a parameter whose hook fires twice within one `step` (a second backward pass) or outside any
   `step` (a backward pass the optimizer did not run) raises `InBackwardError`: its first
   gradient was already applied and freed, so the result could not equal a whole-model step.
@@ -57,6 +60,7 @@ class InBackwardAdamW(torch.optim.AdamW):
         self._in_step = False
         self._factor: float | None = None  # gradient factor of the current step (read once)
         self._factor_read = False
+        self._found_inf: list[tuple[Tensor, Tensor]] = []  # (param, 0./1. on its device) of this step
         self.gradient_factor: Callable[[], float | None] = lambda: None
         self.nonfinite_error: Callable[[str], BaseException] | None = None
 
@@ -120,12 +124,25 @@ class InBackwardAdamW(torch.optim.AdamW):
             raise InBackwardError("the in-backward AdamW steps inside the backward pass of its closure: "
                                   "step() needs the closure that runs it")
         self._step_number += 1
-        self._in_step, self._factor, self._factor_read = True, None, False
+        self._in_step, self._factor, self._factor_read, self._found_inf = True, None, False, []
         try:
             with torch.enable_grad():
-                return closure()
+                loss = closure()
+            self._raise_if_nonfinite()
+            return loss
         finally:
-            self._in_step = False
+            self._in_step, self._found_inf = False, []
+
+    def _raise_if_nonfinite(self) -> None:
+        """After the backward pass: the parameters whose fused update found a non-finite gradient
+        (and skipped it); one host synchronisation."""
+        if not self._found_inf or self.nonfinite_error is None:
+            return
+        device = self._found_inf[0][1].device
+        if not bool(torch.stack([flag.to(device) for _, flag in self._found_inf]).any()):
+            return
+        bad = [self._name(param) for param, flag in self._found_inf if bool(flag)]
+        raise self.nonfinite_error(f"non-finite gradient in {', '.join(bad)}")
 
     def _hook(self, param: Tensor) -> None:
         name = self._name(param)
@@ -151,10 +168,15 @@ class InBackwardAdamW(torch.optim.AdamW):
             return
         if self._factor is not None:
             grad.mul_(self._factor)
-        if self.nonfinite_error is not None and not bool(torch.isfinite(grad).all()):
-            param.grad = None
-            raise self.nonfinite_error(f"non-finite gradient in {self._name(param)}")
         group = self.param_groups[self._group_of[id(param)]]  # its current lr (the scheduler's)
+        found_inf = None
+        if self.nonfinite_error is not None:
+            if group["fused"]:  # the kernel skips a flagged update; `step` raises after the backward
+                found_inf = torch.isfinite(grad).all().logical_not().to(torch.float32)
+                self._found_inf.append((param, found_inf))
+            elif not bool(torch.isfinite(grad).all()):
+                param.grad = None
+                raise self.nonfinite_error(f"non-finite gradient in {self._name(param)}")
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
         # AdamW's own lazy state initialisation, on this one parameter (same state layout)
         has_complex = self._init_group({**group, "params": [param]}, params, grads, exp_avgs, exp_avg_sqs,
@@ -163,6 +185,6 @@ class InBackwardAdamW(torch.optim.AdamW):
         adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad=group["amsgrad"],
              has_complex=has_complex, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
              eps=group["eps"], maximize=group["maximize"], foreach=group["foreach"], capturable=group["capturable"],
-             differentiable=group["differentiable"], fused=group["fused"], grad_scale=None, found_inf=None,
+             differentiable=group["differentiable"], fused=group["fused"], grad_scale=None, found_inf=found_inf,
              decoupled_weight_decay=group["decoupled_weight_decay"])
         param.grad = None

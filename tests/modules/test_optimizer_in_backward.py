@@ -90,16 +90,25 @@ def test_a_second_backward_in_one_step_and_a_backward_outside_a_step_raise():
     assert all(p.grad is not None for p in net.parameters())
 
 
-def test_a_nonfinite_gradient_is_refused_before_its_update():
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_nonfinite_gradient_is_refused_before_its_update(fused):
+    """Fused: the kernel's found_inf flag skips the update (no sync per parameter), the error
+    follows the backward pass; per-tensor: the error comes at once. Either way the weight and its
+    moments stay finite and unchanged."""
     net = small_net()
-    optimizer = InBackwardAdamW(net.parameters(), **HYPER)
+    optimizer = InBackwardAdamW(net.parameters(), fused=fused or None, **HYPER)
     optimizer.attach({id(p): n for n, p in net.named_parameters()}, nonfinite_error=FloatingPointError)
+    optimizer.step(lambda: loss_of(net).backward())  # one good step: the moments exist
     before = [p.detach().clone() for p in net.parameters()]
-    net[0].weight.register_hook(lambda g: g * float("nan"))  # the first layer's gradient goes NaN
-    with pytest.raises(FloatingPointError, match=r"non-finite gradient in 0\.weight"):
+    moments = {k: v.clone() for k, v in optimizer.state[net[0].weight].items()}
+    handle = net[0].weight.register_hook(lambda g: g * float("nan"))  # the first layer's gradient goes NaN
+    with pytest.raises(FloatingPointError, match=r"non-finite gradient in 0\.weight$"):
         optimizer.step(lambda: loss_of(net).backward())
     assert torch.equal(net[0].weight, before[0])  # not updated
+    assert all(torch.equal(optimizer.state[net[0].weight][k], v) for k, v in moments.items())  # step count too
     assert all(torch.isfinite(p).all() for p in net.parameters())
+    handle.remove()
+    optimizer.step(lambda: loss_of(net).backward())  # the flags of the failed step are gone
 
 
 def test_build_adamw_in_backward_keeps_the_fused_groups():
