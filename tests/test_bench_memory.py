@@ -111,3 +111,31 @@ def test_malloc_sampling_splits_the_resident_peak():
     assert result["samples"] >= 2  # at least the first and the last moment of the step
     assert peak["heap_mb"] == pytest.approx(peak["heap_in_use_mb"] + peak["heap_free_kept_mb"], abs=1.0)
     assert 0 < peak["heap_in_use_mb"] + peak["mapped_blocks_mb"] < peak["rss_mb"]
+
+
+def test_optimizer_in_backward_flag_reaches_our_worker_and_the_phases(tmp_path):
+    result = bench_memory_sft.main(SMALL + ["--optimizer-in-backward", "--json", str(tmp_path / "out.json")])
+    assert result["config"]["extra"]["optimizer_in_backward"] is True
+    assert result["frameworks"]["ours"]["bare_time_s"]["n"] == 1  # the textbook step ran beside it (hooks suspended)
+    params = 1024 * 1024
+    out = bench_memory.phases("sft", params, peak_mb=bench_memory.RUNTIME_MB + 100.0, grads_mb=1.0)
+    assert out["grads"] == 1.0 and out["weights"] == pytest.approx(4.0)
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"model": "m", "prompt_length": 4, "completion_length": 8, "cells": []}))
+    now = {"model": "m", "prompt_length": 4, "completion_length": 8, "optimizer_in_backward": True}
+    assert bench_memory.reusable_runs(str(earlier), now, ["trl"]) == {}
+    with pytest.raises(SystemExit, match="optimizer-in-backward"):
+        bench_memory.reusable_runs(str(earlier), now, ["ours", "trl"])
+
+
+def test_profiled_step_with_optimizer_in_backward_holds_one_gradient_at_a_time():
+    result = bench_memory_phases.main(["--model", "tiny-random-llama", "--method", "sft", "--optimizer-in-backward",
+                                       "--prompt-length", "12", "--completion-length", "6", "--threads", "1"])
+    from lit_rlhf.models import load_causal_lm, load_tokenizer
+
+    params = list(load_causal_lm("tiny-random-llama", load_tokenizer("tiny-random-llama")).parameters())
+    largest_mb = max(p.numel() for p in params) * 4 / 2**20
+    weights_mb = sum(p.numel() for p in params) * 4 / 2**20
+    peaks = result["category_peaks_mb"]
+    assert peaks["optimizer_state"] == pytest.approx(2 * weights_mb, rel=0.01)  # the same AdamW moments
+    assert peaks["gradient"] <= largest_mb * 1.01 < weights_mb  # never more than one parameter's gradient
