@@ -35,7 +35,8 @@ LR = 1e-5
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import DPOModule
 
-    module = DPOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing)
+    module = DPOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing,
+                       optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")))
     batches = [preference_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
     parts = PartTimer()
 
@@ -96,8 +97,13 @@ def trl(cfg: BenchConfig) -> WorkerResult:
                         info={"trl_ref_model": type(trainer.ref_model).__name__ if trainer.ref_model is not None else None})
 
 
+def _extra(parser) -> None:
+    parser.add_argument("--optimizer-in-backward", action="store_true",
+                        help="ours: the module's optimizer_in_backward (AdamW stepped per parameter in the backward pass)")
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
-    return run_benchmark("dpo", "benchmarks.bench_dpo", argv, ours, trl)
+    return run_benchmark("dpo", "benchmarks.bench_dpo", argv, ours, trl, extra=_extra)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ checkpointing removes. What is left (`other`) is temporaries and allocator slack
 each cell gives the size of one dense float32 logits tensor at the shape (rows x T x vocabulary),
 which TRL without Liger materialises (3-4 such tensors live at once around its loss).
 
+`--optimizer-in-backward` runs ours (SFT, DPO) with the modules' `optimizer_in_backward` (each
+parameter stepped by AdamW as its gradient completes, that gradient freed): the `grads` phase is
+then the largest parameter's gradient, the most held at once. It is recorded in the JSON.
+
 Goals: ours <= 0.85 x TRL without gradient checkpointing, <= 0.6 x TRL with it (both sides).
 GRPO/PPO sample their completions, so a row can stop at EOS before `--completion-length`; both
 sides sample with the same settings (the reports give the mean length).
@@ -82,6 +86,8 @@ def run_cell(method: str, gc: bool, args: argparse.Namespace, framework: str) ->
             cmd += ["--generations", str(args.generations)]
         if method == "ppo":
             cmd += ["--ppo-epochs", str(args.ppo_epochs)]
+        if framework == "ours" and args.optimizer_in_backward:
+            cmd.append("--optimizer-in-backward")
         print(f"[memory] {method} gc={gc} {framework}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
@@ -96,7 +102,8 @@ def model_sizes(model: str) -> dict[str, int]:
     tokenizer = models.load_tokenizer(model)
     lm = models.load_causal_lm(model, tokenizer, "float32")
     config = lm.config
-    return {"parameters": sum(p.numel() for p in lm.parameters()), "vocab": config.vocab_size,
+    return {"parameters": sum(p.numel() for p in lm.parameters()),
+            "largest_parameter": max(p.numel() for p in lm.parameters()), "vocab": config.vocab_size,
             "hidden": config.hidden_size, "layers": config.num_hidden_layers}
 
 
@@ -113,13 +120,14 @@ def checkpoint_inputs_mb(layers: int, rows: int, seq: int, hidden: int) -> float
 
 
 def phases(method: str, params: int, peak_mb: float, *, logprob_mb: float = 0.0, checkpoint_mb: float | None = None,
-           activations_mb: float | None = None) -> dict[str, float]:
+           activations_mb: float | None = None, grads_mb: float | None = None) -> dict[str, float]:
     """By-phase split (MiB) of our step peak (see the module docstring): the model states by
     arithmetic, the runtime and log-prob working set as given, `checkpoint_mb` (with gradient
     checkpointing) or `activations_mb` (without: measured by difference) when known; `other` is
-    the rest of the peak."""
+    the rest of the peak. `grads_mb`: the gradients held at once when that is not all of them
+    (with `optimizer_in_backward`, one parameter's at most)."""
     w = 4 * params / MiB
-    out = {"weights": w, "grads": w, "adam": 2 * w}
+    out = {"weights": w, "grads": w if grads_mb is None else grads_mb, "adam": 2 * w}
     if method in ("dpo", "grpo", "ppo"):
         out["reference"] = w
     if method == "ppo":  # value model (trained, from the reward model) and the frozen reward model
@@ -152,6 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--trl-venv", default="/tmp/benchvenv", help="python environment with TRL (SFT, DPO, GRPO)")
     parser.add_argument("--trl-ppo-venv", default="/tmp/benchvenv-ppo", help="python environment with TRL's PPO")
     parser.add_argument("--min-free-gb", type=float, default=12.0)
+    parser.add_argument("--optimizer-in-backward", action="store_true", help="ours with optimizer_in_backward (SFT and "
+                        "DPO): each parameter stepped as its gradient completes, so at most one gradient is held")
     parser.add_argument("--json", default=None)
     parser.add_argument("--reuse", default=None, help="an earlier --json of the same model and shape: its runs are "
                         "taken as they are instead of run again (give --frameworks/--methods/--gc to choose what runs)")
@@ -161,14 +171,18 @@ def main(argv: list[str] | None = None) -> dict:
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())))
         return {}
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.optimizer_in_backward and set(methods) - {"sft", "dpo"}:
+        raise SystemExit("--optimizer-in-backward: SFT and DPO only (GRPO/PPO optimise manually, which the option refuses)")
     args.trl_python = {m: str(Path(args.trl_ppo_venv if m == "ppo" else args.trl_venv) / "bin" / "python") for m in SCRIPTS}
     sizes = model_sizes(args.model)
     seq = args.prompt_length + args.completion_length
     result: dict = {"model": args.model, **sizes, "prompt_length": args.prompt_length,
-                    "completion_length": args.completion_length, "load_average_before": os.getloadavg(), "cells": []}
+                    "completion_length": args.completion_length, "optimizer_in_backward": args.optimizer_in_backward,
+                    "load_average_before": os.getloadavg(), "cells": []}
     reused = reusable_runs(args.reuse, result, args.reuse_frameworks.split(",")) if args.reuse else {}
     frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
-    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+    for method in methods:
         rows = {"sft": 1, "dpo": 2, "grpo": args.generations, "ppo": 1}[method]
         cells = {}
         for gc in [s.strip() == "on" for s in args.gc.split(",") if s.strip()]:
@@ -185,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
                 cell["ours_over_trl"] = ours["peak_rss_mb"] / trl["peak_rss_mb"]
                 cell["goal"] = GOALS[gc]
                 cell["goal_met"] = cell["ours_over_trl"] <= GOALS[gc]
-            add_phases(cells, method, sizes, rows, seq)
+            add_phases(cells, method, sizes, rows, seq, args.optimizer_in_backward)
             result["cells"].append(cell)
             print(format_cell(cell), flush=True)
             if args.json:
@@ -199,21 +213,24 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def add_phases(cells: dict[bool, dict], method: str, sizes: dict[str, int], rows: int, seq: int) -> None:
+def add_phases(cells: dict[bool, dict], method: str, sizes: dict[str, int], rows: int, seq: int,
+               in_backward: bool = False) -> None:
     """Our by-phase split in each cell of one method (`phases`); the activations of the cell
     without checkpointing once the cell with it has run too. Also, per framework, what
     checkpointing saved (`checkpointing_saved_mb`, in the cell without it)."""
     logprob = logprob_working_set_mb(sizes["vocab"], sizes["hidden"])
     kept = checkpoint_inputs_mb(sizes["layers"], rows, seq, sizes["hidden"])
+    grads = 4 * sizes["largest_parameter"] / MiB if in_backward else None
     on, off = cells.get(True, {}), cells.get(False, {})
     if "peak_rss_mb" in on.get("ours", {}):
-        on["phases_mb"] = phases(method, sizes["parameters"], on["ours"]["peak_rss_mb"], logprob_mb=logprob, checkpoint_mb=kept)
+        on["phases_mb"] = phases(method, sizes["parameters"], on["ours"]["peak_rss_mb"], logprob_mb=logprob, checkpoint_mb=kept,
+                                 grads_mb=grads)
     if "peak_rss_mb" in off.get("ours", {}):
         activations = None
         if "peak_rss_mb" in on.get("ours", {}):
             activations = off["ours"]["peak_rss_mb"] - on["ours"]["peak_rss_mb"] + kept
         off["phases_mb"] = phases(method, sizes["parameters"], off["ours"]["peak_rss_mb"], logprob_mb=logprob,
-                                  activations_mb=activations)
+                                  activations_mb=activations, grads_mb=grads)
     for fw in ("ours", "trl"):
         if "peak_rss_mb" in off.get(fw, {}) and "peak_rss_mb" in on.get(fw, {}):
             off.setdefault("checkpointing_saved_mb", {})[fw] = off[fw]["peak_rss_mb"] - on[fw]["peak_rss_mb"]
@@ -226,6 +243,9 @@ def reusable_runs(path: str, result: dict, frameworks: list[str]) -> dict[tuple[
     shape = ("model", "prompt_length", "completion_length")
     if any(earlier.get(k) != result[k] for k in shape):
         raise SystemExit(f"--reuse {path}: measured at {[earlier.get(k) for k in shape]}, not {[result[k] for k in shape]}")
+    if "ours" in frameworks and bool(earlier.get("optimizer_in_backward")) != bool(result.get("optimizer_in_backward")):
+        raise SystemExit(f"--reuse {path}: its runs of ours differ in --optimizer-in-backward; reuse only TRL's "
+                         "(--reuse-frameworks trl)")
     return {(c["method"], c["gradient_checkpointing"], fw): c[fw] for c in earlier["cells"] for fw in frameworks
             if "peak_rss_mb" in c.get(fw, {})}
 

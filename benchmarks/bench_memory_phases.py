@@ -48,7 +48,8 @@ def category_peaks(profile: Any) -> dict[str, Any]:
     }
 
 
-def build(method: str, model: str, gradient_checkpointing: bool, prompt_length: int, completion_length: int, steps: int):
+def build(method: str, model: str, gradient_checkpointing: bool, prompt_length: int, completion_length: int, steps: int,
+          optimizer_in_backward: bool = False):
     """Our module and one batch per step (the same data as `bench_memory_sft` / `bench_dpo`)."""
     from benchmarks.bench_memory_sft import sft_batch
     from benchmarks.common import preference_batch, token_rows
@@ -56,13 +57,15 @@ def build(method: str, model: str, gradient_checkpointing: bool, prompt_length: 
     if method == "sft":
         from lit_rlhf.modules import SFTModule
 
-        module = SFTModule(model=model, lr=1e-5, lr_scheduler="cosine", gradient_checkpointing=gradient_checkpointing)
+        module = SFTModule(model=model, lr=1e-5, lr_scheduler="cosine", gradient_checkpointing=gradient_checkpointing,
+                           optimizer_in_backward=optimizer_in_backward)
         rows = token_rows(module.tokenizer, steps, prompt_length, completion_length)
         return module, [sft_batch([row]) for row in rows]
     if method == "dpo":
         from lit_rlhf.modules import DPOModule
 
-        module = DPOModule(model=model, beta=0.1, lr=1e-5, lr_scheduler="cosine", gradient_checkpointing=gradient_checkpointing)
+        module = DPOModule(model=model, beta=0.1, lr=1e-5, lr_scheduler="cosine", gradient_checkpointing=gradient_checkpointing,
+                           optimizer_in_backward=optimizer_in_backward)
         rows = token_rows(module.tokenizer, steps, prompt_length, completion_length)
         return module, [preference_batch([row]) for row in rows]
     raise SystemExit(f"--method must be sft or dpo, got {method!r}")
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--method", default="sft", choices=("sft", "dpo"))
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--optimizer-in-backward", action="store_true", help="the module's optimizer_in_backward")
     parser.add_argument("--prompt-length", type=int, default=256)
     parser.add_argument("--completion-length", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=1, help="unprofiled steps first (the AdamW moments exist from the second step on)")
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     module, batches = build(args.method, args.model, args.gradient_checkpointing, args.prompt_length,
-                            args.completion_length, args.warmup + 1)
+                            args.completion_length, args.warmup + 1, args.optimizer_in_backward)
     result = {"config": vars(args), **profile_last_step(module, batches, args.threads)}
     print(f"{args.method} gc={'on' if args.gradient_checkpointing else 'off'}: live tensor peak {result['peak_mb']:.0f} MiB = "
           + ", ".join(f"{k} {v:.0f}" for k, v in result["at_peak_mb"].items() if v) + " | each category's own peak: "

@@ -43,7 +43,8 @@ def sft_batch(rows: Sequence[dict[str, list[int]]]):
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import SFTModule
 
-    module = SFTModule(model=cfg.model, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing)
+    module = SFTModule(model=cfg.model, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing,
+                       optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")))
     batches = [sft_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
 
     def bare(batch, optimizer) -> None:
@@ -84,8 +85,13 @@ def trl(cfg: BenchConfig) -> WorkerResult:
     return WorkerResult(framework="trl", step_times=timer.times[cfg.warmup:], peak_rss_mb=peak_rss_mb(), tokens_per_step=float(tokens))
 
 
+def _extra(parser) -> None:
+    parser.add_argument("--optimizer-in-backward", action="store_true",
+                        help="ours: the module's optimizer_in_backward (AdamW stepped per parameter in the backward pass)")
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
-    return run_benchmark("sft", "benchmarks.bench_memory_sft", argv, ours, trl)
+    return run_benchmark("sft", "benchmarks.bench_memory_sft", argv, ours, trl, extra=_extra)
 
 
 if __name__ == "__main__":

@@ -392,10 +392,13 @@ class BareInterleave(_lightning_callback_base()):
         optimizer = trainer.optimizers[0]
         optimizer.zero_grad(set_to_none=True)
         was_training = pl_module.training
-        started = time.perf_counter()
-        with torch.enable_grad():
+        # an optimizer stepped in the backward pass (`optimizer_in_backward`) is a plain AdamW for
+        # the bare work: the textbook backward, then one step of every parameter
+        suspended = getattr(optimizer, "suspended", contextlib.nullcontext)
+        with torch.enable_grad(), suspended():
+            started = time.perf_counter()
             self.bare(batch, optimizer)
-        self.times.append(time.perf_counter() - started)
+            self.times.append(time.perf_counter() - started)
         optimizer.zero_grad(set_to_none=True)
         pl_module.train(was_training)
 

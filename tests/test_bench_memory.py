@@ -87,3 +87,31 @@ def test_profiled_step_files_the_model_states_under_their_categories():
     assert peaks["optimizer_state"] == pytest.approx(2 * weights_mb, rel=0.01)  # AdamW's two moments, second step
     assert weights_mb * 0.99 <= peaks["gradient"] <= 2 * weights_mb  # every weight gets a gradient
     assert result["peak_mb"] >= peaks["parameter"] + peaks["optimizer_state"]
+
+
+def test_optimizer_in_backward_flag_reaches_our_worker_and_the_phases(tmp_path):
+    result = bench_memory_sft.main(SMALL + ["--optimizer-in-backward", "--json", str(tmp_path / "out.json")])
+    assert result["config"]["extra"]["optimizer_in_backward"] is True
+    assert result["frameworks"]["ours"]["bare_time_s"]["n"] == 1  # the textbook step ran beside it (hooks suspended)
+    params = 1024 * 1024
+    out = bench_memory.phases("sft", params, peak_mb=bench_memory.RUNTIME_MB + 100.0, grads_mb=1.0)
+    assert out["grads"] == 1.0 and out["weights"] == pytest.approx(4.0)
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"model": "m", "prompt_length": 4, "completion_length": 8, "cells": []}))
+    now = {"model": "m", "prompt_length": 4, "completion_length": 8, "optimizer_in_backward": True}
+    assert bench_memory.reusable_runs(str(earlier), now, ["trl"]) == {}
+    with pytest.raises(SystemExit, match="optimizer-in-backward"):
+        bench_memory.reusable_runs(str(earlier), now, ["ours", "trl"])
+
+
+def test_profiled_step_with_optimizer_in_backward_holds_one_gradient_at_a_time():
+    result = bench_memory_phases.main(["--model", "tiny-random-llama", "--method", "sft", "--optimizer-in-backward",
+                                       "--prompt-length", "12", "--completion-length", "6", "--threads", "1"])
+    from lit_rlhf.models import load_causal_lm, load_tokenizer
+
+    params = list(load_causal_lm("tiny-random-llama", load_tokenizer("tiny-random-llama")).parameters())
+    largest_mb = max(p.numel() for p in params) * 4 / 2**20
+    weights_mb = sum(p.numel() for p in params) * 4 / 2**20
+    peaks = result["category_peaks_mb"]
+    assert peaks["optimizer_state"] == pytest.approx(2 * weights_mb, rel=0.01)  # the same AdamW moments
+    assert peaks["gradient"] <= largest_mb * 1.01 < weights_mb  # never more than one parameter's gradient

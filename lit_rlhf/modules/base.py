@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from lit_rlhf import checks, models, resume, rng
 from lit_rlhf.models import adapters
+from lit_rlhf.modules.in_backward import InBackwardAdamW
 from lit_rlhf.modules.optim import SchedulerName, build_adamw, decay_groups, lr_lambda
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.data.packing import padding_fraction
@@ -63,7 +64,8 @@ class TrainingModule(LightningModule):
     (a scalar reward model) build on it.
 
     - AdamW over `optimizer_param_groups()` with warmup and a cosine/linear/constant schedule
-      (`configure_optimizers`; fused, or DeepSpeed's CPU Adam under ZeRO offload);
+      (`configure_optimizers`; fused, or DeepSpeed's CPU Adam under ZeRO offload; stepped inside
+      the backward pass with the `optimizer_in_backward` hparam);
     - the non-finite guard: `check_finite` on losses and rewards, every gradient before the
       optimizer step, `on_nonfinite: error | skip` (hparam, default `error`);
     - exact resume: the random generators of every rank in checkpoints, restored when training
@@ -121,12 +123,44 @@ class TrainingModule(LightningModule):
         hp = self.hparams
         trainer = self._trainer
         clips = bool(getattr(trainer, "gradient_clip_val", None)) or bool(hp.get("max_grad_norm"))
-        optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, lr=hp.lr, eps=hp.adam_eps,
-                                betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay)
+        in_backward = bool(hp.get("optimizer_in_backward", False))
+        optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, in_backward=in_backward, lr=hp.lr,
+                                eps=hp.adam_eps, betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay)
+        if in_backward:
+            self._attach_in_backward(optimizer)
         total = self.num_schedule_steps()
         warmup = hp.warmup_steps or int(hp.warmup_ratio * total)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(hp.lr_scheduler, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def gradient_factor(self) -> float | None:
+        """A number every gradient of this optimizer step is multiplied by before the update
+        (None: used as they are). With `optimizer_in_backward` the update hooks apply it, read
+        once per step at the first completed gradient, i.e. after `training_step` returned."""
+        return None
+
+    def _attach_in_backward(self, optimizer: InBackwardAdamW) -> None:
+        """`optimizer_in_backward`: each parameter is stepped by `optimizer` as soon as its gradient
+        is complete in the backward pass, and the gradient freed (`lit_rlhf.modules.in_backward`)."""
+        previous = getattr(self, "_in_backward_optimizer", None)
+        if previous is not None:  # a second fit of this module: the hooks of the first go
+            previous.detach()
+        names = {id(param): name for name, param in self.named_parameters(remove_duplicate=False)}
+
+        def nonfinite(message: str) -> NonFiniteError:
+            return NonFiniteError(f"{message} at global step {self.global_step} (epoch {self.current_epoch}), "
+                                  "caught before its update (optimizer_in_backward)")
+
+        optimizer.attach(names, gradient_factor=self.gradient_factor, nonfinite_error=nonfinite)
+        self._in_backward_optimizer = optimizer
+
+    def teardown(self, stage: str) -> None:
+        """After a fit: the in-backward hooks go (a later backward pass only computes gradients)."""
+        super().teardown(stage)
+        optimizer = getattr(self, "_in_backward_optimizer", None)
+        if optimizer is not None and stage == "fit":
+            optimizer.detach()
+            self._in_backward_optimizer = None
 
     def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's `clip_gradients`, also for the fused AdamW under bf16 mixed precision.
@@ -360,6 +394,12 @@ class PolicyModule(TrainingModule):
             The reference policy is then the base with the adapter disabled (no copy), and the
             method's other networks (PPO's value and reward, DRO-V's value) are further
             adapters on the same base. `null`: full fine-tuning.
+        optimizer_in_backward: step each parameter with AdamW as soon as its gradient is complete
+            in the backward pass and free that gradient, so the gradients of the whole model
+            never exist at once (less peak memory). Same weights, optimizer state and checkpoints
+            as the usual step (either resumes the other). Automatic optimisation only, one
+            process, no gradient clipping, accumulation, DeepSpeed, fp16 or `on_nonfinite: skip`
+            (refused at start-up). See `lit_rlhf.modules.in_backward`.
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
@@ -385,6 +425,7 @@ class PolicyModule(TrainingModule):
         logprob_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
         shared_prompt: bool = True,
         lora: dict[str, Any] | None = None,
+        optimizer_in_backward: bool = False,
     ) -> None:
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)

@@ -2,7 +2,8 @@
 
 - `decay_groups`: weight decay on matrices only, named groups for `LearningRateMonitor`;
 - `build_adamw`: torch's fused AdamW on CPU/CUDA, DeepSpeed's CPU Adam when ZeRO offloads the
-  optimizer, the per-tensor AdamW under fp16 with clipping;
+  optimizer, the per-tensor AdamW under fp16 with clipping, the AdamW stepped in the backward
+  pass (`lit_rlhf.modules.in_backward`) when asked;
 - `lr_lambda`: linear warmup, then cosine, linear or constant.
 """
 
@@ -13,6 +14,8 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+
+from lit_rlhf.modules.in_backward import InBackwardAdamW
 
 SchedulerName = Literal["cosine", "linear", "constant"]
 
@@ -45,7 +48,8 @@ def offloads_optimizer(trainer: Any) -> bool:
     return offload.get("device", "none") not in ("none", None)
 
 
-def build_adamw(param_groups: list[dict[str, Any]], trainer: Any = None, clips: bool = False, **hyper: Any) -> torch.optim.Optimizer:
+def build_adamw(param_groups: list[dict[str, Any]], trainer: Any = None, clips: bool = False, in_backward: bool = False,
+                **hyper: Any) -> torch.optim.Optimizer:
     """AdamW over `param_groups` (`lr`, `eps`, `betas`, `weight_decay` in `hyper`).
 
     - DeepSpeed with the optimizer offloaded to CPU: DeepSpeed's CPU Adam in AdamW mode (the
@@ -57,6 +61,9 @@ def build_adamw(param_groups: list[dict[str, Any]], trainer: Any = None, clips: 
       gradients must be unscaled before they are clipped, which the fused kernel does only inside
       its step, so the per-tensor (foreach) AdamW is built. Under bf16 nothing is scaled and the
       fused AdamW is clipped as it is (`TrainingModule.clip_gradients`).
+
+    `in_backward`: the same torch AdamW (same groups, fused flag and state), as an
+    `InBackwardAdamW`, whose updates run in the backward pass once its hooks are attached.
     """
     if offloads_optimizer(trainer):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -66,6 +73,8 @@ def build_adamw(param_groups: list[dict[str, Any]], trainer: Any = None, clips: 
     fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     if clips and getattr(getattr(trainer, "precision_plugin", None), "scaler", None) is not None:
         fused = False  # fp16: clip after the GradScaler unscales, which needs the non-fused step
+    if in_backward:
+        return InBackwardAdamW(param_groups, fused=fused or None, **hyper)
     return torch.optim.AdamW(param_groups, fused=fused or None, **hyper)
 
 

@@ -94,6 +94,8 @@ class RewardModule(TrainingModule):
         lora: train a LoRA adapter (and the head) on the frozen causal LM `model` instead of
             its weights (`lit_rlhf.models.adapters.lora_config` lists the forms). The export
             then also writes the adapter alone to `export_dir/adapter`.
+        optimizer_in_backward: step each parameter as soon as its gradient is complete in the
+            backward pass (less peak memory, same weights; see `PolicyModule`).
 
     Optimiser, schedule, exact resume, start-up checks and the export at fit end are
     `TrainingModule`'s.
@@ -123,6 +125,7 @@ class RewardModule(TrainingModule):
         on_nonfinite: Literal["error", "skip"] = "error",
         shared_prompt: bool = True,
         lora: dict[str, Any] | None = None,
+        optimizer_in_backward: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

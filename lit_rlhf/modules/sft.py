@@ -78,15 +78,20 @@ class SFTModule(PolicyModule):
         self._step_tokens += float(tokens)
         return nll_sum
 
-    def on_before_optimizer_step(self, optimizer) -> None:
-        """Turn the accumulated token sums into the token mean of the step's batches, all ranks."""
+    def gradient_factor(self) -> float | None:
+        """What turns the accumulated token sums into the token mean of the step's batches, all ranks."""
         if not self._sums_tokens() or not self._step_tokens:
-            return
+            return None
         total = distributed.all_reduce_sum(torch.tensor(self._step_tokens, dtype=torch.float64, device=self.device))
         # Lightning divided each batch's loss by accumulate_grad_batches, DDP averaged the ranks
-        factor = self.trainer.accumulate_grad_batches * distributed.world_size() / float(total)
+        return self.trainer.accumulate_grad_batches * distributed.world_size() / float(total)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Scale the step's gradients by `gradient_factor` (with `optimizer_in_backward` the
+        update hooks did it, and no gradient is left here)."""
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads:
+        factor = self.gradient_factor() if grads else None
+        if factor is not None:
             torch._foreach_mul_(grads, factor)
         self._step_tokens = 0.0
 

@@ -1,0 +1,190 @@
+"""AdamW stepped inside the backward pass: each parameter is updated as soon as its gradient is
+complete, and that gradient is freed at once, so the gradients of the whole model never exist
+together (the `optimizer_in_backward` hyperparameter of the modules).
+
+The technique is PyTorch's "fusing the optimizer step into the backward pass" (a
+`register_post_accumulate_grad_hook` on every trained parameter that steps it and drops its
+`.grad`). Here it is ONE `torch.optim.AdamW` with the usual parameter groups, state and
+`state_dict`, so the learning-rate schedule, `LearningRateMonitor` and checkpoints see the
+optimizer they always see, and a checkpoint of either path resumes on the other:
+
+- `step(closure)` runs the closure (the forward and the backward pass, which updates every
+  parameter that gets a gradient) and nothing else; Lightning counts it as the optimizer step;
+- the hook of parameter `p` runs AdamW's own state initialisation (`_init_group`) and update
+  (`torch.optim.adam.adam`: fused, foreach or per-tensor as the group says) on `p` alone, with
+  its group's current `lr`, `betas`, `eps` and `weight_decay`. Every AdamW kernel is
+  elementwise per tensor, so the result is bitwise the one the whole-model step gives;
+- before the update the hook multiplies the gradient by `gradient_factor()` when that returns a
+  number (what a module otherwise does to the gradients in `on_before_optimizer_step`, e.g. the
+  SFT token mean), and checks it is finite, so nothing non-finite reaches the weights or the
+  moments. The fused kernel takes the check as its `found_inf` flag (as under a GradScaler: a
+  flagged parameter is left as it was, with its step count), so no host synchronisation happens
+  per parameter, and the error naming the parameters is raised once the backward pass is over;
+  the other kernels check before the update and raise at once;
+- a parameter whose hook fires twice within one `step` (a second backward pass) or outside any
+  `step` (a backward pass the optimizer did not run) raises `InBackwardError`: its first
+  gradient was already applied and freed, so the result could not equal a whole-model step.
+
+What it cannot do exactly (gradient clipping, accumulation, several processes, DeepSpeed, fp16's
+GradScaler, manual optimisation, `on_nonfinite: skip`) is refused at start-up
+(`lit_rlhf.checks`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import Tensor
+from torch.optim.adam import adam
+from torch.utils.hooks import RemovableHandle
+
+
+class InBackwardError(RuntimeError):
+    """A backward pass the in-backward optimizer cannot turn into exactly one AdamW step."""
+
+
+class InBackwardAdamW(torch.optim.AdamW):
+    """`torch.optim.AdamW` whose per-parameter updates run in the backward pass (see the module
+    docstring). Built like `torch.optim.AdamW`; `attach` registers the hooks, `detach` removes
+    them. Until `attach` is called it is a plain AdamW (`step` then steps as usual)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handles: list[RemovableHandle] = []
+        self._group_of: dict[int, int] = {}  # id(param) -> index of its group (load_state_dict replaces the dicts)
+        self._names: dict[int, str] = {}
+        self._updated_in: dict[int, int] = {}  # id(param) -> the step number it was last updated in
+        self._step_number = 0
+        self._in_step = False
+        self._factor: float | None = None  # gradient factor of the current step (read once)
+        self._factor_read = False
+        self._found_inf: list[tuple[Tensor, Tensor]] = []  # (param, 0./1. on its device) of this step
+        self.gradient_factor: Callable[[], float | None] = lambda: None
+        self.nonfinite_error: Callable[[str], BaseException] | None = None
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def attach(self, names: dict[int, str] | None = None, gradient_factor: Callable[[], float | None] | None = None,
+               nonfinite_error: Callable[[str], BaseException] | None = None) -> None:
+        """Register the update hook on every parameter of every group.
+
+        Args:
+            names: `id(parameter) -> name`, for the error messages.
+            gradient_factor: called once per step, at the first gradient: a number multiplies every
+                gradient of the step before its update; None leaves them as they are.
+            nonfinite_error: builds the exception raised for a non-finite gradient (given the
+                message); None: non-finite gradients are not checked.
+        """
+        self.detach()
+        self._names = dict(names or {})
+        if gradient_factor is not None:
+            self.gradient_factor = gradient_factor
+        self.nonfinite_error = nonfinite_error
+        for index, group in enumerate(self.param_groups):
+            for param in group["params"]:
+                if id(param) in self._group_of:
+                    raise InBackwardError(f"parameter {self._name(param)} is in two parameter groups")
+                self._group_of[id(param)] = index
+                self._handles.append(param.register_post_accumulate_grad_hook(self._hook))
+
+    def detach(self) -> None:
+        """Remove the hooks: from now on a plain AdamW."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._group_of = [], {}
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Inside: a plain AdamW (gradients kept, `step()` steps them all), on the same state;
+        the hooks come back on the way out (e.g. a textbook step for comparison)."""
+        if not self.attached:
+            yield
+            return
+        settings = (self._names, self.gradient_factor, self.nonfinite_error)
+        self.detach()
+        try:
+            yield
+        finally:
+            self.attach(*settings)
+
+    def _name(self, param: Tensor) -> str:
+        return self._names.get(id(param), f"<parameter of shape {tuple(param.shape)}>")
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None):
+        """Run `closure` (forward and backward: the parameters are updated as their gradients
+        complete); without hooks attached, a plain AdamW step."""
+        if not self.attached:
+            return super().step(closure)
+        if closure is None:
+            raise InBackwardError("the in-backward AdamW steps inside the backward pass of its closure: "
+                                  "step() needs the closure that runs it")
+        self._step_number += 1
+        self._in_step, self._factor, self._factor_read, self._found_inf = True, None, False, []
+        try:
+            with torch.enable_grad():
+                loss = closure()
+            self._raise_if_nonfinite()
+            return loss
+        finally:
+            self._in_step, self._found_inf = False, []
+
+    def _raise_if_nonfinite(self) -> None:
+        """After the backward pass: the parameters whose fused update found a non-finite gradient
+        (and skipped it); one host synchronisation."""
+        if not self._found_inf or self.nonfinite_error is None:
+            return
+        device = self._found_inf[0][1].device
+        if not bool(torch.stack([flag.to(device) for _, flag in self._found_inf]).any()):
+            return
+        bad = [self._name(param) for param, flag in self._found_inf if bool(flag)]
+        raise self.nonfinite_error(f"non-finite gradient in {', '.join(bad)}")
+
+    def _hook(self, param: Tensor) -> None:
+        name = self._name(param)
+        if not self._in_step:
+            raise InBackwardError(
+                f"a backward pass outside the optimizer step reached {name}: with optimizer_in_backward every "
+                "backward pass must run inside the optimizer's step (automatic optimisation, one backward per step)")
+        if self._updated_in.get(id(param)) == self._step_number:
+            raise InBackwardError(
+                f"{name} got a gradient twice in one optimizer step (a second backward pass): with "
+                "optimizer_in_backward its first gradient was already applied; use one backward pass per step")
+        self._updated_in[id(param)] = self._step_number
+        if not self._factor_read:
+            self._factor, self._factor_read = self.gradient_factor(), True
+        self.update(param)
+
+    @torch.no_grad()
+    def update(self, param: Tensor) -> None:
+        """One AdamW step of `param` alone (its gradient scaled by this step's factor, checked
+        finite), then free its gradient."""
+        grad = param.grad
+        if grad is None:
+            return
+        if self._factor is not None:
+            grad.mul_(self._factor)
+        group = self.param_groups[self._group_of[id(param)]]  # its current lr (the scheduler's)
+        found_inf = None
+        if self.nonfinite_error is not None:
+            if group["fused"]:  # the kernel skips a flagged update; `step` raises after the backward
+                found_inf = torch.isfinite(grad).all().logical_not().to(torch.float32)
+                self._found_inf.append((param, found_inf))
+            elif not bool(torch.isfinite(grad).all()):
+                param.grad = None
+                raise self.nonfinite_error(f"non-finite gradient in {self._name(param)}")
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
+        # AdamW's own lazy state initialisation, on this one parameter (same state layout)
+        has_complex = self._init_group({**group, "params": [param]}, params, grads, exp_avgs, exp_avg_sqs,
+                                       max_exp_avg_sqs, steps)
+        beta1, beta2 = group["betas"]
+        adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad=group["amsgrad"],
+             has_complex=has_complex, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+             eps=group["eps"], maximize=group["maximize"], foreach=group["foreach"], capturable=group["capturable"],
+             differentiable=group["differentiable"], fused=group["fused"], grad_scale=None, found_inf=found_inf,
+             decoupled_weight_decay=group["decoupled_weight_decay"])
+        param.grad = None
