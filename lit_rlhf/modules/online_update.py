@@ -63,6 +63,7 @@ class UpdateLoopMixin:
         first one (exactly 1: D7).
         """
         optimizer = self.optimizers()
+        in_backward = bool(self.hparams.get("optimizer_in_backward"))
         totals: dict[str, Tensor] = {}
         count = 0
         first: dict[str, Tensor] = {}
@@ -72,21 +73,28 @@ class UpdateLoopMixin:
             for rows in self.minibatches(n_rows, num_minibatches, shuffle=epoch > 0):
                 micro = self.hparams.micro_batch_size or len(rows)
                 total = self.minibatch_weight(rows, row_weights)
-                finite = True
-                for start in range(0, len(rows), micro):
-                    micro_rows = rows[start: start + micro]
-                    loss, stats = loss_fn(micro_rows)
-                    finite = self.check_finite(loss=loss)  # raises (on_nonfinite: error) or skips the step
-                    if not finite:
-                        break
-                    share = len(micro_rows) if row_weights is None else row_weights[micro_rows].sum()
-                    self.manual_backward(loss * (share / total))
-                    if not first:
-                        first = {k: v.detach() for k, v in stats.items()}
-                    for k, v in stats.items():
-                        totals[k] = totals.get(k, 0.0) + v.detach().float()
-                    count += 1
-                if finite and self.gradients_finite():
+
+                def accumulate() -> bool:
+                    """Forward and backward over the minibatch's micro-batches; False when a loss
+                    is not finite (`on_nonfinite: skip`; `error` raises)."""
+                    nonlocal count, first
+                    for start in range(0, len(rows), micro):
+                        micro_rows = rows[start: start + micro]
+                        loss, stats = loss_fn(micro_rows)
+                        if not self.check_finite(loss=loss):
+                            return False
+                        share = len(micro_rows) if row_weights is None else row_weights[micro_rows].sum()
+                        self.manual_backward(loss * (share / total))
+                        if not first:
+                            first = {k: v.detach() for k, v in stats.items()}
+                        for k, v in stats.items():
+                            totals[k] = totals.get(k, 0.0) + v.detach().float()
+                        count += 1
+                    return True
+
+                if in_backward:  # one backward pass per step (lit_rlhf.checks): it runs inside the step
+                    self.apply_optimizer_step(optimizer, closure=accumulate)
+                elif accumulate() and self.gradients_finite():
                     self.apply_optimizer_step(optimizer)
                 else:
                     optimizer.zero_grad(set_to_none=True)
@@ -105,13 +113,20 @@ class UpdateLoopMixin:
             total = distributed.all_reduce_sum(total) / distributed.world_size()
         return total.clamp(min=1e-6)  # a minibatch with no token in the loss (all masked): zero, not 0/0
 
-    def apply_optimizer_step(self, optimizer) -> None:
+    def apply_optimizer_step(self, optimizer, closure: Callable[[], bool] | None = None) -> None:
         """Clip, step, zero the grads, advance the learning-rate schedule by one step (unless
-        it advances per rollout: `step_lr_schedule` after the update then)."""
+        it advances per rollout: `step_lr_schedule` after the update then).
+
+        With `closure` (`optimizer_in_backward`): the step runs the closure, whose backward pass
+        updates each parameter as its gradient completes (`lit_rlhf.modules.in_backward`);
+        clipping is refused at start-up there."""
         max_norm = self.hparams.max_grad_norm
-        if max_norm:
+        if max_norm and closure is None:
             self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
-        optimizer.step()
+        if closure is not None:
+            optimizer.step(closure=closure)
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if self.hparams.get("lr_schedule_per", "optimizer_step") == "optimizer_step":
             self.step_lr_schedule()
