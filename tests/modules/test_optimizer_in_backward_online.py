@@ -12,6 +12,7 @@ import torch
 from lit_rlhf import checks
 from lit_rlhf.modules import GRPOModule, PPOModule, SFTModule
 from lit_rlhf.modules.in_backward import InBackwardAdamW
+from tests.modules.test_optimizer_in_backward import LiveGradients
 from tests.resume.harness import Setup, checkpoint_values, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bitwise-reproducible CPU kernels
@@ -24,10 +25,11 @@ PLAIN = dict(max_grad_norm=0.0, lr_scheduler="cosine", warmup_steps=1, weight_de
 def test_same_run_as_the_whole_model_step(name, tmp_path):
     """GRPO (policy) and PPO (policy + value in one AdamW, 2 epochs x 2 minibatches per rollout):
     every weight, optimizer moment, scheduler state and logged scalar bitwise equal."""
-    runs, values = [], []
+    runs, values, trackers = [], [], []
     for in_backward in (False, True):
         root = tmp_path / ("ours" if in_backward else "plain")
-        run = fit(Setup(name, module_args={**PLAIN, "optimizer_in_backward": in_backward}), root)
+        trackers.append(LiveGradients())
+        run = fit(Setup(name, module_args={**PLAIN, "optimizer_in_backward": in_backward}), root, trackers[-1])
         assert run.exit_code is None and not run.killed
         runs.append(run)
         values.append(checkpoint_values(root / "checkpoints" / "last.ckpt"))
@@ -39,7 +41,10 @@ def test_same_run_as_the_whole_model_step(name, tmp_path):
                                           else plain[k] == ours[k])]
     assert plain.keys() == ours.keys() and not different, different[:8]
     assert runs[0].recorder.metrics == runs[1].recorder.metrics
-    assert all(p.grad is None for p in runs[1].module.parameters())  # freed in the backward passes
+    plain_grads, ours_grads = trackers
+    total = sum(p.nbytes for p in ours_grads.params)
+    assert plain_grads.peak == total  # every gradient held until the step
+    assert ours_grads.peak == max(p.nbytes for p in ours_grads.params) < total  # one at a time
 
 
 def reward(prompts, completions, **_):
