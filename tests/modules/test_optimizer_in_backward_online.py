@@ -83,3 +83,27 @@ def test_a_manual_module_without_the_update_loop_is_refused():
                               precision="32-true", precision_plugin=SimpleNamespace(scaler=None))
     problems = checks._optimizer_in_backward(trainer, module, None)
     assert len(problems) == 1 and "Manual optimises manually" in problems[0], problems
+
+
+def test_ppo_backward_per_network_equals_one_backward_of_the_sum(monkeypatch, tmp_path):
+    """PPO's update runs the policy term's backward pass before the value model's forward pass
+    (run_updates' loss parts: the policy's activations are freed first). The same run, bitwise,
+    as one backward pass of policy + value loss (the parts computed first and summed, as under DDP)."""
+    from lit_rlhf.modules import online_update
+
+    parts_run = fit(Setup("ppo"), tmp_path / "parts")
+    separate = online_update.loss_parts
+    summed = []
+
+    def one_backward(result, _separate=True):
+        summed.append(True)
+        return separate(result, False)
+
+    monkeypatch.setattr(online_update, "loss_parts", one_backward)
+    sum_run = fit(Setup("ppo"), tmp_path / "sum")
+    parts, total = (checkpoint_values(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("parts", "sum"))
+    assert parts.keys() == total.keys() and any(k.startswith("optimizer_states/0/state/") for k in parts)
+    different = [k for k in parts if not (torch.equal(parts[k], total[k]) if isinstance(parts[k], torch.Tensor)
+                                          else parts[k] == total[k])]
+    assert not different, different[:8]
+    assert summed and parts_run.recorder.metrics == sum_run.recorder.metrics and parts_run.recorder.metrics[4]
