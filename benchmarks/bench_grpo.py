@@ -44,6 +44,9 @@ TEMPERATURE = 1.0
 
 def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generations", type=int, default=4, help="G, completions per prompt")
+    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm, both sides (0: off)")
+    parser.add_argument("--optimizer-in-backward", action="store_true",
+                        help="ours: the module's optimizer_in_backward (needs --max-grad-norm 0)")
 
 
 def _texts(cfg: BenchConfig, tokenizer) -> list[list[str]]:
@@ -60,19 +63,20 @@ def response_token_logps(model, ids: torch.Tensor, response_length: int) -> torc
 
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.generation import SamplingConfig, sample_tokens
-    from lit_rlhf.modules import GRPOModule, online
+    from lit_rlhf.modules import GRPOModule, online_rollout
 
     group = cfg.extra["generations"]
     module = GRPOModule(
         model=cfg.model, reward_fns=[alpha_fraction_reward], num_generations=group, max_new_tokens=cfg.completion_length,
-        temperature=TEMPERATURE, beta=BETA, lr=LR, max_grad_norm=1.0, log_completions_every_n_steps=0, gradient_checkpointing=cfg.gradient_checkpointing,
+        temperature=TEMPERATURE, beta=BETA, lr=LR, max_grad_norm=cfg.extra["max_grad_norm"], log_completions_every_n_steps=0,
+        gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=cfg.extra["optimizer_in_backward"],
     )
     tok = module.tokenizer
     batches = [prompt_batch(tok, texts) for texts in _texts(cfg, tok)]
     rollout_timer = CallTimer(module, "make_rollout")
     update_timer = CallTimer(module, "update")
     # mean response length (EOS included) of each rollout: both sides stop a row at its EOS
-    generate_timer = CallTimer(online, "generate_responses", measure=lambda out, *a, **k: out[1].sum(dim=1).float().mean())
+    generate_timer = CallTimer(online_rollout, "generate_responses", measure=lambda out, *a, **k: out[1].sum(dim=1).float().mean())
     parts = PartTimer()
     sampling = SamplingConfig(max_new_tokens=cfg.completion_length, temperature=TEMPERATURE)
 
@@ -135,7 +139,8 @@ def trl(cfg: BenchConfig) -> WorkerResult:
         models.load_causal_lm(cfg.model, tokenizer, "float32").save_pretrained(weights)
         tokenizer.save_pretrained(weights)
         args = GRPOConfig(
-            **trl_training_args(cfg, out, learning_rate=LR, per_device_train_batch_size=cfg.batch_size * group, max_grad_norm=1.0),
+            **trl_training_args(cfg, out, learning_rate=LR, per_device_train_batch_size=cfg.batch_size * group,
+                                 max_grad_norm=cfg.extra["max_grad_norm"]),
             num_generations=group, max_completion_length=cfg.completion_length, temperature=TEMPERATURE, beta=BETA,
             num_iterations=1, epsilon=0.2, scale_rewards="group", loss_type="dapo", log_completions=False,
             shuffle_dataset=False, model_init_kwargs={"dtype": torch.float32},

@@ -26,9 +26,11 @@ checkpointing removes. What is left (`other`) is temporaries and allocator slack
 each cell gives the size of one dense float32 logits tensor at the shape (rows x T x vocabulary),
 which TRL without Liger materialises (3-4 such tensors live at once around its loss).
 
-`--optimizer-in-backward` runs ours (SFT, DPO) with the modules' `optimizer_in_backward` (each
-parameter stepped by AdamW as its gradient completes, that gradient freed): the `grads` phase is
-then the largest parameter's gradient, the most held at once. It is recorded in the JSON.
+`--optimizer-in-backward` runs ours with the modules' `optimizer_in_backward` (each parameter
+stepped by AdamW as its gradient completes, that gradient freed): the `grads` phase is then the
+largest parameter's gradient, the most held at once. It cannot clip gradients: GRPO then runs
+without clipping on both sides (`--max-grad-norm 0`), PPO without on ours (TRL's PPO loop never
+clips). It is recorded in the JSON.
 
 Goals: ours <= 0.85 x TRL without gradient checkpointing, <= 0.6 x TRL with it (both sides).
 GRPO/PPO sample their completions, so a row can stop at EOS before `--completion-length`; both
@@ -88,6 +90,8 @@ def run_cell(method: str, gc: bool, args: argparse.Namespace, framework: str) ->
             cmd += ["--ppo-epochs", str(args.ppo_epochs)]
         if framework == "ours" and args.optimizer_in_backward:
             cmd.append("--optimizer-in-backward")
+        if method == "grpo" and args.optimizer_in_backward:  # it cannot clip: neither side clips then
+            cmd += ["--max-grad-norm", "0"]
         print(f"[memory] {method} gc={gc} {framework}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
@@ -131,7 +135,8 @@ def phases(method: str, params: int, peak_mb: float, *, logprob_mb: float = 0.0,
     if method in ("dpo", "grpo", "ppo"):
         out["reference"] = w
     if method == "ppo":  # value model (trained, from the reward model) and the frozen reward model
-        out["value_weights_grads_adam"] = 4 * w
+        # with optimizer_in_backward its gradients are in `grads` (one parameter's at a time)
+        out["value_weights_grads_adam"] = 4 * w if grads_mb is None else 3 * w
         out["reward_model"] = w
     out["runtime"] = RUNTIME_MB
     if logprob_mb:
@@ -160,8 +165,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--trl-venv", default="/tmp/benchvenv", help="python environment with TRL (SFT, DPO, GRPO)")
     parser.add_argument("--trl-ppo-venv", default="/tmp/benchvenv-ppo", help="python environment with TRL's PPO")
     parser.add_argument("--min-free-gb", type=float, default=12.0)
-    parser.add_argument("--optimizer-in-backward", action="store_true", help="ours with optimizer_in_backward (SFT and "
-                        "DPO): each parameter stepped as its gradient completes, so at most one gradient is held")
+    parser.add_argument("--optimizer-in-backward", action="store_true", help="ours with optimizer_in_backward: each "
+                        "parameter stepped as its gradient completes, so at most one gradient is held")
     parser.add_argument("--json", default=None)
     parser.add_argument("--reuse", default=None, help="an earlier --json of the same model and shape: its runs are "
                         "taken as they are instead of run again (give --frameworks/--methods/--gc to choose what runs)")
@@ -172,8 +177,6 @@ def main(argv: list[str] | None = None) -> dict:
         print(markdown(json.loads(Path(args.markdown).read_text())))
         return {}
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.optimizer_in_backward and set(methods) - {"sft", "dpo"}:
-        raise SystemExit("--optimizer-in-backward: SFT and DPO only (GRPO/PPO optimise manually, which the option refuses)")
     args.trl_python = {m: str(Path(args.trl_ppo_venv if m == "ppo" else args.trl_venv) / "bin" / "python") for m in SCRIPTS}
     sizes = model_sizes(args.model)
     seq = args.prompt_length + args.completion_length

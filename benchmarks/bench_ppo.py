@@ -83,6 +83,8 @@ LAM = 0.95
 
 def _extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ppo-epochs", type=int, default=4, help="optimizer steps per rollout (K)")
+    parser.add_argument("--optimizer-in-backward", action="store_true", help="ours: the module's optimizer_in_backward, "
+                        "without gradient clipping (as TRL's PPO loop)")
 
 
 def trl_has_ppo() -> bool:
@@ -125,7 +127,7 @@ def response_token_logps(model, ids: torch.Tensor, response_length: int) -> torc
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf import models
     from lit_rlhf.generation import SamplingConfig, sample_tokens
-    from lit_rlhf.modules import PPOModule, online
+    from lit_rlhf.modules import PPOModule, online_rollout
 
     epochs = cfg.extra["ppo_epochs"]
     with reward_model_dir(cfg, models.load_tokenizer(cfg.model)) as reward_dir:
@@ -133,13 +135,14 @@ def ours(cfg: BenchConfig) -> WorkerResult:
             model=cfg.model, reward_model=reward_dir, max_new_tokens=cfg.completion_length, temperature=TEMPERATURE,
             ppo_epochs=epochs, num_minibatches=1, kl_coef=KL_COEF, kl_estimator="k1", clip_eps=CLIP,
             value_clip_eps=VALUE_CLIP, value_coef=VALUE_COEF, gamma=GAMMA, lam=LAM, whiten_rewards=False, lr=LR,
-            adam_eps=ADAM_EPS, max_grad_norm=1.0, log_completions_every_n_steps=0, gradient_checkpointing=cfg.gradient_checkpointing,
+            adam_eps=ADAM_EPS, max_grad_norm=0.0 if cfg.extra["optimizer_in_backward"] else 1.0, log_completions_every_n_steps=0,
+            gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=cfg.extra["optimizer_in_backward"],
         )  # the value model starts from the reward model (D22)
     tok = module.tokenizer
     batches = _batches(cfg, tok)
     rollout_timer = CallTimer(module, "make_rollout")
     update_timer = CallTimer(module, "update")
-    generate_timer = CallTimer(online, "generate_responses")  # the step's sampling only (the bare step calls sample_tokens)
+    generate_timer = CallTimer(online_rollout, "generate_responses")  # the step's sampling only (the bare step calls sample_tokens)
     parts = PartTimer()
     sampling = SamplingConfig(max_new_tokens=cfg.completion_length, temperature=TEMPERATURE)
 

@@ -23,7 +23,7 @@ Checked:
   `num_minibatches` equal minibatches (PPO's `batch_size` rows likewise);
 - `optimizer_in_backward` with what needs all gradients of a step at once or several backward
   passes per step (gradient clipping, accumulation, several processes, DeepSpeed, FSDP, fp16's
-  GradScaler, manual optimisation, `on_nonfinite: skip`);
+  GradScaler, an online update split into micro-batches, `on_nonfinite: skip`);
 - callbacks that need a split the DataModule does not configure (`ModelCheckpoint` /
   `EarlyStopping` monitoring a `val/` metric, `JudgeEvalCallback(split=...)`,
   `RewardNormalizationCallback` reading the trainer's DataModule), or no validation at all
@@ -347,8 +347,7 @@ def _optimizer_in_backward(trainer, module, dm) -> list[str]:
     why = "optimizer_in_backward: true steps each parameter as soon as its gradient is complete in the backward pass"
     problems = []
     if not getattr(module, "automatic_optimization", True):
-        problems.append(f"{why}, but {type(module).__name__} optimises manually with several backward passes per "
-                        "step: set optimizer_in_backward: false")
+        problems += _one_backward_per_step(module, dm, why)
     if getattr(trainer, "gradient_clip_val", None) or hp.get("max_grad_norm"):
         setting = "trainer.gradient_clip_val" if getattr(trainer, "gradient_clip_val", None) else "max_grad_norm"
         problems.append(f"{why}, before the norm of all gradients is known, so {setting} cannot clip them: unset "
@@ -375,6 +374,26 @@ def _optimizer_in_backward(trainer, module, dm) -> list[str]:
                         "is non-finite: set on_nonfinite: error (it stops before any non-finite update) or "
                         "optimizer_in_backward: false")
     return problems
+
+
+def _one_backward_per_step(module, dm, why: str) -> list[str]:
+    """A manually optimising module under `optimizer_in_backward`: only the online update loop,
+    and only when each optimizer step's minibatch is one micro-batch (one backward pass)."""
+    name = type(module).__name__
+    if getattr(module, "sampling", None) is None or not callable(getattr(module, "run_updates", None)):
+        return [f"{why}, but {name} optimises manually: set optimizer_in_backward: false"]
+    hp = module.hparams
+    micro = hp.get("micro_batch_size")
+    batch_size = getattr(dm, "batch_size", None)
+    minibatches = hp.get("num_minibatches", 1) or 1
+    if not micro or not batch_size:
+        return []  # the whole minibatch in one pass (a second backward pass would raise at once)
+    rows = batch_size * int(getattr(module, "repeats", 1)) // minibatches
+    if micro >= rows:
+        return []
+    return [f"{why}, so each optimizer step must be one backward pass, but micro_batch_size={micro} splits {name}'s "
+            f"minibatches of {rows} rows into {-(-rows // micro)}: set micro_batch_size: null (or >= {rows}), or "
+            "optimizer_in_backward: false"]
 
 
 def _yields(dm, batch_name: str) -> bool:

@@ -413,9 +413,10 @@ class PolicyModule(TrainingModule):
         optimizer_in_backward: step each parameter with AdamW as soon as its gradient is complete
             in the backward pass and free that gradient, so the gradients of the whole model
             never exist at once (less peak memory). Same weights, optimizer state and checkpoints
-            as the usual step (either resumes the other). Automatic optimisation only, one
-            process, no gradient clipping, accumulation, DeepSpeed, fp16 or `on_nonfinite: skip`
-            (refused at start-up). See `lit_rlhf.modules.in_backward`.
+            as the usual step (either resumes the other). One backward pass per optimizer step
+            (online methods: `micro_batch_size` null or at least a minibatch), one process, no
+            gradient clipping (`max_grad_norm: 0` for online methods), accumulation, DeepSpeed,
+            fp16 or `on_nonfinite: skip` (refused at start-up). See `lit_rlhf.modules.in_backward`.
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the

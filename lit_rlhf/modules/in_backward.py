@@ -26,8 +26,9 @@ optimizer they always see, and a checkpoint of either path resumes on the other:
   gradient was already applied and freed, so the result could not equal a whole-model step.
 
 What it cannot do exactly (gradient clipping, accumulation, several processes, DeepSpeed, fp16's
-GradScaler, manual optimisation, `on_nonfinite: skip`) is refused at start-up
-(`lit_rlhf.checks`).
+GradScaler, an online update split into micro-batches, `on_nonfinite: skip`) is refused at
+start-up (`lit_rlhf.checks`). The online methods' update loop (manual optimisation) passes its
+forward and backward pass to `step` as the closure (`UpdateLoopMixin.apply_optimizer_step`).
 """
 
 from __future__ import annotations

@@ -8,14 +8,34 @@ calls `run_updates` with its loss.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator, Union
 
 import torch
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 
 from lit_rlhf import distributed
 from lit_rlhf.losses import truncated_importance_weights
 from lit_rlhf.types import Rollout
+
+LossResult = Union[tuple[Tensor, dict[str, Tensor]], Iterable[tuple[Tensor, dict[str, Tensor]]]]
+
+
+def loss_parts(result: LossResult, separate: bool = True) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
+    """A `loss_fn` result as its parts: one (loss, stats) pair, or the pairs a generator yields
+    (each computed only when the previous one's backward pass is done). `separate=False`: the
+    parts summed into one (every part's forward pass first, then one backward pass)."""
+    if isinstance(result, tuple):
+        yield result
+    elif separate:
+        yield from result
+    else:
+        parts = list(result)
+        loss, stats = parts[0][0], dict(parts[0][1])
+        for part_loss, part_stats in parts[1:]:
+            loss = loss + part_loss
+            stats.update(part_stats)
+        yield loss, stats
 
 
 class UpdateLoopMixin:
@@ -41,14 +61,18 @@ class UpdateLoopMixin:
         n_rows: int,
         epochs: int,
         num_minibatches: int,
-        loss_fn: Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]],
+        loss_fn: Callable[[Tensor], LossResult],
         row_weights: Tensor | None = None,
     ) -> dict[str, Tensor]:
         """`epochs` passes over the rollout in `num_minibatches` minibatches, one optimizer step
         each, accumulating gradients over micro-batches of `micro_batch_size` rows.
 
         `loss_fn(rows)` gets the rollout row indices of a micro-batch and returns (loss, stats),
-        the loss averaged over that micro-batch. Each micro-batch's loss is weighted by its share
+        the loss averaged over that micro-batch, or yields such pairs, the parts of a loss whose
+        terms train disjoint parameters (PPO: policy, value): each part's backward pass runs
+        before the next part is computed, so one network's activations are freed before the
+        next network's forward pass (the same gradients as one backward pass of their sum,
+        which is what runs under DDP). Each micro-batch's loss is weighted by its share
         of the minibatch's total weight, so the accumulated gradient is that of the loss over the
         whole minibatch, whatever `micro_batch_size`:
 
@@ -63,6 +87,10 @@ class UpdateLoopMixin:
         first one (exactly 1: D7).
         """
         optimizer = self.optimizers()
+        in_backward = bool(self.hparams.get("optimizer_in_backward"))
+        # DDP's gradient sync needs every trained parameter's gradient from each backward pass:
+        # a loss's parts then run one backward pass of their sum
+        separate = not isinstance(self.trainer.strategy.model, DistributedDataParallel)
         totals: dict[str, Tensor] = {}
         count = 0
         first: dict[str, Tensor] = {}
@@ -72,21 +100,30 @@ class UpdateLoopMixin:
             for rows in self.minibatches(n_rows, num_minibatches, shuffle=epoch > 0):
                 micro = self.hparams.micro_batch_size or len(rows)
                 total = self.minibatch_weight(rows, row_weights)
-                finite = True
-                for start in range(0, len(rows), micro):
-                    micro_rows = rows[start: start + micro]
-                    loss, stats = loss_fn(micro_rows)
-                    finite = self.check_finite(loss=loss)  # raises (on_nonfinite: error) or skips the step
-                    if not finite:
-                        break
-                    share = len(micro_rows) if row_weights is None else row_weights[micro_rows].sum()
-                    self.manual_backward(loss * (share / total))
-                    if not first:
-                        first = {k: v.detach() for k, v in stats.items()}
-                    for k, v in stats.items():
-                        totals[k] = totals.get(k, 0.0) + v.detach().float()
-                    count += 1
-                if finite and self.gradients_finite():
+
+                def accumulate() -> bool:
+                    """Forward and backward over the minibatch's micro-batches; False when a loss
+                    is not finite (`on_nonfinite: skip`; `error` raises)."""
+                    nonlocal count, first
+                    for start in range(0, len(rows), micro):
+                        micro_rows = rows[start: start + micro]
+                        share = len(micro_rows) if row_weights is None else row_weights[micro_rows].sum()
+                        stats: dict[str, Tensor] = {}
+                        for loss, part_stats in loss_parts(loss_fn(micro_rows), separate):
+                            if not self.check_finite(loss=loss):
+                                return False
+                            self.manual_backward(loss * (share / total))
+                            stats.update(part_stats)
+                        if not first:
+                            first = {k: v.detach() for k, v in stats.items()}
+                        for k, v in stats.items():
+                            totals[k] = totals.get(k, 0.0) + v.detach().float()
+                        count += 1
+                    return True
+
+                if in_backward:  # one backward pass per step (lit_rlhf.checks): it runs inside the step
+                    self.apply_optimizer_step(optimizer, closure=accumulate)
+                elif accumulate() and self.gradients_finite():
                     self.apply_optimizer_step(optimizer)
                 else:
                     optimizer.zero_grad(set_to_none=True)
@@ -105,13 +142,20 @@ class UpdateLoopMixin:
             total = distributed.all_reduce_sum(total) / distributed.world_size()
         return total.clamp(min=1e-6)  # a minibatch with no token in the loss (all masked): zero, not 0/0
 
-    def apply_optimizer_step(self, optimizer) -> None:
+    def apply_optimizer_step(self, optimizer, closure: Callable[[], bool] | None = None) -> None:
         """Clip, step, zero the grads, advance the learning-rate schedule by one step (unless
-        it advances per rollout: `step_lr_schedule` after the update then)."""
+        it advances per rollout: `step_lr_schedule` after the update then).
+
+        With `closure` (`optimizer_in_backward`): the step runs the closure, whose backward pass
+        updates each parameter as its gradient completes (`lit_rlhf.modules.in_backward`);
+        clipping is refused at start-up there."""
         max_norm = self.hparams.max_grad_norm
-        if max_norm:
+        if max_norm and closure is None:
             self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
-        optimizer.step()
+        if closure is not None:
+            optimizer.step(closure=closure)
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if self.hparams.get("lr_schedule_per", "optimizer_step") == "optimizer_step":
             self.step_lr_schedule()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import torch
 from torch import Tensor
@@ -159,25 +159,28 @@ class PPOModule(OnlineModule):
         response_length = mask.shape[1]
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
 
-        # 3. K epochs of clipped policy + value updates
-        def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        # 3. K epochs of clipped policy + value updates: the policy and value networks train
+        # disjoint parameters, so the policy term's backward pass runs first and frees the
+        # policy's activations before the value model's forward pass (run_updates: loss parts)
+        def loss_fn(rows: Tensor) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
                 mask[rows], self.sampling.temperature,
             )  # (n, R)
-            values = self.value_model(input_ids[rows], attention_mask[rows]).float()[:, -response_length - 1: -1]  # (n, R)
             tis = self.tis_weights(rollout, rows, rollout.logps[rows])  # (n, R): truncated IS, None when off
             adv = advantages[rows] if tis is None else advantages[rows] * tis  # w >= 0: weights each token's clipped term
             pg = ppo_policy_loss(logps, rollout.logps[rows], adv, mask[rows], hp.clip_eps)
-            vf = ppo_value_loss(values, rollout.values[rows], returns[rows], mask[rows], hp.value_clip_eps)
-            loss = pg.loss + hp.value_coef * vf.loss
-            return loss, {
-                "loss/total": loss.detach(),
+            yield pg.loss, {
                 "policy/loss": pg.loss.detach(),
                 "policy/clipfrac": pg.clipfrac,
                 "policy/approxkl": pg.approxkl,
                 "policy/ratio_mean": pg.ratio_mean,
                 "policy/ratio_var": pg.ratio_var,
+            }
+            values = self.value_model(input_ids[rows], attention_mask[rows]).float()[:, -response_length - 1: -1]  # (n, R)
+            vf = ppo_value_loss(values, rollout.values[rows], returns[rows], mask[rows], hp.value_clip_eps)
+            yield hp.value_coef * vf.loss, {
+                "loss/total": pg.loss.detach() + hp.value_coef * vf.loss.detach(),
                 "value/loss": vf.loss.detach(),
                 "value/vpred": vf.vpred,
                 "value/error": vf.error,

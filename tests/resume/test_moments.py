@@ -112,20 +112,24 @@ def test_sigterm_during_dpo_reference_precompute(tmp_path, tmp_path_factory):
 # ----------------------------------------------------------------------------------------------
 
 
+# backward passes per optimizer step: PPO's policy and value terms run one each (run_updates' loss parts)
+BACKWARDS_PER_STEP = {"ppo": 2, "ppo_lora": 2}
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_sigterm_during_a_training_step(name, tmp_path, tmp_path_factory):
     """SIGTERM in the first backward pass of batch 2 (of 4): saved after batch 2, resumed."""
     steps_per_batch = CASES[name][2]
-    runs, _ = check(Setup(name), tmp_path, tmp_path_factory, Interrupt("on_after_backward", n=steps_per_batch + 1))
+    backwards = steps_per_batch * BACKWARDS_PER_STEP.get(name, 1)  # per batch
+    runs, _ = check(Setup(name), tmp_path, tmp_path_factory, Interrupt("on_after_backward", n=backwards + 1))
     assert runs[0].exit_code == 75 and runs[0].trainer.global_step == 2 * steps_per_batch
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_sigkill_during_a_training_step(name, tmp_path, tmp_path_factory):
     """SIGKILL in the first backward pass of batch 3: the periodic checkpoint of batch 2 counts."""
-    steps_per_batch = CASES[name][2]
-    runs, _ = check(Setup(name), tmp_path, tmp_path_factory,
-                    Interrupt("on_after_backward", n=2 * steps_per_batch + 1, sig=KILL))
+    backwards = CASES[name][2] * BACKWARDS_PER_STEP.get(name, 1)  # per batch
+    runs, _ = check(Setup(name), tmp_path, tmp_path_factory, Interrupt("on_after_backward", n=2 * backwards + 1, sig=KILL))
     assert runs[0].killed
 
 
