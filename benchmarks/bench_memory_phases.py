@@ -225,8 +225,7 @@ class MallocSampler:
 def sample_last_step(module, batches: list, threads: int) -> dict[str, Any]:
     """Fit `module` on `batches` without the profiler and sample resident memory and glibc's heap
     (`MallocSampler`) through the last step: where the resident peak's bytes are."""
-    from lightning import Callback, Trainer
-    from torch.utils.data import DataLoader
+    from lightning import Callback
 
     from benchmarks.common import StepPeaks
 
@@ -244,14 +243,22 @@ def sample_last_step(module, batches: list, threads: int) -> dict[str, Any]:
                 self.sampler.__exit__(None, None, None)
             StepPeaks.stop()
 
-    torch.set_num_threads(threads)
     callback = SampleLast()
+    fit_steps(module, batches, threads, callback)
+    return {"step_rss_peaks_mb": list(StepPeaks.peaks), "before_last_step": callback.before,
+            "at_rss_peak": callback.sampler.at_peak(), "samples": len(callback.sampler.samples)}
+
+
+def fit_steps(module, batches: list, threads: int, callback) -> None:
+    """Fit `module` for one step per batch on CPU in float32, `callback` watching."""
+    from lightning import Trainer
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(threads)
     trainer = Trainer(accelerator="cpu", devices=1, precision="32-true", max_steps=len(batches), logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback])
     trainer.fit(module, train_dataloaders=DataLoader(list(batches), batch_size=None, collate_fn=lambda item: item))
-    return {"step_rss_peaks_mb": list(StepPeaks.peaks), "before_last_step": callback.before,
-            "at_rss_peak": callback.sampler.at_peak(), "samples": len(callback.sampler.samples)}
 
 
 def build(method: str, model: str, gradient_checkpointing: bool, prompt_length: int, completion_length: int, steps: int,
@@ -280,8 +287,7 @@ def build(method: str, model: str, gradient_checkpointing: bool, prompt_length: 
 def profile_last_step(module, batches: list, threads: int, categories: bool = True, top: int = 15) -> dict[str, Any]:
     """Fit `module` on `batches` (one per step) and profile the last step: the live blocks at its
     peak (`peak_allocations`), and torch's categories (`category_peaks`) when `categories`."""
-    from lightning import Callback, Trainer
-    from torch.utils.data import DataLoader
+    from lightning import Callback
 
     from benchmarks.common import StepPeaks
 
@@ -312,12 +318,8 @@ def profile_last_step(module, batches: list, threads: int, categories: bool = Tr
             if self.profiler is not None and batch_idx == len(batches) - 1:
                 self.profiler.__exit__(None, None, None)
 
-    torch.set_num_threads(threads)
     callback = ProfileLast()
-    trainer = Trainer(accelerator="cpu", devices=1, precision="32-true", max_steps=len(batches), logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      num_sanity_val_steps=0, limit_val_batches=0, callbacks=[callback])
-    trainer.fit(module, train_dataloaders=DataLoader(list(batches), batch_size=None, collate_fn=lambda item: item))
+    fit_steps(module, batches, threads, callback)
     out = peak_allocations(callback.profiler, callback.known, top)
     if categories:
         out.update(category_peaks(callback.profiler))
