@@ -121,7 +121,7 @@ class UpdateLoopMixin:
                         count += 1
                     return True
 
-                if in_backward:  # one backward pass per step (lit_rlhf.checks): it runs inside the step
+                if in_backward:  # each parameter's gradient from one backward pass (lit_rlhf.checks), inside the step
                     self.apply_optimizer_step(optimizer, closure=accumulate)
                 elif accumulate() and self.gradients_finite():
                     self.apply_optimizer_step(optimizer)
