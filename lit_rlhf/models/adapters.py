@@ -278,7 +278,7 @@ class AdapterView:
     """The shared base seen with one adapter active (or none: the reference policy).
 
     Not an `nn.Module`: it owns no weights, so nothing freezes, moves or checkpoints the base
-    through it. Calls run under `use_adapter`; `lit_rlhf.modules.base.PolicyModule` unwraps it
+    through it. Calls run under `use_adapter`; `lit_rlhf.modules.policy.PolicyModule` unwraps it
     (`activated`) before asking for log-probs, so the chunked path sees the real model."""
 
     def __init__(self, model: nn.Module, adapter: str | None) -> None:

@@ -1,6 +1,7 @@
 """One LightningModule per method. Shared plumbing is in `base.TrainingModule` and `base.PolicyModule`."""
 
-from lit_rlhf.modules.base import PolicyModule, TrainingModule
+from lit_rlhf.modules.base import TrainingModule
+from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.modules.dpo import DPOModule
 from lit_rlhf.modules.drov import DROVModule
 from lit_rlhf.modules.kto import KTOModule

@@ -21,7 +21,7 @@ from torch import Tensor
 from lit_rlhf import models
 from lit_rlhf.models import adapters
 from lit_rlhf.losses import DPOLossType, dpo_loss
-from lit_rlhf.modules.base import PolicyModule
+from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.ops import masked_mean
 from lit_rlhf.types import PreferenceBatch, split_pair
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from lit_rlhf import models
 from lit_rlhf.models import adapters
 from lit_rlhf.losses import drov_loss
-from lit_rlhf.modules.base import PolicyModule
+from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.modules.optim import decay_groups
 from lit_rlhf.types import SingleBatch
 

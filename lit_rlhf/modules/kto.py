@@ -16,7 +16,8 @@ from torch import Tensor
 from lit_rlhf import distributed
 from lit_rlhf.distributed import gather_rows
 from lit_rlhf.losses import KTO_WEIGHT_RATIO_RANGE, kto_kl_estimate, kto_loss, kto_weight_ratio, labels_from_rewards
-from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
+from lit_rlhf.modules.base import CHECKPOINT_KEY
+from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.types import PreferenceBatch, SingleBatch
 
 log = logging.getLogger(__name__)

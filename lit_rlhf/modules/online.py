@@ -58,7 +58,8 @@ from torch import Tensor
 
 from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import SamplingConfig
-from lit_rlhf.modules.base import CHECKPOINT_KEY, PolicyModule
+from lit_rlhf.modules.base import CHECKPOINT_KEY
+from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.modules.online_rollout import RolloutMixin, repeat_meta, validation_rng
 from lit_rlhf.modules.online_update import UpdateLoopMixin
 from lit_rlhf.ops import masked_sum

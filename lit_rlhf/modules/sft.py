@@ -10,7 +10,7 @@ from torch import Tensor
 
 from lit_rlhf import distributed
 from lit_rlhf.data.packing import unpack
-from lit_rlhf.modules.base import PolicyModule
+from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.ops.packed import packed_token_logps, packing_supported
 from lit_rlhf.types import PackedSFTBatch, SFTBatch

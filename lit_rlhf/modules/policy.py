@@ -1,0 +1,312 @@
+"""`PolicyModule`: what every policy-training method shares (SFT, DPO, KTO, DRO-V, PPO, GRPO).
+
+A method is a subclass of `PolicyModule` that turns its batch into the tensors its loss needs
+(see `SFTModule` for the smallest one); `TrainingModule` (`lit_rlhf.modules.base`), its base,
+holds the optimiser, the non-finite guard, exact resume, checks, logging and export. Here:
+
+- the policy (`self.policy`) and its tokenizer (`self.tokenizer`), loaded by `lit_rlhf.models`
+  with PAD != EOS (D3) and dropout off (D7), or a LoRA adapter on a frozen base (`lora`);
+- frozen models (`self.add_frozen(...)`: a reference policy, a reward model): in eval mode, no
+  gradients, and left out of checkpoints, since they are rebuilt from their names;
+- `model_logps` (`policy_logps` / `frozen_logps`) and `response_token_logps`: the one place
+  modules get per-token log-probs, right under either padding side (D5), without the logits of
+  the whole batch (`logprob_chunk_size`, `lit_rlhf.ops.logprobs`), a shared prompt computed once
+  (`shared_prompt`, `lit_rlhf.ops.shared_prompt`);
+- the policy's AdamW parameter groups and its Hugging Face export.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lit_rlhf import models
+from lit_rlhf.generation import token_logps_with_grad
+from lit_rlhf.models import adapters
+from lit_rlhf.modules.base import TrainingModule
+from lit_rlhf.modules.optim import SchedulerName, decay_groups
+from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum
+from lit_rlhf.ops.shared_prompt import grouped_token_logps, shared_response_logps
+from lit_rlhf.types import PromptSharing
+
+log = logging.getLogger(__name__)
+
+
+class PolicyModule(TrainingModule):
+    """Base class of every method. Subclasses implement `training_step` and `validation_step`.
+
+    Args:
+        model: the policy: a builtin name (`tiny-random-llama`, `smollm2-135m-instruct`), a local
+            directory, a `.gguf` file or a hub id (see `lit_rlhf.models`).
+        tokenizer: tokenizer name; defaults to `model`.
+        dtype: dtype the weights are loaded in (`float32`, `bfloat16`, `float16`). Mixed precision
+            is the trainer's `precision`, not this: `bf16-mixed` on `float32` weights is fp32
+            master weights and optimizer state with bf16 compute. Trainable bf16/fp16 weights
+            are refused at start-up (no fp32 master copy) unless DeepSpeed trains or the
+            precision is `bf16-true` / `16-true` (pure low-precision training on purpose).
+        lr: peak learning rate of AdamW.
+        weight_decay: AdamW weight decay (not applied to biases and norm weights).
+        adam_eps: AdamW epsilon (the N+ paper uses 1e-5).
+        adam_betas: AdamW betas.
+        warmup_steps: linear warmup length in optimizer steps; `warmup_ratio` is used when 0.
+        warmup_ratio: warmup as a fraction of the total number of optimizer steps.
+        lr_scheduler: decay after warmup: `cosine`, `linear` (both to 0) or `constant`.
+        gradient_checkpointing: recompute activations in the backward pass to save memory.
+        export_dir: when set, the policy is exported there in Hugging Face format at the end of fit.
+        on_nonfinite: what a NaN/inf loss, reward, advantage or gradient does before the optimizer
+            step: `error` (default) stops with an error naming the step, the tensor and the batch
+            rows; `skip` skips that optimizer step and counts it (`train/guard/skipped_steps`).
+        frozen_placement: where frozen models (reference policy, reward model) live under a
+            sharding strategy (DeepSpeed ZeRO-3): `partitioned` shards them across ranks with
+            the trained weights (least memory; every forward all-gathers them), `whole` keeps a
+            full copy on every rank (no communication; the N+ paper's choice for its 6.9B runs).
+            Without sharding both are the same. The DeepSpeed offload config also moves frozen
+            weights to CPU when they are `partitioned`.
+        logprob_chunk_size: log-probs are computed from the last hidden states, the output
+            layer applied to this many scored tokens at a time (recomputed in backward), so the
+            (B, T, V) logits never exist; same values and gradients as the dense path. `null`:
+            the dense logits. Models with a final logit transform use the dense path (warned).
+        shared_prompt: rows that share a prompt (a preference pair, a GRPO/RLOO group) are
+            packed into one row `[prompt, completion_1, ..., completion_k]` with a block mask,
+            so the prompt is computed once (`lit_rlhf.ops.shared_prompt`); same log-probs and
+            gradients as the padded rows. Models whose attention takes no 4D mask
+            (`flash_attention_2`) use the padded rows (warned). `false`: always the padded rows.
+        lora: train LoRA adapters on a frozen base instead of the weights (`peft`): a
+            `peft.LoraConfig` by `class_path`/`init_args`, or the short spec `r`, `alpha`,
+            `dropout`, `target_modules`, `modules_to_save` (`lit_rlhf.models.adapters.lora_config`).
+            The reference policy is then the base with the adapter disabled (no copy), and the
+            method's other networks (PPO's value and reward, DRO-V's value) are further
+            adapters on the same base. `null`: full fine-tuning.
+        optimizer_in_backward: step each parameter with AdamW as soon as its gradient is complete
+            in the backward pass and free that gradient, so the gradients of the whole model
+            never exist at once (less peak memory). Same weights, optimizer state and checkpoints
+            as the usual step (either resumes the other). One backward pass per optimizer step
+            (online methods: `micro_batch_size` null or at least a minibatch), one process, no
+            gradient clipping (`max_grad_norm: 0` for online methods), accumulation, DeepSpeed,
+            fp16 or `on_nonfinite: skip` (refused at start-up). See `lit_rlhf.modules.in_backward`.
+
+    Class attributes:
+        batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
+            start-up checks refuse a DataModule yielding anything else. Empty = not checked.
+    """
+
+    def __init__(
+        self,
+        model: str = models.TINY_RANDOM_LLAMA,
+        tokenizer: str | None = None,
+        dtype: str = "float32",
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        warmup_ratio: float = 0.0,
+        lr_scheduler: SchedulerName = "cosine",
+        gradient_checkpointing: bool = False,
+        export_dir: str | None = None,
+        on_nonfinite: Literal["error", "skip"] = "error",
+        frozen_placement: Literal["partitioned", "whole"] = "partitioned",
+        logprob_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+        shared_prompt: bool = True,
+        lora: dict[str, Any] | None = None,
+        optimizer_in_backward: bool = False,
+    ) -> None:
+        super().__init__()
+        # collects the init args of the whole class chain (this frame and the subclass's)
+        self.save_hyperparameters()
+        # the CLI gives the DataModule `tokenizer or model`: record the same resolved name, or a
+        # logger refuses to merge the two hparams ("tokenizer" present in both, different values)
+        self.save_hyperparameters({**self.hparams, "tokenizer": tokenizer or model})
+        self.check_training_hparams()
+        if frozen_placement not in ("partitioned", "whole"):
+            raise ValueError(f"frozen_placement must be 'partitioned' or 'whole', got {frozen_placement!r}")
+        if logprob_chunk_size is not None and logprob_chunk_size <= 0:
+            raise ValueError(f"logprob_chunk_size must be > 0 or null (dense logits), got {logprob_chunk_size}")
+        self.logprob_chunk_size = logprob_chunk_size
+        self.shared_prompt = bool(shared_prompt)
+        self.model_name = model
+        self.tokenizer = models.load_tokenizer(tokenizer or model)
+        self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
+        self.lora_config = adapters.lora_config(lora)
+        if self.lora_config is not None:  # the policy is the adapter `policy` on a frozen base
+            self.policy = adapters.add_lora(self.policy, self.lora_config, adapters.POLICY)
+            adapters.set_trainable(self.policy, {adapters.POLICY: True})
+        if gradient_checkpointing:
+            kwargs = {"use_reentrant": False}
+            if self.lora_config is not None:  # recompute under the adapter of the original forward
+                kwargs["context_fn"] = adapters.checkpoint_context_fn(self.policy)
+                self.policy.enable_input_require_grads()
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        self._frozen_names: list[str] = []
+        self._whole_frozen: dict[str, nn.Module] = {}  # frozen models kept out of the module tree
+
+    # ----------------------------------------------------------------------------------------
+    # frozen models (reference policy, reward model): never trained, never checkpointed
+    # ----------------------------------------------------------------------------------------
+
+    def add_frozen(self, name: str, module: nn.Module) -> nn.Module:
+        """Register `module` as a frozen submodule `self.<name>` (eval mode, no grads, not saved).
+
+        With `frozen_placement: whole` it is reachable as `self.<name>` but kept out of the module
+        tree, so a sharding strategy never partitions it; `_apply` still moves and casts it with
+        the module (`.to(device)`, `.bfloat16()`).
+        """
+        module.eval()
+        module.requires_grad_(False)
+        if self.hparams.get("frozen_placement", "partitioned") == "whole":
+            self._whole_frozen[name] = module
+            object.__setattr__(self, name, module)
+        else:
+            setattr(self, name, module)
+        if name not in self._frozen_names:
+            self._frozen_names.append(name)
+        return module
+
+    def load_reference(self, name: str | None, dtype: str = "float32") -> nn.Module:
+        """The reference policy: `name` loaded fresh, or a frozen copy of the initial policy;
+        with LoRA (and no `name`) the policy's own base with its adapters disabled."""
+        if name is None and self.lora_config is not None:
+            view = adapters.AdapterView(self.policy, None)  # no second copy of the base
+            object.__setattr__(self, "ref_model", view)  # owns no weights: not a submodule
+            return view
+        ref = models.frozen_copy(self.policy) if name is None else models.load_reference_model(name, self.tokenizer, dtype)
+        return self.add_frozen("ref_model", ref)
+
+    def load_reward_source(self, name: str) -> nn.Module:
+        """The reward model `name` for `add_frozen`: with LoRA, a LoRA reward model exported on
+        the policy's base (`<export_dir>/adapter`) becomes the frozen adapter `reward` on the
+        shared base (`lit_rlhf.models.adapters.scalar_adapter`); anything else is loaded as a
+        separate model (`lit_rlhf.models.load_reward_model`)."""
+        if self.lora_config is not None:
+            scalar = adapters.scalar_adapter(self.policy, adapters.REWARD, self.lora_config, name, self.model_name,
+                                             trainable=False)
+            if scalar is not None:
+                return scalar
+        return models.load_reward_model(name, self.tokenizer, dtype=self.hparams.dtype)
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        for module in getattr(self, "_whole_frozen", {}).values():  # not children: moved and cast here
+            module._apply(fn, *args, **kwargs)
+        return self
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for name in self._frozen_names:  # frozen models stay in eval mode (D7)
+            getattr(self, name).eval()
+        return self
+
+    def _frozen_prefixes(self) -> tuple[str, ...]:
+        return tuple(f"{name}." for name in self._frozen_names)
+
+    def _rebuilt_keys(self) -> set[str]:
+        """With LoRA: the state-dict keys of every frozen parameter (the base, a frozen reward
+        adapter), rebuilt from their names like the frozen models, so checkpoints hold the
+        trained adapters and heads only."""
+        if getattr(self, "lora_config", None) is None:
+            return set()
+        return {name for name, param in self.named_parameters(remove_duplicate=False) if not param.requires_grad}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        prefixes, rebuilt = self._frozen_prefixes(), self._rebuilt_keys()
+        if (prefixes or rebuilt) and "state_dict" in checkpoint:
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
+                                        if not (k.startswith(prefixes) if prefixes else False) and k not in rebuilt}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Frozen models (and, with LoRA, the frozen base) are not in checkpoints: keep the ones
+        this module was built with."""
+        prefixes, rebuilt = self._frozen_prefixes(), self._rebuilt_keys()
+        if prefixes or rebuilt:
+            state_dict = dict(state_dict)
+            for key, value in super().state_dict().items():
+                if key not in state_dict and ((prefixes and key.startswith(prefixes)) or key in rebuilt):
+                    state_dict[key] = value
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    # ----------------------------------------------------------------------------------------
+    # log-probs
+    # ----------------------------------------------------------------------------------------
+
+    def model_logps(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
+                    temperature: float = 1.0, sharing: PromptSharing | None = None) -> Tensor:
+        """Per-token log-probs (B, T) of a causal LM on the tokens where `loss_mask` is True (0
+        elsewhere), chunked or dense as `logprob_chunk_size` says. `sharing` says which rows
+        share a prompt (`PreferenceBatch.sharing`): with `shared_prompt` on, each such prompt is
+        computed once (`lit_rlhf.ops.shared_prompt`); the values are the same either way."""
+        sharing = sharing if self.shared_prompt else None
+        with adapters.activated(model) as module:  # an AdapterView: its base, with its adapter on
+            return grouped_token_logps(module, input_ids, attention_mask, loss_mask, sharing, temperature,
+                                       self.logprob_chunk_size)
+
+    def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0,
+                     sharing: PromptSharing | None = None) -> Tensor:
+        """Per-token log-probs (B, T) of the policy on the tokens where `loss_mask` is True."""
+        return self.model_logps(self.policy, input_ids, attention_mask, loss_mask, temperature, sharing)
+
+    @torch.no_grad()
+    def frozen_logps(self, name: str, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0,
+                     sharing: PromptSharing | None = None) -> Tensor:
+        """Per-token log-probs (B, T) of a frozen causal LM (e.g. `ref_model`), without grad."""
+        return self.model_logps(getattr(self, name), input_ids, attention_mask, loss_mask, temperature, sharing)
+
+    def response_token_logps(
+        self,
+        model: nn.Module,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        response_ids: Tensor,
+        response_mask: Tensor,
+        temperature: float = 1.0,
+        micro_batch_size: int | None = None,
+        groups: Tensor | None = None,
+    ) -> Tensor:
+        """Log-probs (B, R) of sampled responses under `model` (0 where `response_mask` is
+        False), differentiable unless called under `torch.no_grad()`; chunked or dense as
+        `logprob_chunk_size` says. `groups` (B,): rows with equal ids have the same prompt (a
+        GRPO group): with `shared_prompt` on, each micro-batch computes each of its prompts once."""
+        with adapters.activated(model) as module:
+            if groups is None or not self.shared_prompt:
+                return token_logps_with_grad(module, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+                                             micro_batch_size, chunk_size=self.logprob_chunk_size)
+            return shared_response_logps(module, prompt_ids, prompt_mask, response_ids, response_mask, groups, temperature,
+                                         micro_batch_size, self.logprob_chunk_size)
+
+    @staticmethod
+    def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:
+        """Sum of per-token log-probs over the kept tokens: (B, T) -> (B,)."""
+        return masked_sum(per_token, mask, dim=1)
+
+    # ----------------------------------------------------------------------------------------
+    # optimisation
+    # ----------------------------------------------------------------------------------------
+
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
+        """Parameter groups for AdamW; override to add models or learning rates (e.g. DRO-V's value)."""
+        return decay_groups(self.policy, self.hparams.get("weight_decay", 0.0))
+
+    # ----------------------------------------------------------------------------------------
+    # export
+    # ----------------------------------------------------------------------------------------
+
+    def export_hf(self, directory: str | Path) -> Path:
+        """Write the policy and tokenizer with `save_pretrained` (loadable by plain transformers).
+
+        With LoRA: the base with the `policy` adapter merged in `directory` (plain transformers),
+        and the adapter alone in PEFT format in `directory/adapter` (`PeftModel.from_pretrained`
+        on the base, `lit_rlhf.models.load_causal_lm(directory/adapter)`)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.lora_config is not None:
+            adapters.merged_copy(self.policy, adapters.POLICY).save_pretrained(directory, safe_serialization=True)
+            adapters.save_adapter(self.policy, directory / "adapter", adapters.POLICY, base_name=self.model_name)
+        else:
+            self.policy.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        log.info("exported %s to %s", type(self).__name__, directory)
+        return directory
