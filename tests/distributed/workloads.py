@@ -155,10 +155,23 @@ def write_result(out: Path, result: dict[str, Any]) -> None:
 
 
 def shutdown() -> None:
-    """Leave together: every rank waits for the others, then closes the process group, so no
-    gloo or DeepSpeed communication thread is still running while the interpreter exits."""
+    """Leave together, then end the process without interpreter finalisation.
+
+    Every rank waits for the others and closes the process group; the result file is written
+    already. The process then ends with `os._exit(0)`: gloo's worker threads may still be
+    destroying finished work objects that own Python tensors (the barrier keeps the prior
+    all-gathers alive), and a worker that needs the GIL while the interpreter finalises aborts
+    the process ("terminate called without an active exception", exit -6; pytorch/pytorch
+    #190489, caught in a core dump here: ProcessGroupGloo::runLoop -> ~AsyncBarrierWork ->
+    decref_pyobject -> PyThread_exit_thread). That abort is torch's teardown, not a result.
+    """
+    import sys
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
