@@ -36,7 +36,8 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import DPOModule
 
     module = DPOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing,
-                       optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")))
+                       optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")),
+        release_host_memory=not cfg.keep_host_heap)
     batches = [preference_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
     parts = PartTimer()
 

@@ -34,7 +34,8 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import DROVModule
 
     torch.manual_seed(cfg.seed)  # the value head
-    module = DROVModule(model=cfg.model, tau=TAU, lr=LR, value_lr=LR, lr_scheduler="cosine")
+    module = DROVModule(model=cfg.model, tau=TAU, lr=LR, value_lr=LR, lr_scheduler="cosine",
+        release_host_memory=not cfg.keep_host_heap)
     rows = token_rows(module.tokenizer, cfg.batch_size * cfg.total_steps, cfg.prompt_length, cfg.completion_length)
     generator = torch.Generator().manual_seed(cfg.seed)
     batches = []

@@ -47,7 +47,8 @@ def _completions(rows: list[dict[str, list[int]]], labels: list[bool]) -> list[l
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import KTOModule
 
-    module = KTOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine")
+    module = KTOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine",
+        release_host_memory=not cfg.keep_host_heap)
     batches = [single_batch(rows, labels) for rows, labels in _steps(cfg, module.tokenizer)]
     parts = PartTimer()
     prompt_len = cfg.prompt_length

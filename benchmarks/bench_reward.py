@@ -35,7 +35,8 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import RewardModule
 
     torch.manual_seed(cfg.seed)  # the D11 head
-    module = RewardModule(model=cfg.model, lr=LR, lr_scheduler="cosine")
+    module = RewardModule(model=cfg.model, lr=LR, lr_scheduler="cosine",
+        release_host_memory=not cfg.keep_host_heap)
     batches = [preference_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
     parts = PartTimer()
 

@@ -79,6 +79,9 @@ class BenchConfig:
         no_bare: skip our interleaved bare-model steps (no overhead ratio): our step memory
             without the heap those steps leave behind in the same process.
         profile: print a cProfile summary (top functions by cumulative time) of each worker's fit.
+        keep_host_heap: ours with `release_host_memory: false`: the heap freed by a step stays
+            with the C library's malloc (on CPU; `lit_rlhf.host_memory`) instead of going back
+            to the system at the step's phase boundaries.
         json: write the full result there.
     """
 
@@ -97,6 +100,7 @@ class BenchConfig:
     in_process: bool = False
     no_bare: bool = False
     profile: bool = False
+    keep_host_heap: bool = False
     json: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
