@@ -1,4 +1,5 @@
-"""What a training step holds in memory: no gradients of the previous step during the forward pass.
+"""What a training step holds in memory: no gradients of the previous step during the forward pass,
+and no heap the C library keeps after a phase freed it (`release_host_memory`).
 
 Lightning's automatic optimisation sets the gradients to None only after `training_step`; until
 then the previous optimizer step's gradients (the size of the trained weights) stay alive through
@@ -14,9 +15,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lit_rlhf import host_memory
 from lit_rlhf.modules import DPOModule, SFTModule
 from lit_rlhf.modules.base import TrainingModule
 from lit_rlhf.types import PreferenceBatch, SFTBatch
+from tests.resume.harness import Setup
+from tests.resume.harness import fit as fit_setup
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -97,3 +101,76 @@ def test_fit_is_unchanged_by_dropping_the_gradients_early(make, monkeypatch):
     for name in early:
         assert torch.equal(early[name], late[name]), name
     assert any(not torch.equal(early[n], p) for n, p in make().policy.named_parameters())  # the fit did train
+
+
+# --------------------------------------------------------------------------------------------
+# release_host_memory: the freed heap goes back to the system at the step's phase boundaries
+# --------------------------------------------------------------------------------------------
+
+
+class PhaseLog(L.Callback):
+    """The step's phases in order, with every `host_memory.release_freed_memory` call between."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.events: list[str] = []
+        monkeypatch.setattr(host_memory, "release_freed_memory", lambda: self.events.append("release") or True)
+
+    def on_train_batch_start(self, *args) -> None:
+        self.events.append("start")
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        self.events.append("backward")  # callbacks run before the module's own hook
+
+    def on_before_optimizer_step(self, *args) -> None:
+        self.events.append("step")
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_freed_heap_is_released_before_each_backward_pass_and_after_each_batch(accumulate, monkeypatch):
+    log = PhaseLog(monkeypatch)
+    fit(SFTModule(model="tiny-random-llama", lr=1e-3), sft_batches(4), accumulate, log)
+    one = ["start", "backward", "release", "release"]  # forward, (release) backward, ..., (release) at the batch end
+    stepped = ["start", "backward", "release", "step", "release"]
+    expected = stepped * 4 if accumulate == 1 else (one + stepped) * 2
+    assert log.events == expected
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_online_methods_release_after_the_rollout_and_before_each_backward_pass(name, tmp_path, monkeypatch):
+    """The rollout (generation, frozen models' scores) is freed before the first backward pass of
+    the update; PPO's policy and value parts are two backward passes, each preceded by a release."""
+    log = PhaseLog(monkeypatch)
+    run = fit_setup(Setup(name), tmp_path, log)
+    assert run.exit_code is None and not run.killed
+    events = log.events
+    backwards = [i for i, e in enumerate(events) if e == "backward"]
+    assert backwards and all(events[i + 1] == "release" for i in backwards)
+    batch_ends = [i - 1 for i, e in enumerate(events) if e == "start"][1:] + [len(events) - 1]
+    assert all(events[i] == "release" for i in batch_ends)
+    assert events.count("release") == len(backwards) + len(batch_ends)
+
+
+def test_release_host_memory_false_never_releases_and_neither_setting_changes_the_fit(monkeypatch):
+    def trained(release: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
+        torch.manual_seed(0)
+        module = DPOModule(model="tiny-random-llama", lr=1e-3, release_host_memory=release)
+        log = PhaseLog(monkeypatch)
+        fit(module, preference_batches(3), 1, log)
+        monkeypatch.undo()
+        return {n: p.detach().clone() for n, p in module.policy.named_parameters()}, log.events
+
+    released, events = trained(True)
+    kept, kept_events = trained(False)
+    assert events.count("release") == 6 and "release" not in kept_events
+    for name in released:  # the real malloc_trim only moves free pages: bitwise the same training
+        assert torch.equal(released[name], kept[name]), name
+
+
+def test_release_on_cpu_only(monkeypatch):
+    module = SFTModule(model="tiny-random-llama")
+    calls = []
+    monkeypatch.setattr(host_memory, "release_freed_memory", lambda: calls.append(1) or True)
+    module.release_host_memory()
+    monkeypatch.setattr(type(module), "device", property(lambda self: torch.device("cuda", 0)))
+    module.release_host_memory()  # GPU tensors are not in the host heap: nothing to do
+    assert calls == [1]
