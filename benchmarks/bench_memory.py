@@ -90,8 +90,8 @@ def run_cell(method: str, gc: bool, args: argparse.Namespace, framework: str) ->
             cmd += ["--ppo-epochs", str(args.ppo_epochs)]
         if framework == "ours" and args.optimizer_in_backward:
             cmd.append("--optimizer-in-backward")
-        if framework == "ours" and args.keep_host_heap:
-            cmd.append("--keep-host-heap")
+        if framework == "ours" and args.release_host_memory:
+            cmd.append("--release-host-memory")
         if method == "grpo" and args.optimizer_in_backward:  # it cannot clip: neither side clips then
             cmd += ["--max-grad-norm", "0"]
         print(f"[memory] {method} gc={gc} {framework}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--min-free-gb", type=float, default=12.0)
     parser.add_argument("--optimizer-in-backward", action="store_true", help="ours with optimizer_in_backward: each "
                         "parameter stepped as its gradient completes, so at most one gradient is held")
-    parser.add_argument("--keep-host-heap", action="store_true", help="ours with release_host_memory: false (the "
-                        "freed heap stays with glibc's malloc; the figures before that option existed)")
+    parser.add_argument("--release-host-memory", action="store_true", help="ours with release_host_memory: the "
+                        "heap a step's phases free goes back to the system (glibc's malloc_trim)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--reuse", default=None, help="an earlier --json of the same model and shape: its runs are "
                         "taken as they are instead of run again (give --frameworks/--methods/--gc to choose what runs)")

@@ -262,7 +262,7 @@ def fit_steps(module, batches: list, threads: int, callback) -> None:
 
 
 def build(method: str, model: str, gradient_checkpointing: bool, prompt_length: int, completion_length: int, steps: int,
-          optimizer_in_backward: bool = False, release_host_memory: bool = True):
+          optimizer_in_backward: bool = False, release_host_memory: bool = False):
     """Our module and one batch per step (the same data as `bench_memory_sft` / `bench_dpo`)."""
     from benchmarks.bench_memory_sft import sft_batch
     from benchmarks.common import preference_batch, token_rows
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--method", default="sft", choices=("sft", "dpo"))
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--optimizer-in-backward", action="store_true", help="the module's optimizer_in_backward")
-    parser.add_argument("--keep-host-heap", action="store_true", help="the module's release_host_memory: false")
+    parser.add_argument("--release-host-memory", action="store_true", help="the module's release_host_memory")
     parser.add_argument("--prompt-length", type=int, default=256)
     parser.add_argument("--completion-length", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=1, help="steps before the analysed one (the AdamW moments exist from the second step on)")
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     module, batches = build(args.method, args.model, args.gradient_checkpointing, args.prompt_length,
-                            args.completion_length, args.warmup + 1, args.optimizer_in_backward, not args.keep_host_heap)
+                            args.completion_length, args.warmup + 1, args.optimizer_in_backward, args.release_host_memory)
     gc = "on" if args.gradient_checkpointing else "off"
     if args.malloc:
         result = {"config": vars(args), **sample_last_step(module, batches, args.threads)}

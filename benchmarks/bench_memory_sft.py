@@ -45,7 +45,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
 
     module = SFTModule(model=cfg.model, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing,
                        optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")),
-        release_host_memory=not cfg.keep_host_heap)
+        release_host_memory=cfg.release_host_memory)
     batches = [sft_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
 
     def bare(batch, optimizer) -> None:

@@ -137,7 +137,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
             value_clip_eps=VALUE_CLIP, value_coef=VALUE_COEF, gamma=GAMMA, lam=LAM, whiten_rewards=False, lr=LR,
             adam_eps=ADAM_EPS, max_grad_norm=0.0 if cfg.extra["optimizer_in_backward"] else 1.0, log_completions_every_n_steps=0,
             gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=cfg.extra["optimizer_in_backward"],
-                release_host_memory=not cfg.keep_host_heap,
+                release_host_memory=cfg.release_host_memory,
         )  # the value model starts from the reward model (D22)
     tok = module.tokenizer
     batches = _batches(cfg, tok)

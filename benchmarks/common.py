@@ -79,9 +79,8 @@ class BenchConfig:
         no_bare: skip our interleaved bare-model steps (no overhead ratio): our step memory
             without the heap those steps leave behind in the same process.
         profile: print a cProfile summary (top functions by cumulative time) of each worker's fit.
-        keep_host_heap: ours with `release_host_memory: false`: the heap freed by a step stays
-            with the C library's malloc (on CPU; `lit_rlhf.host_memory`) instead of going back
-            to the system at the step's phase boundaries.
+        release_host_memory: ours with the modules' `release_host_memory`: the heap a step's
+            phases free goes back to the system (glibc's `malloc_trim`, `lit_rlhf.host_memory`).
         json: write the full result there.
     """
 
@@ -100,7 +99,7 @@ class BenchConfig:
     in_process: bool = False
     no_bare: bool = False
     profile: bool = False
-    keep_host_heap: bool = False
+    release_host_memory: bool = False
     json: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

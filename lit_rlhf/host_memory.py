@@ -4,14 +4,14 @@ On CPU, tensors live in the process heap. glibc's `malloc` keeps most freed bloc
 allocations instead of returning them, and a training step frees and allocates blocks of many
 sizes (a forward pass's activations, a backward pass's gradients, the chunks of the log-prob
 path), so the freed heap a step leaves behind is not the shape the next phase asks for: the
-resident set grows by hundreds of MiB that no tensor uses (on SmolLM2-135M, 1280-token DPO rows
-with gradient checkpointing: ~600 MiB, `benchmarks/RESULTS.md`, "Where `other` goes").
+resident set holds memory that no tensor uses (`benchmarks/RESULTS.md`, "Where `other` goes").
 
 `malloc_trim(0)` hands every whole free page of every arena back (glibc >= 2.8 also releases
 pages inside the heap, not only its top), so what the process holds is what it uses plus what
-the next phase re-faults. Unlike a fixed `MALLOC_MMAP_THRESHOLD_`, which maps and zeroes every
-large block anew, it runs a few times per step, so it costs little time. `TrainingModule` calls
-it at the phase boundaries of a step on CPU (`release_host_memory`).
+the next phase faults in again. Unlike a fixed `MALLOC_MMAP_THRESHOLD_`, which maps and zeroes
+every large block anew, it runs a few times per step; its cost is those page faults, which grow
+with the working set a step allocates again. `TrainingModule` calls it at the phase boundaries
+of a step on CPU with the `release_host_memory` hparam.
 
 Elsewhere (not Linux, a C library without `malloc_trim` such as musl) `release_freed_memory` is
 a no-op that returns False. With jemalloc or tcmalloc preloaded it trims glibc's (then small)

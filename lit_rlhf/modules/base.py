@@ -330,19 +330,19 @@ class TrainingModule(LightningModule):
             param.grad = None
 
     def on_before_backward(self, loss: Tensor) -> None:
-        self.release_host_memory()  # the forward pass's freed blocks, before the backward pass's own
+        self.release_freed_host_memory()  # the forward pass's freed blocks, before the backward pass's own
 
-    def release_host_memory(self) -> None:
-        """With `release_host_memory` (default) and the module on CPU: hand the heap the C library
+    def release_freed_host_memory(self) -> None:
+        """With the `release_host_memory` hparam and the module on CPU: hand the heap the C library
         keeps after `free` back to the system (`lit_rlhf.host_memory`). Called at the end of each
         training batch (after the optimizer step) and before each backward pass (after the forward
         pass, and for online methods after the rollout), where what a phase freed is not what the
         next one allocates. Changes no value; on GPU the tensors are not in the host heap."""
-        if self.hparams.get("release_host_memory", True) and self.device.type == "cpu":
+        if self.hparams.get("release_host_memory", False) and self.device.type == "cpu":
             host_memory.release_freed_memory()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.release_host_memory()
+        self.release_freed_host_memory()
         if self._trainer is not None:
             self._epoch_counters_at_batch = resume.epoch_counters(self.trainer)  # for a checkpoint after a cut-short epoch
         mask = getattr(batch, "attention_mask", None)

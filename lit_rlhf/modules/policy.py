@@ -88,10 +88,11 @@ class PolicyModule(TrainingModule):
             (online methods: `micro_batch_size` null or at least a minibatch), one process, no
             gradient clipping (`max_grad_norm: 0` for online methods), accumulation, DeepSpeed,
             fp16 or `on_nonfinite: skip` (refused at start-up). See `lit_rlhf.modules.in_backward`.
-        release_host_memory: on CPU, hand the heap memory the C library keeps after freeing
-            tensors back to the system after each optimizer step and before each backward pass
-            (glibc's `malloc_trim`, `lit_rlhf.host_memory`): a lower resident peak for a little
-            time per step; no value changes. No effect on GPU or without glibc.
+        release_host_memory: on CPU, hand the heap the C library keeps after freeing tensors back
+            to the system after each optimizer step and before each backward pass (glibc's
+            `malloc_trim`, `lit_rlhf.host_memory`): a lower resident peak, no value changes. It
+            costs the time to fault the pages in again where a step re-allocates a large working
+            set (without gradient checkpointing), little with it. No effect on GPU or without glibc.
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
@@ -118,7 +119,7 @@ class PolicyModule(TrainingModule):
         shared_prompt: bool = True,
         lora: dict[str, Any] | None = None,
         optimizer_in_backward: bool = False,
-        release_host_memory: bool = True,
+        release_host_memory: bool = False,
     ) -> None:
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)

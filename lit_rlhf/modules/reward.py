@@ -128,7 +128,7 @@ class RewardModule(TrainingModule):
         shared_prompt: bool = True,
         lora: dict[str, Any] | None = None,
         optimizer_in_backward: bool = False,
-        release_host_memory: bool = True,
+        release_host_memory: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

@@ -128,7 +128,7 @@ class PhaseLog(L.Callback):
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_freed_heap_is_released_before_each_backward_pass_and_after_each_batch(accumulate, monkeypatch):
     log = PhaseLog(monkeypatch)
-    fit(SFTModule(model="tiny-random-llama", lr=1e-3), sft_batches(4), accumulate, log)
+    fit(SFTModule(model="tiny-random-llama", lr=1e-3, release_host_memory=True), sft_batches(4), accumulate, log)
     one = ["start", "backward", "release", "release"]  # forward, (release) backward, ..., (release) at the batch end
     stepped = ["start", "backward", "release", "step", "release"]
     expected = stepped * 4 if accumulate == 1 else (one + stepped) * 2
@@ -140,7 +140,7 @@ def test_online_methods_release_after_the_rollout_and_before_each_backward_pass(
     """The rollout (generation, frozen models' scores) is freed before the first backward pass of
     the update; PPO's policy and value parts are two backward passes, each preceded by a release."""
     log = PhaseLog(monkeypatch)
-    run = fit_setup(Setup(name), tmp_path, log)
+    run = fit_setup(Setup(name, module_args={"release_host_memory": True}), tmp_path, log)
     assert run.exit_code is None and not run.killed
     events = log.events
     backwards = [i for i, e in enumerate(events) if e == "backward"]
@@ -150,10 +150,10 @@ def test_online_methods_release_after_the_rollout_and_before_each_backward_pass(
     assert events.count("release") == len(backwards) + len(batch_ends)
 
 
-def test_release_host_memory_false_never_releases_and_neither_setting_changes_the_fit(monkeypatch):
+def test_off_by_default_never_releases_and_neither_setting_changes_the_fit(monkeypatch):
     def trained(release: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
         torch.manual_seed(0)
-        module = DPOModule(model="tiny-random-llama", lr=1e-3, release_host_memory=release)
+        module = DPOModule(model="tiny-random-llama", lr=1e-3, **({"release_host_memory": True} if release else {}))
         log = PhaseLog(monkeypatch)
         fit(module, preference_batches(3), 1, log)
         monkeypatch.undo()
@@ -167,10 +167,10 @@ def test_release_host_memory_false_never_releases_and_neither_setting_changes_th
 
 
 def test_release_on_cpu_only(monkeypatch):
-    module = SFTModule(model="tiny-random-llama")
+    module = SFTModule(model="tiny-random-llama", release_host_memory=True)
     calls = []
     monkeypatch.setattr(host_memory, "release_freed_memory", lambda: calls.append(1) or True)
-    module.release_host_memory()
+    module.release_freed_host_memory()
     monkeypatch.setattr(type(module), "device", property(lambda self: torch.device("cuda", 0)))
-    module.release_host_memory()  # GPU tensors are not in the host heap: nothing to do
+    module.release_freed_host_memory()  # GPU tensors are not in the host heap: nothing to do
     assert calls == [1]
