@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     seq = args.prompt_length + args.completion_length
     result: dict = {"model": args.model, **sizes, "prompt_length": args.prompt_length,
                     "completion_length": args.completion_length, "optimizer_in_backward": args.optimizer_in_backward,
-                    "load_average_before": os.getloadavg(), "cells": []}
+                    "release_host_memory": args.release_host_memory, "load_average_before": os.getloadavg(), "cells": []}
     reused = reusable_runs(args.reuse, result, args.reuse_frameworks.split(",")) if args.reuse else {}
     frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     for method in methods:
@@ -250,9 +250,10 @@ def reusable_runs(path: str, result: dict, frameworks: list[str]) -> dict[tuple[
     shape = ("model", "prompt_length", "completion_length")
     if any(earlier.get(k) != result[k] for k in shape):
         raise SystemExit(f"--reuse {path}: measured at {[earlier.get(k) for k in shape]}, not {[result[k] for k in shape]}")
-    if "ours" in frameworks and bool(earlier.get("optimizer_in_backward")) != bool(result.get("optimizer_in_backward")):
-        raise SystemExit(f"--reuse {path}: its runs of ours differ in --optimizer-in-backward; reuse only TRL's "
-                         "(--reuse-frameworks trl)")
+    for option in ("optimizer_in_backward", "release_host_memory"):
+        if "ours" in frameworks and bool(earlier.get(option)) != bool(result.get(option)):
+            raise SystemExit(f"--reuse {path}: its runs of ours differ in --{option.replace('_', '-')}; reuse only "
+                             "TRL's (--reuse-frameworks trl)")
     return {(c["method"], c["gradient_checkpointing"], fw): c[fw] for c in earlier["cells"] for fw in frameworks
             if "peak_rss_mb" in c.get(fw, {})}
 
