@@ -267,6 +267,9 @@ class TrainingModule(LightningModule):
         and would warn of every module in eval mode, the frozen models included: its check is
         replaced by `warn_trained_in_eval_mode`, which leaves the frozen models out."""
         self.train()
+        if self.hparams.get("release_host_memory") and not host_memory.available():
+            rank_zero_warn("release_host_memory: true has no effect here: this C library has no malloc_trim "
+                           "(it needs glibc on Linux)")
         loop = self.trainer.fit_loop
         if callable(getattr(loop, "_warn_if_modules_in_eval_mode", None)):  # Lightning's (private) check
             loop._warn_if_modules_in_eval_mode = self.warn_trained_in_eval_mode

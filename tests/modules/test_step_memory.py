@@ -174,3 +174,9 @@ def test_release_on_cpu_only(monkeypatch):
     monkeypatch.setattr(type(module), "device", property(lambda self: torch.device("cuda", 0)))
     module.release_freed_host_memory()  # GPU tensors are not in the host heap: nothing to do
     assert calls == [1]
+
+
+def test_warns_where_the_c_library_cannot_release(monkeypatch):
+    monkeypatch.setattr(host_memory, "available", lambda: False)
+    with pytest.warns(UserWarning, match="release_host_memory: true has no effect here"):
+        fit(SFTModule(model="tiny-random-llama", release_host_memory=True), sft_batches(1), 1)
