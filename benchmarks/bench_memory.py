@@ -91,7 +91,7 @@ def run_cell(method: str, gc: bool, args: argparse.Namespace, framework: str) ->
         if framework == "ours" and args.optimizer_in_backward:
             cmd.append("--optimizer-in-backward")
         if framework == "ours" and args.release_host_memory:
-            cmd.append("--release-host-memory")
+            cmd += ["--release-host-memory", args.release_host_memory]
         if method == "grpo" and args.optimizer_in_backward:  # it cannot clip: neither side clips then
             cmd += ["--max-grad-norm", "0"]
         print(f"[memory] {method} gc={gc} {framework}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--min-free-gb", type=float, default=12.0)
     parser.add_argument("--optimizer-in-backward", action="store_true", help="ours with optimizer_in_backward: each "
                         "parameter stepped as its gradient completes, so at most one gradient is held")
-    parser.add_argument("--release-host-memory", action="store_true", help="ours with release_host_memory: the "
-                        "heap a step's phases free goes back to the system (glibc's malloc_trim)")
+    parser.add_argument("--release-host-memory", choices=("phases", "layers"), help="ours with this "
+                        "release_host_memory: the heap a step frees goes back to the system (glibc's malloc_trim)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--reuse", default=None, help="an earlier --json of the same model and shape: its runs are "
                         "taken as they are instead of run again (give --frameworks/--methods/--gc to choose what runs)")
@@ -251,7 +251,7 @@ def reusable_runs(path: str, result: dict, frameworks: list[str]) -> dict[tuple[
     if any(earlier.get(k) != result[k] for k in shape):
         raise SystemExit(f"--reuse {path}: measured at {[earlier.get(k) for k in shape]}, not {[result[k] for k in shape]}")
     for option in ("optimizer_in_backward", "release_host_memory"):
-        if "ours" in frameworks and bool(earlier.get(option)) != bool(result.get(option)):
+        if "ours" in frameworks and (earlier.get(option) or None) != (result.get(option) or None):
             raise SystemExit(f"--reuse {path}: its runs of ours differ in --{option.replace('_', '-')}; reuse only "
                              "TRL's (--reuse-frameworks trl)")
     return {(c["method"], c["gradient_checkpointing"], fw): c[fw] for c in earlier["cells"] for fw in frameworks

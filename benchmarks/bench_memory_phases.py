@@ -262,7 +262,7 @@ def fit_steps(module, batches: list, threads: int, callback) -> None:
 
 
 def build(method: str, model: str, gradient_checkpointing: bool, prompt_length: int, completion_length: int, steps: int,
-          optimizer_in_backward: bool = False, release_host_memory: bool = False):
+          optimizer_in_backward: bool = False, release_host_memory: str | None = None):
     """Our module and one batch per step (the same data as `bench_memory_sft` / `bench_dpo`)."""
     from benchmarks.bench_memory_sft import sft_batch
     from benchmarks.common import preference_batch, token_rows
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--method", default="sft", choices=("sft", "dpo"))
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--optimizer-in-backward", action="store_true", help="the module's optimizer_in_backward")
-    parser.add_argument("--release-host-memory", action="store_true", help="the module's release_host_memory")
+    parser.add_argument("--release-host-memory", choices=("phases", "layers"), help="the module's release_host_memory")
     parser.add_argument("--prompt-length", type=int, default=256)
     parser.add_argument("--completion-length", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=1, help="steps before the analysed one (the AdamW moments exist from the second step on)")

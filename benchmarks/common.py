@@ -79,8 +79,9 @@ class BenchConfig:
         no_bare: skip our interleaved bare-model steps (no overhead ratio): our step memory
             without the heap those steps leave behind in the same process.
         profile: print a cProfile summary (top functions by cumulative time) of each worker's fit.
-        release_host_memory: ours with the modules' `release_host_memory`: the heap a step's
-            phases free goes back to the system (glibc's `malloc_trim`, `lit_rlhf.host_memory`).
+        release_host_memory: ours with the modules' `release_host_memory` (`phases` or `layers`):
+            the heap a step frees goes back to the system (glibc's `malloc_trim`,
+            `lit_rlhf.host_memory`).
         json: write the full result there.
     """
 
@@ -99,7 +100,7 @@ class BenchConfig:
     in_process: bool = False
     no_bare: bool = False
     profile: bool = False
-    release_host_memory: bool = False
+    release_host_memory: str | None = None
     json: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

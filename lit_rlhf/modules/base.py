@@ -35,6 +35,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lit_rlhf import checks, host_memory, models, resume, rng
 from lit_rlhf.modules.in_backward import InBackwardAdamW
@@ -87,6 +88,8 @@ class TrainingModule(LightningModule):
             raise ValueError(f"warmup_ratio must be in [0, 1), got {hp.warmup_ratio}")
         if hp.get("on_nonfinite", "error") not in ("error", "skip"):
             raise ValueError(f"on_nonfinite must be 'error' or 'skip', got {hp.on_nonfinite!r}")
+        if hp.get("release_host_memory") not in (None, "phases", "layers"):
+            raise ValueError(f"release_host_memory must be null, 'phases' or 'layers', got {hp.release_host_memory!r}")
 
     # ----------------------------------------------------------------------------------------
     # optimisation
@@ -150,6 +153,9 @@ class TrainingModule(LightningModule):
         if optimizer is not None and stage == "fit":
             optimizer.detach()
             self._in_backward_optimizer = None
+        for handle in getattr(self, "_layer_release_hooks", ()):
+            handle.remove()
+        self._layer_release_hooks = []
 
     def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's `clip_gradients`, also for the fused AdamW under bf16 mixed precision.
@@ -267,9 +273,7 @@ class TrainingModule(LightningModule):
         and would warn of every module in eval mode, the frozen models included: its check is
         replaced by `warn_trained_in_eval_mode`, which leaves the frozen models out."""
         self.train()
-        if self.hparams.get("release_host_memory") and not host_memory.available():
-            rank_zero_warn("release_host_memory: true has no effect here: this C library has no malloc_trim "
-                           "(it needs glibc on Linux)")
+        self.attach_layer_releases()
         loop = self.trainer.fit_loop
         if callable(getattr(loop, "_warn_if_modules_in_eval_mode", None)):  # Lightning's (private) check
             loop._warn_if_modules_in_eval_mode = self.warn_trained_in_eval_mode
@@ -340,9 +344,30 @@ class TrainingModule(LightningModule):
         keeps after `free` back to the system (`lit_rlhf.host_memory`). Called at the end of each
         training batch (after the optimizer step) and before each backward pass (after the forward
         pass, and for online methods after the rollout), where what a phase freed is not what the
-        next one allocates. Changes no value; on GPU the tensors are not in the host heap."""
-        if self.hparams.get("release_host_memory", False) and self.device.type == "cpu":
+        next one allocates; with `layers` also before each decoder layer (`attach_layer_releases`).
+        Changes no value; on GPU the tensors are not in the host heap."""
+        if self.hparams.get("release_host_memory") and self.device.type == "cpu":
             host_memory.release_freed_memory()
+
+    def attach_layer_releases(self) -> None:
+        """`release_host_memory: layers`: a forward pre-hook on every decoder layer of the module's
+        models (transformers' `GradientCheckpointingLayer`) releases the freed heap before the layer
+        runs with gradients enabled: in the training forward pass and, with gradient checkpointing,
+        its recomputation in the backward pass, so what one layer freed is not kept through the
+        next. Generation and the frozen models' scoring run without gradients: not hooked there.
+        Warns where nothing can be released (no `malloc_trim`, or no such layers)."""
+        mode = self.hparams.get("release_host_memory")
+        if mode and not host_memory.available():
+            rank_zero_warn(f"release_host_memory: {mode} has no effect here: this C library has no malloc_trim "
+                           "(it needs glibc on Linux)")
+            return
+        if mode != "layers" or self.device.type != "cpu" or getattr(self, "_layer_release_hooks", None):
+            return
+        layers = [m for m in self.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            rank_zero_warn("release_host_memory: layers found no decoder layers (transformers' "
+                           "GradientCheckpointingLayer) in this module's models: releasing between phases only")
+        self._layer_release_hooks = [layer.register_forward_pre_hook(_release_before_layer) for layer in layers]
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.release_freed_host_memory()
@@ -368,6 +393,11 @@ class TrainingModule(LightningModule):
         export_dir = self.hparams.get("export_dir")
         if export_dir and self.trainer.is_global_zero:
             self.export_hf(export_dir)
+
+
+def _release_before_layer(layer: nn.Module, args: Any) -> None:
+    if torch.is_grad_enabled():
+        host_memory.release_freed_memory()
 
 
 def nonfinite_grad_names(module: nn.Module) -> list[str]:

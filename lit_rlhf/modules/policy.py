@@ -89,10 +89,12 @@ class PolicyModule(TrainingModule):
             gradient clipping (`max_grad_norm: 0` for online methods), accumulation, DeepSpeed,
             fp16 or `on_nonfinite: skip` (refused at start-up). See `lit_rlhf.modules.in_backward`.
         release_host_memory: on CPU, hand the heap the C library keeps after freeing tensors back
-            to the system after each optimizer step and before each backward pass (glibc's
-            `malloc_trim`, `lit_rlhf.host_memory`): a lower resident peak, no value changes. It
-            costs the time to fault the pages in again where a step re-allocates a large working
-            set (without gradient checkpointing), little with it. No effect on GPU or without glibc.
+            to the system (glibc's `malloc_trim`, `lit_rlhf.host_memory`): `phases` after each
+            optimizer step and before each backward pass, `layers` also before each decoder
+            layer that runs with gradients (the forward pass and its recomputation under gradient
+            checkpointing); `null`: never. A lower resident peak, no value changes; it costs the
+            time to fault the pages in again, which grows with what a step allocates anew
+            (`benchmarks/RESULTS.md`). No effect on GPU or without glibc.
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
@@ -119,7 +121,7 @@ class PolicyModule(TrainingModule):
         shared_prompt: bool = True,
         lora: dict[str, Any] | None = None,
         optimizer_in_backward: bool = False,
-        release_host_memory: bool = False,
+        release_host_memory: Literal["phases", "layers"] | None = None,
     ) -> None:
         super().__init__()
         # collects the init args of the whole class chain (this frame and the subclass's)

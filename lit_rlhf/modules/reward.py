@@ -96,8 +96,8 @@ class RewardModule(TrainingModule):
             then also writes the adapter alone to `export_dir/adapter`.
         optimizer_in_backward: step each parameter as soon as its gradient is complete in the
             backward pass (less peak memory, same weights; see `PolicyModule`).
-        release_host_memory: on CPU, hand freed heap back to the system at the step's phase
-            boundaries (see `PolicyModule`).
+        release_host_memory: on CPU, hand freed heap back to the system: `phases`, `layers`
+            or `null` (see `PolicyModule`).
 
     Optimiser, schedule, exact resume, start-up checks and the export at fit end are
     `TrainingModule`'s.
@@ -128,7 +128,7 @@ class RewardModule(TrainingModule):
         shared_prompt: bool = True,
         lora: dict[str, Any] | None = None,
         optimizer_in_backward: bool = False,
-        release_host_memory: bool = False,
+        release_host_memory: Literal["phases", "layers"] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
