@@ -37,7 +37,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
 
     module = DPOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing,
                        optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")),
-        release_host_memory=cfg.release_host_memory)
+                       release_host_memory=cfg.release_host_memory)
     batches = [preference_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
     parts = PartTimer()
 

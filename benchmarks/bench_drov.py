@@ -35,7 +35,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
 
     torch.manual_seed(cfg.seed)  # the value head
     module = DROVModule(model=cfg.model, tau=TAU, lr=LR, value_lr=LR, lr_scheduler="cosine",
-        release_host_memory=cfg.release_host_memory)
+                        release_host_memory=cfg.release_host_memory)
     rows = token_rows(module.tokenizer, cfg.batch_size * cfg.total_steps, cfg.prompt_length, cfg.completion_length)
     generator = torch.Generator().manual_seed(cfg.seed)
     batches = []

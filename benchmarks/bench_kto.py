@@ -48,7 +48,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import KTOModule
 
     module = KTOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine",
-        release_host_memory=cfg.release_host_memory)
+                       release_host_memory=cfg.release_host_memory)
     batches = [single_batch(rows, labels) for rows, labels in _steps(cfg, module.tokenizer)]
     parts = PartTimer()
     prompt_len = cfg.prompt_length

@@ -45,7 +45,8 @@ def ours(cfg: BenchConfig) -> WorkerResult:
 
     module = SFTModule(model=cfg.model, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing,
                        optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")),
-        release_host_memory=cfg.release_host_memory)
+                       release_host_memory=cfg.release_host_memory,
+                       **({"logprob_chunk_size": cfg.extra["logprob_chunk_size"]} if cfg.extra.get("logprob_chunk_size") else {}))
     batches = [sft_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
 
     def bare(batch, optimizer) -> None:
@@ -89,6 +90,8 @@ def trl(cfg: BenchConfig) -> WorkerResult:
 def _extra(parser) -> None:
     parser.add_argument("--optimizer-in-backward", action="store_true",
                         help="ours: the module's optimizer_in_backward (AdamW stepped per parameter in the backward pass)")
+    parser.add_argument("--logprob-chunk-size", type=int, default=None,
+                        help="ours: the module's logprob_chunk_size (scored tokens per output-layer chunk; default: the module's)")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:

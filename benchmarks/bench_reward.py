@@ -36,7 +36,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
 
     torch.manual_seed(cfg.seed)  # the D11 head
     module = RewardModule(model=cfg.model, lr=LR, lr_scheduler="cosine",
-        release_host_memory=cfg.release_host_memory)
+                          release_host_memory=cfg.release_host_memory)
     batches = [preference_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
     parts = PartTimer()
 
