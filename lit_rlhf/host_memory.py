@@ -11,7 +11,8 @@ pages inside the heap, not only its top), so what the process holds is what it u
 the next phase faults in again. Unlike a fixed `MALLOC_MMAP_THRESHOLD_`, which maps and zeroes
 every large block anew, it runs a few times per step; its cost is those page faults, which grow
 with the working set a step allocates again. `TrainingModule` calls it at the phase boundaries
-of a step on CPU with the `release_host_memory` hparam.
+of a step on CPU with the `release_host_memory` hparam, and with `layers` also before each
+decoder layer (`release_before_layers`).
 
 Elsewhere (not Linux, a C library without `malloc_trim` such as musl) `release_freed_memory` is
 a no-op that returns False. With jemalloc or tcmalloc preloaded it trims glibc's (then small)
@@ -23,7 +24,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-from typing import Callable
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 
 @functools.cache
@@ -54,3 +60,18 @@ def release_freed_memory() -> bool:
     library has no `malloc_trim`. Live allocations are untouched: only pages no block uses."""
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+def release_before_layers(model: nn.Module) -> list[RemovableHandle]:
+    """A forward pre-hook on every decoder layer in `model` (transformers'
+    `GradientCheckpointingLayer`) that releases the freed heap before the layer runs with
+    gradients enabled: in a training forward pass and, with gradient checkpointing, its
+    recomputation in the backward pass. Passes without gradients (generation, frozen models'
+    scoring) are left alone. Returns the hooks' handles (empty: no such layers)."""
+    return [layer.register_forward_pre_hook(_release_if_grad) for layer in model.modules()
+            if isinstance(layer, GradientCheckpointingLayer)]
+
+
+def _release_if_grad(layer: nn.Module, args: Any) -> None:
+    if torch.is_grad_enabled():
+        release_freed_memory()

@@ -35,7 +35,6 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lit_rlhf import checks, host_memory, models, resume, rng
 from lit_rlhf.modules.in_backward import InBackwardAdamW
@@ -350,12 +349,10 @@ class TrainingModule(LightningModule):
             host_memory.release_freed_memory()
 
     def attach_layer_releases(self) -> None:
-        """`release_host_memory: layers`: a forward pre-hook on every decoder layer of the module's
-        models (transformers' `GradientCheckpointingLayer`) releases the freed heap before the layer
-        runs with gradients enabled: in the training forward pass and, with gradient checkpointing,
-        its recomputation in the backward pass, so what one layer freed is not kept through the
-        next. Generation and the frozen models' scoring run without gradients: not hooked there.
-        Warns where nothing can be released (no `malloc_trim`, or no such layers)."""
+        """`release_host_memory: layers`: the freed heap is also released before each decoder layer
+        of the module's models that runs with gradients (`host_memory.release_before_layers`), so
+        what one layer freed is not kept through the next. Warns where nothing can be released
+        (no `malloc_trim`, or no such layers)."""
         mode = self.hparams.get("release_host_memory")
         if mode and not host_memory.available():
             rank_zero_warn(f"release_host_memory: {mode} has no effect here: this C library has no malloc_trim "
@@ -363,11 +360,10 @@ class TrainingModule(LightningModule):
             return
         if mode != "layers" or self.device.type != "cpu" or getattr(self, "_layer_release_hooks", None):
             return
-        layers = [m for m in self.modules() if isinstance(m, GradientCheckpointingLayer)]
-        if not layers:
+        self._layer_release_hooks = host_memory.release_before_layers(self)
+        if not self._layer_release_hooks:
             rank_zero_warn("release_host_memory: layers found no decoder layers (transformers' "
                            "GradientCheckpointingLayer) in this module's models: releasing between phases only")
-        self._layer_release_hooks = [layer.register_forward_pre_hook(_release_before_layer) for layer in layers]
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.release_freed_host_memory()
@@ -393,11 +389,6 @@ class TrainingModule(LightningModule):
         export_dir = self.hparams.get("export_dir")
         if export_dir and self.trainer.is_global_zero:
             self.export_hf(export_dir)
-
-
-def _release_before_layer(layer: nn.Module, args: Any) -> None:
-    if torch.is_grad_enabled():
-        host_memory.release_freed_memory()
 
 
 def nonfinite_grad_names(module: nn.Module) -> list[str]:
