@@ -13,6 +13,7 @@ from lit_rlhf.data.packing import unpack
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.ops.packed import packed_token_logps, packing_supported
+from lit_rlhf.ops.varlen_attention import use_varlen_attention
 from lit_rlhf.types import PackedSFTBatch, SFTBatch
 
 
@@ -30,9 +31,11 @@ class SFTModule(PolicyModule):
     `train/loss` is each batch's token mean.
 
     Batches are right padded (`SFTBatch`) or packed without padding (`PackedSFTBatch`, the
-    DataModule's `packing: true`); both give the same loss and gradients (`batch_logps`). A
-    model whose attention cannot keep packed examples apart gets the packed batch unpacked
-    (padded), with a warning.
+    DataModule's `packing: true`); both give the same loss and gradients (`batch_logps`). At the
+    first packed batch a policy running `sdpa` is switched to `sdpa_varlen`
+    (`lit_rlhf.ops.varlen_attention`: `sdpa` for everything else; for packed rows each example's
+    attention alone instead of the whole row's masked pairs). A model whose attention cannot keep
+    packed examples apart gets the packed batch unpacked (padded), with a warning.
 
     Args: see `PolicyModule` (model, tokenizer, optimiser and schedule, export).
     """
@@ -46,6 +49,7 @@ class SFTModule(PolicyModule):
     def batch_logps(self, batch: SFTBatch | PackedSFTBatch) -> tuple[Tensor, Tensor]:
         """(per-token log-probs of the policy, the loss mask they go with) of a padded or packed batch."""
         if isinstance(batch, PackedSFTBatch):
+            use_varlen_attention(self.policy)  # sdpa -> sdpa_varlen: each packed example's attention alone
             if packing_supported(self.policy):
                 logps = packed_token_logps(self.policy, batch.input_ids, batch.position_ids, batch.loss_mask,
                                            chunk_size=self.logprob_chunk_size)

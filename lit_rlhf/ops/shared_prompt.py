@@ -37,11 +37,12 @@ from torch import Tensor, nn
 
 from lit_rlhf.ops.logprobs import _output_layer_logps, chunked_layers, per_token_logps, selective_log_softmax
 from lit_rlhf.ops.rl import last_true_index
+from lit_rlhf.ops.varlen_attention import SDPA_VARLEN
 from lit_rlhf.types import PromptSharing, SharedPromptLayout
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_ATTENTION = ("sdpa", "eager")
+SUPPORTED_ATTENTION = ("sdpa", "eager", SDPA_VARLEN)  # sdpa_varlen is sdpa for a 4D mask
 _warned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> reason already logged
 
 

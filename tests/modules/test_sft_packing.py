@@ -19,6 +19,7 @@ from lit_rlhf.data.packing import PackedSFTCollator
 from lit_rlhf.modules import SFTModule
 from lit_rlhf.ops.logprobs import per_token_logps
 from lit_rlhf.ops.packed import packed_token_logps, packing_supported
+from lit_rlhf.ops.varlen_attention import SDPA_VARLEN, use_varlen_attention
 from lit_rlhf.types import PackedSFTBatch
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -57,6 +58,7 @@ def test_packed_loss_and_gradients_equal_the_padded(chunk_size, pack_length, mon
     assert packed.input_ids.shape[0] < padded.input_ids.shape[0]  # it did pack
     want_sum, want_tokens, want_grads = loss_and_grads(module, padded)
     got_sum, got_tokens, got_grads = loss_and_grads(module, packed)
+    assert module.policy.config._attn_implementation == SDPA_VARLEN  # switched at the first packed batch
     assert got_tokens == want_tokens
     torch.testing.assert_close(got_sum, want_sum, **TOL)
     assert got_grads.keys() == want_grads.keys() and want_grads
@@ -73,10 +75,25 @@ def _tiny(config_cls, attn, **extra):
     return AutoModelForCausalLM.from_config(config_cls(**common, **extra)).eval()
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_gradients_equal_the_padded_under_gradient_checkpointing(monkeypatch):
+    module = SFTModule(model="tiny-random-llama", gradient_checkpointing=True).train()
+    monkeypatch.setattr(sft_module, "unpack", None)
+    rows = examples(module.tokenizer, n=5, seed=2)
+    pad = module.tokenizer.pad_token_id
+    want_sum, _, want_grads = loss_and_grads(module, SFTCollator(pad)(rows))
+    got_sum, _, got_grads = loss_and_grads(module, PackedSFTCollator(pad)(rows))  # recomputed under sdpa_varlen
+    assert module.policy.config._attn_implementation == SDPA_VARLEN
+    torch.testing.assert_close(got_sum, want_sum, **TOL)
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], **TOL, msg=name)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager", SDPA_VARLEN])
 @pytest.mark.parametrize("config_cls", [LlamaConfig, Qwen2Config, GPTNeoXConfig], ids=["llama", "qwen2", "gpt_neox"])
 def test_architectures_keep_packed_examples_apart(config_cls, attn):
-    model = _tiny(config_cls, attn)
+    model = _tiny(config_cls, "eager" if attn == "eager" else "sdpa")
+    if attn == SDPA_VARLEN:
+        assert use_varlen_attention(model)
     assert model.config._attn_implementation == attn
     assert packing_supported(model)
     seqs = [torch.randint(0, 64, (n,)) for n in (7, 3, 5)]
