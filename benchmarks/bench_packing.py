@@ -14,7 +14,9 @@ the same weights give or take one step.
 
 Reported per arm: the median, min and max step time, tokens per second (real tokens), and the
 token counts: real tokens, token slots (rows x width), padding fraction, and the attention
-slots (sum over rows of width^2, what an sdpa/eager kernel computes with a dense mask). The
+slots (sum over rows of width^2, what an sdpa/eager kernel computes with a dense mask) and the
+example attention slots (sum over packed examples of length^2, what `sdpa_varlen` computes;
+`--attention masked` times the packed rows under sdpa's block mask instead). The
 speedup is the median padded step over the median packed step, and the median of the per-pair
 ratios. The first batch's loss is checked equal on both layouts (`loss_abs_diff`).
 `--counts-only`: the token counts alone (no step runs; meaningful on a busy machine).
@@ -36,6 +38,8 @@ from typing import Any, Sequence
 
 import torch
 
+from lit_rlhf.ops.varlen_attention import boundaries_from_positions
+
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,6 +57,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--comparisons", action="store_true",
                    help="--data is TL;DR comparisons data: each prompt + its chosen summary is an SFT example")
     p.add_argument("--counts-only", action="store_true", help="token counts only, no training steps")
+    p.add_argument("--attention", choices=("varlen", "masked"), default="varlen",
+                   help="packed rows: varlen = what SFTModule runs (sdpa_varlen, each example's attention alone); "
+                        "masked = sdpa with the block-diagonal mask over the whole row")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
@@ -61,8 +68,11 @@ def _counts(batches: Sequence[Any]) -> dict[str, float]:
     tokens = sum(int(b.attention_mask.sum()) for b in batches)
     slots = sum(b.attention_mask.numel() for b in batches)
     attention = sum(b.input_ids.shape[0] * b.input_ids.shape[1] ** 2 for b in batches)
+    position_ids = [b.position_ids for b in batches if getattr(b, "position_ids", None) is not None]
+    examples = [int(n) ** 2 for p in position_ids for n in boundaries_from_positions(p)["cu_seq_lens_q"].diff()]
     return {"batches": len(batches), "rows": sum(b.input_ids.shape[0] for b in batches), "tokens": tokens,
-            "slots": slots, "padding_fraction": 1 - tokens / slots if slots else 0.0, "attention_slots": attention}
+            "slots": slots, "padding_fraction": 1 - tokens / slots if slots else 0.0, "attention_slots": attention,
+            "example_attention_slots": sum(examples) if position_ids else attention}
 
 
 def _summary(values: Sequence[float]) -> dict[str, float]:
@@ -79,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from lit_rlhf.modules import SFTModule
     from lit_rlhf.modules.optim import build_adamw
 
+    if args.attention == "masked":  # keep sdpa: SFTModule would switch the policy to sdpa_varlen
+        import lit_rlhf.modules.sft as sft
+
+        sft.use_varlen_attention = lambda model: False
     module = SFTModule(model=args.model, logprob_chunk_size=args.chunk_size or None)
     module.train()
     common = dict(tokenizer=module.tokenizer, max_prompt_length=args.max_prompt_length,
