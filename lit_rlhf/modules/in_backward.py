@@ -27,8 +27,9 @@ optimizer they always see, and a checkpoint of either path resumes on the other:
 
 What it cannot do exactly (gradient clipping, accumulation, several processes, DeepSpeed, fp16's
 GradScaler, an online update split into micro-batches, `on_nonfinite: skip`) is refused at
-start-up (`lit_rlhf.checks`). The online methods' update loop (manual optimisation) passes its
-forward and backward pass to `step` as the closure (`UpdateLoopMixin.apply_optimizer_step`).
+start-up (`startup_problems`, run by `lit_rlhf.checks`). The online methods' update loop
+(manual optimisation) passes its forward and backward pass to `step` as the closure
+(`UpdateLoopMixin.apply_optimizer_step`).
 """
 
 from __future__ import annotations
@@ -189,3 +190,69 @@ class InBackwardAdamW(torch.optim.AdamW):
              differentiable=group["differentiable"], fused=group["fused"], grad_scale=None, found_inf=found_inf,
              decoupled_weight_decay=group["decoupled_weight_decay"])
         param.grad = None
+
+
+# --------------------------------------------------------------------------------------------
+# start-up checks
+# --------------------------------------------------------------------------------------------
+
+
+def startup_problems(trainer: Any, module: Any, dm: Any) -> list[str]:
+    """What `optimizer_in_backward` cannot do exactly: each parameter is stepped as its gradient
+    completes in the (one) backward pass, so nothing may need all gradients, or a later one.
+    One message per problem (`lit_rlhf.checks` raises them together at start-up)."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+
+    hp = getattr(module, "hparams", {}) or {}
+    if not hp.get("optimizer_in_backward"):
+        return []
+    why = "optimizer_in_backward: true steps each parameter as soon as its gradient is complete in the backward pass"
+    problems = []
+    if not getattr(module, "automatic_optimization", True):
+        problems += _one_backward_per_step(module, dm, why)
+    if getattr(trainer, "gradient_clip_val", None) or hp.get("max_grad_norm"):
+        setting = "trainer.gradient_clip_val" if getattr(trainer, "gradient_clip_val", None) else "max_grad_norm"
+        problems.append(f"{why}, before the norm of all gradients is known, so {setting} cannot clip them: unset "
+                        f"{setting} or set optimizer_in_backward: false")
+    if int(getattr(trainer, "accumulate_grad_batches", 1) or 1) > 1:
+        problems.append(f"{why}, so trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} cannot "
+                        "accumulate gradients over batches: set accumulate_grad_batches: 1 (a larger batch instead) "
+                        "or optimizer_in_backward: false")
+    strategy = getattr(trainer, "strategy", None)
+    if isinstance(strategy, DeepSpeedStrategy):
+        problems.append(f"{why}, but the DeepSpeed engine owns the gradients and the step: set "
+                        "optimizer_in_backward: false under DeepSpeed")
+    elif isinstance(strategy, FSDPStrategy):
+        problems.append(f"{why}, but FSDP shards the gradients after the backward: set optimizer_in_backward: false")
+    elif int(getattr(trainer, "world_size", 1) or 1) > 1:
+        problems.append(f"{why}, before data parallelism averages it over the {trainer.world_size} processes: "
+                        "train in one process or set optimizer_in_backward: false")
+    if getattr(getattr(trainer, "precision_plugin", None), "scaler", None) is not None:
+        problems.append(f"{why}, but under trainer.precision={str(trainer.precision)!r} the GradScaler must see all "
+                        "gradients first (to unscale them and skip overflowing steps): use bf16-mixed or 32-true, "
+                        "or optimizer_in_backward: false")
+    if hp.get("on_nonfinite", "error") == "skip":
+        problems.append(f"{why}, so on_nonfinite: skip cannot undo the updates already made when a later gradient "
+                        "is non-finite: set on_nonfinite: error (it stops before any non-finite update) or "
+                        "optimizer_in_backward: false")
+    return problems
+
+
+def _one_backward_per_step(module: Any, dm: Any, why: str) -> list[str]:
+    """A manually optimising module under `optimizer_in_backward`: only the online update loop,
+    and only when each optimizer step's minibatch is one micro-batch (one backward pass)."""
+    name = type(module).__name__
+    if getattr(module, "sampling", None) is None or not callable(getattr(module, "run_updates", None)):
+        return [f"{why}, but {name} optimises manually: set optimizer_in_backward: false"]
+    hp = module.hparams
+    micro = hp.get("micro_batch_size")
+    batch_size = getattr(dm, "batch_size", None)
+    minibatches = hp.get("num_minibatches", 1) or 1
+    if not micro or not batch_size:
+        return []  # the whole minibatch in one pass (a second backward pass would raise at once)
+    rows = batch_size * int(getattr(module, "repeats", 1)) // minibatches
+    if micro >= rows:
+        return []
+    return [f"{why}, so each optimizer step must be one backward pass, but micro_batch_size={micro} splits {name}'s "
+            f"minibatches of {rows} rows into {-(-rows // micro)}: set micro_batch_size: null (or >= {rows}), or "
+            "optimizer_in_backward: false"]

@@ -18,6 +18,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from lit_rlhf import checks
 from lit_rlhf.modules import GRPOModule, SFTModule
 from lit_rlhf.modules.base import NonFiniteError
+from lit_rlhf.modules import in_backward
 from lit_rlhf.modules.in_backward import InBackwardAdamW, InBackwardError
 from lit_rlhf.modules.optim import build_adamw, decay_groups
 from tests.resume.harness import CASES, Interrupt, Setup, assert_same_run, checkpoint_values, fit, interrupted_then_resumed
@@ -233,19 +234,19 @@ def sft_in_backward():
     ({"precision": "16-mixed", "precision_plugin": SimpleNamespace(scaler=object())}, "GradScaler"),
 ])
 def test_refused_trainer_settings(sft_in_backward, overrides, named):
-    problems = checks._optimizer_in_backward(fake_trainer(**overrides), sft_in_backward, None)
+    problems = in_backward.startup_problems(fake_trainer(**overrides), sft_in_backward, None)
     assert len(problems) == 1 and named in problems[0] and "optimizer_in_backward" in problems[0], problems
-    assert checks._optimizer_in_backward(fake_trainer(), sft_in_backward, None) == []
+    assert in_backward.startup_problems(fake_trainer(), sft_in_backward, None) == []
 
 
 def test_refused_module_settings():
     skip = SFTModule(model="tiny-random-llama", optimizer_in_backward=True, on_nonfinite="skip")
-    assert "on_nonfinite: skip" in checks._optimizer_in_backward(fake_trainer(), skip, None)[0]
+    assert "on_nonfinite: skip" in in_backward.startup_problems(fake_trainer(), skip, None)[0]
     off = SFTModule(model="tiny-random-llama", on_nonfinite="skip", optimizer_in_backward=False)
-    assert checks._optimizer_in_backward(fake_trainer(gradient_clip_val=1.0), off, None) == []
+    assert in_backward.startup_problems(fake_trainer(gradient_clip_val=1.0), off, None) == []
     grpo = GRPOModule(model="tiny-random-llama", reward_fns=[lambda prompts, completions, **_: [0.0] * len(prompts)],
                       num_generations=2, max_grad_norm=1.0, optimizer_in_backward=True)
-    problems = checks._optimizer_in_backward(fake_trainer(), grpo, None)  # online: see ..._online.py
+    problems = in_backward.startup_problems(fake_trainer(), grpo, None)  # online: see ..._online.py
     assert len(problems) == 1 and "max_grad_norm cannot clip" in problems[0], problems
 
 

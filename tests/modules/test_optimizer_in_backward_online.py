@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lit_rlhf import checks
 from lit_rlhf.modules import GRPOModule, PPOModule, SFTModule
+from lit_rlhf.modules import in_backward
 from lit_rlhf.modules.in_backward import InBackwardAdamW
 from tests.modules.test_optimizer_in_backward import LiveGradients
 from tests.resume.harness import Setup, checkpoint_values, fit
@@ -61,15 +61,15 @@ def test_micro_batches_within_a_step_are_refused(module_cls, args, batch_size, r
                         **args)
     trainer = SimpleNamespace(gradient_clip_val=None, accumulate_grad_batches=1, strategy=None, world_size=1,
                               precision="32-true", precision_plugin=SimpleNamespace(scaler=None))
-    problems = checks._optimizer_in_backward(trainer, module, SimpleNamespace(batch_size=batch_size))
+    problems = in_backward.startup_problems(trainer, module, SimpleNamespace(batch_size=batch_size))
     assert len(problems) == 1, problems
     assert f"micro_batch_size={args['micro_batch_size']}" in problems[0] and f"minibatches of {rows} rows" in problems[0]
     whole = module_cls(model="tiny-random-llama", reward_fns=[reward], max_grad_norm=0.0, optimizer_in_backward=True,
                        **{**args, "micro_batch_size": rows})
-    assert checks._optimizer_in_backward(trainer, whole, SimpleNamespace(batch_size=batch_size)) == []
+    assert in_backward.startup_problems(trainer, whole, SimpleNamespace(batch_size=batch_size)) == []
     clipped = module_cls(model="tiny-random-llama", reward_fns=[reward], optimizer_in_backward=True,
                          **{**args, "micro_batch_size": None})  # max_grad_norm 1.0 by default
-    assert ["max_grad_norm" in p for p in checks._optimizer_in_backward(trainer, clipped, None)] == [True]
+    assert ["max_grad_norm" in p for p in in_backward.startup_problems(trainer, clipped, None)] == [True]
 
 
 def test_a_manual_module_without_the_update_loop_is_refused():
@@ -81,7 +81,7 @@ def test_a_manual_module_without_the_update_loop_is_refused():
     module = Manual(model="tiny-random-llama", optimizer_in_backward=True)
     trainer = SimpleNamespace(gradient_clip_val=None, accumulate_grad_batches=1, strategy=None, world_size=1,
                               precision="32-true", precision_plugin=SimpleNamespace(scaler=None))
-    problems = checks._optimizer_in_backward(trainer, module, None)
+    problems = in_backward.startup_problems(trainer, module, None)
     assert len(problems) == 1 and "Manual optimises manually" in problems[0], problems
 
 
