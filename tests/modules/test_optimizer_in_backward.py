@@ -21,7 +21,7 @@ from lit_rlhf.modules.base import NonFiniteError
 from lit_rlhf.modules import in_backward
 from lit_rlhf.modules.in_backward import InBackwardAdamW, InBackwardError
 from lit_rlhf.modules.optim import build_adamw, decay_groups
-from tests.resume.harness import CASES, Interrupt, Setup, assert_same_run, checkpoint_values, fit, interrupted_then_resumed
+from tests.resume.harness import CASES, Interrupt, Setup, assert_same_run, checkpoint_values, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bitwise-reproducible CPU kernels
 
