@@ -7,10 +7,11 @@ from the position restarts (`find_packed_sequence_indices`) and attend within ea
 a block-diagonal causal mask for the `sdpa`, `eager` and `flex_attention` kernels, per-example
 lengths for `flash_attention_2/3` (`tests/modules/test_sft_packing.py` checks `sdpa` and `eager`
 on Llama, Qwen2 and GPT-NeoX). A model running `sdpa_varlen` (`lit_rlhf.ops.varlen_attention`,
-what `SFTModule` switches an `sdpa` policy to) also gets the example boundaries and computes each
-example's attention alone, not the masked pairs of the whole row. Whether a model does is checked once per model and attention
-implementation (`packing_supported`: a packed row of two short sequences against each sequence
-alone); a model that does not is refused here, and `SFTModule` unpacks the batch for it.
+what `SFTModule` switches an `sdpa` policy to) gets the example boundaries instead of a mask and
+computes each example's attention alone. Whether a model keeps the examples apart is checked
+once per model and attention implementation (`packing_supported`: a packed row of two short
+sequences against each sequence alone); a model that does not is refused here, and `SFTModule`
+unpacks the batch for it.
 
 Both log-prob paths of `lit_rlhf.ops.logprobs` apply: the chunked one (last hidden states, the
 output layer a chunk of scored tokens at a time) and the dense logits. A token at position 0
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.ops.logprobs import _output_layer_logps, chunked_layers, token_logps_from_logits
-from lit_rlhf.ops.varlen_attention import SDPA_VARLEN, boundaries_from_positions
+from lit_rlhf.ops.varlen_attention import SDPA_VARLEN, boundaries_from_positions, boundaries_given
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,13 @@ def attention_implementation(model: nn.Module) -> str:
 
 
 def _packed_forward(module: nn.Module, input_ids: Tensor, position_ids: Tensor):
-    """`module` on packed rows; a model running `sdpa_varlen` also gets the example boundaries."""
-    boundaries = boundaries_from_positions(position_ids) if attention_implementation(module) == SDPA_VARLEN else {}
-    return module(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False, **boundaries)
+    """`module` on packed rows; a model running `sdpa_varlen` gets the example boundaries instead
+    of a block-diagonal mask (`_probe` checks that its attention calls do receive them)."""
+    if attention_implementation(module) != SDPA_VARLEN:
+        return module(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False)
+    with boundaries_given():
+        return module(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
+                      **boundaries_from_positions(position_ids))
 
 
 @torch.no_grad()

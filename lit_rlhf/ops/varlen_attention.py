@@ -13,13 +13,18 @@ over its own tokens, so the work is that of the examples alone.
 `sdpa_varlen` is registered with transformers (`AttentionInterface`, and `sdpa`'s mask function
 in `AttentionMaskInterface`) and is `sdpa` for every call without the boundaries: padded
 batches, generation with a KV cache, 4D shared-prompt masks. `use_varlen_attention(model)`
-switches a model from `sdpa` to it. Values equal `sdpa` with the block mask up to float rounding
-(`tests/ops/test_varlen_attention.py`).
+switches a model from `sdpa` to it. A forward pass run `with boundaries_given():` builds no
+attention mask (the block-diagonal one would be rows x length^2 booleans, 1 GB for one row of
+32k tokens); its attention calls must then get the boundaries. Values equal `sdpa` with the
+block mask up to float rounding (`tests/ops/test_varlen_attention.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +33,26 @@ from torch import Tensor, nn
 log = logging.getLogger(__name__)
 
 SDPA_VARLEN = "sdpa_varlen"
+_NO_MASK = contextvars.ContextVar("lit_rlhf_sdpa_varlen_no_mask", default=False)
+
+
+@contextlib.contextmanager
+def boundaries_given() -> Iterator[None]:
+    """Inside: `sdpa_varlen` models build no attention mask (the forward passes the example
+    boundaries instead). Masks are built in the model's forward only, so a recomputation under
+    gradient checkpointing, later, reuses what the forward built."""
+    token = _NO_MASK.set(True)
+    try:
+        yield
+    finally:
+        _NO_MASK.reset(token)
+
+
+def _mask(*args, **kwargs):
+    """`sdpa`'s mask function, except inside `boundaries_given` (no mask)."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if _NO_MASK.get() else sdpa_mask(*args, **kwargs)
 
 
 def boundaries_from_positions(position_ids: Tensor) -> dict[str, Tensor | int]:
@@ -96,10 +121,10 @@ def sdpa_varlen_forward(
 def register() -> None:
     """Make `sdpa_varlen` a transformers attention implementation (idempotent)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(SDPA_VARLEN, sdpa_varlen_forward)
-    AttentionMaskInterface.register(SDPA_VARLEN, sdpa_mask)
+    AttentionMaskInterface.register(SDPA_VARLEN, _mask)
 
 
 def use_varlen_attention(model: nn.Module) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AttentionInterface, AutoModelForCausalLM, LlamaConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from lit_rlhf.ops import varlen_attention
@@ -109,6 +109,33 @@ def tiny_llama(attn: str):
     config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, attn_implementation=attn)
     return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_packed_forward_builds_no_mask_and_equals_each_example_alone(monkeypatch):
+    from lit_rlhf.ops.packed import _packed_forward
+
+    masks = []
+    real = varlen_attention.sdpa_varlen_forward
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        masks.append(attention_mask)
+        return real(module, query, key, value, attention_mask, **kwargs)
+
+    model = tiny_llama("sdpa")
+    use_varlen_attention(model)
+    monkeypatch.setitem(AttentionInterface._global_mapping, SDPA_VARLEN, spy)
+    lengths = [6, 3, 5]
+    ids = torch.randint(0, 97, (1, sum(lengths)), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        packed = _packed_forward(model, ids, positions([lengths])).logits
+        alone = torch.cat([model(input_ids=x).logits for x in ids.split(lengths, dim=1)], dim=1)
+        padding = torch.ones_like(ids)
+        padding[0, -2:] = 0
+        model(input_ids=ids, attention_mask=padding)  # a padded batch: sdpa's mask again
+    torch.testing.assert_close(packed, alone, **TOL)
+    assert len(masks) == 2 + 3 * 2 + 2  # two layers per forward
+    assert masks[:2] == [None, None]  # the packed rows: boundaries, no (rows, 1, L, L) mask
+    assert masks[-1] is not None and masks[-1].shape[-2:] == (sum(lengths), sum(lengths))
 
 
 def test_switching_a_model(tmp_path):
