@@ -109,6 +109,7 @@ def fit_one(method: str, args, root: Path) -> dict:
                                else all(hasattr(p, "ds_id") for p in module.policy.parameters())),
         "ref_partitioned": (None if getattr(module, "ref_model", None) is None
                             else all(hasattr(p, "ds_id") for p in module.ref_model.parameters())),
+        "attention": getattr(getattr(getattr(module, "policy", None), "config", None), "_attn_implementation", None),
     }
     if method == args.checkpoint:
         result["resume"] = save_and_resume(method, args, root, trainer)

@@ -19,7 +19,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator, SingleCollator
+from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SingleCollator
+from lit_rlhf.data.packing import PackedSFTCollator
 from lit_rlhf.rewards import CharacterFractionReward
 
 PROMPTS = ["hello there", "what is", "tell me a story", "x y z", "abc", "The cat", "Q: 2+2?", "once upon"]
@@ -52,7 +53,8 @@ def rows_for(method: str, tokenizer) -> tuple[list[dict[str, Any]], Any]:
         return rows, PromptCollator(pad)
     if method == "sft":
         rows = [{"_prompt_ids": _ids(tokenizer, p), "_completion_ids": _ids(tokenizer, g) + eos, "prompt": p} for p, g in zip(PROMPTS, GOOD)]
-        return rows, SFTCollator(pad)
+        return rows, PackedSFTCollator(pad)  # packed rows (sdpa_varlen); padded SFT is the single-process tests'
+
     if method == "drov":
         rows = []
         for i, p in enumerate(PROMPTS):
