@@ -10,7 +10,8 @@ A `PreferenceBatch` holds the chosen rows then the rejected rows, so both are sc
 forward pass; the loss is `lit_rlhf.losses.bradley_terry_loss` (with the data's margin when
 `use_margin` is set, and the optional centring term).
 
-Validation (and test) logs, all correct under DDP (torchmetrics states are synced):
+Validation (and test) logs, all correct under DDP (torchmetrics states are synced; the metrics
+are in `lit_rlhf.modules.reward_metrics`):
 - `val/loss`, `val/rewards/{accuracy,chosen,rejected,margins}`;
 - accuracy per value of each grouping column of `batch.meta` (TL;DR `batch` and `confidence`,
   N+ D16): scalars `val/accuracy_by_<column>/<value>` and a markdown table in TensorBoard text;
@@ -37,12 +38,10 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import torch
-import torchmetrics
 from torch import Tensor, nn
 
 from lit_rlhf import models
@@ -50,13 +49,20 @@ from lit_rlhf.models import adapters
 from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.modules.base import TrainingModule
 from lit_rlhf.modules.optim import SchedulerName, decay_groups
+from lit_rlhf.modules.reward_metrics import (
+    PreferenceRecords,
+    accuracy_table,
+    calibration_buckets,
+    calibration_figure,
+    grouped_accuracy,
+    metric_safe,
+    pair_metrics,
+)
 from lit_rlhf.ops.shared_prompt import grouped_scalar_scores
 from lit_rlhf.types import PreferenceBatch, split_pair
 
 EVAL_SPLIT = "eval_split"  # meta column naming the evaluation split of each pair
 log = logging.getLogger(__name__)
-
-GROUP_LABEL_BYTES = 48  # grouping values are synced across processes as fixed-width utf-8 bytes
 
 
 class RewardModule(TrainingModule):
@@ -151,7 +157,7 @@ class RewardModule(TrainingModule):
         if gradient_checkpointing:
             self.reward_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.group_columns = tuple(group_columns)
-        self.eval_metrics = nn.ModuleDict({stage: _pair_metrics() for stage in ("val", "test")})
+        self.eval_metrics = nn.ModuleDict({stage: pair_metrics() for stage in ("val", "test")})
         # the DataModule's named evaluation splits (meta "eval_split", e.g. TL;DR's "validation" and
         # "validation_cnndm") get their own accuracy, `{stage}/{split}/accuracy`
         record_columns = self.group_columns + (() if EVAL_SPLIT in self.group_columns else (EVAL_SPLIT,))
@@ -252,12 +258,12 @@ class RewardModule(TrainingModule):
                 continue
             if column == EVAL_SPLIT and column not in self.group_columns:
                 for value, accuracy, count in rows:
-                    self.log(f"{stage}/{_metric_safe(value)}/accuracy", accuracy, on_step=False, on_epoch=True,
+                    self.log(f"{stage}/{metric_safe(value)}/accuracy", accuracy, on_step=False, on_epoch=True,
                              sync_dist=False, batch_size=count)
                 continue
             tables[column] = rows
             for value, accuracy, count in rows:
-                self.log(f"{stage}/accuracy_by_{column}/{_metric_safe(value)}", accuracy, on_step=False, on_epoch=True,
+                self.log(f"{stage}/accuracy_by_{column}/{metric_safe(value)}", accuracy, on_step=False, on_epoch=True,
                          sync_dist=False, batch_size=count)
         buckets = calibration_buckets(diffs, self.hparams.calibration_bins)
         ece = sum(b["count"] * abs(b["accuracy"] - b["predicted"]) for b in buckets) / max(1, diffs.numel())
@@ -381,135 +387,3 @@ class RewardModule(TrainingModule):
         log.info("exported the reward model to %s (head bias %s)", directory, "folded into the final LayerNorm" if folded
                  else "in config.reward_bias")
         return directory
-
-
-# --------------------------------------------------------------------------------------------
-# metrics
-# --------------------------------------------------------------------------------------------
-
-
-def _pair_metrics() -> nn.ModuleDict:
-    names = ("loss", "accuracy", "chosen", "rejected", "margins")
-    return nn.ModuleDict({name: torchmetrics.MeanMetric() for name in names})
-
-
-def _encode_labels(values: Sequence[Any], n: int, device: torch.device) -> Tensor:
-    """(n, GROUP_LABEL_BYTES) uint8: each value as utf-8 text, zero padded; None -> empty."""
-    out = torch.zeros((n, GROUP_LABEL_BYTES), dtype=torch.uint8)
-    for i, value in enumerate(values):
-        if value is None:
-            continue
-        raw = str(value).encode("utf-8")[:GROUP_LABEL_BYTES]
-        out[i, : len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-    return out.to(device)
-
-
-def _decode_labels(encoded: Tensor) -> list[str]:
-    return [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace") for row in encoded.cpu().tolist()]
-
-
-class PreferenceRecords(torchmetrics.Metric):
-    """Per-pair reward differences and grouping labels of an evaluation epoch, synced across processes.
-
-    `update(diffs, meta)` takes diffs (B,) = r_c - r_r and the batch's meta; for each column of
-    `columns` the values (or empty labels when the column is missing) are stored as fixed-width
-    utf-8 bytes so they can be all-gathered. `compute()` -> (diffs (N,), {column: [label] * N}).
-    """
-
-    full_state_update = False
-
-    def __init__(self, columns: Sequence[str], **kwargs: Any) -> None:
-        super().__init__(**kwargs)  # torchmetrics options (dist_sync_fn, process_group, ...)
-        self.columns = tuple(columns)
-        self.add_state("diffs", default=[], dist_reduce_fx="cat")
-        for i in range(len(self.columns)):
-            self.add_state(f"labels_{i}", default=[], dist_reduce_fx="cat")
-
-    def update(self, diffs: Tensor, meta: dict[str, list[Any]]) -> None:
-        n = diffs.shape[0]
-        self.diffs.append(diffs.detach().float())
-        for i, column in enumerate(self.columns):
-            values = meta.get(column)
-            if values is not None and len(values) != n:
-                raise ValueError(f"meta[{column!r}] has {len(values)} values for {n} pairs")
-            getattr(self, f"labels_{i}").append(_encode_labels(values or [None] * n, n, diffs.device))
-
-    def compute(self) -> tuple[Tensor, dict[str, list[str]]]:
-        diffs = torchmetrics.utilities.dim_zero_cat(self.diffs)
-        groups = {}
-        for i, column in enumerate(self.columns):
-            labels = _decode_labels(torchmetrics.utilities.dim_zero_cat(getattr(self, f"labels_{i}")))
-            if any(labels):
-                groups[column] = labels
-        return diffs, groups
-
-
-def grouped_accuracy(correct: Tensor, labels: Sequence[str]) -> list[tuple[str, float, int]]:
-    """[(value, accuracy, count)] per non-empty label, numbers sorted numerically, else by text."""
-    totals: dict[str, list[int]] = {}
-    for ok, label in zip(correct.tolist(), labels):
-        if label:
-            entry = totals.setdefault(label, [0, 0])
-            entry[0] += int(ok)
-            entry[1] += 1
-
-    def key(label: str):
-        try:
-            return (0, float(label), label)
-        except ValueError:
-            return (1, 0.0, label)
-
-    return [(label, totals[label][0] / totals[label][1], totals[label][1]) for label in sorted(totals, key=key)]
-
-
-def accuracy_table(column: str, rows: Sequence[tuple[str, float, int]]) -> str:
-    """A markdown table `| column | accuracy | pairs |` (TensorBoard renders it as a table)."""
-    lines = [f"| {column} | accuracy | pairs |", "|---|---|---|"]
-    lines += [f"| {value} | {accuracy:.4f} | {count} |" for value, accuracy, count in rows]
-    return "\n".join(lines)
-
-
-def calibration_buckets(diffs: Tensor, num_bins: int) -> list[dict[str, float]]:
-    """D18: accuracy against the size of the reward difference.
-
-    Pairs are sorted by |r_c - r_r| and cut into up to `num_bins` equal-count buckets. Per bucket:
-    `abs_diff` (mean |r_c - r_r|), `predicted` (mean sigmoid(|r_c - r_r|): the Bradley-Terry
-    probability that the pair is ranked right), `accuracy` (fraction with r_c > r_r) and `count`.
-    A calibrated reward model has accuracy close to predicted in every bucket.
-    """
-    diffs = diffs.detach().double().cpu().reshape(-1)
-    if diffs.numel() == 0:
-        return []
-    order = diffs.abs().argsort()
-    out = []
-    for chunk in torch.tensor_split(order, min(num_bins, diffs.numel())):
-        d = diffs[chunk]
-        out.append({
-            "abs_diff": float(d.abs().mean()),
-            "predicted": float(torch.sigmoid(d.abs()).mean()),
-            "accuracy": float((d > 0).double().mean()),
-            "count": int(d.numel()),
-        })
-    return out
-
-
-def calibration_figure(buckets: Sequence[dict[str, float]], stage: str = "val"):
-    """A matplotlib figure of accuracy and predicted probability against |r_c - r_r| buckets."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5, 4))
-    ax = fig.add_subplot(1, 1, 1)
-    x = [b["abs_diff"] for b in buckets]
-    ax.plot(x, [b["accuracy"] for b in buckets], "o-", label="accuracy")
-    ax.plot(x, [b["predicted"] for b in buckets], "--", label="sigmoid(|r_c - r_r|)")
-    ax.set_xlabel("|r_chosen - r_rejected| (bucket mean)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0.0, 1.05)
-    ax.set_title(f"{stage} reward calibration (D18)")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def _metric_safe(value: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", value) or "_"
