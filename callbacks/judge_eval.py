@@ -30,7 +30,7 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 
 from lit_rlhf.generation import SamplingConfig, needs_synced_gpus
-from lit_rlhf.judge_policy import (
+from lit_rlhf.evaluation import (
     GREEDY,
     EvalPrompts,
     JudgeEvaluation,

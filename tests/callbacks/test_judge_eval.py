@@ -26,7 +26,7 @@ from callbacks import JudgeEvalCallback
 from lit_rlhf.cli import main
 from lit_rlhf.data import TLDRSFTDataModule
 from lit_rlhf.generation import SamplingConfig
-from lit_rlhf.judge_policy import examples_table, generate_completions, markdown_cell, prompts_from_texts
+from lit_rlhf.evaluation import examples_table, generate_completions, markdown_cell, prompts_from_texts
 from lit_rlhf.judges import Judgement, PairwiseJudge, wilson_interval
 from lit_rlhf.modules import SFTModule
 

@@ -98,9 +98,9 @@ def test_eos_cut_and_pad_fill(setup, engine):
 
 
 def test_judge_completions_on_vllm_equal_hf_greedy(setup, engine):
-    """The judge's completions (`judge_policy.generate_completions`, used by the judge callback)
+    """The judge's completions (`lit_rlhf.evaluation.generate_completions`, used by the judge callback)
     are the same texts whether the engine or the hf sampler decodes greedily."""
-    from lit_rlhf.judge_policy import generate_completions
+    from lit_rlhf.evaluation import generate_completions
 
     tokenizer, policy, _, _ = setup
     engine.sync_weights(policy)

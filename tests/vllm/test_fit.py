@@ -124,7 +124,7 @@ def test_judge_callback_samples_the_policy_with_the_engine(vllm_model_dir, engin
     from the engine, and the judged completions are the policy's greedy ones (as hf decodes them)."""
     from callbacks import JudgeEvalCallback
     from lit_rlhf.generation import SamplingConfig
-    from lit_rlhf.judge_policy import generate_completions, prompts_from_texts
+    from lit_rlhf.evaluation import generate_completions, prompts_from_texts
     from lit_rlhf.judges import Judgement, PairwiseJudge
 
     class LongerWins(PairwiseJudge):

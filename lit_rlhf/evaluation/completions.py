@@ -1,0 +1,55 @@
+"""A policy's completions of the evaluation prompts (our KV-cache sampler, or a vLLM engine)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from lit_rlhf.generation import SamplingConfig, decode_responses, generate_responses
+
+GREEDY = SamplingConfig(max_new_tokens=53, temperature=1.0, do_sample=False)
+
+
+def generate_completions(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingConfig = GREEDY,
+    batch_size: int = 8,
+    synced_gpus: bool = False,
+    seed: int = 0,
+    engine: Any = None,
+) -> list[str]:
+    """Completion texts (EOS and padding removed) of `model` for each prompt, in order.
+
+    `engine`: a `lit_rlhf.generation.vllm.VLLMEngine` holding `model`'s weights samples instead
+    of `generate_responses` (same settings and post-processing; its seeds come from the same
+    forked, seeded RNG).
+
+    Prompts are left padded in batches of `batch_size` (D5) and sampled with
+    `lit_rlhf.generation.generate_responses` (D23 cut after the first EOS). Sampling runs under a
+    forked RNG seeded with `seed`: the evaluation is reproducible and the training RNG stream is
+    left untouched.
+    """
+    from lit_rlhf.data.collate import pad_left
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    device = next(model.parameters()).device
+    texts: list[str] = []
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for start in range(0, len(prompt_ids), batch_size):
+            ids, mask = pad_left(prompt_ids[start : start + batch_size], tokenizer.pad_token_id)  # (b, P)
+            if engine is not None:
+                response_ids, response_mask, _, _ = engine.generate(ids, mask, sampling, tokenizer.eos_token_id,
+                                                                    tokenizer.pad_token_id)  # (b, R)
+            else:
+                response_ids, response_mask, _ = generate_responses(
+                    model, ids.to(device), mask.to(device), sampling, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                    synced_gpus=synced_gpus,
+                )  # (b, R)
+            texts.extend(decode_responses(tokenizer, response_ids.cpu(), response_mask.cpu()))
+    return texts
