@@ -54,7 +54,6 @@ def rows_for(method: str, tokenizer) -> tuple[list[dict[str, Any]], Any]:
     if method == "sft":
         rows = [{"_prompt_ids": _ids(tokenizer, p), "_completion_ids": _ids(tokenizer, g) + eos, "prompt": p} for p, g in zip(PROMPTS, GOOD)]
         return rows, PackedSFTCollator(pad)  # packed rows (sdpa_varlen); padded SFT is the single-process tests'
-
     if method == "drov":
         rows = []
         for i, p in enumerate(PROMPTS):
