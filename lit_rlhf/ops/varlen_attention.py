@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import weakref
 from typing import Iterator
 
 import torch
@@ -67,8 +68,23 @@ def boundaries_from_positions(position_ids: Tensor) -> dict[str, Tensor | int]:
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
+_last_segments: tuple = (None, None)  # (weakref to a cu_seq_lens tensor, its segments)
+
+
 def _segments(cu: Tensor, rows: int, width: int) -> list[list[tuple[int, int]]]:
-    """Per row, the (start, end) of its examples within the row, from the flattened boundaries."""
+    """Per row, the (start, end) of its examples within the row, from the flattened boundaries.
+    Every layer of a forward pass (and its recomputation) gets the same boundary tensor: its
+    segments are read to the host once, not once per layer (a device synchronisation on a GPU)."""
+    global _last_segments
+    ref, cached = _last_segments
+    if ref is not None and ref() is cu and cached[0] == (rows, width):
+        return cached[1]
+    out = _read_segments(cu, rows, width)
+    _last_segments = (weakref.ref(cu), ((rows, width), out))
+    return out
+
+
+def _read_segments(cu: Tensor, rows: int, width: int) -> list[list[tuple[int, int]]]:
     bounds = cu.tolist()
     if bounds[0] != 0 or bounds[-1] != rows * width or any(b >= a for a, b in zip(bounds[1:], bounds)):
         raise ValueError(f"cu_seq_lens must rise from 0 to {rows * width} (the {rows} x {width} tokens), got {bounds}")

@@ -152,3 +152,16 @@ def test_switching_a_model(tmp_path):
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
     eager = tiny_llama("eager")
     assert not use_varlen_attention(eager) and eager.config._attn_implementation == "eager"
+
+
+def test_boundaries_are_read_once_per_forward_pass(monkeypatch):
+    reads = []
+    real = varlen_attention._read_segments
+    monkeypatch.setattr(varlen_attention, "_read_segments", lambda *a: reads.append(a[1:]) or real(*a))
+    q, k, v = qkv(2, 6)
+    boundaries = boundaries_from_positions(positions([[4, 2], [3, 3]]))
+    first, _ = sdpa_varlen_forward(Attention(), q, k, v, None, **boundaries)
+    again, _ = sdpa_varlen_forward(Attention(), q, k, v, None, **boundaries)  # the next layer: same boundaries
+    assert torch.equal(first, again) and reads == [(2, 6)]
+    sdpa_varlen_forward(Attention(), q, k, v, None, **boundaries_from_positions(positions([[4, 2], [3, 3]])))
+    assert reads == [(2, 6), (2, 6)]  # a new boundary tensor is read again
