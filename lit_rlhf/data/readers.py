@@ -4,7 +4,8 @@ record (JSON arrays, parquet), both 1-based, field, and what was expected vs fou
 
 Local files are read here, not by `datasets`' JSON reader, so no type is ever inferred or changed:
 every line or record is parsed and checked against the DataModule's schema
-(`lit_rlhf.data.schema`) as it is in the file, then written with that schema's
+(`lit_rlhf.data.schema`) as it is in the file, reduced to the fields the schema declares (keys it
+does not declare are dropped at every depth, and logged), then written with that schema's
 `datasets.Features` to an arrow file that `datasets.Dataset.from_file` memory-maps. The arrow file
 is cached by the files' identity (path, size, modification time), the schema and this reader's
 code. A row that cannot be read (bytes that are not UTF-8, a line that is not JSON or not an
@@ -63,10 +64,9 @@ def _checked(obj: Any, spec: schemas.Schema, unknown: dict[str, str]) -> dict[st
     if not isinstance(obj, dict):
         raise _ReadError(NOT_OBJECT, "(row)", f"expected a JSON object, found {schemas.found(obj)}")
     try:
-        schemas.check(obj, spec, "", unknown)
+        return schemas.conform(obj, spec, "", unknown)  # undeclared keys dropped at every depth
     except schemas.TypeMismatch as err:
         raise _ReadError(WRONG_TYPE, err.field, err.detail) from None
-    return obj
 
 
 def iter_rows(path: str, spec: schemas.Schema, unknown: dict[str, str]) -> Iterator[tuple[int, Any]]:
@@ -222,6 +222,7 @@ def _write_split(files, spec, split, on_bad_rows, arrow: Path, meta_path: Path) 
         for f in files:
             unit = location_unit(f)
             file_unknown: dict[str, str] = {}
+            named: set[str] = set()
             for number, row in iter_rows(f, spec, file_unknown):
                 location = f"{unit} {number}"
                 if isinstance(row, _ReadError):
@@ -245,11 +246,13 @@ def _write_split(files, spec, split, on_bad_rows, arrow: Path, meta_path: Path) 
                 batch["_read_field"].append(field)
                 batch["_read_detail"].append(detail)
                 n_rows += 1
+                if len(file_unknown) > len(named):  # an undeclared key first met on this row
+                    for k in list(file_unknown)[len(named):]:
+                        named.add(k)
+                        unknown.setdefault(k, f"{f}, {location}, field {file_unknown[k]}")
                 if len(batch["_line"]) >= _BATCH:
                     writer.write_batch(batch)
                     batch = {c: [] for c in columns}
-            for k, v in file_unknown.items():
-                unknown.setdefault(k, f"{f}, {unit} of field {v}")
         if batch["_line"]:
             writer.write_batch(batch)
         writer.finalize()

@@ -6,7 +6,7 @@ for a list of `spec`, and a dict `{key: spec}` for an object. Every field may be
 
 - `str` takes a JSON string only (`"2024"` stays the string "2024"; the number 2024 is a bad row);
 - `int` takes a JSON integer only (not `1.0`, not `"1"`, not `true`);
-- `float` takes any JSON number (an integer is a valid float), not a string or a boolean;
+- `float` takes any JSON number (an integer is a valid float, stored as one), not a string or a boolean;
 - `bool` takes `true` / `false` only.
 
 `features(schema)` is the `datasets.Features` a checked row is written with, so `datasets` never
@@ -126,35 +126,73 @@ def check(value: Any, spec: Any, field: str, unknown: dict[str, str] | None = No
     """Raise `TypeMismatch` at the first value of `value` that is not of `spec` (null is allowed
     everywhere). Object keys that `spec` does not declare are recorded in `unknown`
     (`{dotted key: field of its first occurrence}`)."""
+    conform(value, spec, field, unknown)
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def conform(value: Any, spec: Any, field: str, unknown: dict[str, str] | None = None) -> Any:
+    """`value` checked as `check` does, and reduced to what `spec` declares, so that it can be
+    written with `features(spec)` whatever else a raw row carries.
+
+    - Object keys that `spec` does not declare are dropped, at every depth (and recorded in
+      `unknown`): a real openbmb/UltraFeedback completion may carry annotation keys beyond the
+      published ones, and an undeclared key inside a nested object could not be stored in the
+      schema's struct type.
+    - A string must be valid Unicode (a JSON `\\ud800` escape decodes to an unpaired surrogate,
+      which has no UTF-8 form); an `int` must fit in 64 bits; an integer given for a `float` is
+      returned as that float (the column is float64 either way). Each is a `TypeMismatch`
+      otherwise, named like any other wrong type.
+    """
     if value is None:
-        return
+        return None
     if isinstance(spec, dict):
         if not isinstance(value, dict):
             raise TypeMismatch(field, f"expected an object, found {found(value)}")
+        out = {}
         for k, v in value.items():
-            sub = spec.get(k)
             name = f"{field}.{k}" if field else k
-            if sub is None and k not in spec:
+            if k not in spec:
                 if unknown is not None:
                     unknown.setdefault(_strip_indices(name), name)
                 continue
-            check(v, sub, name, unknown)
-        return
+            out[k] = conform(v, spec[k], name, unknown)
+        return out
     if isinstance(spec, list):
         if not isinstance(value, list):
             raise TypeMismatch(field, f"expected an array, found {found(value)}")
         item = spec[0]
-        for i, v in enumerate(value):
-            check(v, item, f"{field}[{i}]", unknown)
-        return
+        return [conform(v, item, f"{field}[{i}]", unknown) for i, v in enumerate(value)]
+    if spec is str:
+        if not isinstance(value, str):
+            raise TypeMismatch(field, f"expected a string, found {found(value)}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise TypeMismatch(field, f"expected a string of valid Unicode, found an unpaired surrogate "
+                                      f"U+{ord(value[err.start]):04X} at character {err.start + 1}") from None
+        return value
     if spec is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif spec is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, spec)
-    if not ok:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeMismatch(field, f"expected a number, found {found(value)}")
+        if isinstance(value, int):
+            try:
+                return float(value)
+            except OverflowError:
+                raise TypeMismatch(field, f"expected a number within the 64-bit float range, found an integer "
+                                          f"of {len(str(abs(value)))} digits") from None
+        return value
+    if spec is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeMismatch(field, f"expected an integer, found {found(value)}")
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise TypeMismatch(field, f"expected a 64-bit integer, found an integer of {len(str(abs(value)))} "
+                                      "digits")
+        return value
+    if not isinstance(value, spec):
         raise TypeMismatch(field, f"expected {expected(spec)}, found {found(value)}")
+    return value
 
 
 def _strip_indices(name: str) -> str:
