@@ -9,7 +9,8 @@ models and log-probs every method shares) and of `RewardModule`. What lives here
   backward pass with `optimizer_in_backward` (`lit_rlhf.modules.in_backward`);
 - the non-finite guard: `check_finite` on losses and rewards, every gradient before the step
   (`on_nonfinite: error | skip`);
-- metric logging under `{stage}/{group}/{name}`, tokens per second;
+- metric logging under `{stage}/{group}/{name}`, tokens per second, every scalar at the optimizer
+  steps done (`lit_rlhf.modules.step_logging`: one step axis for training and validation);
 - export in Hugging Face format (`export_hf`), at the end of fit when `export_dir` is set, and
   from any checkpoint with `python -m lit_rlhf.export`;
 - exact resume: checkpoints carry the random generator states of every rank (`lit_rlhf.rng`),
@@ -39,6 +40,7 @@ from torch import Tensor, nn
 from lit_rlhf import checks, host_memory, models, resume, rng
 from lit_rlhf.modules.in_backward import InBackwardAdamW
 from lit_rlhf.modules.optim import build_adamw, lr_lambda
+from lit_rlhf.modules.step_logging import StepLoggingMixin, stats_to_log, step_stats_due, use_step_axis  # noqa: F401
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.stopping import stop_reason
@@ -48,7 +50,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_KEY = "lit_rlhf"
 
 
-class TrainingModule(LightningModule):
+class TrainingModule(StepLoggingMixin, LightningModule):
     """What every trainable module shares; `PolicyModule` (a causal LM policy) and `RewardModule`
     (a scalar reward model) build on it.
 
@@ -62,7 +64,8 @@ class TrainingModule(LightningModule):
     - start-up checks in `setup("fit")` (`lit_rlhf.checks`, against `batch_types`) and atomic
       checkpoint files;
     - step logging under `{stage}/{group}/{name}` (`log_stats`), tokens per second, the
-      padding share of each training batch (`train/data/padding_fraction`);
+      padding share of each training batch (`train/data/padding_fraction`), every scalar
+      written at the optimizer steps done (`lit_rlhf.modules.step_logging`);
     - `export_hf(export_dir)` at the end of fit when the `export_dir` hparam is set.
 
     A subclass calls `save_hyperparameters()` in its `__init__` (with `lr`, `warmup_ratio`,
@@ -257,6 +260,8 @@ class TrainingModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Before fitting: refuse a configuration that cannot work (`lit_rlhf.checks`) and make
         checkpoint files atomic (`lit_rlhf.checkpoint_io`)."""
+        if self._trainer is not None:
+            use_step_axis(self.trainer)  # every scalar at the optimizer steps done (lit_rlhf.modules.step_logging)
         if stage == "fit" and self._trainer is not None:
             checks.startup_checks(self.trainer, self)
             install_atomic_checkpoint_io(self.trainer)
@@ -296,22 +301,6 @@ class TrainingModule(LightningModule):
     # ----------------------------------------------------------------------------------------
     # logging
     # ----------------------------------------------------------------------------------------
-
-    def log_stats(self, stage: str, stats: dict[str, Tensor | float], prog_bar: tuple[str, ...] = (), **kwargs) -> None:
-        """Log `{stage}/{name}` for every entry (names already carry their group: `rewards/margins`).
-
-        Training stats are per step; on the steps the logger does not write (see
-        `step_stats_due`) only the progress-bar ones are logged, when a progress bar shows them."""
-        on_step = stage == "train"
-        if on_step:
-            stats = stats_to_log(self._trainer, stats, prog_bar)
-        for name, value in stats.items():
-            if isinstance(value, Tensor):
-                value = value.detach().float()
-            self.log(
-                f"{stage}/{name}", value, prog_bar=name in prog_bar, on_step=on_step, on_epoch=not on_step,
-                sync_dist=not on_step, **kwargs,
-            )
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_started_at = time.perf_counter()
@@ -398,31 +387,6 @@ def nonfinite_grad_names(module: nn.Module) -> list[str]:
     if not named or bool(torch.isfinite(torch.stack([g.sum(dtype=torch.float32) for _, g in named])).all()):
         return []
     return [n for n, g in named if not bool(torch.isfinite(g).all())]
-
-
-def stats_to_log(trainer: Any, stats: dict[str, Any], prog_bar: tuple[str, ...]) -> dict[str, Any]:
-    """The training step stats worth a `self.log` now: all of them on the steps the logger
-    writes (`step_stats_due`); otherwise the progress-bar ones, when a progress bar shows them."""
-    if step_stats_due(trainer):
-        return stats
-    if getattr(trainer, "progress_bar_callback", None) is None:
-        return {}
-    return {name: value for name, value in stats.items() if name in prog_bar}
-
-
-def step_stats_due(trainer: Any) -> bool:
-    """Whether this training step's stats reach the logger: every `log_every_n_steps` (every
-    step under `fast_dev_run`), the steps on which Lightning writes `on_step` values.
-
-    Each `self.log` costs ~0.3 ms on CPU (Lightning's result collection), ~7 ms a step for an
-    online method's 20 stats, so the modules log step stats only on these steps, plus the
-    progress-bar ones on every step when there is a progress bar (`stats_to_log`); Lightning's
-    own `LearningRateMonitor` and `DeviceStatsMonitor` skip their work the same way.
-    `trainer.callback_metrics` therefore holds the stats of the last logged step.
-    """
-    if trainer is None:
-        return True
-    return bool(trainer.fast_dev_run) or bool(trainer._logger_connector.should_update_logs)
 
 
 class NonFiniteError(FloatingPointError):
