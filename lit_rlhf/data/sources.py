@@ -11,7 +11,9 @@ Sources (`path`):
 - a directory written by `Dataset(Dict).save_to_disk`;
 - otherwise a Hugging Face hub id (needs network access or the hub cache).
 
-A split name may carry a slice, as in `datasets`: `train[:1000]`, `train[98%:]`.
+A split name may carry a slice, as in `datasets`: `train[:1000]`, `train[98%:]`. Unlike `datasets`,
+a slice is not clipped to the rows there are: a bound beyond them, or a slice that selects no row,
+is a `DataSourceError` naming the source, its file, the split, the slice and the rows it has.
 
 Local files are read by `lit_rlhf.data.readers`: every line or record checked against the
 DataModule's published schema, nothing coerced, every bad row named by file, line or record,
@@ -73,6 +75,26 @@ def _bound(b: str | None, n: int) -> int | None:
 
 def slice_range(n: int, start: str | None, stop: str | None) -> range:
     return range(n)[slice(_bound(start, n), _bound(stop, n))]
+
+
+def slice_problem(n: int, start: str | None, stop: str | None) -> str | None:
+    """Why the slice `[start:stop]` of a split of `n` rows is not a usable selection, or None.
+
+    `datasets` (and Python) clip a slice to the rows there are, so a recipe's held-out
+    `train[:1000]` and training `train[1000:]` on a 32-row file would silently give 32 validation
+    rows and no training rows at all. Here a bound beyond the rows (an absolute one past `n` or
+    before `-n`, a percentage past 100%) or a slice that selects no row is a problem to name."""
+    for name, b in (("start", start), ("stop", stop)):
+        if b is None:
+            continue
+        value, pct = (int(b[:-1]), True) if b.endswith("%") else (int(b), False)
+        if pct and abs(value) > 100:
+            return f"the slice's {name} {b} is beyond 100%"
+        if not pct and not -n <= value <= n:
+            return f"the slice's {name} {b} is beyond them"
+    if not slice_range(n, start, stop):
+        return "the slice selects none of them"
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,7 +279,18 @@ class SourceLoader:
         ds = self._load_split(split)
         offset = 0
         if start is not None or stop is not None:
+            problem = slice_problem(len(ds), start, stop)
+            if problem:
+                raise DataSourceError(self._slice_error(spec, split, len(ds), problem))
             rows = slice_range(len(ds), start, stop)
             ds = ds.select(rows)
             offset = rows.start
         return ds, offset
+
+    def _slice_error(self, spec: str, split: str, n: int, problem: str) -> str:
+        where = self.describe()
+        files = self.split_files().get(split, []) if self.kind() in ("bundled", "file", "dir") else []
+        if files and files != [str(Path(self.path).expanduser())]:
+            where += f" ({', '.join(files)})"
+        return (f"split {spec!r} of {where} is out of range: split {split!r} has {n} row(s), and {problem}. "
+                f"Choose bounds within its {n} row(s), or percentages ('{split}[:90%]', '{split}[90%:]').")
