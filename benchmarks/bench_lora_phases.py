@@ -305,7 +305,7 @@ def phases_bare(cfg, spec: dict[str, Any], tensors: bool) -> dict[str, Any]:
     from benchmarks import bench_dpo
     from lit_rlhf.models import adapters, load_causal_lm, load_tokenizer
     from lit_rlhf.ops import DEFAULT_CHUNK_SIZE
-    from lit_rlhf.ops.shared_prompt import grouped_token_logps
+    from lit_rlhf.models.shared_prompt import grouped_token_logps
 
     out: dict[str, Any] = {"rss_runtime_mb": status_mb("VmRSS")}
     tokenizer = load_tokenizer(cfg.model)

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
-from lit_rlhf.ops.varlen_attention import boundaries_from_positions
+from lit_rlhf.models.attention import boundaries_from_positions
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

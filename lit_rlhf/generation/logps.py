@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lit_rlhf.ops import response_logps
+from lit_rlhf.models.logprobs import response_logps
 
 
 @torch.no_grad()
@@ -26,7 +26,7 @@ def sequence_token_logps(
 ) -> Tensor:
     """Log-probs (B, R) of the response tokens under `model`, 0 where `response_mask` is False.
 
-    `chunk_size`: the output layer is applied that many tokens at a time (`lit_rlhf.ops.logprobs`).
+    `chunk_size`: the output layer is applied that many tokens at a time (`lit_rlhf.models.logprobs`).
     """
     return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
                                  micro_batch_size, chunk_size)

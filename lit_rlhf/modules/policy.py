@@ -10,8 +10,8 @@ holds the optimiser, the non-finite guard, exact resume, checks, logging and exp
   gradients, and left out of checkpoints, since they are rebuilt from their names;
 - `model_logps` (`policy_logps` / `frozen_logps`) and `response_token_logps`: the one place
   modules get per-token log-probs, right under either padding side (D5), without the logits of
-  the whole batch (`logprob_chunk_size`, `lit_rlhf.ops.logprobs`), a shared prompt computed once
-  (`shared_prompt`, `lit_rlhf.ops.shared_prompt`);
+  the whole batch (`logprob_chunk_size`, `lit_rlhf.models.logprobs`), a shared prompt computed once
+  (`shared_prompt`, `lit_rlhf.models.shared_prompt`);
 - the policy's AdamW parameter groups and its Hugging Face export.
 """
 
@@ -30,7 +30,7 @@ from lit_rlhf.models import adapters
 from lit_rlhf.modules.base import TrainingModule
 from lit_rlhf.modules.optim import SchedulerName, decay_groups
 from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum
-from lit_rlhf.ops.shared_prompt import grouped_token_logps, shared_response_logps
+from lit_rlhf.models.shared_prompt import grouped_token_logps, shared_response_logps
 from lit_rlhf.types import PromptSharing
 
 log = logging.getLogger(__name__)

@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from lit_rlhf import models
 from lit_rlhf.models import adapters
+from lit_rlhf.models.shared_prompt import grouped_scalar_scores
 from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.modules.base import TrainingModule
 from lit_rlhf.modules.optim import SchedulerName, decay_groups
@@ -58,7 +59,6 @@ from lit_rlhf.modules.reward_metrics import (
     metric_safe,
     pair_metrics,
 )
-from lit_rlhf.ops.shared_prompt import grouped_scalar_scores
 from lit_rlhf.types import PreferenceBatch, split_pair
 
 EVAL_SPLIT = "eval_split"  # meta column naming the evaluation split of each pair

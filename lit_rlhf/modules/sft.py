@@ -10,10 +10,10 @@ from torch import Tensor
 
 from lit_rlhf import distributed
 from lit_rlhf.data.packing import unpack
+from lit_rlhf.models.attention import use_varlen_attention
+from lit_rlhf.models.packed import packed_token_logps, packing_supported
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.ops import masked_sum
-from lit_rlhf.ops.packed import packed_token_logps, packing_supported
-from lit_rlhf.ops.varlen_attention import use_varlen_attention
 from lit_rlhf.types import PackedSFTBatch, SFTBatch
 
 
@@ -33,7 +33,7 @@ class SFTModule(PolicyModule):
     Batches are right padded (`SFTBatch`) or packed without padding (`PackedSFTBatch`, the
     DataModule's `packing: true`); both give the same loss and gradients (`batch_logps`). At the
     first packed batch a policy running `sdpa` is switched to `sdpa_varlen`
-    (`lit_rlhf.ops.varlen_attention`: `sdpa` for everything else; for packed rows each example's
+    (`lit_rlhf.models.attention`: `sdpa` for everything else; for packed rows each example's
     attention alone instead of the whole row's masked pairs). A model whose attention cannot keep
     packed examples apart gets the packed batch unpacked (padded), with a warning.
 

@@ -1,14 +1,10 @@
-"""Pure tensor helpers shared by every method (no Lightning, no transformers)."""
+"""Pure tensor helpers shared by every method: torch and the standard library only (no Lightning,
+no transformers, no model is run here; running a model for its log-probs is `lit_rlhf.models`)."""
 
 from lit_rlhf.ops.linear_logprobs import linear_token_logps
 from lit_rlhf.ops.logprobs import (
     DEFAULT_CHUNK_SIZE,
-    chunked_layers,
-    forward_hidden,
-    forward_logits,
-    per_token_logps,
     position_ids_from_mask,
-    response_logps,
     selective_log_softmax,
     token_logps_from_logits,
 )
@@ -17,9 +13,6 @@ from lit_rlhf.ops.rl import gae, kl_penalty, last_true_index, place_at_last, tru
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
-    "chunked_layers",
-    "forward_hidden",
-    "forward_logits",
     "gae",
     "kl_penalty",
     "last_true_index",
@@ -28,10 +21,8 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
-    "per_token_logps",
     "place_at_last",
     "position_ids_from_mask",
-    "response_logps",
     "selective_log_softmax",
     "token_logps_from_logits",
     "truncate_after_eos",

@@ -34,8 +34,8 @@ def reward_model_scores(
     real token of each row: the EOS of a response that has one, its last token otherwise (D12).
 
     `groups` (N,): rows with equal ids have the same prompt (columns [:prompt_width]); each
-    micro-batch then computes each of its prompts once (`lit_rlhf.ops.shared_prompt`), same scores."""
-    from lit_rlhf.ops.shared_prompt import grouped_scalar_scores
+    micro-batch then computes each of its prompts once (`lit_rlhf.models.shared_prompt`), same scores."""
+    from lit_rlhf.models.shared_prompt import grouped_scalar_scores
     from lit_rlhf.types import PromptSharing
 
     size = micro_batch_size or input_ids.shape[0]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lit_rlhf.modules.kto import KTOModule, mismatched_sequences
-from lit_rlhf.ops import per_token_logps
+from lit_rlhf.models.logprobs import per_token_logps
 from lit_rlhf.types import PreferenceBatch, SingleBatch
 
 PROMPTS = ["Q: 1+1?\nA:", "Say hi.", "Name a colour:", "Count:"]

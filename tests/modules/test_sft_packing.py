@@ -17,9 +17,9 @@ import lit_rlhf.modules.sft as sft_module
 from lit_rlhf.data.collate import SFTCollator
 from lit_rlhf.data.packing import PackedSFTCollator
 from lit_rlhf.modules import SFTModule
-from lit_rlhf.ops.logprobs import per_token_logps
-from lit_rlhf.ops.packed import packed_token_logps, packing_supported
-from lit_rlhf.ops.varlen_attention import SDPA_VARLEN, use_varlen_attention
+from lit_rlhf.models.attention import SDPA_VARLEN, use_varlen_attention
+from lit_rlhf.models.logprobs import per_token_logps
+from lit_rlhf.models.packed import packed_token_logps, packing_supported
 from lit_rlhf.types import PackedSFTBatch
 
 TOL = dict(rtol=1e-5, atol=1e-5)

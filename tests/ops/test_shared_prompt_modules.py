@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.modules import DPOModule, GRPOModule, RewardModule
-from lit_rlhf.ops import shared_prompt as sp
+from lit_rlhf.models import shared_prompt as sp
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.modules.test_dpo_module import perturb, preference_batch
 

@@ -16,7 +16,7 @@ batches, generation with a KV cache, 4D shared-prompt masks. `use_varlen_attenti
 switches a model from `sdpa` to it. A forward pass run `with boundaries_given():` builds no
 attention mask (the block-diagonal one would be rows x length^2 booleans, 1 GB for one row of
 32k tokens); its attention calls must then get the boundaries. Values equal `sdpa` with the
-block mask up to float rounding (`tests/ops/test_varlen_attention.py`).
+block mask up to float rounding (`tests/models/test_attention.py`).
 """
 
 from __future__ import annotations

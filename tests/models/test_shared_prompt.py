@@ -1,5 +1,6 @@
-"""Shared-prompt layout (`lit_rlhf.ops.shared_prompt`): the packed rows, and log-probs, rewards and
-gradients equal to the padded rows (fp32, 1e-5) for pairs (DPO, reward model) and groups (GRPO,
+"""Shared-prompt layout (`lit_rlhf.ops.shared_prompt`, models run on it by
+`lit_rlhf.models.shared_prompt`): the packed rows, and log-probs, rewards and gradients equal to
+the padded rows (fp32, 1e-5) for pairs (DPO, reward model) and groups (GRPO,
 G = 4), tied and untied output layers, sdpa and eager attention, chunked and dense log-probs."""
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from lit_rlhf.data.collate import PreferenceCollator, PromptCollator
 from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.models import ScalarHeadModel, backbone_of
-from lit_rlhf.ops import per_token_logps
-from lit_rlhf.ops import shared_prompt as sp
+from lit_rlhf.models import shared_prompt as sp
+from lit_rlhf.models.logprobs import per_token_logps
+from lit_rlhf.ops.shared_prompt import build_layout
 from lit_rlhf.rewards.sources import reward_model_scores
 from lit_rlhf.types import PromptSharing
 
@@ -59,7 +61,7 @@ def test_layout_of_one_pair_by_hand():
     # right padded: prompt [5, 6, 7], chosen [8, 9], rejected [10]; T = 5
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 10, PAD]])
     mask = ids != PAD
-    layout = sp.build_layout(ids, mask, PromptSharing(torch.tensor([3, 3]), torch.tensor([0, 0])))
+    layout = build_layout(ids, mask, PromptSharing(torch.tensor([3, 3]), torch.tensor([0, 0])))
     assert layout.input_ids.tolist() == [[5, 6, 7, 8, 9, 10]]
     assert layout.position_ids.tolist() == [[0, 1, 2, 3, 4, 3]]  # the rejected token continues from the prompt
     assert layout.segment_ids.tolist() == [[0, 0, 0, 1, 1, 2]]
@@ -80,7 +82,7 @@ def test_left_padded_group_layout_and_padding_row_attends_to_itself():
     ids = torch.tensor([[PAD, 5, 6, 7, EOS], [PAD, 5, 6, 8, PAD]])
     mask = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 1, 0]], dtype=torch.bool)
     other = torch.tensor([[9, 9, 9, 9, 9]])  # a third group alone, longer than the shared row
-    layout = sp.build_layout(torch.cat([ids, other]), torch.cat([mask, torch.ones(1, 5, dtype=torch.bool)]),
+    layout = build_layout(torch.cat([ids, other]), torch.cat([mask, torch.ones(1, 5, dtype=torch.bool)]),
                              PromptSharing(torch.tensor([3, 3, 3]), torch.tensor([4, 4, 7])))
     assert layout.input_ids.tolist() == [[5, 6, 7, EOS, 8], [9, 9, 9, 9, 9]]
     assert layout.position_ids[0].tolist() == [0, 1, 2, 3, 2]
@@ -92,7 +94,7 @@ def test_left_padded_group_layout_and_padding_row_attends_to_itself():
 def test_rows_of_a_group_with_different_prompts_are_refused():
     ids = torch.tensor([[5, 6, 7], [5, 9, 7]])
     with pytest.raises(ValueError, match="rows 0 and 1 .* prompts differ"):
-        sp.build_layout(ids, ids != PAD, PromptSharing(torch.tensor([2, 2]), torch.tensor([0, 0])))
+        build_layout(ids, ids != PAD, PromptSharing(torch.tensor([2, 2]), torch.tensor([0, 0])))
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -173,7 +175,7 @@ def test_attention_without_4d_masks_falls_back_to_the_padded_rows(monkeypatch, c
     batch = pair_batch()
     called = []
     monkeypatch.setattr(sp, "per_token_logps", lambda *args, **kwargs: called.append(args[1].shape) or "padded")
-    with caplog.at_level(logging.WARNING, logger="lit_rlhf.ops.shared_prompt"):
+    with caplog.at_level(logging.WARNING, logger="lit_rlhf.models.shared_prompt"):
         out = sp.grouped_token_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask, batch.sharing)
         sp.grouped_token_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask, batch.sharing)
     assert out == "padded" and called == [batch.input_ids.shape] * 2

@@ -1,4 +1,4 @@
-"""`sdpa_varlen`: each packed example's attention alone (`lit_rlhf.ops.varlen_attention`).
+"""`sdpa_varlen`: each packed example's attention alone (`lit_rlhf.models.attention`).
 
 Equal to `sdpa` with the block-diagonal causal mask (values and gradients), `sdpa` itself for
 every call without example boundaries, no pair across examples ever computed, and a model
@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM, LlamaConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from lit_rlhf.ops import varlen_attention
-from lit_rlhf.ops.varlen_attention import SDPA_VARLEN, boundaries_from_positions, sdpa_varlen_forward, use_varlen_attention
+from lit_rlhf.models import attention as varlen_attention
+from lit_rlhf.models.attention import SDPA_VARLEN, boundaries_from_positions, sdpa_varlen_forward, use_varlen_attention
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 HEADS, KV_HEADS, DIM = 4, 2, 8
@@ -112,7 +112,7 @@ def tiny_llama(attn: str):
 
 
 def test_packed_forward_builds_no_mask_and_equals_each_example_alone(monkeypatch):
-    from lit_rlhf.ops.packed import _packed_forward
+    from lit_rlhf.models.packed import _packed_forward
 
     masks = []
     real = varlen_attention.sdpa_varlen_forward

@@ -6,14 +6,14 @@ The model gets `position_ids` and `attention_mask=None`; Hugging Face models bui
 from the position restarts (`find_packed_sequence_indices`) and attend within each example only:
 a block-diagonal causal mask for the `sdpa`, `eager` and `flex_attention` kernels, per-example
 lengths for `flash_attention_2/3` (`tests/modules/test_sft_packing.py` checks `sdpa` and `eager`
-on Llama, Qwen2 and GPT-NeoX). A model running `sdpa_varlen` (`lit_rlhf.ops.varlen_attention`,
+on Llama, Qwen2 and GPT-NeoX). A model running `sdpa_varlen` (`lit_rlhf.models.attention`,
 what `SFTModule` switches an `sdpa` policy to) gets the example boundaries instead of a mask and
 computes each example's attention alone. Whether a model keeps the examples apart is checked
 once per model and attention implementation (`packing_supported`: a packed row of two short
 sequences against each sequence alone); a model that does not is refused here, and `SFTModule`
 unpacks the batch for it.
 
-Both log-prob paths of `lit_rlhf.ops.logprobs` apply: the chunked one (last hidden states, the
+Both log-prob paths of `lit_rlhf.models.logprobs` apply: the chunked one (last hidden states, the
 output layer a chunk of scored tokens at a time) and the dense logits. A token at position 0
 (an example's first) is never scored: its previous column is another example's.
 """
@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_rlhf.ops.logprobs import _output_layer_logps, chunked_layers, token_logps_from_logits
-from lit_rlhf.ops.varlen_attention import SDPA_VARLEN, boundaries_from_positions, boundaries_given
+from lit_rlhf.models.attention import SDPA_VARLEN, boundaries_from_positions, boundaries_given
+from lit_rlhf.models.logprobs import chunked_layers, output_layer_logps
+from lit_rlhf.ops.logprobs import token_logps_from_logits
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def packed_token_logps(
         decoder, head = layers
         out = _packed_forward(decoder, input_ids, position_ids)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # (R, L, H)
-        logps = _output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored[:, 1:], temperature, chunk_size)
+        logps = output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored[:, 1:], temperature, chunk_size)
         return F.pad(logps, (1, 0), value=0.0)
     logits = _packed_forward(model, input_ids, position_ids).logits
     logps = token_logps_from_logits(logits, input_ids, temperature)
