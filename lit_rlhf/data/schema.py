@@ -168,7 +168,7 @@ def conform(value: Any, spec: Any, field: str, unknown: dict[str, str] | None = 
         if not isinstance(value, str):
             raise TypeMismatch(field, f"expected a string, found {found(value)}")
         try:
-            value.encode("utf-8")
+            value.isascii() or value.encode("utf-8")
         except UnicodeEncodeError as err:
             raise TypeMismatch(field, f"expected a string of valid Unicode, found an unpaired surrogate "
                                       f"U+{ord(value[err.start]):04X} at character {err.start + 1}") from None
