@@ -1,14 +1,19 @@
-"""Every model and tokenizer the methods need, in four files:
+"""Every model and tokenizer the methods need:
 
 - `loading`: tokenizers and causal LMs from a builtin name, a `.gguf` file, a local directory or
   a hub id; PAD != EOS (D3), dropout off (D7), frozen copies;
-- `heads`: scalar-head models (reward models, PPO value models, DRO-V's V(x); D11, D12, D14) and
-  loading a trained reward model back;
+- `heads`: scalar-head models (reward models, PPO value models, DRO-V's V(x); D11, D12, D14);
+- `reward_loading`: a trained reward model loaded back (checkpoint, export, LoRA adapter);
 - `adapters`: LoRA (`peft`): named adapters on one frozen base (policy, value, reward), the
-  reference policy as that base with the adapters disabled;
-- `export`: a scalar-head model as a plain `transformers` sequence classifier.
+  reference policy as that base with the adapters disabled; `scalar_adapters`: scalar-head
+  networks as adapters; `merging`: adapters merged for generation backends;
+- `export`: a scalar-head model as a plain `transformers` sequence classifier;
+- running a model for its log-probs: `logprobs` (dense or chunked output layer), `packed`
+  (packed rows), `shared_prompt` (a prompt computed once for its completions), and
+  `attention` (`sdpa_varlen`, attention one packed example at a time).
 
-Every name is importable from `lit_rlhf.models` itself.
+The names of `loading`, `heads`, `reward_loading` and `export` are importable from
+`lit_rlhf.models` itself.
 """
 
 from __future__ import annotations
@@ -19,11 +24,9 @@ from lit_rlhf.models.export import _FINAL_NORM_NAMES, REWARD_BIAS_KEY, final_nor
 from lit_rlhf.models.heads import (
     ScalarHeadModel,
     _is_sequence_classifier,
-    _reward_model_from_checkpoint,
     backbone_of,
     hidden_size,
     init_scalar_head,
-    load_reward_model,
     load_scalar_model,
 )
 from lit_rlhf.models.loading import (
@@ -55,6 +58,7 @@ from lit_rlhf.models.loading import (
     load_reference_model,
     load_tokenizer,
 )
+from lit_rlhf.models.reward_loading import load_reward_model
 
 __all__ = [
     "BUILTIN_MODELS", "PAD_TOKEN", "REWARD_BIAS_KEY", "SMOLLM2_135M_INSTRUCT", "TINY_RANDOM_LLAMA",

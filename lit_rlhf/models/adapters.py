@@ -6,7 +6,8 @@ network it needs lives on the same base:
 - the policy is the adapter `policy`; the reference policy is the same base with every adapter
   disabled (`AdapterView(model, None)`), never a second copy of the weights;
 - PPO's value model and reward model, DRO-V's V(x), are further adapters (`value`, `reward`) on
-  that base, each with its own scalar head (`AdapterScalarModel`); the reward adapter is frozen.
+  that base, each with its own scalar head (`lit_rlhf.models.scalar_adapters`); the reward adapter
+  is frozen.
 
 `use_adapter(model, name)` activates exactly one adapter (or none) for the calls inside it by
 setting the active adapter of every LoRA layer directly. peft's own `set_adapter` and
@@ -40,15 +41,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from torch import Tensor, nn
-
-from lit_rlhf.models.heads import ScalarHeadModel, init_scalar_head, hidden_size
+from torch import nn
 
 POLICY = "policy"
 VALUE = "value"
 REWARD = "reward"
-HEAD_FILE = "scalar_head.safetensors"  # the scalar head saved next to a reward/value adapter
-HEAD_CONFIG = "scalar_head.json"
 _SPEC_KEYS = {"r", "alpha", "dropout", "target_modules", "modules_to_save"}
 
 
@@ -215,45 +212,6 @@ def set_trainable(model: nn.Module, trainable: dict[str, bool]) -> None:
         layer._disable_adapters = False
 
 
-def scalar_adapter(
-    model: nn.Module,
-    adapter: str,
-    config,
-    source: str | None = None,
-    base_name: str | None = None,
-    trainable: bool = True,
-) -> "AdapterScalarModel | None":
-    """A scalar-head network as the adapter `adapter` on the shared base `model`.
-
-    - `source` None: a fresh adapter (`config`) and a fresh D11 head;
-    - `source` a LoRA reward model exported by `RewardModule` (`<export_dir>/adapter`: PEFT
-      adapter + `scalar_head.safetensors`) trained on the same base (`base_name`): its adapter
-      weights and head (D22: a value model that starts from the reward model);
-    - anything else: None (the caller loads a separate model, as without LoRA).
-    """
-    if source is None:
-        add_lora(model, config, adapter)
-        head = None
-    elif is_scalar_adapter_dir(source) and _same_base(adapter_base_name(source), base_name):
-        load_adapter(model, source, adapter)
-        head = load_head(Path(str(source)).expanduser())
-    else:
-        return None
-    set_trainable(model, {adapter: trainable})
-    scalar = AdapterScalarModel(model, adapter, head)
-    scalar.head.requires_grad_(trainable)
-    return scalar
-
-
-def _same_base(a: str | None, b: str | None) -> bool:
-    if a is None or b is None:
-        return False
-    if a == b:
-        return True
-    pa, pb = Path(a).expanduser(), Path(b).expanduser()
-    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
-
-
 def param_group_params(model: nn.Module, adapter: str, extra: nn.Module | None = None) -> nn.ParameterList:
     """The trainable parameters of one network on the shared base: its adapter's LoRA weights
     (and `extra`'s, e.g. its scalar head), for one optimizer parameter group."""
@@ -321,106 +279,15 @@ def activated(model: Any) -> Iterator[nn.Module]:
         yield model
 
 
-class AdapterScalarModel(ScalarHeadModel):
-    """A scalar-head model (reward, value) whose body is an adapter on a shared base.
-
-    Only the head is a registered submodule: the base and its adapters belong to the policy's
-    `PeftModel` (checkpointed, moved and sharded with it), so nothing is held twice. `forward`
-    runs the backbone with exactly `adapter` active (D12, D14 as `ScalarHeadModel`)."""
-
-    def __init__(self, peft_model: nn.Module, adapter: str, head: nn.Linear | None = None) -> None:
-        nn.Module.__init__(self)
-        object.__setattr__(self, "peft_model", peft_model)  # not a child: the policy owns it
-        self.adapter = adapter
-        self.config = peft_model.config
-        if head is None:
-            head = init_scalar_head(nn.Linear(hidden_size(peft_model), 1, bias=True))
-        self.head = head.to(next(peft_model.parameters()).dtype)
-
-    @property
-    def backbone(self) -> nn.Module:
-        return backbone(self.peft_model)
-
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        """Nothing of its own to switch: the shared base is the policy's, which `PolicyModule`'s
-        `gradient_checkpointing` checkpoints, each recomputation under the adapter of the forward
-        it replays (`checkpoint_context_fn`)."""
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        with use_adapter(self.peft_model, self.adapter):
-            return super().forward(input_ids, attention_mask)
-
-
-def lora_on_scalar(scalar: ScalarHeadModel, config, adapter: str = VALUE) -> ScalarHeadModel:
-    """Train a separate scalar-head model (a reward model on another base, or a full-weight one
-    a value starts from, D22) as a LoRA adapter on its own frozen body, and its head in full."""
-    body = add_lora(scalar.backbone, config, adapter)
-    set_trainable(body, {adapter: True})
-    scalar.backbone = body
-    scalar.head.requires_grad_(True)
-    return scalar
-
-
-def lora_scalar_model(name: str, tokenizer, dtype, config, adapter: str = REWARD) -> tuple[ScalarHeadModel, nn.Module]:
-    """A scalar-head model trained as a LoRA adapter: `(scalar, peft_model)`.
-
-    The causal LM `name` is wrapped whole (so the saved adapter has the layout of a causal LM's
-    and loads onto a policy's base), and the scalar model's body is its transformer body with
-    the LoRA layers in; the head (D11) trains with the adapter."""
-    from lit_rlhf.models.heads import _is_sequence_classifier
-    from lit_rlhf.models.loading import _resolve, load_causal_lm
-
-    kind, where = _resolve(name)
-    if kind == "dir" and _is_sequence_classifier(Path(where)):
-        raise ValueError(f"lora trains an adapter on a causal LM base; {name!r} is a sequence classifier "
-                         "(give the causal LM it was trained from, or train it without lora)")
-    peft_model = add_lora(load_causal_lm(name, tokenizer, dtype), config, adapter)
-    set_trainable(peft_model, {adapter: True})
-    scalar = ScalarHeadModel(backbone(peft_model))
-    scalar.head.to(next(peft_model.parameters()).dtype)
-    return scalar, peft_model
-
-
 # --------------------------------------------------------------------------------------------
 # saving and loading adapters (PEFT format), merging
 # --------------------------------------------------------------------------------------------
-
-
-def save_head(head: nn.Linear, directory: Path, reward_bias: float | None = None) -> None:
-    """Write a scalar head next to an adapter: `scalar_head.safetensors` (+ its bias in json)."""
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    tensors = {"weight": head.weight.detach().float().contiguous().cpu()}
-    if head.bias is not None:
-        tensors["bias"] = head.bias.detach().float().contiguous().cpu()
-    save_file(tensors, str(directory / HEAD_FILE))
-    (directory / HEAD_CONFIG).write_text(json.dumps({"in_features": head.in_features, "reward_bias": reward_bias}))
-
-
-def load_head(directory: Path, dtype: torch.dtype = torch.float32) -> nn.Linear:
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(directory / HEAD_FILE))
-    weight = tensors["weight"]
-    head = nn.Linear(weight.shape[1], 1, bias="bias" in tensors)
-    with torch.no_grad():
-        head.weight.copy_(weight)
-        if "bias" in tensors:
-            head.bias.copy_(tensors["bias"])
-    return head.to(dtype)
 
 
 def is_adapter_dir(path: str | Path) -> bool:
     """True when `path` is a PEFT adapter directory (an `adapter_config.json`)."""
     path = Path(str(path)).expanduser()
     return path.is_dir() and (path / "adapter_config.json").is_file()
-
-
-def is_scalar_adapter_dir(path: str | Path) -> bool:
-    """A PEFT adapter saved with a scalar head (a LoRA reward model exported by `RewardModule`)."""
-    path = Path(str(path)).expanduser()
-    return is_adapter_dir(path) and (path / HEAD_FILE).is_file()
 
 
 def adapter_base_name(path: str | Path) -> str | None:
@@ -439,14 +306,6 @@ def load_adapter(model: nn.Module, path: str | Path, adapter: str):
         forget_layers(model)
         return model
     return PeftModel.from_pretrained(model, path, adapter_name=adapter, is_trainable=True)
-
-
-def copy_adapter(model: nn.Module, source: str, target: str) -> None:
-    """Make adapter `target` start from the weights of adapter `source` (same config)."""
-    mine = dict(adapter_parameters(model, target))
-    with torch.no_grad():
-        for name, param in adapter_parameters(model, source):
-            mine[name.replace(f".{source}.", f".{target}.")].copy_(param)
 
 
 def merged_copy(model: nn.Module, adapter: str) -> nn.Module:

@@ -2,13 +2,12 @@
 
 `ScalarHeadModel` is a transformer body with a linear head giving one number per position;
 `load_scalar_model` builds one from any model name `lit_rlhf.models.loading` accepts (keeping the
-head of an exported one-label sequence classifier), and `load_reward_model` loads a trained reward
-model from a `RewardModule` checkpoint or an exported directory.
+head of an exported one-label sequence classifier). Loading a trained reward model back is
+`lit_rlhf.models.reward_loading`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import torch
 from torch import nn
 
 from lit_rlhf.models.loading import (
-    ModelNotFoundError,
     _finish,
     _parse_dtype,
     _resolve,
@@ -24,7 +22,6 @@ from lit_rlhf.models.loading import (
     load_tokenizer,
 )
 
-log = logging.getLogger(__name__)
 
 def init_scalar_head(head: nn.Linear) -> nn.Linear:
     """D11: weights ~ N(0, 1/sqrt(d_model + 1)), bias 0."""
@@ -132,65 +129,3 @@ def load_scalar_model(name: str, tokenizer=None, dtype: str | torch.dtype | None
         return ScalarHeadModel(backbone_of(classifier), head)
     causal_lm = load_causal_lm(name, tokenizer, dtype)
     return ScalarHeadModel(backbone_of(causal_lm))
-
-
-def _reward_model_from_checkpoint(path: Path, tokenizer=None, dtype: str | torch.dtype | None = None) -> ScalarHeadModel:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    hparams = checkpoint.get("hyper_parameters") or {}
-    state = checkpoint.get("state_dict") or {}
-    prefix = "reward_model."
-    weights = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-    if not weights or "model" not in hparams:
-        raise ValueError(
-            f"{path} is not a RewardModule checkpoint: it needs hyper_parameters.model and "
-            f"'{prefix}*' weights (found {len(weights)} such weights, hyper_parameters {sorted(hparams)})"
-        )
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(hparams.get("tokenizer") or hparams["model"])
-    dtype = dtype if dtype is not None else hparams.get("dtype")
-    if hparams.get("lora") is not None:  # trained as a LoRA adapter: rebuild it, load, merge
-        from lit_rlhf.models import adapters
-
-        config = adapters.lora_config(hparams["lora"])
-        model, peft_model = adapters.lora_scalar_model(hparams["model"], tokenizer, dtype, config)
-        model.load_state_dict(weights)
-        peft_model.merge_and_unload()  # in place: model.backbone is left with plain linear layers
-        return model
-    model = load_scalar_model(hparams["model"], tokenizer, dtype)
-    model.load_state_dict(weights)
-    return model
-
-
-def load_reward_model(name_or_ckpt: str, tokenizer=None, dtype: str | torch.dtype | None = None) -> ScalarHeadModel:
-    """A trained reward model as a `ScalarHeadModel` (in eval mode; gradients left enabled).
-
-    `name_or_ckpt` is either
-    - a `RewardModule` Lightning checkpoint (`.ckpt` file): the base model named in its
-      hyper-parameters is rebuilt and the trained weights (head bias included, D15) loaded; or
-    - a directory exported by `RewardModule.export_hf` (or any one-label
-      `AutoModelForSequenceClassification`): its head and `config.reward_bias` are kept;
-    - a LoRA reward model's adapter directory (`<export_dir>/adapter`: PEFT adapter and
-      `scalar_head.safetensors`): the base it names, with the adapter merged in, and its head.
-    Any other model name gets a fresh D11 head (with a warning: it is not a trained reward model).
-    Rewards are read with `.score(input_ids, attention_mask)` at the last real token (D12, D14).
-    """
-    path = Path(str(name_or_ckpt)).expanduser()
-    from lit_rlhf.models import adapters
-
-    if adapters.is_scalar_adapter_dir(path):  # a LoRA reward model: its base with the adapter merged in
-        from peft import PeftModel
-
-        base_name = adapters.adapter_base_name(path)
-        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(base_name)
-        merged = PeftModel.from_pretrained(load_causal_lm(base_name, tokenizer, dtype), str(path)).merge_and_unload()
-        head = adapters.load_head(path, next(merged.parameters()).dtype)
-        return ScalarHeadModel(backbone_of(merged), head).eval()
-    if path.suffix == ".ckpt":
-        if not path.is_file():
-            raise ModelNotFoundError(f"reward model checkpoint {path} does not exist")
-        model = _reward_model_from_checkpoint(path, tokenizer, dtype)
-    else:
-        model = load_scalar_model(str(name_or_ckpt), tokenizer, dtype)  # raises first when nothing loads
-        if not (path.is_dir() and _is_sequence_classifier(path)):
-            log.warning("%r is not an exported reward model or a RewardModule checkpoint: its scalar head "
-                        "is freshly initialised (D11), so its rewards are random", str(name_or_ckpt))
-    return model.eval()

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf import models
-from lit_rlhf.models import adapters
+from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.losses import drov_loss
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.modules.optim import decay_groups
@@ -85,18 +85,18 @@ class DROVModule(PolicyModule):
         if value_per == "batch":
             self.batch_value = nn.Parameter(torch.zeros(()))
         elif value_model == SHARED and self.lora_config is not None:  # a head on the policy adapter
-            self.value = adapters.AdapterScalarModel(self.policy, adapters.POLICY)
+            self.value = scalar_adapters.AdapterScalarModel(self.policy, adapters.POLICY)
         elif value_model == SHARED:
             self.value = models.ScalarHeadModel(models.backbone_of(self.policy))
         elif self.lora_config is not None and (
-            value := adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, value_model, self.model_name)
+            value := scalar_adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, value_model, self.model_name)
         ) is not None:  # LoRA: the adapter `value` on the policy's base (own learning rate)
             self.value = value
         else:
             self.value = models.load_scalar_model(value_model or self.model_name, self.tokenizer, self.hparams.dtype)
             self.value.requires_grad_(True)
             if self.lora_config is not None:  # another base: a value adapter on its own frozen body
-                adapters.lora_on_scalar(self.value, self.lora_config, adapters.VALUE)
+                scalar_adapters.lora_on_scalar(self.value, self.lora_config, adapters.VALUE)
         if self.hparams.gradient_checkpointing and self.value is not None and value_model != SHARED:
             self.value.gradient_checkpointing_enable()  # trained like the policy: checkpointed too
         self.load_reference(ref_model, self.hparams.dtype)
@@ -111,7 +111,7 @@ class DROVModule(PolicyModule):
             return [self.batch_value]
         if self.hparams.value_model == SHARED:
             return list(self.value.head.parameters())
-        if isinstance(self.value, adapters.AdapterScalarModel):  # its LoRA weights and head
+        if isinstance(self.value, scalar_adapters.AdapterScalarModel):  # its LoRA weights and head
             return list(adapters.param_group_params(self.policy, self.value.adapter, self.value.head))
         return list(self.value.parameters())
 

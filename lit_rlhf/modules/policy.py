@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from lit_rlhf import models
 from lit_rlhf.generation import token_logps_with_grad
-from lit_rlhf.models import adapters
+from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.modules.base import TrainingModule
 from lit_rlhf.modules.optim import SchedulerName, decay_groups
 from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum
@@ -187,10 +187,10 @@ class PolicyModule(TrainingModule):
     def load_reward_source(self, name: str) -> nn.Module:
         """The reward model `name` for `add_frozen`: with LoRA, a LoRA reward model exported on
         the policy's base (`<export_dir>/adapter`) becomes the frozen adapter `reward` on the
-        shared base (`lit_rlhf.models.adapters.scalar_adapter`); anything else is loaded as a
+        shared base (`lit_rlhf.models.scalar_adapters.scalar_adapter`); anything else is loaded as a
         separate model (`lit_rlhf.models.load_reward_model`)."""
         if self.lora_config is not None:
-            scalar = adapters.scalar_adapter(self.policy, adapters.REWARD, self.lora_config, name, self.model_name,
+            scalar = scalar_adapters.scalar_adapter(self.policy, adapters.REWARD, self.lora_config, name, self.model_name,
                                              trainable=False)
             if scalar is not None:
                 return scalar

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lit_rlhf.distributed import global_masked_whiten
 from lit_rlhf.losses import ppo_policy_loss, ppo_rewards, ppo_value_loss
-from lit_rlhf.models import adapters, load_scalar_model
+from lit_rlhf.models import adapters, load_scalar_model, scalar_adapters
 from lit_rlhf.modules.optim import decay_groups
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.ops import gae, masked_sum
@@ -108,7 +108,7 @@ class PPOModule(OnlineModule):
         source = value_model or self.hparams.reward_model
         value = None
         if self.lora_config is not None:  # the adapter `value` on the policy's base (D22 from a LoRA reward)
-            value = adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, source, self.model_name)
+            value = scalar_adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, source, self.model_name)
         if value is not None:
             self.value_model = value
         elif source is None:  # no reward model to start from: the policy's backbone with a fresh D11 head
@@ -116,7 +116,7 @@ class PPOModule(OnlineModule):
         else:  # D22: the value model starts from the reward model; it is trained
             self.value_model = load_reward_model(source, self.tokenizer, dtype=self.hparams.dtype)
             if self.lora_config is not None:  # a full reward model: its own frozen base, a value adapter on it
-                adapters.lora_on_scalar(self.value_model, self.lora_config, adapters.VALUE)
+                scalar_adapters.lora_on_scalar(self.value_model, self.lora_config, adapters.VALUE)
         if self.hparams.gradient_checkpointing:  # trained like the policy: checkpointed too
             self.value_model.gradient_checkpointing_enable()
 
@@ -130,7 +130,7 @@ class PPOModule(OnlineModule):
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         wd = self.hparams.weight_decay
         value_lr = self.hparams.value_lr or self.hparams.lr
-        if isinstance(self.value_model, adapters.AdapterScalarModel):  # one base: each adapter its own group
+        if isinstance(self.value_model, scalar_adapters.AdapterScalarModel):  # one base: each adapter its own group
             policy = adapters.param_group_params(self.policy, adapters.POLICY)
             value = adapters.param_group_params(self.policy, adapters.VALUE, self.value_model.head)
             return decay_groups(policy, wd, name="policy") + decay_groups(value, wd, name="value", lr=value_lr)

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf import models
-from lit_rlhf.models import adapters
+from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.models.shared_prompt import grouped_scalar_scores
 from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.modules.base import TrainingModule
@@ -152,7 +152,7 @@ class RewardModule(TrainingModule):
         if self.lora_config is None:
             self.reward_model = models.load_scalar_model(model, self.tokenizer, dtype)
         else:  # the adapter `reward` on a frozen causal LM base, and a trained head
-            self.reward_model, peft_model = adapters.lora_scalar_model(model, self.tokenizer, dtype, self.lora_config)
+            self.reward_model, peft_model = scalar_adapters.lora_scalar_model(model, self.tokenizer, dtype, self.lora_config)
             object.__setattr__(self, "reward_peft", peft_model)  # the body is reward_model.backbone
         if gradient_checkpointing:
             self.reward_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -371,7 +371,7 @@ class RewardModule(TrainingModule):
         scalar = self.reward_model
         if self.lora_config is not None:  # merged for plain transformers; the adapter alone in adapter/
             adapters.save_adapter(self.reward_peft, directory / "adapter", adapters.REWARD, base_name=self.model_name)
-            adapters.save_head(self.reward_model.head, directory / "adapter")
+            scalar_adapters.save_head(self.reward_model.head, directory / "adapter")
             merged = adapters.merged_copy(self.reward_peft, adapters.REWARD)
             scalar = models.ScalarHeadModel(models.backbone_of(merged), self.reward_model.head)
         classifier, folded = models.to_sequence_classifier(scalar, self.tokenizer.pad_token_id)

@@ -6,7 +6,7 @@ import lightning as L
 import pytest
 import torch
 
-from lit_rlhf.models import adapters, load_causal_lm, load_reward_model, load_tokenizer
+from lit_rlhf.models import adapters, load_causal_lm, load_reward_model, load_tokenizer, scalar_adapters
 from lit_rlhf.modules import DPOModule, DROVModule, PPOModule, RewardModule
 from lit_rlhf.rewards import CharacterFractionReward
 
@@ -194,7 +194,7 @@ def test_gradients_of_one_adapter_never_reach_another(tmp_path):
 
 def test_drov_value_is_an_adapter_with_its_own_learning_rate():
     module = DROVModule(model="tiny-random-llama", lora=LORA, value_lr=5e-4)
-    assert isinstance(module.value, adapters.AdapterScalarModel) and module.value.adapter == "value"
+    assert isinstance(module.value, scalar_adapters.AdapterScalarModel) and module.value.adapter == "value"
     assert adapters.adapter_names(module.policy) == ["policy", "value"]
     groups = {g["name"]: g for g in module.optimizer_param_groups()}
     value = {id(p) for name, g in groups.items() if name.startswith("value") for p in g["params"]}

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lit_rlhf.generation import SamplingConfig, generate_responses, sequence_token_logps
 from lit_rlhf.generation.vllm import save_merged_checkpoint, with_packed_siblings
 from lit_rlhf.judges import Judgement, PairwiseJudge
-from lit_rlhf.models import adapters, load_causal_lm, load_tokenizer
+from lit_rlhf.models import adapters, load_causal_lm, load_tokenizer, scalar_adapters
 from lit_rlhf.modules import PPOModule
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.lora.test_adapters import perturb
@@ -134,7 +134,7 @@ def test_ppo_engine_holds_base_and_policy_adapter_only(vllm_model_dir, engine, p
 
     tokenizer, ids, mask = prompts
     module = PPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward()], max_new_tokens=4, lora=LORA)
-    adapters.scalar_adapter(module.policy, adapters.REWARD, module.lora_config, trainable=False)
+    scalar_adapters.scalar_adapter(module.policy, adapters.REWARD, module.lora_config, trainable=False)
     model = module.policy
     assert adapters.adapter_names(model) == ["policy", "value", "reward"]
     for seed, name in enumerate(adapters.adapter_names(model)):
