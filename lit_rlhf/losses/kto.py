@@ -65,16 +65,24 @@ def kto_loss(
     )
 
 
-def kto_kl_estimate(policy_mismatched_logps: Tensor, ref_mismatched_logps: Tensor) -> Tensor:
+def kto_kl_estimate(policy_mismatched_logps: Tensor, ref_mismatched_logps: Tensor, clamp: bool = True) -> Tensor:
     """The KTO reference point z0 from one micro-batch: mean log-ratio on mismatched pairs, >= 0.
 
     policy_mismatched_logps, ref_mismatched_logps: (B,) log-probs of completions paired with the
-    *wrong* prompts (y_j with x_i, i != j), so the estimate does not reuse the examples the loss
-    is computed on (Ethayarajh et al. 2024, Sec. 4: a biased but cheap estimate of
-    KL(pi || pi_ref)). Returns a detached scalar clamped at 0. Under data parallelism the module
-    averages it across ranks before passing it to `kto_loss` (which clamps again).
+    *wrong* prompts (y_j with x_i, prompt x_j != x_i), so the estimate does not reuse the examples
+    the loss is computed on (Ethayarajh et al. 2024, Sec. 4: a biased but cheap estimate of
+    KL(pi || pi_ref)). Returns a detached scalar clamped at 0; `clamp=False` gives the raw mean
+    log-ratio, which the module logs next to z0. Under data parallelism the module averages the
+    log-ratios across ranks first (`kto_loss` clamps again).
+
+    The raw mean is not a KL: the completions are the dataset's, not samples of pi, so it can be
+    negative. It is exactly 0 while pi == pi_ref (the first step: the reference is a copy of the
+    initial policy and dropout is off, D7), and negative whenever training lowered the
+    likelihood of those completions under unrelated prompts more than it raised it; the clamp
+    then makes z0 = 0, i.e. KTO compares each reward with 0 (the paper's Sec. 4 choice).
     """
-    return (policy_mismatched_logps - ref_mismatched_logps).detach().mean().clamp(min=0)
+    raw = (policy_mismatched_logps - ref_mismatched_logps).detach().mean()
+    return raw.clamp(min=0) if clamp else raw
 
 
 def labels_from_rewards(rewards: Tensor) -> Tensor:

@@ -1,8 +1,25 @@
 """KTO: unpaired desirable / undesirable completions (`lit_rlhf.losses.kto_loss`).
 
 The KL reference point z0 is estimated at every step from mismatched prompt/completion pairs
-of the batch (prompt i with the completion of row i+1 mod B, `mismatched_sequences`), without
-gradient, averaged over ranks and clamped at 0 (Ethayarajh et al. 2024, Sec. 4).
+of the batch (prompt i with the completion of the next row whose prompt differs,
+`mismatch_partners`), without gradient, averaged over ranks and clamped at 0 (Ethayarajh et al.
+2024, Sec. 4). Both the clamped z0 (`objective/kl`) and the raw estimate (`objective/kl_raw`)
+are logged.
+
+What the raw estimate showed on the KTO quickstart (z0 = 0 in both validations and in 11 of 12
+training steps): the clamp hid two things.
+- A pairing bug: rows were paired with row i+1 whatever its prompt. An UltraFeedback batch holds
+  several completions of one instruction next to each other (always in validation, which is not
+  shuffled), so most "mismatched" pairs were a completion with its own prompt: the estimate
+  measured the matched log-ratio the loss pushes down for undesirable completions. Rows are now
+  paired with the next row that has a different prompt.
+- A negative estimate is expected, not a sign error: the completions are the dataset's, not
+  samples of pi, so their mean log-ratio is no KL and can be below 0. It is exactly 0 at the
+  first step (pi == pi_ref: the reference is a copy of the initial policy, dropout off, D7).
+  Measured on the quickstart with the pairing fixed (8 mismatched rows per step): 0 exactly at
+  step 1, +0.0025 at step 2, then -0.47 and -0.14 nats per sequence at steps 3 and 4: once the
+  policy moves, the few-row estimate scatters around 0 and the paper's clamp puts z0 at 0 for
+  the negative ones.
 """
 
 from __future__ import annotations
@@ -25,15 +42,38 @@ log = logging.getLogger(__name__)
 LabelsFrom = Literal["labels", "rewards"]
 
 
+def mismatch_partners(input_ids: Tensor, prompt_lengths: Tensor) -> list[int] | None:
+    """For each row i, the row whose completion its prompt is paired with in the KL estimate: the
+    first row after i (cyclically) whose prompt differs from row i's. None when every row has the
+    same prompt (no mismatched pair exists).
+
+    A plain shift by one row is not enough: a batch may hold several completions of one prompt
+    side by side (UltraFeedback's completions per instruction, TL;DR's comparisons per post), and
+    a completion moved next to its own prompt is no mismatched pair.
+    input_ids: (B, T) right padded; prompt_lengths: (B,).
+    """
+    rows, lengths = input_ids.tolist(), prompt_lengths.tolist()
+    prompts = [tuple(row[: int(n)]) for row, n in zip(rows, lengths)]
+    size = len(prompts)
+    partners = []
+    for i in range(size):
+        j = next(((i + k) % size for k in range(1, size) if prompts[(i + k) % size] != prompts[i]), None)
+        if j is None:
+            return None
+        partners.append(j)
+    return partners
+
+
 def mismatched_sequences(
     input_ids: Tensor,
     attention_mask: Tensor,
     loss_mask: Tensor,
     prompt_lengths: Tensor,
     pad_token_id: int,
-    shift: int = 1,
+    partners: list[int] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Pair the prompt of row i with the completion of row (i + shift) mod B, right padded.
+    """Pair the prompt of row i with the completion of row `partners[i]` (default
+    `mismatch_partners`: the next row with another prompt), right padded.
 
     input_ids, attention_mask, loss_mask: (B, T) right padded (D5); prompt_lengths: (B,).
     A row's prompt is its first `prompt_lengths[i]` tokens and its completion the tokens where
@@ -46,9 +86,13 @@ def mismatched_sequences(
             f"KTO's KL estimate pairs each prompt with another row's completion: it needs at least 2 rows "
             f"per batch, got {batch_size} (raise the batch size or drop the last incomplete batch)"
         )
+    if partners is None:
+        partners = mismatch_partners(input_ids, prompt_lengths)
+    if partners is None:
+        raise ValueError(f"KTO's KL estimate needs rows with different prompts: all {batch_size} rows share one prompt")
     prompts = [input_ids[i, : int(prompt_lengths[i])] for i in range(batch_size)]
     completions = [input_ids[i][loss_mask[i].bool()] for i in range(batch_size)]
-    rows = [(prompts[i], completions[(i + shift) % batch_size]) for i in range(batch_size)]
+    rows = [(prompts[i], completions[partners[i]]) for i in range(batch_size)]
     length = max(len(p) + len(c) for p, c in rows)
     ids = input_ids.new_full((batch_size, length), pad_token_id)
     keep = torch.zeros(batch_size, length, dtype=torch.bool, device=input_ids.device)
@@ -77,8 +121,9 @@ class KTOModule(PolicyModule):
     leaves the paper's [1, 4/3] (checked from the 8th step on, and at each epoch end; once).
 
     z0 (the KL reference point) is the mean log-ratio log pi/pi_ref over the mismatched
-    sequences of the batch (prompt i, completion i+1 mod B), computed without gradient,
-    averaged across ranks, clamped at 0 (`kl_reference_point`).
+    sequences of the batch (prompt i with the completion of the next row whose prompt differs),
+    computed without gradient, averaged across ranks, clamped at 0 (`kl_reference_point`); the
+    unclamped mean is logged too (`objective/kl_raw`, `kl_estimate`; see the module docstring).
 
     Args:
         beta: KL strength in the value function sigmoid(beta * (r - z0)); the KTO paper uses 0.1
@@ -114,7 +159,7 @@ class KTOModule(PolicyModule):
         self.desirable_weight = desirable_weight
         self.undesirable_weight = undesirable_weight
         self.labels_from = labels_from
-        self._last_z0 = 0.0  # fallback for a batch with a single prompt (see `kl_reference_point`)
+        self._last_z0 = 0.0  # the last raw KL estimate: fallback for a batch of one prompt (`kl_estimate`)
         self._counts = [0.0, 0.0]  # desirable, undesirable examples trained on so far (all ranks)
         self._ratio_warned = False
         self.load_reference(ref_model, self.hparams.dtype)
@@ -146,42 +191,56 @@ class KTOModule(PolicyModule):
         return labels_from_rewards(everyone)[own].to(batch.rewards.device)
 
     @torch.no_grad()
-    def kl_reference_point(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
-        """z0: mean log pi/pi_ref of the batch's mismatched sequences, over all ranks, clamped at 0.
+    def kl_estimate(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
+        """The raw KL estimate: mean log pi/pi_ref of the batch's mismatched sequences over all
+        ranks, not clamped (z0 is its clamp at 0, `kl_reference_point`).
 
         Returns a () tensor without grad. Under data parallelism the per-row log-ratios of every
-        rank are gathered first, so z0 is the global mean (then clamped), not a mean of clamps.
-        A batch with fewer than two prompts (one row, or one pair; e.g. the last batch of an
-        epoch) has no mismatched pair: it reuses the previous step's z0 (0 before the first).
+        rank are gathered first, so it is the global mean, the same on every rank. A batch
+        whose rows all share one prompt (one row, one pair, several completions of one prompt;
+        on any rank) has no mismatched pair: every rank reuses the previous step's estimate (0
+        before the first).
         """
-        prompts = batch.num_pairs if isinstance(batch, PreferenceBatch) else batch.input_ids.shape[0]
-        if prompts < 2:
-            log.warning("KTO batch with %d prompt(s): no mismatched pair, reusing the previous z0 = %.4g", prompts, self._last_z0)
+        rows = batch.input_ids.shape[0]
+        partners = mismatch_partners(batch.input_ids, batch.prompt_lengths) if rows >= 2 else None
+        distributed_run = self._trainer is not None and self.trainer.world_size > 1
+        lacking = float(partners is None)
+        if distributed_run:  # every rank takes the same branch (the gather below is collective)
+            lacking = float(distributed.all_reduce_sum(batch.input_ids.new_tensor(lacking, dtype=torch.float32)))
+        if lacking:
+            log.warning("KTO batch whose %d row(s) share one prompt%s: no mismatched pair, reusing the previous "
+                        "KL estimate %.4g", rows, " (on some rank)" if partners is not None else "", self._last_z0)
             return batch.input_ids.new_tensor(self._last_z0, dtype=torch.float32)
         ids, keep, scored = mismatched_sequences(
-            batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths, self.tokenizer.pad_token_id
+            batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths, self.tokenizer.pad_token_id,
+            partners,
         )  # (N, T')
         policy = self.sequence_logps(self.policy_logps(ids, keep, scored), scored)  # (N,)
         ref = self.sequence_logps(self.frozen_logps("ref_model", ids, keep, scored), scored)  # (N,)
-        if self._trainer is not None and self.trainer.world_size > 1:
+        if distributed_run:
             policy, ref = self.all_gather(policy).flatten(), self.all_gather(ref).flatten()  # (W*N,)
-        z0 = kto_kl_estimate(policy, ref)
+        raw = kto_kl_estimate(policy, ref, clamp=False)
         if self.training:
-            self._last_z0 = float(z0)
-        return z0
+            self._last_z0 = float(raw)
+        return raw
+
+    def kl_reference_point(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
+        """z0: the KL estimate (`kl_estimate`) clamped at 0, a () tensor without grad."""
+        return self.kl_estimate(batch).clamp(min=0)
 
     def compute_loss(self, batch: SingleBatch | PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
         desirable = self.desirable_flags(batch)  # (N,)
-        z0 = self.kl_reference_point(batch)  # ()
+        kl_raw = self.kl_estimate(batch)  # (), unclamped; kto_loss clamps it at 0 (z0)
         policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
         ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
-        out = kto_loss(policy, ref, desirable, z0, self.beta, self.desirable_weight, self.undesirable_weight)
+        out = kto_loss(policy, ref, desirable, kl_raw, self.beta, self.desirable_weight, self.undesirable_weight)
         stats = {
             "rewards/desirable": out.desirable_rewards,
             "rewards/undesirable": out.undesirable_rewards,
             "rewards/margins": out.desirable_rewards - out.undesirable_rewards,
-            "objective/kl": out.kl,
+            "objective/kl": out.kl,  # z0, the reference point used
+            "objective/kl_raw": kl_raw,
             "logps/policy": policy.detach().mean(),
             "data/desirable_fraction": desirable.float().mean(),
             "data/num_desirable": out.num_desirable.float(),

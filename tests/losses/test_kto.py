@@ -80,8 +80,10 @@ def test_kto_kl_estimate():
     kl = kto_kl_estimate(policy, torch.tensor([-2.0, -2.0]))
     assert kl.item() == pytest.approx(0.5)
     assert not kl.requires_grad
-    # a negative mean log-ratio is clamped at 0
+    # a negative mean log-ratio is clamped at 0; clamp=False gives it as it is (logged as objective/kl_raw)
     assert kto_kl_estimate(torch.tensor([-3.0, -2.0]), torch.tensor([-2.0, -2.0])).item() == 0.0
+    raw = kto_kl_estimate(torch.tensor([-3.0, -2.0], requires_grad=True), torch.tensor([-2.0, -2.0]), clamp=False)
+    assert raw.item() == pytest.approx(-0.5) and not raw.requires_grad
 
 
 def test_labels_from_rewards():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_rlhf.modules.kto import KTOModule, mismatched_sequences
+from lit_rlhf.modules.kto import KTOModule, mismatch_partners, mismatched_sequences
 from lit_rlhf.models.logprobs import per_token_logps
 from lit_rlhf.types import PreferenceBatch, SingleBatch
 
@@ -56,6 +56,39 @@ def test_mismatched_sequences_pair_prompt_i_with_completion_i_plus_1(tiny_tokeni
         mismatched_sequences(ids[:1], keep[:1], scored[:1], batch.prompt_lengths[:1], 0)
 
 
+def test_rows_sharing_a_prompt_are_never_paired(tiny_tokenizer):
+    """Completions of one prompt side by side (UltraFeedback's per instruction, as validation
+    batches come): each row's completion goes to the next row with ANOTHER prompt, never to a
+    row of its own prompt (with a shift by one row, rows 0, 2 and 4 got their own prompt back)."""
+    prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1], PROMPTS[2], PROMPTS[2]]
+    completions = [COMPLETIONS[0], COMPLETIONS[1], COMPLETIONS[2], COMPLETIONS[3], COMPLETIONS[0], COMPLETIONS[2]]
+    batch = single_batch(tiny_tokenizer, prompts, completions)
+    partners = mismatch_partners(batch.input_ids, batch.prompt_lengths)
+    assert partners == [2, 2, 4, 4, 0, 0]
+    ids, keep, scored = mismatched_sequences(
+        batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths, tiny_tokenizer.pad_token_id
+    )
+    for i, j in enumerate(partners):
+        assert prompts[i] != prompts[j]
+        p, c = tokens(tiny_tokenizer, prompts[i], completions[j])
+        assert ids[i, keep[i]].tolist() == p + c and ids[i, scored[i]].tolist() == c
+    # one prompt for every row: no mismatched pair at all
+    same = single_batch(tiny_tokenizer, [PROMPTS[0]] * 3, COMPLETIONS[:3])
+    assert mismatch_partners(same.input_ids, same.prompt_lengths) is None
+    with pytest.raises(ValueError, match="share one prompt"):
+        mismatched_sequences(same.input_ids, same.attention_mask, same.loss_mask, same.prompt_lengths, 0)
+
+
+def test_the_raw_estimate_is_exactly_zero_while_the_policy_is_the_reference(tiny_tokenizer):
+    """At the first step pi == pi_ref (a copy of the initial policy, dropout off: D7): the raw
+    estimate is exactly 0, so a z0 of 0 there is no clamp at work."""
+    module = KTOModule()
+    batch = single_batch(tiny_tokenizer, labels=torch.tensor([True, False, True, False]))
+    assert module.kl_estimate(batch).item() == 0.0
+    _, stats = module.compute_loss(batch)
+    assert stats["objective/kl_raw"].item() == 0.0 and stats["objective/kl"].item() == 0.0
+
+
 def _hand_mismatched_logratio(module: KTOModule, tokenizer, ref_shift_per_token: float = 0.0) -> torch.Tensor:
     n = len(PROMPTS)
     ratios = []
@@ -94,6 +127,7 @@ def test_z0_is_the_detached_clamped_mean_mismatched_logratio(tiny_tokenizer, ref
     # the loss uses that z0 and no gradient flows through it: only the matched forward has grad
     loss, stats = module.compute_loss(batch)
     torch.testing.assert_close(stats["objective/kl"], z0)
+    torch.testing.assert_close(stats["objective/kl_raw"], expected, atol=1e-5, rtol=0)  # the unclamped estimate
     assert loss.requires_grad
 
 
@@ -150,6 +184,9 @@ def test_a_single_prompt_batch_reuses_the_previous_z0(tiny_tokenizer):
     one = batch._replace(input_ids=batch.input_ids[:1], attention_mask=batch.attention_mask[:1],
                          loss_mask=batch.loss_mask[:1], prompt_lengths=batch.prompt_lengths[:1], labels=batch.labels[:1])
     assert module.kl_reference_point(one).item() == pytest.approx(z0.item())
-    pair = PreferenceBatch(batch.input_ids[:2], batch.attention_mask[:2], batch.loss_mask[:2], batch.prompt_lengths[:2])
+    rows = single_batch(tiny_tokenizer, [PROMPTS[0]] * 2, COMPLETIONS[:2])  # a chosen and a rejected of one prompt
+    pair = PreferenceBatch(rows.input_ids, rows.attention_mask, rows.loss_mask, rows.prompt_lengths)
     assert module.kl_reference_point(pair).item() == pytest.approx(z0.item())  # one pair = one prompt
+    one_prompt = single_batch(tiny_tokenizer, [PROMPTS[0]] * 4, COMPLETIONS, labels=batch.labels)
+    assert module.kl_reference_point(one_prompt).item() == pytest.approx(z0.item())  # 4 rows, one prompt
     assert KTOModule().kl_reference_point(one).item() == 0.0  # nothing seen yet
