@@ -1,0 +1,42 @@
+"""Rerun the learning runs over several seeds and print what the thresholds are set from.
+
+    python -m tests.learning.measure                 # every method, seeds 0-4
+    python -m tests.learning.measure dpo ppo --seeds 0 1 2 3 4 5 6 7
+
+Prints, per method, the gain (after - before) of its progress measure for each seed and its
+minimum and mean; `tests/learning/README.md` records these numbers next to the thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from tests.learning.runs import OFFLINE, ONLINE, run_online
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("methods", nargs="*", help=f"default: all of {sorted(OFFLINE) + sorted(ONLINE)}")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # as the tests run (tests/conftest.py `one_thread`)
+    for name in args.methods or [*OFFLINE, *ONLINE]:
+        if name not in OFFLINE and name not in ONLINE:
+            parser.error(f"unknown method {name!r}; expected one of {sorted(OFFLINE) + sorted(ONLINE)}")
+        gains, lines = [], []
+        for seed in args.seeds:
+            started = time.perf_counter()
+            m = OFFLINE[name](seed) if name in OFFLINE else run_online(name, seed)
+            gains.append(m.gain)
+            extra = "" if m.extra_after is None else f" (companion {m.extra_before:.3f} -> {m.extra_after:.3f})"
+            lines.append(f"  seed {seed}: {m.before:.4f} -> {m.after:.4f}, gain {m.gain:+.4f}{extra} "
+                         f"[{time.perf_counter() - started:.1f} s]")
+        print(f"{name}: gain min {min(gains):+.4f} mean {statistics.mean(gains):+.4f}", *lines, sep="\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""One learning run per method: build the module, measure, train a few steps with a Lightning
+Trainer, measure again. The tests (`test_offline.py`, `test_online.py`) assert on these runs;
+`python -m tests.learning.measure` reruns them over more seeds to re-derive the thresholds.
+
+Every method trains on the tiny random model (`tests.learning.tasks`) with `lr_scheduler:
+constant` and the temperature and KL coefficient given explicitly, so a change of a module's
+defaults does not change what is measured.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from lit_rlhf.data.collate import PreferenceCollator, SFTCollator, SingleCollator
+from lit_rlhf.models import load_tokenizer
+from lit_rlhf.modules import DPOModule, DROVModule, GRPOModule, KTOModule, PPOModule, RewardModule, RLOOModule, SFTModule
+from lit_rlhf.types import split_pair
+from tests.learning.tasks import (
+    LetterReward,
+    eos_bias,
+    expected_letter_reward,
+    labelled_rows,
+    make_prompts,
+    preference_rows,
+    prompt_loader,
+    scored_rows,
+    sequence_logps,
+    sft_rows,
+)
+
+MODEL = "tiny-random-llama"
+HELD_OUT_SEED = 1000  # the held-out rows and prompts; training rows come from the run's seed
+HELD_OUT_ROWS = 32
+
+# offline: optimizer steps of BATCH rows each over TRAIN_ROWS rows (one epoch at 8 steps)
+STEPS, BATCH, TRAIN_ROWS = 8, 8, 64
+
+# online: ROLLOUTS rollouts of PROMPTS prompts (x G generations) and LENGTH-token responses
+ROLLOUTS, PROMPTS, GENERATIONS, LENGTH, TEMPERATURE = 8, 4, 8, 8, 1.0
+PPO_PROMPTS = 16
+EVAL_PROMPTS, EVAL_SAMPLES = 8, 32
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A progress measure before and after training (`value`), and its companion (`extra`:
+    an accuracy, a correlation; None when the measure has none)."""
+
+    before: float
+    after: float
+    extra_before: float | None = None
+    extra_after: float | None = None
+
+    @property
+    def gain(self) -> float:
+        return self.after - self.before
+
+
+def quiet_trainer(**kwargs: Any) -> L.Trainer:
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, num_sanity_val_steps=0, **kwargs)
+
+
+def fit_offline(module, rows, collate) -> None:
+    loader = DataLoader(rows, batch_size=BATCH, shuffle=True, collate_fn=collate, drop_last=True)
+    quiet_trainer(max_steps=STEPS).fit(module, loader)
+
+
+# --------------------------------------------------------------------------------------------
+# offline methods: held-out rows whose true ordering is known
+# --------------------------------------------------------------------------------------------
+
+
+def logratio_margin(module, batch) -> tuple[float, float]:
+    """Held-out pairs: mean (chosen - rejected) of log(pi/pi_ref) (the implicit reward over
+    beta), and the share of pairs where it is positive."""
+    policy = sequence_logps(module.policy, batch.input_ids, batch.attention_mask, batch.loss_mask)
+    ref = sequence_logps(module.ref_model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+    chosen, rejected = split_pair(policy - ref)
+    margin = chosen - rejected
+    return float(margin.mean()), float((margin > 0).float().mean())
+
+
+def run_sft(seed: int, **kwargs: Any) -> Measure:
+    """Held-out mean log-prob per completion token of the rule-following completions."""
+    L.seed_everything(seed, verbose=False)
+    module = SFTModule(model=MODEL, lr=1e-2, lr_scheduler="constant", **kwargs)
+    tok = module.tokenizer
+    collate = SFTCollator(tok.pad_token_id)
+    held = collate(sft_rows(tok, HELD_OUT_ROWS, HELD_OUT_SEED))
+
+    def token_logp() -> float:
+        return float(sequence_logps(module.policy, held.input_ids, held.attention_mask, held.loss_mask).sum()
+                     / held.loss_mask[:, 1:].sum())
+
+    before = token_logp()
+    fit_offline(module, sft_rows(tok, TRAIN_ROWS, seed), collate)
+    return Measure(before, token_logp())
+
+
+def run_reward(seed: int, **kwargs: Any) -> Measure:
+    """Held-out pairs: mean reward margin (chosen - rejected), and accuracy."""
+    L.seed_everything(seed, verbose=False)
+    module = RewardModule(model=MODEL, lr=1e-3, lr_scheduler="constant", **kwargs)
+    tok = module.tokenizer
+    collate = PreferenceCollator(tok.pad_token_id)
+    held = collate(preference_rows(tok, HELD_OUT_ROWS, HELD_OUT_SEED))
+
+    @torch.no_grad()
+    def margin() -> tuple[float, float]:
+        module.eval()
+        chosen, rejected = module.pair_rewards(held)
+        module.train()
+        return float((chosen - rejected).mean()), float((chosen > rejected).float().mean())
+
+    (before, acc_before) = margin()
+    fit_offline(module, preference_rows(tok, TRAIN_ROWS, seed), collate)
+    after, acc_after = margin()
+    return Measure(before, after, acc_before, acc_after)
+
+
+def run_dpo(seed: int, loss_type: str = "sigmoid", beta: float = 0.1, steps: int | None = None, **kwargs: Any) -> Measure:
+    """Held-out pairs: mean log-ratio margin (chosen - rejected), and accuracy."""
+    L.seed_everything(seed, verbose=False)
+    module = DPOModule(model=MODEL, beta=beta, loss_type=loss_type, lr=1e-3, lr_scheduler="constant", **kwargs)
+    tok = module.tokenizer
+    collate = PreferenceCollator(tok.pad_token_id)
+    held = collate(preference_rows(tok, HELD_OUT_ROWS, HELD_OUT_SEED))
+    before, acc_before = logratio_margin(module, held)
+    rows = preference_rows(tok, TRAIN_ROWS, seed)
+    loader = DataLoader(rows, batch_size=BATCH, shuffle=True, collate_fn=collate, drop_last=True)
+    quiet_trainer(max_steps=steps or STEPS).fit(module, loader)
+    after, acc_after = logratio_margin(module, held)
+    return Measure(before, after, acc_before, acc_after)
+
+
+def run_kto(seed: int, **kwargs: Any) -> Measure:
+    """Held-out unpaired rows: mean log(pi/pi_ref) of the desirable minus the undesirable ones."""
+    L.seed_everything(seed, verbose=False)
+    module = KTOModule(model=MODEL, beta=0.1, lr=1e-3, lr_scheduler="constant", **kwargs)
+    tok = module.tokenizer
+    collate = SingleCollator(tok.pad_token_id, with_labels=True)
+    held = collate(labelled_rows(tok, HELD_OUT_ROWS, HELD_OUT_SEED))
+
+    def margin() -> float:
+        policy = sequence_logps(module.policy, held.input_ids, held.attention_mask, held.loss_mask)
+        ref = sequence_logps(module.ref_model, held.input_ids, held.attention_mask, held.loss_mask)
+        ratio = policy - ref
+        return float(ratio[held.labels].mean() - ratio[~held.labels].mean())
+
+    before = margin()
+    fit_offline(module, labelled_rows(tok, TRAIN_ROWS, seed), collate)
+    return Measure(before, margin())
+
+
+def run_drov(seed: int, tau: float = 1.0, **kwargs: Any) -> Measure:
+    """Held-out single trajectories: the least-squares slope of log(pi/pi_ref) on the normalised
+    reward (DRO's optimum, tau * log(pi/pi_ref) = r - V(x), has slope 1 / tau), and the
+    correlation of the two."""
+    L.seed_everything(seed, verbose=False)
+    module = DROVModule(model=MODEL, tau=tau, lr=1e-3, value_lr=1e-3, lr_scheduler="constant", **kwargs)
+    tok = module.tokenizer
+    rows = scored_rows(tok, TRAIN_ROWS, seed)
+    rewards = torch.tensor([row["_reward"] for row in rows], dtype=torch.float64)
+    collate = SingleCollator(tok.pad_token_id, reward_mean=float(rewards.mean()), reward_std=float(rewards.std()))
+    held = collate(scored_rows(tok, HELD_OUT_ROWS, HELD_OUT_SEED))
+
+    def slope() -> tuple[float, float]:
+        policy = sequence_logps(module.policy, held.input_ids, held.attention_mask, held.loss_mask)
+        ref = sequence_logps(module.ref_model, held.input_ids, held.attention_mask, held.loss_mask)
+        x = held.rewards.double() - held.rewards.double().mean()
+        y = (policy - ref).double()
+        y = y - y.mean()
+        correlation = float((x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt()) if bool((y != 0).any()) else 0.0
+        return float((x * y).sum() / (x * x).sum()), correlation
+
+    before, corr_before = slope()
+    fit_offline(module, rows, collate)
+    after, corr_after = slope()
+    return Measure(before, after, corr_before, corr_after)
+
+
+OFFLINE: dict[str, Callable[[int], Measure]] = {
+    "sft": run_sft,
+    "reward": run_reward,
+    "dpo": lambda seed: run_dpo(seed, "sigmoid"),
+    "ipo": lambda seed: run_dpo(seed, "ipo"),
+    "hinge": lambda seed: run_dpo(seed, "hinge"),
+    "kto": run_kto,
+    "drov": run_drov,
+}
+
+# --------------------------------------------------------------------------------------------
+# online methods: the expected LetterReward on held-out prompts
+# --------------------------------------------------------------------------------------------
+
+# (module class, arguments, EOS bias). GRPO-family options as their papers set them; every
+# method gets the KL coefficient and the temperature explicitly. The group methods sample
+# PROMPTS x GENERATIONS responses per rollout, PPO (one response per prompt) PPO_PROMPTS.
+ONLINE: dict[str, tuple[type, dict[str, Any], float | None]] = {
+    "grpo": (GRPOModule, dict(advantage="grpo", scale="group", kl_coef=0.04, num_iterations=2), None),
+    "grpo_rloo_advantage": (GRPOModule, dict(advantage="rloo", kl_coef=0.04), None),
+    # Dr. GRPO (Liu et al. 2025): no std scaling, a constant normaliser instead of the length
+    "dr_grpo": (GRPOModule, dict(scale="none", aggregation="constant_normalizer", kl_coef=0.0), None),
+    # DAPO (Yu et al. 2025): clip-higher, dynamic sampling, token mean, overlong filtering, no KL;
+    # responses end early at random (an EOS bias), so the overlong filter keeps some of them
+    "dapo": (GRPOModule, dict(clip_eps_low=0.2, clip_eps_high=0.28, dynamic_sampling=True, mask_truncated=True,
+                              aggregation="token_mean", kl_coef=0.0), 4.0),
+    # GSPO (Zheng et al. 2025): sequence-level ratio with its tiny clip ranges, two passes
+    "gspo": (GRPOModule, dict(importance_sampling="sequence", clip_eps_low=3e-4, clip_eps_high=4e-4, kl_coef=0.0,
+                              num_iterations=2), None),
+    "reinforce_pp": (GRPOModule, dict(advantage="reinforce_pp", kl_coef=0.01), None),
+    "reinforce_pp_baseline": (GRPOModule, dict(advantage="reinforce_pp_baseline", kl_coef=0.01), None),
+    "rloo": (RLOOModule, dict(kl_coef=0.01), None),
+    "ppo": (PPOModule, dict(kl_coef=0.01, ppo_epochs=2, num_minibatches=1), None),
+}
+
+
+def run_online(name: str, seed: int) -> Measure:
+    """Expected LetterReward of the policy on held-out prompts before and after ROLLOUTS rollouts."""
+    cls, kwargs, bias = ONLINE[name]
+    L.seed_everything(seed, verbose=False)
+    generations, prompts = (1, PPO_PROMPTS) if cls is PPOModule else (GENERATIONS, PROMPTS)
+    tok = load_tokenizer(MODEL)
+    extra = {} if cls is PPOModule else {"num_generations": generations}
+    module = cls(model=MODEL, reward_fns=[LetterReward(tok, LENGTH)], max_new_tokens=LENGTH, temperature=TEMPERATURE,
+                 lr=1e-2, lr_scheduler="constant", total_episodes=ROLLOUTS * prompts * generations,
+                 log_completions_every_n_steps=0, **extra, **kwargs)
+    if bias is not None:
+        eos_bias(module, bias)
+    held_out = make_prompts(EVAL_PROMPTS, HELD_OUT_SEED)
+    train = [p for p in make_prompts(2 * prompts + EVAL_PROMPTS, seed) if p not in held_out][: 2 * prompts]
+
+    def expected() -> float:
+        return expected_letter_reward(module.policy, tok, held_out, LENGTH, TEMPERATURE, EVAL_SAMPLES)
+
+    before = expected()
+    quiet_trainer(max_epochs=-1).fit(module, prompt_loader(tok, train, prompts))
+    return Measure(before, expected())
