@@ -30,6 +30,10 @@ def test_bundled_files_are_what_the_script_writes(tmp_path):
     arithmetic = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(arithmetic)
     arithmetic.main(tmp_path)
+    spec = importlib.util.spec_from_file_location("make_keyfact", BUNDLED_DIR / "make_keyfact.py")
+    keyfact = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(keyfact)
+    keyfact.main(tmp_path)
     written = sorted(p.name for p in tmp_path.glob("*.jsonl"))
     assert written == sorted(p.name for p in BUNDLED_DIR.glob("*.jsonl"))
     for name in written:
@@ -38,7 +42,8 @@ def test_bundled_files_are_what_the_script_writes(tmp_path):
 
 def test_aliases():
     table = bundled_aliases()
-    assert set(table) == {"tldr_sft", "tldr_comparisons", "ultrafeedback_binarized", "ultrafeedback", "arithmetic"}
+    assert set(table) == {"tldr_sft", "tldr_comparisons", "ultrafeedback_binarized", "ultrafeedback", "arithmetic",
+                          "keyfact_sft", "keyfact_comparisons"}
     assert set(table["tldr_sft"]) == {"train", "validation", "test"}
     assert set(table["ultrafeedback_binarized"]) == {"train_prefs", "test_prefs"}
     with pytest.raises(DataSourceError, match="unknown bundled dataset"):
@@ -51,6 +56,8 @@ def test_aliases():
         (TLDRSFTDataModule, "bundled:tldr_sft", {}, SFTBatch),
         (TLDRPromptDataModule, "bundled:tldr_sft", {}, PromptBatch),
         (TLDRPreferenceDataModule, "bundled:tldr_comparisons", {"margin_from": "confidence"}, PreferenceBatch),
+        (TLDRPromptDataModule, "bundled:keyfact_sft", {}, PromptBatch),
+        (TLDRPreferenceDataModule, "bundled:keyfact_comparisons", {"val_split": "test"}, PreferenceBatch),
         (UltraFeedbackPreferenceDataModule, "bundled:ultrafeedback_binarized", {}, PreferenceBatch),
         (UltraFeedbackPromptDataModule, "bundled:ultrafeedback_binarized", {}, PromptBatch),
         (UltraFeedbackSingleDataModule, "bundled:ultrafeedback",
@@ -86,3 +93,30 @@ def test_constructor_signatures_parse_with_jsonargparse():
         cfg = parser.parse_args(["--data.path=bundled:tldr_sft", "--data.tokenizer=tiny-random-llama",
                                  "--data.on_bad_rows=skip", "--data.limit=4", '--data.split_map={"a": "b"}'])
         assert cfg.data.on_bad_rows == "skip" and cfg.data.limit == 4 and cfg.data.split_map == {"a": "b"}
+
+
+def test_keyfact_pairs_are_noisy_graded_and_length_matched():
+    """The main job's preference data is not separable by construction: labels follow the gold
+    through Bradley-Terry noise, and a length cue cannot split the pairs."""
+    import json
+
+    from lit_rlhf.judges.keyfact import keyfact_recall
+
+    for split in ("train", "test"):
+        rows = [json.loads(line) for line in (BUNDLED_DIR / f"keyfact_comparisons.{split}.jsonl").open()]
+        posts = {json.loads(line)["post"]: json.loads(line)["summary"]
+                 for s in ("train", "validation", "test") for line in (BUNDLED_DIR / f"keyfact_sft.{s}.jsonl").open()}
+        agree = longer = 0
+        for row in rows:
+            texts = [s["text"] for s in row["summaries"]]
+            golds = [keyfact_recall(t, posts[row["info"]["post"]]) for t in texts]
+            assert [f"gold={g:.3f}" for g in golds] == [s["note"] for s in row["summaries"]]
+            assert golds[0] != golds[1]
+            assert len(texts[0].split()) == len(texts[1].split())
+            agree += golds[row["choice"]] > golds[1 - row["choice"]]
+            longer += len(texts[row["choice"]].split()) > len(texts[1 - row["choice"]].split())
+        assert 0.8 <= agree / len(rows) <= 0.97, agree / len(rows)  # noisy, but mostly right
+        assert longer / len(rows) < 0.6, longer / len(rows)
+    held_out = {json.loads(line)["title"] for line in (BUNDLED_DIR / "keyfact_sft.test.jsonl").open()}
+    trained = {json.loads(line)["title"] for line in (BUNDLED_DIR / "keyfact_sft.train.jsonl").open()}
+    assert len(held_out) == 64 and not held_out & trained  # held-out posts are new person x situation pairs

@@ -1,0 +1,190 @@
+"""Write the bundled `keyfact` data: TL;DR-style posts with a gold key fact, and noisy gold pairs.
+
+The main job's data (scripts/quickstart.sh). Every text is synthetic, written by this script:
+
+- `keyfact_sft.{train,validation,test}.jsonl` (160 / 32 / 64 rows), the TL;DR SFT schema
+  (`id, subreddit, title, post, summary`): 16 people x 16 situations, each combination in exactly
+  one split, so the held-out posts are situations-for-people never seen in training. `summary`
+  is the post's key fact, the reference the gold judge scores against
+  (`lit_rlhf.judges.keyfact.keyfact_recall`). Each post also carries distractor details (an age,
+  a city, how long it has gone on) that a summary can copy without stating the fact.
+- `keyfact_comparisons.{train,test}.jsonl` (160 / 96 rows), the raw comparisons schema: two
+  candidate summaries of graded gold quality (the full fact; the fact with one or two of its
+  content words made vague; a sentence or the title copied from the post, each holding part of
+  the fact; the person only; copied distractor details; a reply to the post's question; a
+  generic line), padded
+  with filler words to the same number of words, so length cannot split them.
+  The label is drawn from Bradley-Terry on the gold, P(first preferred) =
+  sigmoid((gold_first - gold_second) / TEMPERATURE), so near-ties are close to coin flips and
+  about one label in ten disagrees with the gold (train 10%, test 5%) (Gao et al. 2023's synthetic-gold labels).
+  `extra.confidence` (1-9) grows with the gold gap; `note` holds the gold score of each summary.
+  Train pairs come from train posts, test pairs from test posts.
+
+Run: `python lit_rlhf/data/bundled/make_keyfact.py [OUT_DIR]` (or make_bundled.py, which calls it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+from lit_rlhf.judges.keyfact import content_words, keyfact_recall
+
+HERE = Path(__file__).resolve().parent
+SEED = 20261125
+TEMPERATURE = 0.15  # Bradley-Terry temperature of the labels, in gold units
+
+PEOPLE = [("roommate", "relationships"), ("sister", "relationships"), ("boss", "jobs"), ("neighbour", "legaladvice"),
+          ("coworker", "jobs"), ("friend", "relationships"), ("landlord", "legaladvice"), ("dad", "personalfinance"),
+          ("mom", "relationship_advice"), ("brother", "relationship_advice"), ("girlfriend", "relationships"),
+          ("boyfriend", "relationships"), ("cousin", "relationship_advice"), ("manager", "jobs"),
+          ("husband", "relationships"), ("flatmate", "legaladvice")]
+# (title, first paragraph, second paragraph, key fact); {who} is the person
+SITUATIONS = [
+    ("{Who} keeps borrowing my car", "My {who} borrows my car most weekends.", "Last time it came back with an empty tank.",
+     "{who} returns my car with an empty tank"),
+    ("{Who} owes me money", "I lent my {who} $200 in March.", "Now they avoid the topic when I ask.",
+     "{who} owes me $200 and avoids paying"),
+    ("{Who} plays drums at night", "My {who} practises drums after midnight.", "I have work at 7am and can't sleep.",
+     "{who} drums after midnight, I can't sleep"),
+    ("{Who} read my diary", "I found out my {who} read my diary.", "They quoted it back to me in a fight.",
+     "{who} read my diary and quoted it in a fight"),
+    ("{Who} forgot my birthday again", "My {who} forgot my birthday for the third year.", "I pretended not to care but I do.",
+     "{who} forgot my birthday three years running"),
+    ("{Who} takes credit for my ideas", "In meetings my {who} presents my ideas.", "Nobody knows the plans were mine.",
+     "{who} presents my ideas as their own"),
+    ("{Who} wants me to move out", "My {who} gave me two weeks to move out.", "I have nowhere to go yet.",
+     "{who} gave me two weeks to move out"),
+    ("{Who} adopted a loud parrot", "My {who} got a parrot that screams all day.", "I work from home and it's constant.",
+     "{who}'s parrot screams all day"),
+    ("{Who} eats my lunch", "My {who} keeps eating the lunch I pack for work.", "Yesterday my whole lasagna was gone.",
+     "{who} eats my packed lunch, even my lasagna"),
+    ("{Who} posted my photos", "My {who} posted my baby photos online.", "Nobody asked me and they got hundreds of likes.",
+     "{who} posted my baby photos without asking"),
+    ("{Who} wants a loan for a boat", "My {who} asked me for $5000.", "It is to buy a fishing boat.",
+     "{who} wants $5000 from me for a boat"),
+    ("{Who} smokes on the balcony", "My {who} smokes on the balcony every evening.", "The smoke drifts into my bedroom.",
+     "{who} smokes on the balcony, smoke fills my bedroom"),
+    ("{Who} cancelled our trip", "My {who} cancelled our Paris trip the night before.", "I had already paid for the hotel.",
+     "{who} cancelled our Paris trip after I paid the hotel"),
+    ("{Who} fed my dog chocolate", "My {who} gave my dog chocolate while I was out.", "He was sick all night and we went to the vet.",
+     "{who} fed my dog chocolate, vet visit"),
+    ("{Who} broke my laptop", "My {who} spilled coffee on my laptop.", "It won't turn on and they refuse to pay.",
+     "{who} broke my laptop with coffee, won't pay"),
+    ("{Who} reads my texts", "My {who} goes through my phone when I shower.", "I caught them reading my texts twice.",
+     "{who} reads my texts on my phone"),
+]
+CITIES = ["Leeds", "Denver", "Austin", "Dublin", "Toronto", "Perth", "Boston", "Oslo"]
+QUESTIONS = ["What should I do?", "How do I bring it up?", "Am I overreacting?", "Any advice?"]
+VAGUE = ["Long story, need advice.", "Not sure what to do here.", "Drama at home, help?", "Need some advice please."]
+FILLERS = ["honestly", "so yeah", "idk", "ugh", "help", "please", "anyway", "lol"]
+VAGUE_WORDS = ["something", "stuff", "things", "it"]
+ANSWERS = ["Just talk to them about it.", "No, you are not overreacting.", "Don't bring it up.", "Set a boundary.",
+           "No advice, sorry.", "Move on and forget it."]
+
+
+def _combos(rng: random.Random) -> dict[str, list[tuple[int, int]]]:
+    combos = [(p, s) for p in range(len(PEOPLE)) for s in range(len(SITUATIONS))]
+    rng.shuffle(combos)
+    return {"test": sorted(combos[:64]), "validation": sorted(combos[64:96]), "train": sorted(combos[96:])}
+
+
+def _post(combo: tuple[int, int], rng: random.Random, index: int) -> dict:
+    who, subreddit = PEOPLE[combo[0]]
+    title, first, second, fact = SITUATIONS[combo[1]]
+    fill = {"who": who, "Who": who.capitalize()}
+    age, city, years = rng.randint(19, 45), rng.choice(CITIES), rng.randint(2, 9)
+    post = "\n\n".join([f"{first.format(**fill)} I'm {age} and live in {city}.",
+                        f"We have known each other for {years} years. {second}", rng.choice(QUESTIONS)])
+    return {"id": f"keyfact_{index:04d}", "subreddit": subreddit, "title": title.format(**fill), "post": post,
+            "summary": fact.format(**fill)[0].upper() + fact.format(**fill)[1:] + ".",
+            "_who": who, "_details": (age, city, years), "_sentences": (first.format(**fill), second.format(**fill))}
+
+
+def _candidates(row: dict, rng: random.Random) -> dict[str, str]:
+    """Candidate summaries of graded gold quality (see the module docstring)."""
+    fact = row["summary"]
+    words = fact.rstrip(".").split(" ")
+    key = content_words(fact)
+    replaceable = [i for i, w in enumerate(words) if content_words(w) & key and row["_who"] not in w.lower()]
+    out = {"full": fact}
+    for k in (1, 2):
+        vague = list(words)
+        for i in rng.sample(replaceable, min(k, len(replaceable))):
+            vague[i] = rng.choice(VAGUE_WORDS)
+        out[f"drop{k}"] = " ".join(vague) + "."
+    age, city, years = row["_details"]
+    out["who"] = f"Issue with my {row['_who']}, need advice."
+    out["details"] = rng.choice([f"I'm {age}, live in {city}, {years} years.", f"{years} years, {city}, I'm {age}.",
+                                 f"I'm {age} and live in {city}."])
+    out["vague"] = rng.choice(VAGUE)
+    out["answer"] = rng.choice(ANSWERS)
+    # sentences copied from the post: the one with the situation and the one with its consequence
+    # each carry part of the key fact, the title less of it, the closing question none
+    first, second = row["_sentences"]
+    out["copy_first"], out["copy_second"], out["copy_title"] = first, second, row["title"] + "."
+    return out
+
+
+def _pad(a: str, b: str, rng: random.Random) -> tuple[str, str]:
+    """Filler words appended to the shorter text until the two have as many words."""
+    while len(a.split()) != len(b.split()):
+        if len(a.split()) < len(b.split()):
+            a = f"{a} {rng.choice(FILLERS)}"
+        else:
+            b = f"{b} {rng.choice(FILLERS)}"
+    return a, b
+
+
+def _pairs(rows: list[dict], n: int, rng: random.Random, split_tag: str) -> list[dict]:
+    out = []
+    while len(out) < n:
+        row = rows[len(out) % len(rows)]
+        cands = _candidates(row, rng)
+        kind_a, kind_b = rng.sample(sorted(cands), 2)
+        text_a, text_b = _pad(cands[kind_a], cands[kind_b], rng)
+        gold_a, gold_b = keyfact_recall(text_a, row["summary"]), keyfact_recall(text_b, row["summary"])
+        if gold_a == gold_b:
+            continue  # a pair the gold cannot order teaches nothing
+        choice = 0 if rng.random() < 1.0 / (1.0 + math.exp(-(gold_a - gold_b) / TEMPERATURE)) else 1
+        out.append({
+            "info": {"id": row["id"], "post": row["post"], "title": row["title"], "subreddit": row["subreddit"]},
+            "split": split_tag,
+            "summaries": [{"text": " " + text_a, "policy": f"keyfact_{kind_a}", "note": f"gold={gold_a:.3f}"},
+                          {"text": " " + text_b, "policy": f"keyfact_{kind_b}", "note": f"gold={gold_b:.3f}"}],
+            "choice": choice,
+            "worker": "gold_bradley_terry",
+            "batch": f"keyfact_{split_tag}",
+            "extra": {"confidence": 1 + min(8, int(abs(gold_a - gold_b) * 9))},
+        })
+    return out
+
+
+def keyfact(rng: random.Random) -> dict[str, dict[str, list[dict]]]:
+    combos = _combos(rng)
+    posts, start = {}, 0
+    for split in ("train", "validation", "test"):
+        posts[split] = [_post(c, rng, start + i) for i, c in enumerate(combos[split])]
+        start += len(combos[split])
+    public = {s: [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows] for s, rows in posts.items()}
+    comparisons = {"train": _pairs(posts["train"], 160, rng, "train"), "test": _pairs(posts["test"], 96, rng, "test")}
+    return {"keyfact_sft": public, "keyfact_comparisons": comparisons}
+
+
+def main(out_dir: Path = HERE) -> None:
+    out_dir = Path(out_dir)
+    for name, splits in keyfact(random.Random(SEED)).items():
+        for split, rows in splits.items():
+            path = out_dir / f"{name}.{split}.jsonl"
+            with path.open("w") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            print(f"wrote {len(rows):3d} rows to {path.name}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
