@@ -20,7 +20,8 @@ The main job's data (scripts/quickstart.sh). Every text is synthetic, written by
   `extra.confidence` (1-9) grows with the gold gap; `note` holds the gold score of each summary.
   Train pairs come from train posts, test pairs from test posts.
 
-Run: `python lit_rlhf/data/bundled/make_keyfact.py [OUT_DIR]` (or make_bundled.py, which calls it).
+Run: `python lit_rlhf/data/bundled/make_keyfact.py [OUT_DIR]` (default: rewrites the files next to it; a test
+checks that the committed files are exactly what it writes).
 """
 
 from __future__ import annotations

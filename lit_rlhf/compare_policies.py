@@ -1,0 +1,201 @@
+"""Did training make the policy better? Two policies on the same held-out prompts, paired.
+
+    python -m lit_rlhf.compare_policies \\
+        --before smollm2-135m-instruct --after outputs/quickstart/policy \\
+        --prompts bundled:keyfact_sft --split test --num_prompts 64 \\
+        --reward_model outputs/quickstart/reward_model \\
+        --pairs bundled:keyfact_comparisons --pairs_split test \\
+        --gold keyfact --output outputs/quickstart/results.json
+
+Each policy completes every prompt greedily (our KV-cache sampler, D23 cut after the first EOS),
+so the comparison is deterministic and paired prompt by prompt. Reported, each with its 95%
+interval (`lit_rlhf.evaluation.paired`):
+
+- `reward`: the reward model's score (the objective the policy optimised), read at the EOS or the
+  last token of prompt + completion token ids exactly as the online modules score rollouts (D12),
+  before and after, as a paired difference;
+- `gold`: the independent gold measure (`--gold keyfact`: `lit_rlhf.judges.keyfact`, recall of the
+  key fact each post carries, which neither the policy nor the reward model ever saw), as a paired
+  difference, and `gold_win_rate`: how often the trained policy's completion beats the starting
+  policy's on the gold, ties as half;
+- `reward_model`: accuracy on held-out preference pairs (`--pairs`), with its Wilson interval, and
+  its agreement with the gold on the pairs where the gold orders the two summaries.
+
+The JSON result (`--output`) holds the settings, the date, the machine and its load, the summary
+and one row per prompt (both completions and all their scores) for re-analysis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, proportion
+from lit_rlhf.generation import SamplingConfig, decode_responses, generate_responses
+
+GOLDS = ("keyfact",)
+
+
+def machine() -> dict[str, Any]:
+    """Where and under what load a result was measured."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "load_average_1_5_15": [round(x, 2) for x in load],
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+@torch.no_grad()
+def complete(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
+             batch_size: int) -> tuple[list[str], list[list[int]]]:
+    """Greedy completions: (texts without EOS, response token ids with the EOS when sampled)."""
+    from lit_rlhf.data.collate import pad_left
+
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, do_sample=False)
+    texts, ids_out = [], []
+    for start in range(0, len(prompt_ids), batch_size):
+        ids, mask = pad_left(prompt_ids[start : start + batch_size], tokenizer.pad_token_id)  # (b, P)
+        response_ids, response_mask, _ = generate_responses(model, ids, mask, sampling, tokenizer.eos_token_id,
+                                                            tokenizer.pad_token_id)  # (b, R)
+        texts.extend(decode_responses(tokenizer, response_ids, response_mask))
+        ids_out.extend([t for t, m in zip(row, keep) if m] for row, keep in zip(response_ids.tolist(),
+                                                                                  response_mask.tolist()))
+    return texts, ids_out
+
+
+@torch.no_grad()
+def reward_scores(reward_model: torch.nn.Module, pad_token_id: int, prompt_ids: Sequence[Sequence[int]],
+                  completion_ids: Sequence[Sequence[int]], batch_size: int) -> list[float]:
+    """The reward of each prompt + completion, left padded and read at the last real token (D12, D14)."""
+    from lit_rlhf.data.collate import pad_left
+    from lit_rlhf.rewards.sources import reward_model_scores
+
+    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
+    out: list[float] = []
+    for start in range(0, len(rows), batch_size):
+        ids, mask = pad_left(rows[start : start + batch_size], pad_token_id)
+        out.extend(reward_model_scores(reward_model, ids, mask).tolist())
+    return out
+
+
+def heldout_pairs(reward_model: torch.nn.Module, tokenizer: Any, path: str, split: str,
+                  batch_size: int) -> dict[str, Any]:
+    """The reward model's accuracy on held-out pairs, and its agreement with the gold label of each pair.
+
+    The gold of a pair is read from its summaries' `note` ("gold=<score>") when the data has it."""
+    from lit_rlhf.data import TLDRPreferenceDataModule
+
+    dm = TLDRPreferenceDataModule(path=path, tokenizer=tokenizer, train_split=None, val_split=split)
+    ds = dm.dataset("val")
+    prompts = [list(map(int, p)) for p in ds["_prompt_ids"]]
+    chosen = reward_scores(reward_model, tokenizer.pad_token_id, prompts, ds["_chosen_ids"], batch_size)
+    rejected = reward_scores(reward_model, tokenizer.pad_token_id, prompts, ds["_rejected_ids"], batch_size)
+    correct = [float(c > r) for c, r in zip(chosen, rejected)]
+    out: dict[str, Any] = {"path": path, "split": split, "accuracy": proportion(sum(correct), len(correct)).as_dict()}
+    gold = gold_of_pairs(dm, split)
+    if gold is not None:
+        agree = [c > r for (c, r), (gc, gr) in zip(zip(chosen, rejected), gold) if gc != gr]
+        wins = [gc > gr for gc, gr in gold if gc != gr]
+        out["agreement_with_gold"] = proportion(sum(a == w for a, w in zip(agree, wins)), len(wins)).as_dict()
+        out["labels_agreeing_with_gold"] = proportion(sum(wins), len(wins)).as_dict()
+    return out
+
+
+def gold_of_pairs(dm: Any, split: str) -> list[tuple[float, float]] | None:
+    """(gold of chosen, gold of rejected) per row, from the raw rows' `note` fields, or None."""
+    raw = dm.source.load(dm.splits["val"])
+    out = []
+    for row in raw:
+        notes = [str(s.get("note") or "") for s in row["summaries"]]
+        if not all(n.startswith("gold=") for n in notes):
+            return None
+        golds = [float(n[5:]) for n in notes]
+        out.append((golds[row["choice"]], golds[1 - row["choice"]]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", required=True, help="the starting policy: model name, exported dir or .ckpt")
+    parser.add_argument("--after", required=True, help="the trained policy, like --before")
+    parser.add_argument("--prompts", required=True, help="data path of the prompts (bundled:<name>, a file, a hub id)")
+    parser.add_argument("--data_class", default="lit_rlhf.data.TLDRPromptDataModule")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--num_prompts", type=int, default=64)
+    parser.add_argument("--reward_model", required=True, help="the reward model the policy optimised")
+    parser.add_argument("--gold", choices=GOLDS, default="keyfact", help="the independent gold measure")
+    parser.add_argument("--pairs", default=None, help="held-out preference pairs for the reward model's accuracy")
+    parser.add_argument("--pairs_split", default="test")
+    parser.add_argument("--max_new_tokens", type=int, default=24)
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--output", default=None, help="write the JSON result here")
+    args = parser.parse_args(argv)
+
+    from lit_rlhf.judge_policy import load_policy, load_prompts
+    from lit_rlhf.judges.keyfact import KeyFactJudge
+    from lit_rlhf.rewards.sources import load_reward_model
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        timings[name] = round(time.perf_counter() - clock, 1)
+        clock = time.perf_counter()
+
+    completions: dict[str, tuple[list[str], list[list[int]]]] = {}
+    prompts = None
+    for role in ("before", "after"):
+        model, tokenizer = load_policy(getattr(args, role))
+        if prompts is None:
+            prompts = load_prompts(args.prompts, tokenizer, args.data_class, args.split, args.num_prompts)
+        lap(f"load_{role}")
+        completions[role] = complete(model, tokenizer, prompts.prompt_ids, args.max_new_tokens, args.batch_size)
+        lap(f"generate_{role}")
+        del model
+    reward_model = load_reward_model(args.reward_model, tokenizer).eval()
+    lap("load_reward_model")
+    rewards = {role: reward_scores(reward_model, tokenizer.pad_token_id, prompts.prompt_ids, ids, args.batch_size)
+               for role, (_, ids) in completions.items()}
+    lap("score")
+    gold = KeyFactJudge(prompts.require_references())
+    golds = {role: gold.scores(texts) for role, (texts, _) in completions.items()}
+    result: dict[str, Any] = {
+        "created": started.isoformat(timespec="seconds"),
+        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
+        "machine": machine(),
+        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+        "settings": vars(args),
+        "reward": paired_difference(rewards["before"], rewards["after"]).as_dict(),
+        "gold": paired_difference(golds["before"], golds["after"]).as_dict(),
+        "gold_win_rate": paired_win_rate(golds["before"], golds["after"]).as_dict(),
+    }
+    if args.pairs:
+        result["reward_model"] = heldout_pairs(reward_model, tokenizer, args.pairs, args.pairs_split, args.batch_size)
+        lap("heldout_pairs")
+    result["timings"] = timings
+    result["samples"] = [
+        {"prompt": p, "reference": ref, "before": completions["before"][0][i], "after": completions["after"][0][i],
+         "reward_before": rewards["before"][i], "reward_after": rewards["after"][i],
+         "gold_before": golds["before"][i], "gold_after": golds["after"][i]}
+        for i, (p, ref) in enumerate(zip(prompts.prompts, prompts.references))
+    ]
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    summary = {k: v for k, v in result.items() if k != "samples"}
+    print(json.dumps(summary, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
