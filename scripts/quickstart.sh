@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
 # The main job: a miniature of the full RLHF pipeline on the embedded default model
-# (SmolLM2-135M-Instruct) and the bundled TL;DR-style data, on a CPU, offline.
+# (SmolLM2-135M-Instruct) and the bundled keyfact TL;DR-style data, on a CPU, offline, and a
+# measure of whether it made the policy better that the policy never optimised.
 #
-#   bash scripts/quickstart.sh            # after `bash scripts/install.sh`
+#   bash scripts/quickstart.sh                      # after `bash scripts/install.sh`
+#   bash scripts/quickstart.sh --seed_everything 2  # extra arguments go to both `main.py fit` calls
 #
 # 1. reward model   python main.py fit --config configs/quickstart/reward.yaml
-# 2. GRPO           python main.py validate --config configs/quickstart/grpo.yaml   (starting policy)
-#                   python main.py fit --config configs/quickstart/grpo.yaml --config configs/quickstart/judge.yaml
-# 3. judge          (the JudgeEvalCallback of judge.yaml, at the end of step 2's fit)
-# then prints where everything is and the measured numbers. Outputs go to outputs/quickstart
-# (replaced on each run). Extra arguments are passed to every `main.py` call.
+#                   (noisy gold-labelled pairs; validation on 128 held-out pairs)
+# 2. GRPO           python main.py fit --config configs/quickstart/grpo.yaml
+# 3. evaluation     python -m lit_rlhf.compare_policies: the starting and the trained policy on 64
+#                   held-out posts; the reward model's score and the gold key-fact recall, paired
+# then writes $OUT/results.json and prints every figure with its 95% interval. Outputs go to
+# outputs/quickstart (replaced on each run; QUICKSTART_OUT moves the report's files, not the
+# configs' own output paths).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-OUT="${QUICKSTART_OUT:-outputs/quickstart}"
+OUT=outputs/quickstart
 rm -rf "$OUT"
 start=$(date +%s)
 echo "== 1/3 reward model =="
 python main.py fit --config configs/quickstart/reward.yaml "$@"
-echo "== 2/3 GRPO: the starting policy on the validation prompts =="
-python main.py validate --config configs/quickstart/grpo.yaml --trainer.logger.init_args.name grpo_start "$@"
-echo "== 2/3 GRPO: training, then 3/3 judging against the starting policy =="
-python main.py fit --config configs/quickstart/grpo.yaml --config configs/quickstart/judge.yaml "$@"
+echo "== 2/3 GRPO against the reward model =="
+python main.py fit --config configs/quickstart/grpo.yaml "$@"
+echo "== 3/3 the trained policy against the starting one, on held-out posts =="
+python -m lit_rlhf.compare_policies --before smollm2-135m-instruct --after "$OUT/policy" \
+  --prompts bundled:keyfact_sft --split test --num_prompts 64 --max_new_tokens 24 \
+  --reward_model "$OUT/reward_model" --pairs bundled:keyfact_comparisons --pairs_split test \
+  --gold keyfact --output "$OUT/comparison.json" > "$OUT/comparison.log"
 python scripts/quickstart_report.py "$OUT" --seconds $(( $(date +%s) - start ))

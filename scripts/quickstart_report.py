@@ -1,16 +1,27 @@
-"""Print where the quickstart wrote its logs, checkpoints and models, and what it measured.
+"""Collect what the quickstart measured into one results file, and print it.
 
     python scripts/quickstart_report.py outputs/quickstart [--seconds N]
 
-Reads the TensorBoard event files the three steps wrote (the same numbers TensorBoard shows).
+Reads step 3's paired comparison (`<out>/comparison.json`, written by
+`python -m lit_rlhf.compare_policies`) and the TensorBoard event files of steps 1 and 2 (the same
+numbers TensorBoard shows), writes `<out>/results.json` (settings, date, machine and load, every
+figure with its interval, and the per-prompt samples) and prints the report. The README's
+main-job figures are rendered from such files committed under `results/quickstart/`
+(`python scripts/render_results.py`).
+
+When the paired 95% interval of the optimised reward or of the gold does not lie above zero the
+report says so plainly; with `--strict` the exit status is then 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
@@ -22,51 +33,103 @@ def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def last(values: dict[str, list[tuple[int, float]]], tag: str) -> float | None:
-    series = values.get(tag)
-    return series[-1][1] if series else None
+def series(values: dict[str, list[tuple[int, float]]], tag: str) -> list[float]:
+    return [v for _, v in values.get(tag, [])]
 
 
-def fmt(value: float | None, pattern: str = "{:.3f}") -> str:
-    return "n/a" if value is None else pattern.format(value)
+def mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def collect(out: Path, seconds: int | None) -> dict[str, Any]:
+    comparison = json.loads((out / "comparison.json").read_text())
+    reward_logs, grpo_logs = scalars(out / "reward"), scalars(out / "grpo")
+    config = yaml.safe_load((out / "grpo" / "config.yaml").read_text()) if (out / "grpo" / "config.yaml").is_file() else {}
+    scores = series(grpo_logs, "train/objective/scores")
+    window = max(1, len(scores) // 4)
+    kl = series(grpo_logs, "train/objective/kl")
+    eos = series(grpo_logs, "train/response/eos_fraction")
+    return {
+        "created": comparison["created"],
+        "machine": comparison["machine"],
+        "seed": config.get("seed_everything"),
+        "wall_seconds": seconds,
+        "reward_model": {**comparison.get("reward_model", {}),
+                         "val_accuracy_logged": (series(reward_logs, "val/rewards/accuracy") or [None])[-1]},
+        "training": {"rollouts": len(scores),
+                     "train_scores_first_quarter": mean(scores[:window]),
+                     "train_scores_last_quarter": mean(scores[-window:]),
+                     "train_kl_last": kl[-1] if kl else None,
+                     "eos_fraction_mean": mean(eos)},
+        "reward": comparison["reward"],
+        "gold": comparison["gold"],
+        "gold_win_rate": comparison["gold_win_rate"],
+        "evaluation": {k: comparison["settings"][k] for k in ("prompts", "split", "num_prompts", "max_new_tokens", "gold")},
+        "samples": comparison["samples"],
+    }
+
+
+def interval(d: dict[str, Any], digits: int = 3) -> str:
+    return f"[{d['ci_low']:.{digits}f}, {d['ci_high']:.{digits}f}]"
+
+
+def report(results: dict[str, Any], out: Path) -> list[str]:
+    rm, reward, gold, win = results["reward_model"], results["reward"], results["gold"], results["gold_win_rate"]
+    acc = rm.get("accuracy")
+    lines = [
+        "=" * 78,
+        "lit_rlhf quickstart: SmolLM2-135M-Instruct, bundled keyfact TL;DR-style data, CPU",
+        "=" * 78,
+        f"TensorBoard logs      tensorboard --logdir {out}",
+        f"reward model (HF)     {out}/reward_model   (AutoModelForSequenceClassification)",
+        f"policy (HF)           {out}/policy         (AutoModelForCausalLM)",
+        f"results               {out}/results.json   (every figure, and each prompt's completions)",
+        "-" * 78,
+    ]
+    if acc:
+        lines.append(f"reward model          held-out pair accuracy {acc['rate']:.3f}, 95% CI {interval(acc)}, "
+                     f"n={acc['n']}")
+    if "agreement_with_gold" in rm:
+        g = rm["agreement_with_gold"]
+        lines.append(f"                      agreement with the gold {g['rate']:.3f}, 95% CI {interval(g)}")
+    n = reward["n"]
+    lines += [
+        f"optimised reward      {reward['mean_before']:.3f} -> {reward['mean_after']:.3f} on {n} held-out prompts, "
+        f"paired difference {reward['mean_diff']:+.3f}, 95% CI {interval(reward)}: {reward['verdict']}",
+        f"gold (key fact)       {gold['mean_before']:.3f} -> {gold['mean_after']:.3f}, paired difference "
+        f"{gold['mean_diff']:+.3f}, 95% CI {interval(gold)}: {gold['verdict']}",
+        f"gold win rate         {win['rate']:.3f} vs the starting policy (ties half), 95% CI {interval(win)}, n={win['n']}",
+    ]
+    t = results["training"]
+    if t["train_kl_last"] is not None:
+        lines.append(f"training              {t['rollouts']} rollouts, KL to the start {t['train_kl_last']:.3f}, "
+                     f"responses ending with EOS {t['eos_fraction_mean'] or 0:.0%}")
+    if results["wall_seconds"] is not None:
+        s = results["wall_seconds"]
+        lines.append(f"wall time             {s // 60} min {s % 60} s (seed {results['seed']})")
+    lines.append("=" * 78)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--seconds", type=int, default=None)
+    parser.add_argument("--strict", action="store_true", help="exit 1 when the run did not show learning")
     args = parser.parse_args(argv)
-    out: Path = args.out
-    reward, start, grpo = scalars(out / "reward"), scalars(out / "grpo_start"), scalars(out / "grpo")
-
-    acc = last(reward, "val/rewards/accuracy")
-    before, after = last(start, "val/objective/scores"), last(grpo, "val/objective/scores")
-    kl = last(grpo, "val/objective/kl")
-    win, low, high = (last(grpo, f"val/judge/{k}") for k in ("win_rate", "win_rate_ci_low", "win_rate_ci_high"))
-    n = last(grpo, "val/judge/num_valid")
-
-    print()
-    print("=" * 72)
-    print("lit_rlhf quickstart: SmolLM2-135M-Instruct, bundled TL;DR-style data, CPU")
-    print("=" * 72)
-    print(f"TensorBoard logs      tensorboard --logdir {out}")
-    print(f"checkpoints           {out}/reward/checkpoints, {out}/grpo/checkpoints")
-    print(f"reward model (HF)     {out}/reward_model   (AutoModelForSequenceClassification)")
-    print(f"policy (HF)           {out}/policy         (AutoModelForCausalLM)")
-    print("-" * 72)
-    print(f"reward model          validation accuracy {fmt(acc)}")
-    print(f"policy reward         before {fmt(before)} -> after {fmt(after)} (mean on the validation prompts)")
-    print(f"KL to the start       {fmt(kl)} nats per response (validation)")
-    ci = f"[{fmt(low)}, {fmt(high)}]"
-    print(f"judged win rate       {fmt(win)} vs the starting policy, 95% CI {ci}, n={fmt(n, '{:.0f}')}")
-    if args.seconds is not None:
-        print(f"wall time             {args.seconds // 60} min {args.seconds % 60} s")
-    print("=" * 72)
-    missing = [name for name, value in [("reward accuracy", acc), ("reward before", before), ("reward after", after),
-                                        ("KL", kl), ("win rate", win)] if value is None]
-    if missing:
-        print(f"missing from the logs: {', '.join(missing)}", file=sys.stderr)
+    if not (args.out / "comparison.json").is_file():
+        print(f"error: {args.out}/comparison.json is missing: run step 3 (python -m lit_rlhf.compare_policies)",
+              file=sys.stderr)
         return 1
+    results = collect(args.out, args.seconds)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print()
+    print("\n".join(report(results, args.out)))
+    failed = [name for name in ("reward", "gold") if results[name]["ci_low"] <= 0]
+    if failed:
+        print(f"warning: the run did not show learning: the 95% interval of {' and '.join(failed)} does not lie "
+              "above zero", file=sys.stderr)
+        return 1 if args.strict else 0
     return 0
 
 
