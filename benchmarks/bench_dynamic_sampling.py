@@ -48,7 +48,7 @@ def measure(model: str, dynamic: bool, steps: int, batch_size: int, generations:
             rounds: int) -> list[dict[str, float]]:
     L.seed_everything(0)
     module = GRPOModule(model=model, reward_fns=[MathAnswerReward()], num_generations=generations,
-                        max_new_tokens=max_new_tokens, temperature=1.0, beta=0.0, lr=1e-5, lr_scheduler="constant",
+                        max_new_tokens=max_new_tokens, temperature=1.0, kl_coef=0.0, lr=1e-5, lr_scheduler="constant",
                         dynamic_sampling=dynamic, max_sampling_rounds=rounds, log_completions_every_n_steps=0)
     dm = QADataModule(tokenizer=module.tokenizer, chat=False, prompt_template="Question: {question}\nAnswer:",
                       batch_size=batch_size, max_prompt_length=256, val_split=None, test_split=None)

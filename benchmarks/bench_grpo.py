@@ -68,7 +68,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     group = cfg.extra["generations"]
     module = GRPOModule(
         model=cfg.model, reward_fns=[alpha_fraction_reward], num_generations=group, max_new_tokens=cfg.completion_length,
-        temperature=TEMPERATURE, beta=BETA, lr=LR, max_grad_norm=cfg.extra["max_grad_norm"], log_completions_every_n_steps=0,
+        temperature=TEMPERATURE, kl_coef=BETA, lr=LR, max_grad_norm=cfg.extra["max_grad_norm"], log_completions_every_n_steps=0,
         gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=cfg.extra["optimizer_in_backward"],
         release_host_memory=cfg.release_host_memory,
     )

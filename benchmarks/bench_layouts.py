@@ -134,7 +134,7 @@ class Method:
             self.module = RewardModule(model=args.model)
             self.params = list(self.module.reward_model.parameters())
         else:
-            self.module = GRPOModule(model=args.model, num_generations=args.generations, beta=0.04,
+            self.module = GRPOModule(model=args.model, num_generations=args.generations, kl_coef=0.04,
                                      reward_fns=[len])
             torch.manual_seed(args.seed)
             self.reward_model = ScalarHeadModel(backbone_of(self.module.ref_model)).eval().requires_grad_(False)

@@ -7,12 +7,14 @@ from typing import Any
 import torch
 from lightning import Callback
 
+from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.types import Rollout
 
 
 class KLControlCallback(Callback):
-    """Controls the module's KL coefficient: PPO's `kl_coef` or GRPO's `beta`.
+    """Controls the KL coefficient of an `OnlineModule` (PPO, GRPO, RLOO): its `kl_coef`, set
+    through its `set_kl_coef` hook.
 
     Fixed control (`target` None) sets the coefficient to `init_kl_coef` when training starts
     and keeps it. Adaptive control ("Fine-Tuning Language Models from Human Preferences",
@@ -29,12 +31,10 @@ class KLControlCallback(Callback):
     resumed run continues from it. Logs `train/objective/kl_coef` every step.
 
     Args:
-        init_kl_coef: starting coefficient; None = the module's own (`kl_coef` / `beta` init arg).
+        init_kl_coef: starting coefficient; None = the module's own (its `kl_coef`).
         target: target KL in nats per response (Ziegler et al.: 6.0); None = fixed control.
         horizon: episodes over which the proportional error acts (Ziegler et al.: 10000).
         clip: bound of the proportional error (0.2).
-        attribute: the module attribute to control; None = `kl_coef` when the module has
-            one, else `beta`.
     """
 
     def __init__(
@@ -43,7 +43,6 @@ class KLControlCallback(Callback):
         target: float | None = None,
         horizon: int = 10000,
         clip: float = 0.2,
-        attribute: str | None = None,
     ) -> None:
         if init_kl_coef is not None and init_kl_coef < 0:
             raise ValueError(f"init_kl_coef must be >= 0, got {init_kl_coef}")
@@ -57,7 +56,6 @@ class KLControlCallback(Callback):
         self.target = target
         self.horizon = horizon
         self.clip = clip
-        self.attribute = attribute
         self.kl_coef: float | None = init_kl_coef
         self._pending: tuple[float, int] | None = None  # (measured KL, episodes) of the last rollout
 
@@ -75,31 +73,28 @@ class KLControlCallback(Callback):
         self.kl_coef = self.kl_coef * (1.0 + error * n_steps / self.horizon)
         return self.kl_coef
 
-    def _attribute(self, pl_module) -> str:
-        if self.attribute is not None:
-            if not hasattr(pl_module, self.attribute):
-                raise AttributeError(f"KLControlCallback: {type(pl_module).__name__} has no attribute {self.attribute!r}")
-            return self.attribute
-        for name in ("kl_coef", "beta"):
-            if hasattr(pl_module, name):
-                return name
-        raise AttributeError(f"KLControlCallback: {type(pl_module).__name__} has neither `kl_coef` nor `beta` to control")
+    @staticmethod
+    def _controlled(pl_module) -> OnlineModule:
+        if not isinstance(pl_module, OnlineModule):
+            raise TypeError(f"KLControlCallback controls the kl_coef of an OnlineModule (PPO, GRPO, RLOO); "
+                            f"{type(pl_module).__name__} is not one")
+        return pl_module
 
     def on_train_start(self, trainer, pl_module) -> None:
-        name = self._attribute(pl_module)
+        module = self._controlled(pl_module)
         if self.kl_coef is None:
-            self.kl_coef = float(getattr(pl_module, name))
+            self.kl_coef = float(module.kl_coef)
         if self.adaptive and self.kl_coef == 0:
             raise ValueError(
-                f"adaptive KL control cannot move a coefficient of 0 ({type(pl_module).__name__}.{name}); "
-                "set init_kl_coef > 0 (for GRPO, beta > 0 also loads the reference model)"
+                f"adaptive KL control cannot move a coefficient of 0 ({type(module).__name__}.kl_coef); "
+                "set init_kl_coef > 0 (and, for GRPO and RLOO, the module's kl_coef > 0, which loads the reference model)"
             )
-        setattr(pl_module, name, float(self.kl_coef))
+        module.set_kl_coef(self.kl_coef)
 
     def on_rollout_end(self, trainer, pl_module, rollout: Rollout) -> None:
         if self.adaptive:
             if rollout.ref_logps is None:
-                raise ValueError("adaptive KL control needs reference log-probs; this rollout has none (GRPO with beta 0?)")
+                raise ValueError("adaptive KL control needs reference log-probs; this rollout has none (kl_coef 0?)")
             kl = masked_sum(rollout.logps - rollout.ref_logps, rollout.response_mask, dim=1).mean()  # k1, per response
             kl = trainer.strategy.reduce(kl.detach().float(), reduce_op="mean") if trainer is not None else kl
             world = trainer.world_size if trainer is not None else 1
@@ -110,7 +105,7 @@ class KLControlCallback(Callback):
         if self._pending is not None:
             current, n_steps = self._pending
             self._pending = None
-            setattr(pl_module, self._attribute(pl_module), self.update(current, n_steps))
+            self._controlled(pl_module).set_kl_coef(self.update(current, n_steps))
 
     def state_dict(self) -> dict[str, Any]:
         return {"kl_coef": self.kl_coef, "target": self.target, "horizon": self.horizon, "clip": self.clip}

@@ -78,11 +78,6 @@ def gather_rows(tensor: Tensor) -> tuple[Tensor, slice]:
     return torch.cat([part[:n] for part, n in zip(parts, counts)]), slice(start, start + counts[rank()])
 
 
-def gather_cat(tensor: Tensor) -> Tensor:
-    """Every rank's rows concatenated in rank order (see `gather_rows`)."""
-    return gather_rows(tensor)[0]
-
-
 def gather_objects(items: list[Any]) -> list[Any]:
     """Every rank's list of picklable items, concatenated in rank order, on every rank."""
     if not is_distributed():

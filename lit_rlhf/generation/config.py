@@ -23,14 +23,16 @@ class SamplingConfig:
 
     Args:
         max_new_tokens: response length R (TL;DR: 53, N+ Table 7).
-        temperature: sampling temperature; also divides the logits when log-probs are computed.
+        temperature: sampling temperature; also divides the logits when log-probs are computed
+            (`lit_rlhf.ops.apply_temperature`). 1.0 (the model's own distribution) by default; the
+            methods declare their papers' (PPO on TL;DR: 0.7, N+).
         top_k: keep the k most likely tokens (0 = off).
         top_p: nucleus sampling mass (1.0 = off).
         do_sample: False for greedy decoding (temperature then only affects log-probs, set it to 1).
     """
 
     max_new_tokens: int = 53
-    temperature: float = 0.7
+    temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     do_sample: bool = True

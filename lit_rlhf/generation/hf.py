@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
+from lit_rlhf.ops import apply_temperature
 
 
 @torch.no_grad()
@@ -48,15 +49,15 @@ def generate_responses(
 
 
 def filter_logits(scores: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Next-token scores (N, V) float32 -> temperature-scaled scores with the tokens outside the
-    top-k and outside the top-p nucleus at -inf.
+    """Next-token scores (N, V) float32 -> temperature-scaled scores (`apply_temperature`, as the
+    log-probs) with the tokens outside the top-k and outside the top-p nucleus at -inf.
 
     Same operations, in the same order, as transformers' temperature, top-k and top-p logits
     warpers (so the same random draws pick the same tokens): top-k keeps every token scoring at
     least the k-th score; top-p drops the least likely tokens whose cumulative probability (in
     ascending order) is at most 1 - p, always keeping the most likely one.
     """
-    scores = scores / temperature
+    scores = apply_temperature(scores, temperature)
     if top_k:
         kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[..., -1:]  # (N, 1)
         scores = scores.masked_fill(scores < kth, float("-inf"))

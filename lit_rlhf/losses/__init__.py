@@ -30,7 +30,7 @@ from lit_rlhf.losses.ppo import (
     ppo_value_loss,
 )
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
-from lit_rlhf.losses.rloo import RLOOLossOutput, rloo, rloo_loss, rloo_sequence_rewards
+from lit_rlhf.losses.rloo import rloo_loss, rloo_sequence_rewards
 from lit_rlhf.losses.tis import truncated_importance_weights
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "PPOPolicyLossOutput",
     "PPORewardsOutput",
     "PPOValueLossOutput",
-    "RLOOLossOutput",
     "RewardLossOutput",
     "bradley_terry_loss",
     "dpo_loss",
@@ -60,7 +59,6 @@ __all__ = [
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",
-    "rloo",
     "rloo_advantages",
     "rloo_loss",
     "rloo_sequence_rewards",

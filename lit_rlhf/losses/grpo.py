@@ -14,7 +14,7 @@ Aggregation = Literal["token_mean", "sequence_mean", "constant_normalizer"]
 
 
 class GRPOLossOutput(NamedTuple):
-    loss: Tensor  # () aggregated per-token loss (surrogate + beta * k3 KL)
+    loss: Tensor  # () aggregated per-token loss (surrogate + kl_coef * k3 KL)
     policy_loss: Tensor  # () the clipped-surrogate part alone, same aggregation, detached
     kl: Tensor  # () masked token mean of the k3 KL to the reference (0 without ref_logps), detached
     clipfrac_low: Tensor  # () fraction of tokens clipped at 1 - eps_low (A < 0), detached
@@ -88,7 +88,7 @@ def grpo_policy_loss(
     mask: Tensor,
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
-    beta: float = 0.0,
+    kl_coef: float = 0.0,
     aggregation: Aggregation = "token_mean",
     max_completion_length: int | None = None,
     token_weights: Tensor | None = None,
@@ -98,16 +98,16 @@ def grpo_policy_loss(
     logps: (N, T) per-token log-probs of the N = B*G completions under the current policy;
     old_logps: (N, T) under the sampling policy, or None for a single on-policy step (then
     old = logps.detach() and the ratio is 1 with the gradient of A * log pi); ref_logps: (N, T)
-    under the reference, may be None when beta == 0; advantages: (N,), one per completion,
+    under the reference, may be None when kl_coef == 0; advantages: (N,), one per completion,
     broadcast to its tokens; mask: (N, T) bool, True on completion tokens.
 
     Per token, with ratio = exp(logps - old_logps) and A the sequence's advantage:
 
-        l_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) + beta * k3_t
+        l_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) + kl_coef * k3_t
 
-    where k3_t = exp(ref - logps) - 1 - (ref - logps) is the unbiased non-negative KL estimator
-    (DeepSeekMath eq. 4; `ops.kl_penalty(..., "k3")`). eps_high > eps_low is DAPO's clip-higher.
-    `aggregation` turns the (N, T) losses into a scalar:
+    where `kl_coef` is the paper's beta and k3_t = exp(ref - logps) - 1 - (ref - logps) is the
+    unbiased non-negative KL estimator (DeepSeekMath eq. 4; `ops.kl_penalty(..., "k3")`).
+    eps_high > eps_low is DAPO's clip-higher. `aggregation` turns the (N, T) losses into a scalar:
 
     - "token_mean":          sum over all kept tokens / number of kept tokens (DAPO, Yu et al.
                              2025: every token weighs the same, long answers weigh more);
@@ -120,8 +120,8 @@ def grpo_policy_loss(
     `token_weights` (N, T), no gradient: each token's clipped surrogate is multiplied by its
     weight (truncated importance sampling, `losses.tis`); None = 1.
     """
-    if beta != 0.0 and ref_logps is None:
-        raise ValueError("ref_logps is required when beta != 0")
+    if kl_coef != 0.0 and ref_logps is None:
+        raise ValueError("ref_logps is required when kl_coef != 0")
     if advantages.shape != logps.shape[:1]:
         raise ValueError(f"advantages must be (N,) = {tuple(logps.shape[:1])}, got {tuple(advantages.shape)}")
     old_logps = logps.detach() if old_logps is None else old_logps.detach()
@@ -136,7 +136,7 @@ def grpo_policy_loss(
         surrogate = surrogate * token_weights.detach()
     if ref_logps is not None:
         kl = kl_penalty(torch.where(mask, logps, zero), torch.where(mask, ref_logps.detach(), zero), "k3")  # (N, T)
-        per_token = surrogate + beta * kl if beta != 0.0 else surrogate
+        per_token = surrogate + kl_coef * kl if kl_coef != 0.0 else surrogate
         kl_mean = masked_mean(kl.detach(), mask)
     else:
         per_token = surrogate

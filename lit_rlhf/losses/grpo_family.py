@@ -63,7 +63,7 @@ def gspo_policy_loss(
     mask: Tensor,
     clip_eps_low: float = 3e-4,
     clip_eps_high: float = 4e-4,
-    beta: float = 0.0,
+    kl_coef: float = 0.0,
 ) -> GRPOLossOutput:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", Eq. 5-7).
 
@@ -74,11 +74,11 @@ def gspo_policy_loss(
 
     and clipped per sequence (Eq. 5): l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i),
     averaged over the N sequences. The paper's clip ranges are tiny (3e-4 / 4e-4) because s_i is
-    a geometric mean. With `beta` > 0 the k3 KL to the reference (token mean of each sequence,
+    a geometric mean. With `kl_coef` > 0 the k3 KL to the reference (token mean of each sequence,
     then mean over sequences) is added, as in GRPO. Clip fractions count sequences.
     """
-    if beta != 0.0 and ref_logps is None:
-        raise ValueError("ref_logps is required when beta != 0")
+    if kl_coef != 0.0 and ref_logps is None:
+        raise ValueError("ref_logps is required when kl_coef != 0")
     if advantages.shape != logps.shape[:1]:
         raise ValueError(f"advantages must be (N,) = {tuple(logps.shape[:1])}, got {tuple(advantages.shape)}")
     old = logps.detach() if old_logps is None else old_logps.detach()
@@ -94,8 +94,8 @@ def gspo_policy_loss(
     if ref_logps is not None:
         kl = kl_penalty(torch.where(mask, logps, zero), torch.where(mask, ref_logps.detach(), zero), "k3")
         kl_mean = masked_mean(kl.detach(), mask)
-        if beta != 0.0:
-            loss = loss + beta * masked_mean(kl, mask, dim=1).mean()
+        if kl_coef != 0.0:
+            loss = loss + kl_coef * masked_mean(kl, mask, dim=1).mean()
     s_d = s.detach()
     low = ((s_d < 1.0 - clip_eps_low) & (adv < 0)).float().mean()
     high = ((s_d > 1.0 + clip_eps_high) & (adv > 0)).float().mean()
@@ -107,16 +107,16 @@ def reinforce_pp_advantages(
     mask: Tensor,
     old_logps: Tensor | None = None,
     ref_logps: Tensor | None = None,
-    beta: float = 0.0,
+    kl_coef: float = 0.0,
     group_size: int | None = None,
 ) -> Tensor:
     """REINFORCE++ per-token advantages (Hu et al. 2025, arXiv 2501.03262), unnormalised.
 
     scores: (N,) outcome rewards; mask: (N, T) bool; old_logps / ref_logps: (N, T) sampling-time
-    and reference log-probs (needed when beta > 0). The KL penalty is part of the per-token
+    and reference log-probs (needed when kl_coef > 0). The KL penalty is part of the per-token
     reward, so with gamma = 1 the return of token t is
 
-        A_t = r - beta * sum_{i >= t} KL_i,   KL_i = log pi_old(y_i) - log pi_ref(y_i)  (k1)
+        A_t = r - kl_coef * sum_{i >= t} KL_i,   KL_i = log pi_old(y_i) - log pi_ref(y_i)  (k1)
 
     With `group_size` G (REINFORCE++ with baseline), r is first replaced by r - mean of its
     group's G rewards. The result is 0 on masked positions; normalise it over the global batch
@@ -129,12 +129,12 @@ def reinforce_pp_advantages(
         grouped = r.view(-1, group_size)
         r = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
     adv = r.unsqueeze(1).expand(mask.shape).clone()  # (N, T)
-    if beta != 0.0:
+    if kl_coef != 0.0:
         if old_logps is None or ref_logps is None:
-            raise ValueError("old_logps and ref_logps are required when beta != 0")
+            raise ValueError("old_logps and ref_logps are required when kl_coef != 0")
         kl = torch.where(mask, old_logps.float() - ref_logps.float(), torch.zeros((), device=mask.device))
         to_go = kl.flip(1).cumsum(1).flip(1)  # sum_{i >= t} KL_i
-        adv = adv - beta * to_go
+        adv = adv - kl_coef * to_go
     return torch.where(mask, adv, torch.zeros_like(adv))
 
 

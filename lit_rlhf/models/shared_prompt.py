@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN
 from lit_rlhf.models.logprobs import chunked_layers, output_layer_logps, per_token_logps
-from lit_rlhf.ops.logprobs import selective_log_softmax
+from lit_rlhf.ops.logprobs import apply_temperature, selective_log_softmax
 from lit_rlhf.ops.rl import last_true_index
 from lit_rlhf.ops.shared_prompt import build_layout, longest, shares_anything
 from lit_rlhf.types import PromptSharing, SharedPromptLayout
@@ -114,9 +114,7 @@ def shared_per_token_logps(
         out = _run(model, layout, _input_dtype(model), logits_to_keep=length - first)
         logits = out.logits  # (M, L - first, V)
         rows, cols = where // length, where % length - first
-        picked_logits = logits[rows, cols]  # (S, V)
-        if temperature != 1.0:
-            picked_logits = picked_logits / temperature
+        picked_logits = apply_temperature(logits[rows, cols], temperature)  # (S, V)
         picked = selective_log_softmax(picked_logits[None], targets[None])[0]  # (S,)
     out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)  # (N, T-1)
     out[scored] = picked

@@ -36,7 +36,7 @@ class GRPOModule(OnlineModule):
        contiguous (N = B*G rows), and scores them once: old log-probs (only when the rollout
        gets more than one update: with one pass over one minibatch the update is on-policy and
        its own forward pass gives them, as a ratio of exactly 1), reference log-probs (only
-       when `beta` > 0: with `beta` 0 the reference is never loaded), scores; callbacks shape
+       when `kl_coef` > 0: with `kl_coef` 0 the reference is never loaded), scores; callbacks shape
        the scores through the rollout hook (`OnlineModule.apply_rollout_hooks`);
     2. one advantage per completion: `advantage: grpo` -> (r - mean_group) / (std_group + eps)
        with `scale: group | batch | none` (`losses.grpo_advantages`; `batch` takes the std
@@ -44,7 +44,7 @@ class GRPOModule(OnlineModule):
        the leave-one-out baseline (`losses.rloo_advantages`); a group whose rewards are all
        equal gets exactly 0;
     3. `num_iterations` passes over `num_minibatches` minibatches (one optimizer step each)
-       with the clipped surrogate (eps low/high) plus `beta` times the k3 KL to the reference
+       with the clipped surrogate (eps low/high) plus `kl_coef` times the k3 KL to the reference
        IN THE LOSS (`losses.grpo_policy_loss`), aggregated by `aggregation` over the whole
        minibatch whatever `micro_batch_size`: micro-batch losses are weighted by their share of
        the minibatch's tokens (`token_mean`, counted over all ranks) or rows (the others).
@@ -54,7 +54,7 @@ class GRPOModule(OnlineModule):
     (`lit_rlhf.ops.shared_prompt`), with the same log-probs and gradients.
 
     Logs the `OnlineModule` objective stats (scores, KL, entropy, RLHF reward = score -
-    beta * KL, lengths, EOS fraction, times, tokens/s) plus `policy/{loss,clipfrac,
+    kl_coef * KL, lengths, EOS fraction, times, tokens/s) plus `policy/{loss,clipfrac,
     clipfrac_low,clipfrac_high,ratio_mean,first_ratio_mean}`, `objective/kl_loss` (the k3
     token mean inside the loss), `rewards/group_std` and `rewards/zero_std_fraction` (the
     fraction of groups whose G rewards are all equal).
@@ -67,12 +67,13 @@ class GRPOModule(OnlineModule):
         eps: added to the std in the advantage.
         clip_eps_low: lower clip range of the ratio (1 - eps_low).
         clip_eps_high: upper clip range (1 + eps_high; > eps_low is DAPO's clip-higher).
-        beta: weight of the k3 KL to the reference in the loss (0.04, DeepSeekMath); 0 skips the
-            reference model entirely. Adapted by `KLControlCallback` when it is used.
+        kl_coef: weight of the k3 KL to the reference in the loss, DeepSeekMath's beta (0.04); 0
+            skips the reference model entirely. Adapted by `KLControlCallback` when it is used.
         aggregation: `token_mean`, `sequence_mean` or `constant_normalizer` (by N * max_new_tokens).
         num_iterations: passes over each rollout (GRPO's mu).
         num_minibatches: minibatches per pass; one optimizer step each.
-        temperature: sampling temperature (1.0), also used for every log-prob.
+        temperature: sampling temperature, also dividing the logits of every log-prob (1.0:
+            DeepSeekMath's GRPO samples from the policy itself).
         dynamic_sampling: DAPO's dynamic sampling (Yu et al. 2025, Eq. 11): groups whose G
             rewards are all equal are dropped and more prompts are sampled until the batch
             holds B informative groups, at most `max_sampling_rounds` rounds
@@ -85,8 +86,8 @@ class GRPOModule(OnlineModule):
             2025, Eq. 5-7), one length-normalised ratio per sequence, clipped per sequence
             (`losses.grpo_family.gspo_policy_loss`; the paper clips at 3e-4 / 4e-4).
         The `advantage` option also takes `reinforce_pp` (REINFORCE++, Hu et al. 2025: the k1 KL
-        to the reference, weighted by `beta`, in the per-token reward; per-token advantages
-        normalised over the global batch; no critic; `beta` then does not add a KL loss) and
+        to the reference, weighted by `kl_coef`, in the per-token reward; per-token advantages
+        normalised over the global batch; no critic; `kl_coef` then does not add a KL loss) and
         `reinforce_pp_baseline` (the same after subtracting each group's mean reward).
         **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
             max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
@@ -102,7 +103,7 @@ class GRPOModule(OnlineModule):
         eps: float = 1e-4,
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
-        beta: float = 0.04,
+        kl_coef: float = 0.04,
         aggregation: Aggregation = "token_mean",
         num_iterations: int = 1,
         num_minibatches: int = 1,
@@ -134,20 +135,14 @@ class GRPOModule(OnlineModule):
             raise ValueError(f"aggregation must be 'token_mean', 'sequence_mean' or 'constant_normalizer', got {aggregation!r}")
         if num_iterations < 1 or num_minibatches < 1:
             raise ValueError(f"num_iterations and num_minibatches must be >= 1, got {num_iterations} and {num_minibatches}")
-        if beta < 0:
-            raise ValueError(f"beta must be >= 0, got {beta}")
-        self.beta = float(beta)
         self.refill_batches = 0  # prompts batches drawn by dynamic sampling; saved in checkpoints
-        if beta > 0:
+        if kl_coef > 0:
             self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+        self.set_kl_coef(kl_coef)
 
     @property
     def repeats(self) -> int:
         return self.hparams.num_generations
-
-    @property
-    def kl_weight(self) -> float:
-        return self.beta
 
     def updates_per_rollout(self) -> int:
         return self.hparams.num_iterations * self.hparams.num_minibatches
@@ -156,7 +151,7 @@ class GRPOModule(OnlineModule):
     def needs_rollout_logps(self) -> bool:
         # one pass over one minibatch is on-policy: the old log-probs are the update's own
         # (detached) log-probs, so the rollout skips that extra forward pass
-        return self.updates_per_rollout() > 1 or (self._reinforce_pp and self.beta > 0)
+        return self.updates_per_rollout() > 1 or (self._reinforce_pp and self.kl_coef > 0)
 
     @property
     def _reinforce_pp(self) -> bool:
@@ -183,7 +178,7 @@ class GRPOModule(OnlineModule):
         token_advantages = None
         if self._reinforce_pp:  # per-token, normalised over every rank's tokens
             token_advantages = reinforce_pp_advantages(
-                scores, mask, rollout.logps, rollout.ref_logps, self.beta,
+                scores, mask, rollout.logps, rollout.ref_logps, self.kl_coef,
                 group if hp.advantage == "reinforce_pp_baseline" else None,
             )  # (B*G, R)
             (everyone, own), (everyone_mask, _) = gather_rows(token_advantages), gather_rows(mask)
@@ -198,7 +193,7 @@ class GRPOModule(OnlineModule):
             advantages = grpo_advantages(scores, group, hp.scale, hp.eps)  # (B*G,)
         grouped = scores.view(-1, group)  # (B, G)
         loss_mask = mask & rollout.has_eos.unsqueeze(1) if hp.get("mask_truncated", False) else mask  # (B*G, R)
-        ref_logps = rollout.ref_logps if self.beta > 0 and token_advantages is None else None
+        ref_logps = rollout.ref_logps if self.kl_coef > 0 and token_advantages is None else None
         sequence_level = hp.get("importance_sampling", "token") == "sequence"
         on_policy = rollout.logps is None
         filled = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device) if on_policy else None  # (B*G, R)
@@ -218,11 +213,11 @@ class GRPOModule(OnlineModule):
                 out = clipped_token_loss(logps, old, token_adv, loss_mask[rows], hp.clip_eps_low, hp.clip_eps_high)
             elif sequence_level:  # GSPO
                 out = gspo_policy_loss(logps, old, ref, advantages[rows], loss_mask[rows], hp.clip_eps_low,
-                                       hp.clip_eps_high, self.beta)
+                                       hp.clip_eps_high, self.kl_coef)
             else:
                 out = grpo_policy_loss(
                     logps, old, ref, advantages[rows], loss_mask[rows],
-                    hp.clip_eps_low, hp.clip_eps_high, self.beta, hp.aggregation, max_completion_length=mask.shape[1],
+                    hp.clip_eps_low, hp.clip_eps_high, self.kl_coef, hp.aggregation, max_completion_length=mask.shape[1],
                     token_weights=tis,
                 )
             return out.loss, {

@@ -85,7 +85,9 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
             normalisation) or `batch` (z-score over the rollout); `rewards.normalize_reward`.
         ref_model: the frozen reference policy; None = a frozen copy of the initial policy.
         max_new_tokens: response length R: exactly this many tokens are sampled (D23).
-        temperature: sampling temperature, also dividing the logits of every log-prob.
+        temperature: sampling temperature, also dividing the logits of every log-prob
+            (`lit_rlhf.ops.apply_temperature`). 1.0 here (the policy's own distribution); each
+            method declares its paper's default (PPO 0.7, GRPO and RLOO 1.0).
         top_k: top-k sampling (0 = off).
         top_p: nucleus sampling (1.0 = off).
         val_temperature: sampling temperature of the validation responses; None = `temperature`.
@@ -128,7 +130,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         reward_normalization: RewardNormalization = "none",
         ref_model: str | None = None,
         max_new_tokens: int = 53,
-        temperature: float = 0.7,
+        temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,
         val_temperature: float | None = None,
@@ -190,10 +192,22 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         """Responses sampled per prompt (GRPO's G)."""
         return 1
 
-    @property
-    def kl_weight(self) -> float:
-        """The coefficient of the KL to the reference (PPO's `kl_coef`, GRPO's `beta`)."""
-        return 0.0
+    kl_coef: float = 0.0
+    """The coefficient of the KL to the reference, one name for every method (the papers' beta:
+    Ziegler et al. 2019 and N+ for PPO, DeepSeekMath for GRPO, Ahmadian et al. 2024 for RLOO). A
+    method sets it from its `kl_coef` argument; `KLControlCallback` moves it with `set_kl_coef`."""
+
+    def set_kl_coef(self, value: float) -> None:
+        """Set the KL coefficient (>= 0): the hook through which `callbacks.KLControlCallback`
+        controls it. A coefficient > 0 needs the reference model, which a method with `kl_coef` 0
+        never loaded."""
+        value = float(value)
+        if not value >= 0:
+            raise ValueError(f"kl_coef must be >= 0, got {value}")
+        if value > 0 and getattr(self, "ref_model", None) is None:
+            raise ValueError(f"{type(self).__name__} was built with kl_coef 0 and loaded no reference model; "
+                             f"a KL coefficient of {value} needs one: give the module kl_coef > 0")
+        self.kl_coef = value
 
     def updates_per_rollout(self) -> int:
         """Optimizer steps taken on each rollout."""

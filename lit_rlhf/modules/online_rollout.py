@@ -5,7 +5,7 @@ generators of validation sampling (`validation_rng`) and `repeat_meta`.
 `RolloutMixin` holds the methods; `OnlineModule` mixes it in and defines what they read: the
 sampling settings (`sampling`), the reward sources (`reward_model`, `reward_fns`), the
 `generation_backend` engine slot (`_vllm_engine`) and a method's hooks (`repeats`,
-`kl_weight`, `rollout_values`, `needs_rollout_logps`).
+`kl_coef`, `rollout_values`, `needs_rollout_logps`).
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class RolloutMixin:
         if rollout.ref_logps is not None:
             kl = masked_sum(rollout.logps - rollout.ref_logps, mask, dim=1)  # (N,) k1, summed per sequence
             stats["objective/kl"] = kl.mean()
-            stats["objective/rlhf_reward"] = (rollout.scores.float() - self.kl_weight * kl).mean()
+            stats["objective/rlhf_reward"] = (rollout.scores.float() - self.kl_coef * kl).mean()
         if rollout.sampler_logps is not None and rollout.logps is not None and mask.any():
             diff = (rollout.logps.float() - rollout.sampler_logps.float()).abs()[mask]  # trainer vs sampler, same temperature
             stats["rollout/sampler_logprob_diff"] = diff.mean()

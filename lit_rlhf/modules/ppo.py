@@ -56,7 +56,8 @@ class PPOModule(OnlineModule):
             policy's base is checkpointed with the policy; one on a separate reward model's body
             checkpoints that body).
         value_lr: learning rate of the value model; None = `lr`.
-        kl_coef: the KL penalty coefficient (0.05, N+ Table 7); adapted by `KLControlCallback`.
+        kl_coef: the KL penalty coefficient, beta in Ziegler et al. (0.05, N+ Table 7); adapted by
+            `KLControlCallback`.
         kl_estimator: per-token KL estimator of the penalty: `k1` (log pi - log pi_ref, N+) or `k3`.
         gamma: GAE discount (1.0).
         lam: GAE lambda (0.95).
@@ -69,6 +70,8 @@ class PPOModule(OnlineModule):
         num_minibatches: minibatches per pass; one optimizer step each.
         lr: peak learning rate (3e-6, N+ Table 7).
         adam_eps: AdamW epsilon (1e-5, N+ Table 7).
+        temperature: sampling temperature, also dividing the logits of every log-prob (0.7: the
+            N+ TL;DR recipe samples its PPO rollouts at 0.7).
         **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
             max_grad_norm, total_episodes, completion logging) and `PolicyModule` (model,
             tokenizer, dtype, optimiser and schedule, export).
@@ -101,10 +104,8 @@ class PPOModule(OnlineModule):
             raise ValueError(f"ppo_epochs and num_minibatches must be >= 1, got {ppo_epochs} and {num_minibatches}")
         if kl_estimator not in ("k1", "k3"):
             raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {kl_estimator!r}")
-        if kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-        self.kl_coef = float(kl_coef)
         self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+        self.set_kl_coef(kl_coef)
         source = value_model or self.hparams.reward_model
         value = None
         if self.lora_config is not None:  # the adapter `value` on the policy's base (D22 from a LoRA reward)
@@ -119,10 +120,6 @@ class PPOModule(OnlineModule):
                 scalar_adapters.lora_on_scalar(self.value_model, self.lora_config, adapters.VALUE)
         if self.hparams.gradient_checkpointing:  # trained like the policy: checkpointed too
             self.value_model.gradient_checkpointing_enable()
-
-    @property
-    def kl_weight(self) -> float:
-        return self.kl_coef
 
     def updates_per_rollout(self) -> int:
         return self.hparams.ppo_epochs * self.hparams.num_minibatches

@@ -21,7 +21,7 @@ class RLOOModule(OnlineModule):
        contiguous) and scores them once: the sampling policy's and the reference's per-token
        log-probs, the reward sources; callbacks shape the scores through the rollout hook (e.g.
        D23's EOS trick);
-    2. one reward per response, the KL penalty inside it: r_i = score_i - `beta` *
+    2. one reward per response, the KL penalty inside it: r_i = score_i - `kl_coef` *
        sum_t log(pi(y_i,t)/pi_ref(y_i,t)) (`losses.rloo_sequence_rewards`; no KL in the loss);
     3. leave-one-out advantages A_i = r_i - mean_{j != i} r_j over the prompt's other k-1
        responses (`losses.rloo_advantages`);
@@ -32,36 +32,31 @@ class RLOOModule(OnlineModule):
     `GRPOModule(advantage: rloo)` is a different, hybrid method: GRPO's clipped per-token loss
     with the k3 KL in the loss, fed leave-one-out advantages.
 
-    Logs the `OnlineModule` objective stats (scores, KL, entropy, RLHF reward = score - beta *
+    Logs the `OnlineModule` objective stats (scores, KL, entropy, RLHF reward = score - kl_coef *
     KL, lengths, EOS fraction, times, tokens/s) plus `policy/loss`, `rewards/kl_penalised`
     (mean r_i), `advantages/abs_mean` and `rewards/zero_std_fraction`.
 
     Args:
         num_generations: k, responses per prompt (>= 2; the paper uses 2 and 4).
-        beta: the KL coefficient of the sequence reward (0 = no KL: the reference is not loaded).
-            Adapted by `KLControlCallback` when it is used.
-        temperature: sampling temperature (1.0), also dividing the logits of every log-prob.
+        kl_coef: the KL coefficient of the sequence reward, the paper's beta (0.05; 0 = no KL: the
+            reference is not loaded). Adapted by `KLControlCallback` when it is used.
+        temperature: sampling temperature, also dividing the logits of every log-prob (1.0:
+            Ahmadian et al. sample from the policy itself).
         **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
             max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
     """
 
-    def __init__(self, num_generations: int = 4, beta: float = 0.05, temperature: float = 1.0, **kwargs: Any) -> None:
+    def __init__(self, num_generations: int = 4, kl_coef: float = 0.05, temperature: float = 1.0, **kwargs: Any) -> None:
         super().__init__(temperature=temperature, **kwargs)
         if num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (the baseline is the other responses), got {num_generations}")
-        if beta < 0:
-            raise ValueError(f"beta must be >= 0, got {beta}")
-        self.beta = float(beta)
-        if beta > 0:
+        if kl_coef > 0:
             self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+        self.set_kl_coef(kl_coef)
 
     @property
     def repeats(self) -> int:
         return self.hparams.num_generations
-
-    @property
-    def kl_weight(self) -> float:
-        return self.beta
 
     def updates_per_rollout(self) -> int:
         return 1  # on-policy REINFORCE: one step per rollout
@@ -69,8 +64,8 @@ class RLOOModule(OnlineModule):
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         group = self.hparams.num_generations
         mask = rollout.response_mask  # (N, R)
-        ref_logps = rollout.ref_logps if self.beta > 0 else None
-        rewards, kl = rloo_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.beta)  # (N,)
+        ref_logps = rollout.ref_logps if self.kl_coef > 0 else None
+        rewards, kl = rloo_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.kl_coef)  # (N,)
         advantages = rloo_advantages(rewards, group)  # (N,)
 
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:

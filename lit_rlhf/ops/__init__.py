@@ -4,6 +4,7 @@ no transformers, no model is run here; running a model for its log-probs is `lit
 from lit_rlhf.ops.linear_logprobs import linear_token_logps
 from lit_rlhf.ops.logprobs import (
     DEFAULT_CHUNK_SIZE,
+    apply_temperature,
     position_ids_from_mask,
     selective_log_softmax,
     token_logps_from_logits,
@@ -13,6 +14,7 @@ from lit_rlhf.ops.rl import gae, kl_penalty, last_true_index, place_at_last, tru
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "apply_temperature",
     "gae",
     "kl_penalty",
     "last_true_index",

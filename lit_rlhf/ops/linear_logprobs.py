@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lit_rlhf.ops.logprobs import apply_temperature
+
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     """The dtype the output layer's matmul runs in: the autocast dtype when autocast is on."""
@@ -35,11 +37,10 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 
 
 def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float, acc: torch.dtype) -> Tensor:
-    """(c, H) -> (c, V) logits divided by the temperature, in `acc` (float32 or float64)."""
+    """(c, H) -> (c, V) logits divided by the temperature (`apply_temperature`), in `acc` (float32
+    or float64)."""
     z = torch.nn.functional.linear(h.to(w.dtype), w, b).to(acc)
-    if temperature != 1.0:
-        z = z.div_(temperature)
-    return z
+    return apply_temperature(z, temperature, inplace=True)
 
 
 def _logsumexp_(z: Tensor) -> Tensor:
@@ -115,8 +116,9 @@ class LinearTokenLogps(torch.autograd.Function):
                     g = logp.exp_().mul_(-g_lp)
                 del logp
                 g.scatter_add_(-1, targets[start:end, None], g_lp)  # + onehot(y) * dL/dlogp
-                if temperature != 1.0:
-                    g.div_(temperature)
+                # dL/d(h W^T + b) = dL/dz / temperature: the vector-Jacobian product of the linear
+                # map apply_temperature is that same map
+                g = apply_temperature(g, temperature, inplace=True)
                 g_c = g.to(ctx.compute_dtype)
                 if need_h:
                     grad_h[start:end] = (g_c @ w).to(hidden.dtype)

@@ -1,5 +1,6 @@
 """Per-token log-probs from logits: the pure tensor half (no model is run here).
 
+`apply_temperature` is the one place logits are divided by the sampling temperature;
 `token_logps_from_logits` shifts the logits by one position and picks the log-prob of every next
 token; `selective_log_softmax` picks log-probs without a full-vocabulary log-softmax copy;
 `position_ids_from_mask` gives position ids that are right under left padding (D5). Running a
@@ -15,6 +16,24 @@ from torch import Tensor
 
 DEFAULT_CHUNK_SIZE = 256
 """Rows of logits per chunk: 256 x 49k float32 = 48 MiB (x3 with softmax and gradient in backward)."""
+
+
+def apply_temperature(logits: Tensor, temperature: float, inplace: bool = False) -> Tensor:
+    """`logits / temperature`: the sampling temperature applied to logits (the identity at 1).
+
+    The one function that applies it, wherever logits meet the temperature: the sampler
+    (`lit_rlhf.generation.hf.filter_logits`), the dense log-probs (`token_logps_from_logits`), the
+    chunked output layer (`lit_rlhf.ops.linear_logprobs`, whose backward scales the gradient by the
+    same map, the derivative of this linear one) and the shared-prompt layout's dense path. So the
+    log-probs of the ratios and of the KL are those of the distribution that was sampled (N+
+    details, `docs/ARCHITECTURE.md`: one temperature, applied in one place). `inplace` divides
+    `logits` itself (a buffer the caller owns).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if temperature == 1.0:
+        return logits
+    return logits.div_(temperature) if inplace else logits / temperature
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -47,13 +66,9 @@ def token_logps_from_logits(logits: Tensor, input_ids: Tensor, temperature: floa
     """Log-probs of `input_ids[:, 1:]` under next-token `logits[:, :-1]`.
 
     logits: (B, T, V), input_ids: (B, T) -> (B, T) where column t scores token t given tokens < t;
-    column 0 (no context) is 0. The temperature divides the logits here and nowhere else, so the
-    log-probs used for ratios and KL match the distribution that was sampled.
+    column 0 (no context) is 0. The logits are divided by `temperature` (`apply_temperature`), so
+    the log-probs used for ratios and KL match the distribution that was sampled.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    shifted = logits[:, :-1]
-    if temperature != 1.0:
-        shifted = shifted / temperature
+    shifted = apply_temperature(logits[:, :-1], temperature)
     logps = selective_log_softmax(shifted, input_ids[:, 1:])
     return F.pad(logps, (1, 0), value=0.0)

@@ -1,4 +1,5 @@
-"""KLControlCallback: Ziegler et al. (2019) adaptive update by hand, the rollout hook, checkpoints."""
+"""KLControlCallback: Ziegler et al. (2019) adaptive update by hand, the rollout hook, checkpoints,
+and the typed hook it controls (`OnlineModule.kl_coef` / `set_kl_coef`)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,27 @@ import pytest
 import torch
 
 from callbacks import KLControlCallback
+from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.types import Rollout
 
 
-class _Module:
-    """The part of a LightningModule the callback touches."""
+class _Module(OnlineModule):
+    """An `OnlineModule` with only what the callback touches: `kl_coef`, `set_kl_coef`, a reference
+    model (or none) and `log` (no policy is loaded)."""
 
-    def __init__(self, **attrs):
-        self.__dict__.update(attrs)
+    def __init__(self, kl_coef: float = 0.0, reference: bool = True):
+        torch.nn.Module.__init__(self)
+        self.ref_model = torch.nn.Identity() if reference else None
+        self.kl_coef = kl_coef
         self.logged = {}
 
     def log(self, name, value, **kwargs):
         self.logged[name] = float(value)
+
+
+class _NotOnline:
+    kl_coef = 0.1
+    beta = 0.1
 
 
 class _Strategy:
@@ -77,20 +87,44 @@ def test_hook_measures_kl_and_updates_after_the_step():
     assert cb.kl_coef == module.kl_coef
 
 
-def test_controls_grpo_beta_and_checks_reference():
-    module = _Module(beta=0.04)
+def test_sets_the_coefficient_through_the_typed_hook_and_checks_the_reference(monkeypatch):
+    module = _Module(kl_coef=0.04)
+    set_to = []
+    hook = OnlineModule.set_kl_coef
+    monkeypatch.setattr(OnlineModule, "set_kl_coef", lambda self, value: set_to.append(value) or hook(self, value))
     cb = KLControlCallback(init_kl_coef=0.1, target=2.0, horizon=10)
     cb.on_train_start(_trainer(), module)
-    assert module.beta == 0.1
+    assert module.kl_coef == 0.1 and set_to == [0.1]
     no_ref = _rollout(torch.zeros(2, 2), None, torch.ones(2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="reference log-probs"):
         cb.on_rollout_end(_trainer(), module, no_ref)
     with pytest.raises(ValueError, match="coefficient of 0"):
-        KLControlCallback(target=2.0).on_train_start(_trainer(), _Module(beta=0.0))
-    with pytest.raises(AttributeError, match="neither"):
-        KLControlCallback().on_train_start(_trainer(), _Module())
+        KLControlCallback(target=2.0).on_train_start(_trainer(), _Module(kl_coef=0.0))
+    with pytest.raises(TypeError, match="OnlineModule"):  # no attribute found by its name
+        KLControlCallback().on_train_start(_trainer(), _NotOnline())
     with pytest.raises(ValueError, match="target"):
         KLControlCallback(target=0.0)
+
+
+def test_set_kl_coef_refuses_negatives_and_a_missing_reference():
+    module = _Module(kl_coef=0.0, reference=False)  # GRPO/RLOO built with kl_coef 0 load no reference
+    module.set_kl_coef(0.0)
+    with pytest.raises(ValueError, match="loaded no reference model"):
+        module.set_kl_coef(0.1)
+    with pytest.raises(ValueError, match="kl_coef must be >= 0"):
+        _Module().set_kl_coef(-0.1)
+    with pytest.raises(ValueError, match="loaded no reference model"):
+        KLControlCallback(init_kl_coef=0.1).on_train_start(_trainer(), module)
+
+
+def test_every_online_method_names_its_coefficient_kl_coef():
+    import inspect
+
+    from lit_rlhf.modules import GRPOModule, PPOModule, RLOOModule
+
+    for cls, default in ((PPOModule, 0.05), (GRPOModule, 0.04), (RLOOModule, 0.05)):
+        params = inspect.signature(cls.__init__).parameters
+        assert params["kl_coef"].default == default and "beta" not in params, cls.__name__
 
 
 def test_state_dict_round_trip_restores_the_module():

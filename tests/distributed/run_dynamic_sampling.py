@@ -75,7 +75,7 @@ class RoundProbe(L.Callback):
 
 def build(mode: str):
     return W.build_module(
-        "grpo", reward_fns=[RankReward(mode)], num_generations=GROUP, scale="group", beta=0.0,
+        "grpo", reward_fns=[RankReward(mode)], num_generations=GROUP, scale="group", kl_coef=0.0,
         dynamic_sampling=True, max_sampling_rounds=MAX_ROUNDS, micro_batch_size=None,
     )
 

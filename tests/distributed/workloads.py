@@ -89,7 +89,7 @@ def build_module(method: str, **overrides: Any):
         "kto": (KTOModule, dict(beta=0.1)),
         "drov": (DROVModule, dict(value_lr=5e-3)),
         "ppo": (PPOModule, dict(online, ppo_epochs=1, num_minibatches=2, micro_batch_size=1, temperature=1.0)),
-        "grpo": (GRPOModule, dict(online, num_generations=2, scale="batch", micro_batch_size=2, beta=0.04)),
+        "grpo": (GRPOModule, dict(online, num_generations=2, scale="batch", micro_batch_size=2, kl_coef=0.04)),
     }
     cls, kwargs = table[method]
     return cls(**{**common, **kwargs, **overrides})

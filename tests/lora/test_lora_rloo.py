@@ -15,7 +15,7 @@ from lit_rlhf.rewards import CharacterFractionReward
 
 LORA = {"r": 4, "alpha": 8}
 PROMPTS = dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)  # 3 batches per epoch
-RLOO = dict(num_generations=2, beta=0.05, lora=LORA, **resume.ONLINE)
+RLOO = dict(num_generations=2, kl_coef=0.05, lora=LORA, **resume.ONLINE)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -62,7 +62,7 @@ def test_rloo_advantages_by_hand():
     assert (rloo_advantages(torch.tensor([0.1, 0.1, 0.1]), 3) == 0).all()
 
 
-# aggregation example: ratio 1 (logps == old), beta 0, advantages [1, -2], row 1 has one token
+# aggregation example: ratio 1 (logps == old), kl_coef 0, advantages [1, -2], row 1 has one token
 #   per-token loss -A: row 0 [-1, -1, -1], row 1 [2, (pad), (pad)]
 AGG_MASK = torch.tensor([[True, True, True], [True, False, False]])
 AGG_ADV = torch.tensor([1.0, -2.0])
@@ -114,11 +114,11 @@ def test_grpo_clipping_asymmetric():
 def test_grpo_k3_kl_in_loss():
     # A = 0 so only the KL term remains; logps - ref = [ln 2, 0]:
     # k3(ln 2) = e^{-ln 2} - 1 + ln 2 = 0.5 - 1 + 0.6931472 = 0.1931472, k3(0) = 0
-    # loss = beta * mean = 0.1 * 0.1931472 / 2; d k3 / d logp = 1 - e^{-lr} = 0.5 -> grad 0.1 * 0.5 / 2
+    # loss = kl_coef * mean = 0.1 * 0.1931472 / 2; d k3 / d logp = 1 - e^{-lr} = 0.5 -> grad 0.1 * 0.5 / 2
     logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     ref = torch.tensor([[-1.0 - LN(2.0), -2.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
-    out = grpo_policy_loss(logps, logps.detach(), ref, torch.zeros(1), mask, beta=0.1)
+    out = grpo_policy_loss(logps, logps.detach(), ref, torch.zeros(1), mask, kl_coef=0.1)
     k3 = 0.5 - 1 + LN(2.0)
     assert out.kl.item() == pytest.approx(k3 / 2, abs=1e-6)
     assert out.loss.item() == pytest.approx(0.1 * k3 / 2, abs=1e-6)
@@ -139,7 +139,7 @@ def test_grpo_beta_zero_without_reference():
     assert out.kl.item() == 0.0
     assert with_ref.kl.item() > 0.0  # logged even when it is not in the loss
     with pytest.raises(ValueError, match="ref_logps"):
-        grpo_policy_loss(logps, old, None, adv, mask, beta=0.04)
+        grpo_policy_loss(logps, old, None, adv, mask, kl_coef=0.04)
     # old_logps=None is the single on-policy step: ratio 1, loss = -token mean of A
     single = grpo_policy_loss(logps, None, None, adv, mask)
     expected = -(adv[:, None].expand(4, 5)[mask]).mean()
@@ -152,7 +152,7 @@ def test_grpo_padding_garbage_gives_finite_gradients():
     old = torch.tensor([[-1.0, -1000.0], [-2.0, 0.0]])
     ref = torch.tensor([[-1.0, 1000.0], [-2.0, -1000.0]])
     mask = torch.tensor([[True, False], [True, False]])
-    out = grpo_policy_loss(logps, old, ref, torch.tensor([1.0, -1.0]), mask, beta=0.1)
+    out = grpo_policy_loss(logps, old, ref, torch.tensor([1.0, -1.0]), mask, kl_coef=0.1)
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(logps.grad).all()
     # kept tokens: ratio 1, k3 = 0 -> loss = mean(-1, +1) = 0; grads -A / 2 (k3'(0) = 0)

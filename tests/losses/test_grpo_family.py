@@ -54,10 +54,10 @@ def test_reinforce_pp_kl_in_the_token_reward_and_group_baseline():
     old = torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.5, 9.0]])  # the masked 9.0 is never summed
     ref = torch.zeros(2, 3)
     scores = torch.tensor([1.0, 0.0])
-    adv = reinforce_pp_advantages(scores, mask, old, ref, beta=0.5)
+    adv = reinforce_pp_advantages(scores, mask, old, ref, kl_coef=0.5)
     # KL to go: row 1 [0.6, 0.5, 0.3], row 2 [0.5, 0.5]; A = r - 0.5 * to_go
     assert adv.flatten().tolist() == pytest.approx([0.7, 0.75, 0.85, -0.25, -0.25, 0.0])
-    base = reinforce_pp_advantages(scores, mask, old, ref, beta=0.5, group_size=2)  # r - group mean = +/-0.5, then the same KL to go
+    base = reinforce_pp_advantages(scores, mask, old, ref, kl_coef=0.5, group_size=2)  # r - group mean = +/-0.5, then the same KL to go
     assert base.flatten().tolist() == pytest.approx([0.2, 0.25, 0.35, -0.75, -0.75, 0.0])
     kept = [0.7, 0.75, 0.85, -0.25, -0.25]
     mean, std = statistics.mean(kept), statistics.stdev(kept)
@@ -65,7 +65,7 @@ def test_reinforce_pp_kl_in_the_token_reward_and_group_baseline():
     assert norm[mask].tolist() == pytest.approx([(v - mean) / std for v in kept], rel=1e-5)
     assert norm[1, 2].item() == 0.0
     assert normalize_token_advantages(torch.ones(2, 3), mask).abs().sum().item() == 0.0
-    assert reinforce_pp_advantages(scores, mask).tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]  # beta 0
+    assert reinforce_pp_advantages(scores, mask).tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]  # kl_coef 0
 
 
 def test_clipped_token_loss_by_hand():

@@ -1,4 +1,4 @@
-"""GRPOModule: learning on the tiny model, beta 0 without a reference, zero-variance groups, hooks."""
+"""GRPOModule: learning on the tiny model, kl_coef 0 without a reference, zero-variance groups, hooks."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_grpo_raises_the_reward(tmp_path):
     L.seed_everything(0)
     module = GRPOModule(
         model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=4,
-        max_new_tokens=8, lr=1e-3, lr_scheduler="constant", beta=0.01, num_iterations=2, total_episodes=16 * 30,
+        max_new_tokens=8, lr=1e-3, lr_scheduler="constant", kl_coef=0.01, num_iterations=2, total_episodes=16 * 30,
     )
     _, metrics = fit(module, tmp_path)
     assert len(metrics) == 30
@@ -70,7 +70,7 @@ def test_grpo_raises_the_reward(tmp_path):
 def test_beta_zero_skips_the_reference_and_equal_rewards_give_zero_advantage(tmp_path):
     L.seed_everything(0)
     module = GRPOModule(
-        model="tiny-random-llama", reward_fns=[constant_reward], num_generations=2, max_new_tokens=4, beta=0.0,
+        model="tiny-random-llama", reward_fns=[constant_reward], num_generations=2, max_new_tokens=4, kl_coef=0.0,
         lr=1e-2, total_episodes=8,
     )
     assert not hasattr(module, "ref_model")
@@ -112,9 +112,9 @@ def test_rollout_hooks_run_in_callback_order_and_shape_the_scores(tmp_path):
     assert m["train/eos_trick/penalized"] > 0
     assert m["train/objective/scores"] == pytest.approx(float((second_seen + 1.0).mean()), abs=1e-6)
     assert torch.all((second_seen == -3.0) | (second_seen == first_seen + 1.0))
-    # the KL controller drove GRPO's beta
+    # the KL controller drove GRPO's kl_coef
     assert m["train/objective/kl_coef"] == pytest.approx(0.2)
-    assert module.beta == pytest.approx(kl.kl_coef) and module.beta != 0.2
+    assert module.kl_coef == pytest.approx(kl.kl_coef) and module.kl_coef != 0.2
 
 
 def test_bad_configuration_is_named():

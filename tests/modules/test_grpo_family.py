@@ -42,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 def test_dynamic_sampling_keeps_informative_groups_and_counts_the_extra_generation(tmp_path):
     L.seed_everything(0)
     module = GRPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], num_generations=2,
-                        max_new_tokens=4, beta=0.0, dynamic_sampling=True, max_sampling_rounds=3, total_episodes=32)
+                        max_new_tokens=4, kl_coef=0.0, dynamic_sampling=True, max_sampling_rounds=3, total_episodes=32)
     seen = Last()
     trainer, metrics = fit(module, tmp_path, [seen])
     assert len(metrics) >= 2 and len(seen.rollouts) == len(metrics)
@@ -66,7 +66,7 @@ def test_dynamic_sampling_keeps_informative_groups_and_counts_the_extra_generati
     assert first == again and first != other
     ckpt = {"lit_rlhf": {}}
     module.on_save_checkpoint(ckpt)
-    fresh = GRPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], beta=0.0, dynamic_sampling=True)
+    fresh = GRPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], kl_coef=0.0, dynamic_sampling=True)
     fresh.on_load_checkpoint(ckpt)
     assert fresh.refill_batches == module.refill_batches
 
@@ -79,7 +79,7 @@ def test_overlong_filtering_masks_truncated_completions_out_of_the_loss(tmp_path
     for mask_truncated in (True, False):
         L.seed_everything(0)
         module = GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)],
-                            num_generations=2, max_new_tokens=4, beta=0.0, lr=1e-2, total_episodes=8,
+                            num_generations=2, max_new_tokens=4, kl_coef=0.0, lr=1e-2, total_episodes=8,
                             mask_truncated=mask_truncated)
         before = [p.detach().clone() for p in module.policy.parameters()]
         _, (m,) = fit(module, tmp_path / str(mask_truncated), [Last(all_truncated)])
@@ -91,12 +91,12 @@ def test_overlong_filtering_masks_truncated_completions_out_of_the_loss(tmp_path
 
 @pytest.mark.parametrize("options", [
     {"importance_sampling": "sequence", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "num_iterations": 2},
-    {"advantage": "reinforce_pp", "beta": 0.05},
-    {"advantage": "reinforce_pp_baseline", "beta": 0.0, "reward_normalization": "group"},
+    {"advantage": "reinforce_pp", "kl_coef": 0.05},
+    {"advantage": "reinforce_pp_baseline", "kl_coef": 0.0, "reward_normalization": "group"},
 ])
 def test_gspo_and_reinforce_pp_train(tmp_path, options):
     L.seed_everything(0)
-    kwargs = {"beta": 0.0, **options}
+    kwargs = {"kl_coef": 0.0, **options}
     module = GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=2,
                         max_new_tokens=4, lr=1e-3, total_episodes=16, **kwargs)
     before = [p.detach().clone() for p in module.policy.parameters()]
@@ -122,7 +122,7 @@ def test_reward_function_columns_and_errors_stop_the_step(tmp_path):
 
     L.seed_everything(0)
     module = GRPOModule(model="tiny-random-llama", reward_fns=[spy, broken], num_generations=2, max_new_tokens=3,
-                        beta=0.0, total_episodes=16)
+                        kl_coef=0.0, total_episodes=16)
     before = [p.detach().clone() for p in module.policy.parameters()]
     with pytest.raises(RewardFunctionError, match=r"'broken' raised ZeroDivisionError: no on row 0 of the rollout"):
         fit(module, tmp_path)

@@ -123,7 +123,7 @@ def online_grads(tmp_path, make, micro_batch_size):
 
 def grpo(micro_batch_size):
     return GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward("abcdefghijklm")], num_generations=2,
-                      max_new_tokens=12, beta=0.04, aggregation="token_mean", micro_batch_size=micro_batch_size,
+                      max_new_tokens=12, kl_coef=0.04, aggregation="token_mean", micro_batch_size=micro_batch_size,
                       max_grad_norm=None, lr=1e-3)
 
 

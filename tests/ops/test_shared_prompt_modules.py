@@ -83,7 +83,7 @@ def grpo_weights(shared: bool, tmp_path) -> dict[str, torch.Tensor]:
     L.seed_everything(0)
     module = GRPOModule(
         model="tiny-random-llama", reward_fns=[CharacterFractionReward("abcdefghijklmnopqrstuvwxyz")],
-        num_generations=4, max_new_tokens=6, lr=1e-3, lr_scheduler="constant", beta=0.05, num_iterations=2,
+        num_generations=4, max_new_tokens=6, lr=1e-3, lr_scheduler="constant", kl_coef=0.05, num_iterations=2,
         num_minibatches=2, micro_batch_size=3, total_episodes=32, shared_prompt=shared,
     )
     rows = [{"_prompt_ids": module.tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in PROMPTS]
@@ -100,6 +100,6 @@ def test_grpo_training_with_split_groups_matches_the_padded_rows(tmp_path, share
     assert not shared_calls
     shared = grpo_weights(True, tmp_path / "b")
     assert shared_calls  # rollout scoring (reference) and the updates' micro-batches holding 2+ rows of a group
-    initial = GRPOModule(model="tiny-random-llama", reward_fns=[len], beta=0.0).policy.state_dict()
+    initial = GRPOModule(model="tiny-random-llama", reward_fns=[len], kl_coef=0.0).policy.state_dict()
     assert any(not torch.equal(padded[n], initial[n]) for n in padded)  # the policy trained
     assert_close_dicts(shared, padded, atol=1e-5)

@@ -53,10 +53,10 @@ CASES = {
     # PPO: 2 PPO epochs per rollout, the second one shuffles its minibatches with the global generator
     "ppo": (PPOModule, dict(ppo_epochs=2, num_minibatches=2, **ONLINE), 4, TLDRPromptDataModule,
             dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
-    "grpo": (GRPOModule, dict(num_generations=2, beta=0.04, **ONLINE), 1, TLDRPromptDataModule,
+    "grpo": (GRPOModule, dict(num_generations=2, kl_coef=0.04, **ONLINE), 1, TLDRPromptDataModule,
              dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
     # DAPO's dynamic sampling draws extra prompts from its refill stream (its counter is checkpointed)
-    "grpo_dynamic": (GRPOModule, dict(num_generations=2, beta=0.0, dynamic_sampling=True, max_sampling_rounds=3,
+    "grpo_dynamic": (GRPOModule, dict(num_generations=2, kl_coef=0.0, dynamic_sampling=True, max_sampling_rounds=3,
                                       **{**ONLINE, "reward_fns": [mostly_letters]}), 1, TLDRPromptDataModule,
                      dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
     # LoRA: adapters on one frozen base (PPO: policy and value adapters; the reference is the base)

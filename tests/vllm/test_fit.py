@@ -42,7 +42,7 @@ def fit(module, root, callbacks=(), ckpt_path=None, **trainer_args):
 def grpo(model_dir, backend, **extra):
     L.seed_everything(0)
     args = dict(reward_fns=[CharacterFractionReward(LETTERS)], num_generations=4, max_new_tokens=8, lr=3e-3,
-                lr_scheduler="constant", beta=0.01, num_iterations=2, total_episodes=16 * 20,
+                lr_scheduler="constant", kl_coef=0.01, num_iterations=2, total_episodes=16 * 20,
                 log_completions_every_n_steps=0)
     return GRPOModule(model=model_dir, generation_backend=backend, **{**args, **extra})
 
@@ -83,7 +83,7 @@ def test_resume_is_exact_on_vllm(vllm_model_dir, engine, tmp_path):
     from lit_rlhf.data import TLDRPromptDataModule
 
     def run(root, stop_after=None, ckpt_path=None):
-        module = attach(grpo(vllm_model_dir, "vllm", total_episodes=None, num_generations=2, beta=0.04,
+        module = attach(grpo(vllm_model_dir, "vllm", total_episodes=None, num_generations=2, kl_coef=0.04,
                              num_iterations=1, max_new_tokens=4, lr=1e-2), engine)
         dm = TLDRPromptDataModule(tokenizer=vllm_model_dir, path="bundled:tldr_sft", max_prompt_length=96, limit=6,
                                   batch_size=2, val_split=None, test_split=None)
