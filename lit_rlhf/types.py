@@ -4,7 +4,7 @@ Every batch a DataModule yields and every rollout `generation.py` returns is one
 immutable NamedTuples; batches move between devices with `.to(device)` (tensors moved, `meta`
 kept), which is what Lightning calls.
 
-Conventions (DESIGN.md section 1):
+Conventions (`docs/ARCHITECTURE.md` section 3):
 - masks are boolean, True = keep;
 - `B` is the batch size, `T` the padded sequence length, `P` the padded prompt length and
   `R` the (fixed) response length of a rollout;

@@ -1,4 +1,4 @@
-"""Turning dataset rows into prompt and completion texts and token ids (DESIGN.md D2, D3).
+"""Turning dataset rows into prompt and completion texts and token ids (`docs/ARCHITECTURE.md` D2, D3).
 
 Everything here is a pure function of (tokenizer, text): no datasets, no Lightning.
 

@@ -7,7 +7,7 @@ Sources (defaults are the real hub datasets; see `lit_rlhf.data.base` for local 
   `info{id, post, title, subreddit[, site, article]}, summaries[{text, policy, note}] (2),
   choice, worker, batch, split, extra{confidence}`, splits train / validation.
 
-Formatting (DESIGN.md): D2 query with paragraph truncation to `max_prompt_length` tokens; D3
+Formatting (`docs/ARCHITECTURE.md`): D2 query with paragraph truncation to `max_prompt_length` tokens; D3
 completion = " " + summary + EOS (exactly one leading space); D5 right padding for SFT and
 pairs, left padding for prompts. A completion longer than `max_completion_length` tokens (EOS
 included; SFT 53, preferences 169, N+ Detail 4) is cut to `max_completion_length - 1` tokens +

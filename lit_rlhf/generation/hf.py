@@ -11,7 +11,7 @@ and ignores the model's `generation_config` defaults (the distribution sampled i
 log-probs score: temperature, top-k, top-p, nothing else).
 
 Under sharded strategies (ZeRO-3, FSDP) every rank must keep calling the model until all ranks
-are done: pass `synced_gpus=True` (DESIGN.md section 3); `needs_synced_gpus` tells when.
+are done: pass `synced_gpus=True` (`docs/ARCHITECTURE.md` section 4); `needs_synced_gpus` tells when.
 """
 
 from __future__ import annotations

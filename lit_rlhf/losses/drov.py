@@ -29,7 +29,7 @@ def drov_loss(
 
     policy_logps, ref_logps: (B,) sequence log-probs log pi(y|x), log pi_ref(y|x);
     values: (B,) V(x) from the value network (one value per prompt); rewards: (B,) r(x, y)
-    (normalised to mean 0, variance 1 upstream, DESIGN Sec. 2); tau > 0 the KL strength.
+    (normalised to mean 0, variance 1 upstream, `docs/ARCHITECTURE.md` section 2); tau > 0 the KL strength.
 
     The DRO objective (Richemond et al. 2024, Sec. 4) is, over the batch,
 
@@ -43,7 +43,7 @@ def drov_loss(
       grad_theta = mean_b[ -(r - V) grad log pi + (tau/2) grad (log pi/pi_ref)^2 ], which is
       Eq. 8 (= grad_theta L) divided by tau. Algorithm 1's box drops the tau on the second term;
       Eq. 8 is what follows from L, and the division by tau keeps the first term's scale
-      independent of tau (DESIGN Sec. 2). Its value is not L.
+      independent of tau (`docs/ARCHITECTURE.md` section 2). Its value is not L.
     - value_loss = 1/2 mean_b (r - V - tau * sg(log pi/pi_ref))^2,
       grad_V = -(r - V - tau * log pi/pi_ref) / B per example: Eq. 7.
 

@@ -89,7 +89,7 @@ def labels_from_rewards(rewards: Tensor) -> Tensor:
     """Binary KTO labels from scalar rewards: desirable when the reward beats the batch mean.
 
     rewards: (B,) -> (B,) bool. This is how the DRO paper (Richemond et al. 2024) builds its KTO
-    baseline from single-trajectory rewards (DESIGN.md Sec. 2). Ties with the mean (an
+    baseline from single-trajectory rewards (`docs/ARCHITECTURE.md` section 2). Ties with the mean (an
     all-equal batch, say) are undesirable.
     """
     return rewards > rewards.mean()

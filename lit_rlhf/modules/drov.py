@@ -34,7 +34,7 @@ def last_prompt_index(prompt_lengths: Tensor) -> Tensor:
 class DROVModule(PolicyModule):
     """DRO-V on `SingleBatch`es (prompt, completion, normalised scalar reward `rewards`).
 
-    L = 1/2 E[(r(x,y) - V(x) - tau * log(pi(y|x)/pi_ref(y|x)))^2] (DESIGN Sec. 2). V(x) is read
+    L = 1/2 E[(r(x,y) - V(x) - tau * log(pi(y|x)/pi_ref(y|x)))^2] (`docs/ARCHITECTURE.md` section 2). V(x) is read
     at the last prompt token (index `prompt_lengths - 1` of the right-padded rows), so it sees the
     prompt only: one value per example. Only the prompt columns go through the value network.
 

@@ -1,4 +1,4 @@
-"""PPO for RLHF with in-loop generation (N+ implementation details, DESIGN.md D21-D25)."""
+"""PPO for RLHF with in-loop generation (N+ implementation details, `docs/ARCHITECTURE.md` D21-D25)."""
 
 from __future__ import annotations
 

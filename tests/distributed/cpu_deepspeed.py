@@ -1,4 +1,4 @@
-"""Test-only: Lightning's DeepSpeedStrategy on CPU with gloo (DESIGN.md section 3).
+"""Test-only: Lightning's DeepSpeedStrategy on CPU with gloo (`docs/ARCHITECTURE.md` section 4).
 
 Lightning refuses DeepSpeed without CUDA. This subclass (1) sets up the environment as DDP does,
 (2) skips the CUDA device-index check, and (3) passes `device_rank=self.local_rank` to

@@ -1,4 +1,4 @@
-"""LoRA under DDP and DeepSpeed ZeRO-2/3, 2 CPU processes (DESIGN.md section 3).
+"""LoRA under DDP and DeepSpeed ZeRO-2/3, 2 CPU processes (`docs/ARCHITECTURE.md` section 4).
 
 DPO (policy adapter, reference = the base with it disabled) and PPO (policy and value adapters
 on one base, a trained value head) train with gradients reduced across ranks: every rank ends
