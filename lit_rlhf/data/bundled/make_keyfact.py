@@ -16,9 +16,10 @@ The main job's data (scripts/quickstart.sh). Every text is synthetic, written by
   with filler words to the same number of words, so length cannot split them.
   The label is drawn from Bradley-Terry on the gold, P(first preferred) =
   sigmoid((gold_first - gold_second) / TEMPERATURE), so near-ties are close to coin flips and
-  about one label in ten disagrees with the gold (train 10%, test 5%) (Gao et al. 2023's synthetic-gold labels).
+  about one label in ten disagrees with the gold (train 11%, test 4%) (Gao et al. 2023's synthetic-gold labels).
   `extra.confidence` (1-9) grows with the gold gap; `note` holds the gold score of each summary.
-  Train pairs come from train posts, test pairs from test posts.
+  Train pairs come from train posts, test pairs from test posts. Summaries stay under 52 bytes,
+  so the byte-level tiny test tokenizer fits them in the default lengths.
 
 Run: `python lit_rlhf/data/bundled/make_keyfact.py [OUT_DIR]` (default: rewrites the files next to it; a test
 checks that the committed files are exactly what it writes).
@@ -67,9 +68,9 @@ SITUATIONS = [
     ("{Who} wants a loan for a boat", "My {who} asked me for $5000.", "It is to buy a fishing boat.",
      "{who} wants $5000 from me for a boat"),
     ("{Who} smokes on the balcony", "My {who} smokes on the balcony every evening.", "The smoke drifts into my bedroom.",
-     "{who} smokes on the balcony, smoke fills my bedroom"),
+     "{who} smokes on the balcony into my room"),
     ("{Who} cancelled our trip", "My {who} cancelled our Paris trip the night before.", "I had already paid for the hotel.",
-     "{who} cancelled our Paris trip after I paid the hotel"),
+     "{who} cancelled our Paris trip, I paid"),
     ("{Who} fed my dog chocolate", "My {who} gave my dog chocolate while I was out.", "He was sick all night and we went to the vet.",
      "{who} fed my dog chocolate, vet visit"),
     ("{Who} broke my laptop", "My {who} spilled coffee on my laptop.", "It won't turn on and they refuse to pay.",
