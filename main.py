@@ -2,6 +2,10 @@
 
 `--verbose` (or LIT_RLHF_VERBOSE=1) shows every library warning and progress bar and full
 tracebacks; by default the console is quiet (`lit_rlhf.console`).
+
+This is where the two packages meet: `lit_rlhf` (the CLI, with its own default checkpoint on
+SIGTERM) never imports the top-level `callbacks` package, and the console's default callbacks
+(compact progress bar, dead-run warnings) are handed to it here.
 """
 
 import sys
@@ -10,6 +14,7 @@ from lit_rlhf.console import prepare_process  # standard library only: runs befo
 
 if __name__ == "__main__":
     sys.argv[1:] = prepare_process(sys.argv[1:])  # takes out --verbose
+    from callbacks import default_callbacks
     from lit_rlhf.cli import run
 
-    run()
+    run(default_callbacks=default_callbacks)

@@ -16,8 +16,13 @@ unchanged when it only observes. After the update, callbacks that define
     def on_rollout_end(self, trainer, pl_module, rollout: Rollout) -> None
 
 observe the final rollout (its `logps` always filled); `KLControlCallback` measures the KL there.
+
+`default_callbacks` (the compact progress bar, the dead-run warnings) is what `main.py` adds to
+every run; `PreemptionCheckpoint` is re-exported from `lit_rlhf.preemption`, where the CLI adds
+it to every run by default. This package imports `lit_rlhf`, never the other way round.
 """
 
+from callbacks.defaults import default_callbacks
 from callbacks.eos_trick import EOSTrickCallback
 from callbacks.judge_eval import JudgeEvalCallback
 from callbacks.kl_control import KLControlCallback
@@ -34,4 +39,5 @@ __all__ = [
     "PreemptionCheckpoint",
     "RewardNormalizationCallback",
     "RunHealthCallback",
+    "default_callbacks",
 ]

@@ -10,10 +10,13 @@
   rollout, or `trainer.max_steps` / updates per rollout), instead of "Epoch 0/-2" with the
   length of the prompt loader;
 - for the other methods "epoch e/E" (1-based) over the batches of the epoch;
+- a run resumed inside an epoch (`--ckpt_path last` after a preemption) gets its total and ETA
+  too: Lightning skips `on_train_epoch_start` then, so the bar is set up in `on_train_start`,
+  starting at the batches already trained, and the rate counts only this run's batches;
 - at the end of fit, one line per validated metric: its first and last validated value
   (`val_loss 1.21 -> 1.02`), so a run prints its result.
 
-The CLI adds it when the config names no progress bar (`lit_rlhf.cli.default_callbacks`).
+`main.py` adds it when the config names no progress bar (`callbacks.default_callbacks`).
 """
 
 from __future__ import annotations
@@ -101,6 +104,22 @@ class CompactProgressBar(TQDMProgressBar):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         super().on_train_start(trainer, pl_module)
         self._online_total = total_rollouts(trainer, pl_module) if is_online(pl_module) else None
+        loop = trainer.fit_loop
+        if getattr(loop, "restarted_mid_epoch", False) or getattr(loop, "restarted_on_epoch_end", False):
+            self._resume_bar(trainer, pl_module)
+
+    def _resume_bar(self, trainer: Any, pl_module: Any) -> None:
+        """The bar of a run resumed inside an epoch (no `on_train_epoch_start` from Lightning)."""
+        self.on_train_epoch_start(trainer, pl_module)
+        if is_online(pl_module):
+            return
+        bar = self.train_progress_bar
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # batches of this epoch trained
+        if bar.total is not None and trainer.num_training_batches != float("inf"):
+            # Lightning's total counts the steps left (max_steps) from 0; this epoch's batch index goes on from `done`
+            bar.total = min(int(trainer.num_training_batches), bar.total + done)
+        bar.n = bar.initial = done  # the ETA's rate counts only the batches this run trains
+        bar.refresh()
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         if not is_online(pl_module):
@@ -112,8 +131,7 @@ class CompactProgressBar(TQDMProgressBar):
         bar = self.train_progress_bar
         if trainer.current_epoch == 0 or bar.total is None:  # one bar for the whole run
             bar.reset(total=self._online_total)
-            bar.initial = 0
-            bar.n = pl_module.rollouts  # resumed runs start where they stopped
+            bar.n = bar.initial = pl_module.rollouts  # resumed runs start where they stopped (rate: this run's)
             bar.set_description("rollouts")
             bar.refresh()
 

@@ -49,6 +49,10 @@ class RewardNormalizationCallback(Callback):
         checkpoint_name: file name of that checkpoint.
     """
 
+    # read by the start-up checks (`lit_rlhf.checks`): without `path` or `datamodule`, the trainer's
+    # DataModule must have `reference_texts`
+    needs_reference_texts = True
+
     def __init__(
         self,
         path: str | None = None,

@@ -21,14 +21,15 @@ Checked:
   purpose (`bf16-true`, `16-true`) or DeepSpeed (which keeps its own fp32 master copy) trains;
 - online methods: a rollout of `batch_size x num_generations` rows that does not split into
   `num_minibatches` equal minibatches (PPO's `batch_size` rows likewise);
-- `optimizer_in_backward` with what needs all gradients of a step at once or several backward
-  passes per step (gradient clipping, accumulation, several processes, DeepSpeed, FSDP, fp16's
-  GradScaler, an online update split into micro-batches, `on_nonfinite: skip`;
-  `lit_rlhf.modules.in_backward.startup_problems`);
+- the module's own settings, through its `check_config(trainer, datamodule)` hook (a list of
+  problems, `docs/ARCHITECTURE.md` section 5): e.g. `optimizer_in_backward` with what needs all gradients of a
+  step at once or several backward passes per step (`TrainingModule.check_config`,
+  `lit_rlhf.modules.in_backward.startup_problems`). The hook keeps this module below `modules/`:
+  it never imports it;
 - callbacks that need a split the DataModule does not configure (`ModelCheckpoint` /
   `EarlyStopping` monitoring a `val/` metric, `JudgeEvalCallback(split=...)`,
-  `RewardNormalizationCallback` reading the trainer's DataModule), or no validation at all
-  (`limit_val_batches=0`).
+  `RewardNormalizationCallback` reading the trainer's DataModule: a callback with
+  `needs_reference_texts = True`), or no validation at all (`limit_val_batches=0`).
 
 (PPO/GRPO without any reward source and a chat DataModule on a tokenizer without a chat template
 fail even earlier, when the module is built and when the DataModule formats its data.)
@@ -59,15 +60,18 @@ def startup_checks(trainer: Any, module: Any) -> None:
 
 
 def collect_problems(trainer: Any, module: Any) -> list[str]:
-    from lit_rlhf.modules import in_backward  # (lit_rlhf.modules imports this module)
-
     dm = getattr(trainer, "datamodule", None)
     problems: list[str] = []
     for check in (_batch_type, _tokenizer_match, _context_length, _shared_weights, _embedding_sizes,
-                  _low_precision_weights, _online, _method_specific, in_backward.startup_problems,
-                  _callbacks_need_splits):
+                  _low_precision_weights, _online, _method_specific, _module_own, _callbacks_need_splits):
         problems += check(trainer, module, dm)
     return problems
+
+
+def _module_own(trainer, module, dm) -> list[str]:
+    """What the module finds wrong with its own settings (`check_config(trainer, datamodule)`)."""
+    hook = getattr(module, "check_config", None)
+    return list(hook(trainer, dm)) if callable(hook) else []
 
 
 # --------------------------------------------------------------------------------------------
@@ -381,18 +385,9 @@ def _callbacks_need_splits(trainer, module, dm) -> list[str]:
                 f"{name} reads the {split!r} split of the trainer's DataModule, but {type(dm).__name__} has "
                 f"{role}_split=null: set {role}_split, or give the callback its own data"
             )
-        if _is_reward_normalization(cb) and not callable(getattr(dm, "reference_texts", None)):
+        if getattr(cb, "needs_reference_texts", False) and not callable(getattr(dm, "reference_texts", None)):
             problems.append(
                 f"{name} needs reference responses (reference_texts) and the trainer's {type(dm).__name__} has "
                 "none: give the callback `path` (an SFT dataset) or `datamodule`"
             )
     return problems
-
-
-
-def _is_reward_normalization(callback) -> bool:
-    try:
-        from callbacks.reward_normalization import RewardNormalizationCallback
-    except ImportError:  # lit_rlhf used without the repository's callbacks package
-        return False
-    return isinstance(callback, RewardNormalizationCallback)

@@ -10,10 +10,16 @@ The DataModule's `tokenizer` is linked to the module's tokenizer (or its model w
 sets none), so a config names the model once.
 
 `run` (what `main.py` calls) adds what a person at a terminal needs: a quiet console
-(`lit_rlhf.console`; `--verbose` or LIT_RLHF_VERBOSE=1 shows everything), the project's own
-errors (a missing model, an unreadable dataset, a failed start-up check) printed as one message
-with exit code 2 instead of a traceback, and, unless the config lists its own, a compact progress
-bar and the dead-run warnings (`default_callbacks`).
+(`lit_rlhf.console`; `--verbose` or LIT_RLHF_VERBOSE=1 shows everything), and the project's own
+errors (a missing model, an unreadable dataset, a failed start-up check, a misspelled option:
+`lit_rlhf.cli_errors`) printed as one message with exit code 2 instead of a traceback.
+
+Every fit gets a `PreemptionCheckpoint` (`lit_rlhf.preemption`: `last.ckpt` written on SIGTERM,
+exit code 75) unless the config lists its own, `--preemption_checkpoint false` (or
+`preemption_checkpoint: false` in the YAML) or `trainer.enable_checkpointing: false` turns it off
+(`default_callbacks`). The console's callbacks (the compact progress bar, the dead-run
+warnings) live in the top-level `callbacks` package, which this package never imports: `main.py`
+passes them in (`main(..., default_callbacks=callbacks.default_callbacks)`).
 """
 
 from __future__ import annotations
@@ -21,16 +27,23 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from lightning import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_rlhf import console, hub, resume
+from lit_rlhf.cli_errors import OptionError, ProjectArgumentParser, TrainerSettingError, locate
+from lit_rlhf.preemption import PreemptionCheckpoint
 
 log = logging.getLogger(__name__)
 
 PROJECT_PACKAGES = ("lit_rlhf", "callbacks", "examples")
+PREEMPTION_FLAG = "preemption_checkpoint"
+
+# (trainer config, callbacks already listed) -> callbacks to add
+DefaultCallbacks = Callable[[dict[str, Any], list[Callback]], list[Callback]]
 
 
 def tokenizer_of(model: str, tokenizer: str | None) -> str:
@@ -38,6 +51,14 @@ def tokenizer_of(model: str, tokenizer: str | None) -> str:
 
 
 class RLHFCLI(LightningCLI):
+    """LightningCLI with the project's parser (`lit_rlhf.cli_errors`), resume (`lit_rlhf.resume`)
+    and default callbacks: `default_callbacks` of this module, then the caller's."""
+
+    def __init__(self, *args: Any, default_callbacks: DefaultCallbacks | None = None, **kwargs: Any) -> None:
+        self.more_default_callbacks = default_callbacks
+        kwargs.setdefault("parser_class", ProjectArgumentParser)
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments(
             ("model.init_args.model", "model.init_args.tokenizer"),
@@ -45,6 +66,16 @@ class RLHFCLI(LightningCLI):
             compute_fn=tokenizer_of,
         )
         resume.add_resume_arguments(parser)
+        parser.add_argument(
+            f"--{PREEMPTION_FLAG}", type=bool, default=True,
+            help="write last.ckpt when the run gets SIGTERM/SIGINT, then exit with 75/130 (lit_rlhf.preemption)",
+        )
+
+    def parse_arguments(self, parser, args) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except OptionError as err:  # say where the option was given: config file and line, or the command line
+            raise locate(err, list(sys.argv[1:] if args is None else args)) from None
 
     def before_fit(self) -> None:
         resume.end_startup_handler(self.trainer)
@@ -52,7 +83,8 @@ class RLHFCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         try:
-            super()._run_subcommand(subcommand)
+            with resume.exact_resume_warnings(self.datamodule):
+                super()._run_subcommand(subcommand)
         except SystemExit as exception:  # a preempted fit exits with 75 (lit_rlhf.resume)
             preempted = resume.preempted_exit(getattr(self, "trainer", None), exception)
             if preempted is None:
@@ -61,25 +93,26 @@ class RLHFCLI(LightningCLI):
             raise preempted from None
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Any:
-        return super()._instantiate_trainer(config, callbacks + default_callbacks(config, callbacks))
+        listed = config.get("callbacks") or []
+        listed = (listed if isinstance(listed, list) else [listed]) + list(callbacks)
+        preemption = self._get(self.config, PREEMPTION_FLAG, default=True) is not False
+        extra = default_callbacks(config, listed, preemption=preemption)
+        if self.more_default_callbacks is not None:
+            extra += self.more_default_callbacks(config, listed + extra)
+        try:
+            return super()._instantiate_trainer(config, callbacks + extra)
+        except MisconfigurationException as err:  # a refused value (max_steps: -5): one line, not a traceback
+            raise TrainerSettingError(f"trainer: {err}") from err
 
 
-def default_callbacks(trainer_config: dict[str, Any], more: list[Callback] = ()) -> list[Callback]:
-    """The callbacks every run gets unless its config lists its own: `CompactProgressBar` (when
-    the progress bar is enabled) and `RunHealthCallback` (dead-run warnings)."""
-    from lightning.pytorch.callbacks import ProgressBar
-
-    from callbacks.progress import CompactProgressBar
-    from callbacks.run_health import RunHealthCallback
-
-    listed = trainer_config.get("callbacks") or []
-    listed = (listed if isinstance(listed, list) else [listed]) + list(more)
-    extra: list[Callback] = []
-    if trainer_config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in listed):
-        extra.append(CompactProgressBar())
-    if not any(isinstance(c, RunHealthCallback) for c in listed):
-        extra.append(RunHealthCallback())
-    return extra
+def default_callbacks(trainer_config: dict[str, Any], listed: list[Callback] = (), *,
+                      preemption: bool = True) -> list[Callback]:
+    """lit_rlhf's callbacks every run gets: a `PreemptionCheckpoint` (unless `listed` has one,
+    `preemption` is False (`--preemption_checkpoint false`) or the trainer's checkpointing is off)."""
+    enabled = preemption and trainer_config.get("enable_checkpointing", True) is not False
+    if enabled and not any(isinstance(c, PreemptionCheckpoint) for c in listed):
+        return [PreemptionCheckpoint()]
+    return []
 
 
 def register_project_classes() -> None:
@@ -116,27 +149,32 @@ def error_message(err: BaseException) -> str:
     return f"error: {err}" if own else f"error: {type(err).__name__}: {err}"
 
 
-def run(args: list[str] | None = None) -> None:
+def run(args: list[str] | None = None, default_callbacks: DefaultCallbacks | None = None) -> None:
     """The command line: `main` with a quiet console and the project's errors as one message.
 
-    A project error (e.g. `ModelNotFoundError`, `DataSourceError`, a start-up check) is printed
-    as `error: <message>` on stderr with exit code 2; any other exception, and every exception
-    with `--verbose` / LIT_RLHF_VERBOSE=1, propagates with its traceback."""
+    A project error (e.g. `ModelNotFoundError`, `DataSourceError`, a start-up check, a misspelled
+    option) is printed as `error: <message>` on stderr with exit code 2; any other exception, and
+    every exception with `--verbose` / LIT_RLHF_VERBOSE=1, propagates with its traceback."""
     verbose = console.verbose_requested()
     console.configure(verbose)
     hub.prepare_environment()  # idempotent: main.py already called it before Lightning's import
     try:
-        main(args)
+        main(args, default_callbacks=default_callbacks)
     except Exception as err:
         found = project_error(err)
         if found is None or verbose:
             raise
-        print(f"{error_message(found)}\n(run with --verbose for the traceback)", file=sys.stderr)
+        hint = ("`--help` lists the options" if isinstance(found, OptionError)
+                else "run with --verbose for the traceback")
+        print(f"{error_message(found)}\n({hint})", file=sys.stderr)
         raise SystemExit(2) from None
 
 
 @resume.sigterm_exits_during_startup()  # SIGTERM before the trainer runs: exit 75 at once
-def main(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> RLHFCLI:
+def main(args: list[str] | None = None, run: bool = True, default_callbacks: DefaultCallbacks | None = None,
+         **kwargs: Any) -> RLHFCLI:
+    """Build (and with `run`, run) the CLI on `args`; `default_callbacks(trainer_config, listed)`
+    adds the caller's default callbacks (main.py: the console's, `callbacks.default_callbacks`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     register_project_classes()
     return RLHFCLI(
@@ -148,5 +186,6 @@ def main(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> RLHF
         auto_configure_optimizers=False,  # every module configures its own optimiser from its init args
         args=args,
         run=run,
+        default_callbacks=default_callbacks,
         **kwargs,
     )

@@ -8,12 +8,20 @@ error when there is nothing to resume, and the exit code of a preempted run.
   `version` (`--trainer.logger.init_args.version my_run`) or a ModelCheckpoint `dirpath` is
   used as it is. Without `--ckpt_path last` a fresh run gets a new version, as before.
 - **Nothing to resume.** `--ckpt_path last` with no `last*.ckpt` in the run's checkpoint
-  directories is an error, unless `--fresh_if_no_checkpoint true` asks to start a new run then
-  (the first submission of a job that is resubmitted with the same command).
-- **Exit codes.** A run that `callbacks.PreemptionCheckpoint` stopped exits with 75 (`EX_TEMPFAIL`,
-  after SIGTERM) or 130 (after Ctrl-C), after one line saying what was saved
-  (`lit_rlhf.stopping`). A SIGTERM that arrives before the trainer is set up (config parsing,
-  model loading) exits with 75 at once: nothing was trained.
+  directories is an error (`NothingToResume`: `error: ...`, exit code 2), unless
+  `--fresh_if_no_checkpoint true` asks to start a new run then (the first submission of a job
+  that is resubmitted with the same command).
+- **Exit codes.** A run that `lit_rlhf.preemption.PreemptionCheckpoint` stopped (every CLI run
+  has one unless `--preemption_checkpoint false`) exits with 75 (`EX_TEMPFAIL`, after SIGTERM) or
+  130 (after Ctrl-C), after one line saying what was saved (`lit_rlhf.stopping`). A SIGTERM that
+  arrives before the trainer is set up (config parsing, model loading) exits with 75 at once:
+  nothing was trained.
+- **Lightning's "dataloader is not resumable" warning.** Lightning warns on every resume inside
+  an epoch unless the DataLoader itself has `state_dict`/`load_state_dict`. The DataModules of
+  `lit_rlhf.data` resume exactly all the same: their `ResumableSampler` skips the batches the
+  restored loop counters say were trained. For them (with `num_workers: 0`, where the sampler
+  always reads the counters after the restore) the CLI drops that warning
+  (`exact_resume_warnings`); any other DataLoader keeps it.
 """
 
 from __future__ import annotations
@@ -22,15 +30,23 @@ import logging
 import re
 import signal
 import threading
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from lit_rlhf.preemption import PreemptionCheckpoint
 from lit_rlhf.stopping import PREEMPTED_EXIT_CODE, Preempted
 
 log = logging.getLogger(__name__)
 
 FRESH_FLAG = "fresh_if_no_checkpoint"
+NOT_RESUMABLE_WARNING = ("You're resuming from a checkpoint that ended before the epoch ended and your dataloader is "
+                         "not resumable")
+
+
+class NothingToResume(FileNotFoundError):
+    """`--ckpt_path last` found no `last*.ckpt` to resume from."""
 
 
 def add_resume_arguments(parser: Any) -> None:
@@ -65,14 +81,15 @@ def last_checkpoints(trainer: Any) -> list[str]:
 
 
 def checkpoint_dirs(trainer: Any) -> list[str]:
+    """The ModelCheckpoint directories `--ckpt_path last` looks in, each once, in callback order."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    dirs = []
+    dirs: dict[str, None] = {}
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint):
             resolve = getattr(callback, "_ModelCheckpoint__resolve_ckpt_dir", None)  # Lightning's own rule
-            dirs.append(str(callback.dirpath or (resolve(trainer) if resolve else "the ModelCheckpoint directory")))
-    return dirs
+            dirs[str(callback.dirpath or (resolve(trainer) if resolve else "the ModelCheckpoint directory"))] = None
+    return list(dirs)
 
 
 def prepare_fit(trainer: Any, config: Any) -> None:
@@ -90,10 +107,31 @@ def prepare_fit(trainer: Any, config: Any) -> None:
         log.warning("--ckpt_path last: no last checkpoint in %s; starting a new run (--%s)", where, FRESH_FLAG)
         config["ckpt_path"] = None
         return
-    raise SystemExit(
-        f"error: --ckpt_path last, but there is no last checkpoint in {where}. Pass a checkpoint path, or add "
+    raise NothingToResume(
+        f"--ckpt_path last, but there is no last checkpoint in {where}. Pass a checkpoint path, or add "
         f"--{FRESH_FLAG} true to start a new run when none exists yet."
     )
+
+
+def resumes_mid_epoch_exactly(datamodule: Any) -> bool:
+    """Whether `datamodule`'s train loader resumes inside an epoch exactly without Lightning's
+    help: a DataModule of `lit_rlhf.data` whose train loader is the base class's (a
+    `ResumableSampler`) and that loads in the main process (`num_workers: 0`)."""
+    from lit_rlhf.data.base import RLHFDataModule
+
+    return (isinstance(datamodule, RLHFDataModule)
+            and type(datamodule).train_dataloader is RLHFDataModule.train_dataloader
+            and not getattr(datamodule, "num_workers", 0))
+
+
+@contextmanager
+def exact_resume_warnings(datamodule: Any) -> Iterator[None]:
+    """Inside the block, Lightning's "your dataloader is not resumable" warning is dropped when
+    `resumes_mid_epoch_exactly(datamodule)` (the warning would contradict the exact resume)."""
+    with warnings.catch_warnings():
+        if resumes_mid_epoch_exactly(datamodule):
+            warnings.filterwarnings("ignore", message=re.escape(NOT_RESUMABLE_WARNING))
+        yield
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,9 +161,8 @@ def sigterm_exits_during_startup() -> Iterator[None]:
 
 def end_startup_handler(trainer: Any) -> None:
     """Hand SIGTERM over to the trainer: `PreemptionCheckpoint` takes it in its `setup`, and
-    without that callback Lightning's handler does (stopping at the end of a batch)."""
-    from callbacks.preemption import PreemptionCheckpoint
-
+    without that callback (`--preemption_checkpoint false`) Lightning's handler does (stopping at
+    the end of a batch)."""
     if signal.getsignal(signal.SIGTERM) == _exit_at_once and not any(
             isinstance(cb, PreemptionCheckpoint) for cb in trainer.callbacks):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -135,8 +172,6 @@ def preempted_exit(trainer: Any, exception: BaseException) -> Preempted | None:
     """The `Preempted` exit for a fit that ended on a signal (None for any other exception)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from callbacks.preemption import PreemptionCheckpoint
-
     if isinstance(exception, Preempted):
         return exception
     if not isinstance(exception, SIGTERMException):
@@ -144,8 +179,9 @@ def preempted_exit(trainer: Any, exception: BaseException) -> Preempted | None:
     for callback in trainer.callbacks if trainer is not None else []:
         if isinstance(callback, PreemptionCheckpoint) and callback.saved_path is not None:
             return Preempted(callback.message(trainer), callback.exit_code)
-    return Preempted(f"SIGTERM: stopped at the end of a batch without a preemption checkpoint (add "
-                     f"callbacks.PreemptionCheckpoint); exiting with code {PREEMPTED_EXIT_CODE}")
+    return Preempted(f"SIGTERM: stopped at the end of a batch without a preemption checkpoint (it is off: "
+                     f"--preemption_checkpoint false or trainer.enable_checkpointing: false); exiting with code "
+                     f"{PREEMPTED_EXIT_CODE}")
 
 
 # ----------------------------------------------------------------------------------------------

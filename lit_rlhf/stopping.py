@@ -4,8 +4,9 @@
   (`max_steps`, `max_epochs`, the online methods' `total_episodes`, `max_time`), a callback that
   asked to stop (early stopping), or, for a resumed run whose checkpoint already met the budget,
   that nothing was left to train and which limit to raise.
-- A run stopped by SIGTERM (`callbacks.PreemptionCheckpoint`, after writing `last.ckpt` at an
-  optimizer-step boundary) ends `python main.py` with `Preempted`, a `SystemExit` with
+- A run stopped by SIGTERM (`lit_rlhf.preemption.PreemptionCheckpoint`, on in every CLI run,
+  after writing `last.ckpt` at an optimizer-step boundary) ends `python main.py` with
+  `Preempted`, a `SystemExit` with
   `PREEMPTED_EXIT_CODE` (75, `EX_TEMPFAIL` of sysexits.h: "temporary failure, try again"); in
   process, `trainer.fit` raises Lightning's `SIGTERMException` (or `Preempted` before training). A job script reruns the same command
   with `--ckpt_path last` while the exit code is 75 (README, "Resume"). Ctrl-C (SIGINT) saves the

@@ -172,6 +172,21 @@ def test_every_problem_is_listed_at_once(tmp_path):
     assert "max_new_tokens (4000)" in str(err.value) and "num_minibatches=4" in str(err.value)
 
 
+class SFTWithOwnCheck(SFTModule):
+    def check_config(self, trainer, datamodule):
+        return super().check_config(trainer, datamodule) + [f"own check saw {type(datamodule).__name__}"]
+
+
+def test_a_modules_own_check_config_is_listed_with_the_others(tmp_path):
+    """`check_config(trainer, datamodule)` is the module's hook (`lit_rlhf.checks` never imports
+    `lit_rlhf.modules`): a subclass's problems and the base's (optimizer_in_backward) come together."""
+    module = SFTWithOwnCheck(model=TINY, optimizer_in_backward=True)
+    with pytest.raises(ConfigError, match=r"\(2 problem\(s\)\)") as err:
+        fit(module, tldr_sft(), tmp_path, gradient_clip_val=1.0)
+    assert "own check saw TLDRSFTDataModule" in str(err.value)
+    assert "optimizer_in_backward" in str(err.value) and "gradient_clip_val" in str(err.value)
+
+
 def test_a_good_configuration_passes(tmp_path):
     fit_ok = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
                        enable_model_summary=False, default_root_dir=tmp_path, limit_val_batches=0,

@@ -24,9 +24,11 @@ import pytest
 import torch
 import yaml
 
+from callbacks import default_callbacks
 from callbacks.progress import CompactProgressBar, short_name
 from callbacks.run_health import RunHealthCallback
-from lit_rlhf.cli import main, project_error
+from lit_rlhf import cli
+from lit_rlhf.cli import project_error
 from lit_rlhf.types import Rollout
 from tests.helpers import REPO_ROOT, subprocess_env, write_config
 
@@ -45,6 +47,11 @@ SHORT = {
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def main(args, **kwargs):
+    """What `python main.py` runs, in process: the CLI with the console's default callbacks."""
+    return cli.main(args, default_callbacks=default_callbacks, **kwargs)
 
 
 def test_every_method_has_a_quickstart_recipe_on_the_embedded_model_and_bundled_data():
@@ -78,7 +85,7 @@ def test_quickstart_recipe_runs_as_written(method, tmp_path, monkeypatch, caplog
     assert "validation (first -> last):" in caplog.text  # the run prints its result
 
     bar = cli.trainer.progress_bar_callback
-    assert isinstance(bar, CompactProgressBar)  # added by the CLI: the recipes list none
+    assert isinstance(bar, CompactProgressBar)  # added by main.py's defaults: the recipes list none
     if method == "ppo":  # one bar over the run, counting rollouts to the true total
         module = cli.model
         assert bar.train_progress_bar.total == math.ceil(8 / module.episodes_per_rollout()) == module.rollouts

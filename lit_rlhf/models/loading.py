@@ -12,6 +12,11 @@ A model name is one of:
   `base_model_name_or_path`) with the adapter merged in;
 - a Hugging Face hub id (needs network access, or the hub cache).
 
+A name that can only be a local path (it starts with `.`, `/` or `~`, has more than one `/`
+while hub ids are `org/name`, or is where a shipped recipe exports its model) and does not exist
+fails at once with that, and with the recipe that writes it (`lit_rlhf.models.recipes`): e.g.
+PPO run before the reward recipe.
+
 Every tokenizer gets a PAD token distinct from EOS (D3), every model has dropout disabled (D7)
 and embeddings sized to the tokenizer. Scalar heads live in `lit_rlhf.models.heads`.
 """
@@ -28,6 +33,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from lit_rlhf.models.recipes import missing_path_message, recipes_writing
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +171,9 @@ def _resolve(name: str) -> tuple[str, Path | str]:
         return "adapter", path  # a LoRA adapter (PEFT format) on the base its config names
     if path.is_dir():
         return "dir", path
+    writers = recipes_writing(name)
+    if not path.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1 or writers):
+        raise ModelNotFoundError(missing_path_message(name, writers, SMOLLM2_135M_INSTRUCT))
     if name.startswith((".", "/", "~")) or path.exists():
         raise ModelNotFoundError(f"{name!r} looks like a local path but is not a model directory or a .gguf file")
     _check_hub()

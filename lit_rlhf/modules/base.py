@@ -38,7 +38,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_rlhf import checks, host_memory, models, resume, rng
-from lit_rlhf.modules.in_backward import InBackwardAdamW
+from lit_rlhf.modules.in_backward import InBackwardAdamW, startup_problems
 from lit_rlhf.modules.optim import build_adamw, lr_lambda
 from lit_rlhf.modules.step_logging import StepLoggingMixin, stats_to_log, step_stats_due, use_step_axis  # noqa: F401
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
@@ -266,6 +266,13 @@ class TrainingModule(StepLoggingMixin, LightningModule):
             checks.startup_checks(self.trainer, self)
             install_atomic_checkpoint_io(self.trainer)
             allow_hparam_globals(self.hparams)  # resume from our own checkpoints with weights_only loading
+
+    def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
+        """The start-up problems of this module's own settings, one message each (`lit_rlhf.checks`
+        raises them with the others). Here: `optimizer_in_backward` against what needs all
+        gradients at once (`lit_rlhf.modules.in_backward.startup_problems`); a subclass adds its
+        own to `super().check_config(...)`."""
+        return startup_problems(trainer, self, datamodule)
 
     def on_fit_start(self) -> None:
         """Put the trained models in train mode before the fit loop starts; frozen models stay

@@ -1,4 +1,6 @@
-"""SIGTERM to a running fit writes a checkpoint; `--ckpt_path last` resumes from it."""
+"""SIGTERM to a running fit writes a checkpoint; `--ckpt_path last` resumes from it. Every CLI run
+has the checkpoint on SIGTERM unless it is turned off (the default run, SIGTERM and exact resume
+without it in the config: tests/resume/test_cli_resume.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,17 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import lightning as L
 import pytest
 import torch
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lit_rlhf.cli import main
+from lit_rlhf.preemption import PreemptionCheckpoint
 from tests.helpers import REPO_ROOT, read_marker, subprocess_env, write_config
 
 
@@ -102,3 +111,61 @@ def test_sigterm_after_the_callbacks_hook_saves_at_the_end_of_the_next_step(tmp_
         assert torch.equal(saved["state_dict"][key], value), key
     # the handler from before the fit is back (Lightning's teardown must not reinstate ours)
     assert signal.getsignal(signal.SIGTERM) == handler_before
+
+
+# ------------------------------------------------------------------------------------------
+# on by default
+# ------------------------------------------------------------------------------------------
+
+
+def preemption_callbacks(tmp_path, *args, listed=None, checkpointing=True, top_level=None):
+    """The PreemptionCheckpoints of the Trainer the CLI builds from `sft_config` (none listed
+    unless `listed`) with `args`; `checkpointing=False` sets trainer.enable_checkpointing: false."""
+    config = sft_config(tmp_path, max_steps=1)
+    callbacks = [c for c in config["trainer"]["callbacks"] if "Preemption" not in c["class_path"]]
+    if listed is not None:
+        callbacks.append(listed)
+    if not checkpointing:
+        callbacks = [c for c in callbacks if "ModelCheckpoint" not in c["class_path"]]
+        config["trainer"]["enable_checkpointing"] = False
+    config["trainer"]["callbacks"] = callbacks
+    config.update(top_level or {})
+    cli = main(["--config", str(write_config(tmp_path / "run.yaml", config)), *args], run=False)
+    return [c for c in cli.trainer.callbacks if isinstance(c, PreemptionCheckpoint)]
+
+
+def test_every_cli_run_has_a_preemption_checkpoint_unless_turned_off(tmp_path, one_thread):
+    assert len(preemption_callbacks(tmp_path)) == 1  # the default
+    mine = {"class_path": "callbacks.PreemptionCheckpoint", "init_args": {"dirpath": str(tmp_path / "mine")}}
+    assert [c.dirpath for c in preemption_callbacks(tmp_path, listed=mine)] == [str(tmp_path / "mine")]  # replaces it
+    assert preemption_callbacks(tmp_path, "--preemption_checkpoint", "false") == []
+    assert preemption_callbacks(tmp_path, top_level={"preemption_checkpoint": False}) == []  # in the YAML
+    assert preemption_callbacks(tmp_path, checkpointing=False) == []  # trainer.enable_checkpointing: false
+
+
+def shipped_recipes() -> list[Path]:
+    """The method recipes (overlays such as configs/strategy/*.yaml name no model)."""
+    return sorted(p for p in (REPO_ROOT / "configs").rglob("*.yaml") if (yaml.safe_load(p.read_text()) or {}).get("model"))
+
+
+@pytest.mark.parametrize("recipe", shipped_recipes(), ids=lambda p: str(p.relative_to(REPO_ROOT / "configs")))
+def test_every_shipped_recipe_writes_last_ckpt_where_ckpt_path_last_looks(recipe):
+    """SIGTERM to any shipped recipe leaves `last.ckpt` in the directory of its ModelCheckpoint
+    that keeps `last.ckpt` (what `--ckpt_path last` searches): nothing turns the default off."""
+    from lit_rlhf.cli import default_callbacks
+
+    config = yaml.safe_load(recipe.read_text())
+    trainer = config["trainer"]
+    listed = trainer.get("callbacks") or []
+    assert config.get("preemption_checkpoint", True) is not False
+    assert not [c for c in listed if "Preemption" in str(c.get("class_path", ""))]
+    added = default_callbacks(trainer, [])
+    assert [type(c) for c in added] == [PreemptionCheckpoint], recipe
+    checkpoints = [ModelCheckpoint(**(c.get("init_args") or {})) for c in listed
+                   if str(c.get("class_path", "")).endswith("ModelCheckpoint")]
+    keepers = [c for c in checkpoints if c.save_last]
+    assert keepers, f"{recipe}: no ModelCheckpoint with save_last: true"
+    fake = SimpleNamespace(checkpoint_callbacks=checkpoints, default_root_dir="root")
+    where = added[0].checkpoint_path(fake)
+    if keepers[0].dirpath:  # else Lightning puts it in the logger's directory at set-up, and the file with it
+        assert where == Path(keepers[0].dirpath) / "last.ckpt", recipe

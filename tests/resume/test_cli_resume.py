@@ -1,7 +1,8 @@
 """`python main.py fit --config ... --ckpt_path last` as a job script runs it: the first submission
 (no checkpoint yet), a SIGTERM, the resubmission of the same command. The run directory stays the
 same (the logger's newest `version_N`), a preempted run exits with 75, the resumed run ends where
-the straight run does, bitwise, with a single `last.ckpt`."""
+the straight run does, bitwise, with a single `last.ckpt`. The config lists no
+PreemptionCheckpoint: the checkpoint on SIGTERM is the CLI's default (`lit_rlhf.preemption`)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ import sys
 import pytest
 import torch
 
-from lit_rlhf.cli import main
+from callbacks import default_callbacks
+from lit_rlhf.cli import main, run
 from tests.helpers import REPO_ROOT, subprocess_env, write_config
 from tests.resume.harness import checkpoint_values
 
 
 def config(root, *, signal_marker=None):
-    callbacks = [
+    callbacks = [  # no PreemptionCheckpoint listed: every CLI run has one by default
         {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",  # no dirpath: inside the logger's version_N
          "init_args": {"save_last": True, "every_n_train_steps": 1000}},
-        {"class_path": "callbacks.PreemptionCheckpoint"},
     ]
     if signal_marker:
         callbacks.append({"class_path": "tests.helpers.SignalOnce", "init_args": {"marker": str(signal_marker), "step": 2}})
@@ -72,7 +73,8 @@ def test_preempted_job_resubmitted_with_the_same_command(tmp_path, one_thread):
     # the straight run (in process, same config without the signal) ends with the same checkpoint
     straight = tmp_path / "straight"
     straight.mkdir()
-    main(["fit", "--config", str(write_config(straight / "sft.yaml", config(straight)))])
+    main(["fit", "--config", str(write_config(straight / "sft.yaml", config(straight)))],
+         default_callbacks=default_callbacks)  # what main.py runs
     a = checkpoint_values(straight / "outputs" / "sft" / "version_0" / "checkpoints" / "last.ckpt")
     b = checkpoint_values(run_dir / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys() and a["global_step"] == 4
@@ -89,11 +91,19 @@ def train_scalars(path) -> dict[int, dict[str, str]]:
     return {int(r["step"]): {k: v for k, v in r.items() if v and "perf/" not in k} for r in rows}
 
 
-def test_ckpt_path_last_without_a_checkpoint_is_an_error(tmp_path):
-    cfg = write_config(tmp_path / "sft.yaml", config(tmp_path))
-    with pytest.raises(SystemExit) as error:
-        main(["fit", "--config", str(cfg), "--ckpt_path", "last"])
-    assert "no last checkpoint in" in str(error.value.code) and "--fresh_if_no_checkpoint true" in str(error.value.code)
+def test_ckpt_path_last_without_a_checkpoint_is_a_project_error(tmp_path, capsys):
+    """Exit code 2 and one `error:` line naming the checkpoint directory once (the config has two
+    ModelCheckpoints writing to the same directory, as the quickstart recipes do)."""
+    cfg = config(tmp_path)
+    cfg["trainer"]["callbacks"].append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                                        "init_args": {"filename": "best", "save_weights_only": True}})
+    with pytest.raises(SystemExit) as stop:
+        run(["fit", "--config", str(write_config(tmp_path / "sft.yaml", cfg)), "--ckpt_path", "last"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("error: --ckpt_path last, but there is no last checkpoint in ") and len(err) == 2, err
+    directory = str(tmp_path / "outputs" / "sft" / "version_0" / "checkpoints")
+    assert err[0].count(directory) == 1 and "--fresh_if_no_checkpoint true" in err[0], err
     assert not list(tmp_path.glob("outputs/sft/version_*/checkpoints/*.ckpt"))
 
 

@@ -1,0 +1,241 @@
+"""Save a checkpoint when the job is told to stop (SIGTERM from a cluster, SIGINT from Ctrl-C).
+
+Every run of `python main.py fit` gets a `PreemptionCheckpoint` (`lit_rlhf.cli`), as it gets the
+progress bar: a cluster sends SIGTERM without warning, and `--ckpt_path last` then resumes from
+the checkpoint it wrote. A config that lists its own (e.g. with another `dirpath`) replaces the
+default one; `--preemption_checkpoint false` (or `preemption_checkpoint: false` at the top of the
+YAML) turns it off, and so does `trainer.enable_checkpointing: false`. In a Python script, add it
+to the Trainer's callbacks yourself (`callbacks.PreemptionCheckpoint` is the same class):
+
+    trainer:
+      callbacks:
+        - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+          init_args: {save_last: true}
+        - class_path: callbacks.PreemptionCheckpoint
+
+What happens depends on when the signal lands; in every case the resumed run
+(`--ckpt_path last`) is the straight run, bitwise:
+
+- during training (a step, validation inside training, an epoch's end, a checkpoint save): the
+  signal is only recorded. At the end of the next optimizer step (with
+  `accumulate_grad_batches > 1`, the end of the accumulation window, never in its middle) the
+  run writes `last.ckpt` (atomically, next to the ModelCheckpoint's files, or under `dirpath`)
+  and exits with code 75 (`lit_rlhf.stopping.PREEMPTED_EXIT_CODE`; 130 after Ctrl-C; in
+  process, `trainer.fit` raises Lightning's `SIGTERMException` once the step is logged and
+  `python main.py` turns it into the exit code). This is
+  the state a periodic `ModelCheckpoint(every_n_train_steps=...)` saves, the one resume is
+  tested from. A signal after the last step of an epoch is acted on after the next epoch's
+  first step, so the checkpoint never holds a half-finished epoch end.
+- before training starts (set-up, `on_fit_start`, DPO's precomputed reference, the sanity
+  check), or before the first step of a resumed run: nothing was trained, so nothing is saved;
+  the run exits with code 75 at once (one process) or at the next hook where all ranks agree
+  (several), and the rerun starts where the last checkpoint (if any) left off.
+- after the end of the run's last optimizer step: the run finishes normally (exit 0).
+
+Lightning's own SIGTERM handling (which stops at the end of any batch, also inside an
+accumulation window) is replaced while this callback is active; under several processes every
+rank takes the same decision at each step boundary (one all-reduce of a flag per step).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lit_rlhf.stopping import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
+
+log = logging.getLogger(__name__)
+
+
+class PreemptionCheckpoint(Callback):
+    """Write `last.ckpt` at the first optimizer-step boundary after SIGTERM or SIGINT, then exit.
+
+    Args:
+        dirpath: where to write `last.ckpt`; defaults to the directory of the ModelCheckpoint that
+            keeps `last.ckpt` (`save_last`), else of the first ModelCheckpoint, else
+            `<default_root_dir>/checkpoints`.
+        filename: checkpoint file name (default `last.ckpt`, what `--ckpt_path last` finds when it
+            sits in the ModelCheckpoint's directory).
+    """
+
+    def __init__(self, dirpath: str | None = None, filename: str = "last.ckpt") -> None:
+        self.dirpath = dirpath
+        self.filename = filename
+        self.received: int | None = None
+        self.saved_path: Path | None = None
+        self._previous: dict[int, Any] = {}
+        self._waiting_logged = False
+        self._started = False  # the first optimizer step of this run has begun
+        self._single_process = True
+
+    # ------------------------------------------------------------------------------------------
+    # signal handlers: record the signal, act at the next safe point
+    # ------------------------------------------------------------------------------------------
+
+    def _install(self, trainer: Trainer) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            current = signal.getsignal(signum)
+            if current != self._on_signal:
+                self._previous.setdefault(signum, current)
+                signal.signal(signum, self._on_signal)
+        # a SIGTERM that Lightning's handler (installed just before the sanity check) caught
+        connector = getattr(trainer, "_signal_connector", None)
+        originals = getattr(connector, "_original_handlers", None) or {}
+        for signum, handler in originals.items():
+            # Lightning saved our handler (installed in `setup`) as "the original" and puts it back
+            # at its teardown, after ours: give it the handler that was there before us instead
+            if handler == self._on_signal and signum in self._previous:
+                originals[signum] = self._previous[signum]
+        if connector is not None and connector.received_sigterm:
+            connector.received_sigterm = False
+            self.received = self.received or signal.SIGTERM
+
+    def _uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        self._previous = {}
+
+    def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:  # a second Ctrl-C stops at once
+            raise KeyboardInterrupt
+        self.received = self.received or signum
+        if not self._started and self._single_process:
+            # nothing trained yet and no other rank to agree with: stop now, not after a long set-up
+            # step such as DPO's reference precompute
+            raise Preempted(f"{signal.Signals(signum).name} before the first optimizer step of this run: nothing new to "
+                            f"save, exiting with code {self.exit_code}; rerun the same command (with --ckpt_path last)",
+                            self.exit_code)
+        log.warning("%s received: a checkpoint is written at the end of the current optimizer step, then the run "
+                    "exits with code %d%s", signal.Signals(signum).name, self.exit_code,
+                    " (Ctrl-C again to abort)" if signum == signal.SIGINT else "")
+
+    @property
+    def exit_code(self) -> int:
+        """The process exit status of a run this callback stopped: 75 (SIGTERM) or 130 (SIGINT)."""
+        return INTERRUPTED_EXIT_CODE if self.received == signal.SIGINT else PREEMPTED_EXIT_CODE
+
+    # ------------------------------------------------------------------------------------------
+    # hooks
+    # ------------------------------------------------------------------------------------------
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self.received, self.saved_path, self._waiting_logged, self._started = None, None, False, False
+            self._single_process = trainer.world_size == 1
+            self._install(trainer)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._uninstall()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._uninstall()
+
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._install(trainer)  # Lightning registered its SIGTERM handler just before this
+        self._exit_if_signalled(trainer)
+
+    def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._exit_if_signalled(trainer)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._install(trainer)
+        self._exit_if_signalled(trainer)
+        self._started = True
+        self._prefer_newest_last(trainer)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not closes_optimizer_step(trainer):
+            if self.received is not None and not self._waiting_logged:
+                self._waiting_logged = True
+                log.warning("signal received inside a gradient accumulation window: finishing the window first")
+            return
+        if self.saved_path is not None or not self._signalled(trainer):
+            return
+        self._save(trainer)
+        log.warning(self.message(trainer))
+        # Lightning ends the run at the end of this batch, once its metrics are logged, by raising
+        # SIGTERMException (a SystemExit; `python main.py` exits with `exit_code`); validation due
+        # after this batch is skipped (it changes nothing a checkpoint holds)
+        trainer._signal_connector.received_sigterm = True
+        trainer.fit_loop.epoch_loop._skip_next_val = True
+
+    # ------------------------------------------------------------------------------------------
+
+    def _signalled(self, trainer: Trainer) -> bool:
+        """Whether any rank received a signal (every rank calls this at the same points)."""
+        flag = self.received is not None
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            tensor = torch.tensor([int(flag)], device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+            if bool(tensor.item()) and not flag:
+                self.received = signal.SIGTERM
+            flag = bool(tensor.item())
+        return flag
+
+    def _exit_if_signalled(self, trainer: Trainer) -> None:
+        if self._signalled(trainer):
+            name = signal.Signals(self.received).name
+            raise Preempted(f"{name} before the first optimizer step of this run: nothing new to save, exiting with "
+                            f"code {self.exit_code}; rerun the same command (with --ckpt_path last)", self.exit_code)
+
+    def message(self, trainer: Trainer) -> str:
+        """The line the run ends with after a preemption save."""
+        return (f"preempted by {signal.Signals(self.received).name}: saved {self.saved_path} at global step "
+                f"{trainer.global_step}; exiting with code {self.exit_code}: rerun the same command with "
+                "--ckpt_path last")
+
+    def checkpoint_path(self, trainer: Trainer) -> Path:
+        if self.dirpath is not None:
+            return Path(self.dirpath) / self.filename
+        placed = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.dirpath]
+        if placed:
+            keeper = next((c for c in placed if c.save_last), placed[0])  # the one that keeps last.ckpt
+            return Path(keeper.dirpath) / self.filename
+        return Path(trainer.default_root_dir) / "checkpoints" / self.filename
+
+    def _save(self, trainer: Trainer) -> None:
+        path = self.checkpoint_path(trainer)
+        # a ModelCheckpoint whose `last` file this is records it, so after the resume it keeps
+        # writing that one file (not `last-v1.ckpt`)
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint) and callback.save_last and callback.dirpath \
+                    and Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}" == path:
+                callback.last_model_path = str(path)
+        trainer.save_checkpoint(path)  # written through a temporary file in the same directory: atomic
+        self.saved_path = path
+
+    @staticmethod
+    def _prefer_newest_last(trainer: Trainer) -> None:
+        """On a resumed run, a ModelCheckpoint that finds its `last.ckpt` already there (written by
+        this callback or by a run it did not record) overwrites it instead of adding `last-v1.ckpt`,
+        so `last.ckpt` is always the newest."""
+        if not trainer.ckpt_path:
+            return
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint) and callback.save_last and callback.dirpath \
+                    and not callback.last_model_path:
+                last = os.path.join(callback.dirpath, f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
+                if os.path.exists(last):
+                    callback.last_model_path = last
+
+
+def closes_optimizer_step(trainer: Trainer) -> bool:
+    """Whether the batch that just ended took an optimizer step (always, under manual
+    optimisation: the online methods take theirs inside the batch), i.e. the state is at an
+    optimizer-step boundary, with no half-accumulated gradient."""
+    module = trainer.lightning_module
+    if not module.automatic_optimization:
+        return True
+    return not trainer.fit_loop.epoch_loop._should_accumulate()
