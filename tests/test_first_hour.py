@@ -295,9 +295,9 @@ def test_eos_trick_scoring_every_response_alike_is_called_out(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     RewardModule(model="tiny-random-llama").export_hf(tmp_path / "outputs" / "quickstart" / "reward_model")
     config = yaml.safe_load((QUICK / "grpo.yaml").read_text())
-    eos = config["trainer"]["callbacks"][0]
-    assert eos["class_path"] == "callbacks.EOSTrickCallback"
-    eos["init_args"] = {"mode": "replace", "score": -1.0}
+    assert not any(c["class_path"] == "callbacks.EOSTrickCallback" for c in config["trainer"]["callbacks"])
+    config["trainer"]["callbacks"].insert(0, {"class_path": "callbacks.EOSTrickCallback",
+                                              "init_args": {"mode": "replace", "score": -1.0}})
     dead = write_config(tmp_path / "dead.yaml", config)
     with caplog.at_level(logging.WARNING, logger="callbacks.run_health"):
         main(["fit", "--config", str(dead), TINY, "--model.init_args.max_new_tokens=2",
