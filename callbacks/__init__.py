@@ -26,6 +26,7 @@ from callbacks.defaults import default_callbacks
 from callbacks.eos_trick import EOSTrickCallback
 from callbacks.judge_eval import JudgeEvalCallback
 from callbacks.kl_control import KLControlCallback
+from callbacks.lr_monitor import LearningRateMonitor
 from callbacks.preemption import PreemptionCheckpoint
 from callbacks.progress import CompactProgressBar
 from callbacks.reward_normalization import RewardNormalizationCallback
@@ -36,6 +37,7 @@ __all__ = [
     "EOSTrickCallback",
     "JudgeEvalCallback",
     "KLControlCallback",
+    "LearningRateMonitor",
     "PreemptionCheckpoint",
     "RewardNormalizationCallback",
     "RunHealthCallback",

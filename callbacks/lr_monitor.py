@@ -1,0 +1,33 @@
+"""Lightning's learning-rate monitor on the project's one step axis.
+
+`lit_rlhf.modules.step_logging` writes every scalar at the optimizer steps done (the step a
+training stat belongs to: the 8th step at 8). Lightning's `LearningRateMonitor` writes the
+learning rate at the count of batches that stepped before the current one (0-based, and the
+rollout index for the online methods), so its curve sat one step (or a whole rollout) away from
+the losses it explains. This monitor writes, at the start of a batch, the learning rate the next
+optimizer step will use at that step's number, `trainer.global_step + 1`; everything else is
+Lightning's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearningRateMonitor
+
+
+class LearningRateMonitor(_LightningLearningRateMonitor):
+    """`lightning.pytorch.callbacks.LearningRateMonitor` with the scalars at the step they are used in."""
+
+    def _write(self, trainer: Any, interval: str) -> None:
+        stats = self._extract_stats(trainer, interval)  # Lightning's own reading of the optimizers
+        for logger in trainer.loggers if stats else ():
+            logger.log_metrics(stats, step=int(trainer.global_step) + 1)
+
+    def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        if trainer._logger_connector.should_update_logs and self.logging_interval != "epoch":
+            self._write(trainer, "step" if self.logging_interval is None else "any")
+
+    def on_train_epoch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        if self.logging_interval != "step":
+            self._write(trainer, "epoch" if self.logging_interval is None else "any")
