@@ -94,14 +94,31 @@ def _metric(result: dict[str, Any]) -> str:
     return ", ".join(parts) + (f" (steps {', '.join(map(str, steps))})" if steps else "")
 
 
+# the quickstart recipes in the README's order: name -> (label, recipe it needs first, the scalars
+# worth a column); scripts/run_recipes.py runs them and writes results/recipes/<name>.json
+RECIPES = {
+    "sft": ("SFT", None, ("val/loss",)),
+    "reward": ("Reward model", None, ("val/rewards/accuracy", "val/rewards/margins")),
+    "dpo": ("DPO", None, ("val/loss", "val/rewards/margins", "val/rewards/accuracies")),
+    "kto": ("KTO", None, ("val/loss", "val/rewards/margins")),
+    "drov": ("DRO-V", None, ("val/loss", "val/value/loss")),
+    "ppo": ("PPO", "reward", ("val/objective/scores", "val/objective/kl")),
+    "grpo": ("GRPO", "reward", ("train/objective/scores", "train/objective/kl")),
+}
+
+
 def recipes_block(results: list[dict[str, Any]]) -> str:
-    if not results:
-        return "No recipe result is committed yet."
+    by_config = {r["config"]: r for r in results}
     lines = ["| Method | Command | Needs first | Time (2 cores) | Result (first -> last validation) | Measured |",
              "| --- | --- | --- | --- | --- | --- |"]
-    for r in sorted(results, key=lambda r: r["order"]):
-        lines.append(f"| {r['method']} | `python main.py fit --config {r['config']}` | {r['needs'] or '-'} | "
-                     f"{_minutes(r['wall_seconds'])} | {_metric(r)} | {r['created'][:10]}, load "
+    for name, (label, needs, _) in RECIPES.items():
+        config = f"configs/quickstart/{name}.yaml"
+        command = f"| {label} | `python main.py fit --config {config}` | {f'the {needs} recipe' if needs else '-'} | "
+        r = by_config.get(config)
+        if r is None:
+            lines.append(command + "not rerun since the last change | | |")
+            continue
+        lines.append(command + f"{_minutes(r['wall_seconds'])} | {_metric(r)} | {r['created'][:10]}, load "
                      f"{r['machine']['load_average_1_5_15'][0]} |")
     return "\n".join(lines)
 

@@ -28,18 +28,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from lit_rlhf.compare_policies import machine  # noqa: E402
 from quickstart_report import scalars  # noqa: E402
-
-# name: (README label, recipe it needs first, the validation scalars worth a column)
-RECIPES = {
-    "sft": ("SFT", None, ("val/loss",)),
-    "reward": ("Reward model", None, ("val/rewards/accuracy", "val/rewards/margins")),
-    "dpo": ("DPO", None, ("val/loss", "val/rewards/margins", "val/rewards/accuracies")),
-    "kto": ("KTO", None, ("val/loss", "val/rewards/margins")),
-    "drov": ("DRO-V", None, ("val/loss", "val/value/loss")),
-    "ppo": ("PPO", "reward", ("val/objective/scores", "val/objective/kl")),
-    "grpo": ("GRPO", "reward", ("train/objective/scores", "train/objective/kl")),
-}
-
+from render_results import RECIPES  # noqa: E402
 
 def log_dir(config: dict) -> Path:
     args = config["trainer"]["logger"]["init_args"]
