@@ -11,9 +11,8 @@
 # 2. GRPO           python main.py fit --config configs/quickstart/grpo.yaml
 # 3. evaluation     python -m lit_rlhf.compare_policies: the starting and the trained policy on 64
 #                   held-out posts; the reward model's score and the gold key-fact recall, paired
-# then writes $OUT/results.json and prints every figure with its 95% interval. Outputs go to
-# outputs/quickstart (replaced on each run; QUICKSTART_OUT moves the report's files, not the
-# configs' own output paths).
+# then writes outputs/quickstart/results.json and prints every figure with its 95% interval.
+# Outputs go to outputs/quickstart (the configs' output paths; replaced on each run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
