@@ -73,7 +73,7 @@ def test_scalar_head_init_std_matches_d11():
 def test_missing_local_path_and_offline_hub_name_give_clear_errors(tmp_path):
     with pytest.raises(models.ModelNotFoundError, match="does not exist"):
         models.load_causal_lm(str(tmp_path / "nope.gguf"))
-    with pytest.raises(models.ModelNotFoundError, match="local path"):
+    with pytest.raises(models.ModelNotFoundError, match="missing-dir' does not exist"):
         models.load_tokenizer(str(tmp_path / "missing-dir"))
     with pytest.raises(models.ModelNotFoundError, match="Tried: builtin names"):
         models.load_tokenizer("some-org/surely-not-a-cached-model")

@@ -42,7 +42,10 @@ def test_values_and_gradients_equal_the_dense_logits_fp32(bias):
     torch.testing.assert_close(logps, ref_logps, atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=0)
     for got, want in zip(grads, ref_grads):  # hidden states, output weight (and bias)
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        # the weight gradient sums 23 rows of entropy-gradient products in another order than the
+        # dense path: float32 rounding reaches ~1.2e-5 on some CPUs' kernels (a wrong gradient is off
+        # by 1e-2 or more)
+        torch.testing.assert_close(got, want, atol=3e-5, rtol=0)
 
 
 @pytest.mark.parametrize("bias", [True, False])
