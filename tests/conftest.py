@@ -50,3 +50,17 @@ def tldr_comparisons_sample() -> Path:
             "set LIT_RLHF_SHARED_DATA to the shared/data directory"
         )
     return TLDR_COMPARISONS_SAMPLE
+
+
+@pytest.fixture(autouse=True)
+def project_loggers_propagate():
+    """Each test starts with the project's loggers as a library leaves them: propagating to the
+    root (where pytest's caplog listens), with no handler of their own. `lit_rlhf.cli.run` (like
+    `main.py`) gives them a stderr handler and stops propagation for the rest of the process."""
+    import logging
+
+    for name in ("lit_rlhf", "callbacks"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [h for h in logger.handlers if not getattr(h, "_lit_rlhf", False)]
+        logger.propagate = True
+    yield

@@ -16,24 +16,6 @@ TINY = "--model.init_args.model=tiny-random-llama"
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-@pytest.fixture(autouse=True)
-def project_loggers_restored():
-    """`cli.run` gives the project's loggers a handler on this test's (captured) stderr and stops
-    their propagation, as `main.py` does for a process; later tests read them through pytest's
-    caplog, so the loggers are put back as they were."""
-    import logging
-
-    from lit_rlhf.console import PROJECT_LOGGERS
-
-    saved = {name: (logging.getLogger(name).handlers[:], logging.getLogger(name).propagate, logging.getLogger(name).level)
-             for name in PROJECT_LOGGERS}
-    yield
-    for name, (handlers, propagate, level) in saved.items():
-        logger = logging.getLogger(name)
-        logger.handlers[:] = handlers
-        logger.propagate, logger.level = propagate, level
-
-
 def run_lines(capsys, *args) -> list[str]:
     """stderr lines of `python main.py <args>` run in process; it must exit with code 2."""
     with pytest.raises(SystemExit) as stop:
