@@ -95,7 +95,8 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one file (Tarjan, iterative)."""
+    """The strongly connected components of more than one node (Tarjan, iterative); a target that is
+    not a key of `graph` has no edges of its own."""
     index, low, on_stack, stack, found = {}, {}, set(), [], []
     counter = 0
     for root in graph:
@@ -115,7 +116,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                     counter += 1
                     stack.append(child)
                     on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
+                    work.append((child, iter(sorted(graph.get(child, ())))))
                 elif child in on_stack:
                     low[node] = min(low[node], index[child])
                 continue
