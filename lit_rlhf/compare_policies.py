@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import torch
 
 from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, proportion
-from lit_rlhf.generation import SamplingConfig, decode_responses, generate_responses
+from lit_rlhf.generation import SamplingConfig
 
 GOLDS = ("keyfact",)
 
@@ -53,22 +53,15 @@ def machine() -> dict[str, Any]:
             "torch": torch.__version__, "python": platform.python_version()}
 
 
-@torch.no_grad()
 def complete(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
              batch_size: int) -> tuple[list[str], list[list[int]]]:
     """Greedy completions: (texts without EOS, response token ids with the EOS when sampled)."""
-    from lit_rlhf.data.collate import pad_left
+    from lit_rlhf.evaluation import generate_completions
 
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, do_sample=False)
-    texts, ids_out = [], []
-    for start in range(0, len(prompt_ids), batch_size):
-        ids, mask = pad_left(prompt_ids[start : start + batch_size], tokenizer.pad_token_id)  # (b, P)
-        response_ids, response_mask, _ = generate_responses(model, ids, mask, sampling, tokenizer.eos_token_id,
-                                                            tokenizer.pad_token_id)  # (b, R)
-        texts.extend(decode_responses(tokenizer, response_ids, response_mask))
-        ids_out.extend([t for t, m in zip(row, keep) if m] for row, keep in zip(response_ids.tolist(),
-                                                                                  response_mask.tolist()))
-    return texts, ids_out
+    ids: list[list[int]] = []
+    texts = generate_completions(model, tokenizer, prompt_ids, sampling, batch_size, response_ids=ids)
+    return texts, ids
 
 
 @torch.no_grad()

@@ -20,8 +20,12 @@ def generate_completions(
     synced_gpus: bool = False,
     seed: int = 0,
     engine: Any = None,
+    response_ids: list[list[int]] | None = None,
 ) -> list[str]:
     """Completion texts (EOS and padding removed) of `model` for each prompt, in order.
+
+    `response_ids`: when given a list, each completion's sampled token ids (with its EOS when it
+    ended) are appended to it, for scoring the tokens as sampled rather than their re-encoding.
 
     `engine`: a `lit_rlhf.generation.vllm.VLLMEngine` holding `model`'s weights samples instead
     of `generate_responses` (same settings and post-processing; its seeds come from the same
@@ -44,12 +48,15 @@ def generate_completions(
         for start in range(0, len(prompt_ids), batch_size):
             ids, mask = pad_left(prompt_ids[start : start + batch_size], tokenizer.pad_token_id)  # (b, P)
             if engine is not None:
-                response_ids, response_mask, _, _ = engine.generate(ids, mask, sampling, tokenizer.eos_token_id,
-                                                                    tokenizer.pad_token_id)  # (b, R)
+                ids_out, response_mask, _, _ = engine.generate(ids, mask, sampling, tokenizer.eos_token_id,
+                                                               tokenizer.pad_token_id)  # (b, R)
             else:
-                response_ids, response_mask, _ = generate_responses(
+                ids_out, response_mask, _ = generate_responses(
                     model, ids.to(device), mask.to(device), sampling, tokenizer.eos_token_id, tokenizer.pad_token_id,
                     synced_gpus=synced_gpus,
                 )  # (b, R)
-            texts.extend(decode_responses(tokenizer, response_ids.cpu(), response_mask.cpu()))
+            texts.extend(decode_responses(tokenizer, ids_out.cpu(), response_mask.cpu()))
+            if response_ids is not None:
+                response_ids.extend([t for t, m in zip(row, keep) if m]
+                                    for row, keep in zip(ids_out.tolist(), response_mask.tolist()))
     return texts
