@@ -186,3 +186,33 @@ def test_filter_logits_by_hand():
     assert kept == [[True, False, True, True]]
     assert filter_logits(logits, 1.0, top_p=0.35).isfinite().tolist() == [[True, False, False, False]]
     assert filter_logits(logits, 1.0, top_p=0.01).isfinite().sum() == 1  # the most likely token always stays
+
+
+@pytest.mark.parametrize("config", [SamplingConfig(max_new_tokens=10, temperature=0.7),
+                                    SamplingConfig(max_new_tokens=10, temperature=1.0, do_sample=False)],
+                         ids=["t0.7", "greedy"])
+def test_repeated_prompts_share_one_prefill_and_sample_as_transformers_generate(tiny_tokenizer, tiny_model, config,
+                                                                                monkeypatch):
+    """GRPO's G copies of a prompt: the prefill runs on the distinct prompts only, and the tokens
+    are still transformers' own, draw for draw."""
+    from lit_rlhf.generation import sample_tokens
+
+    model, pad = tiny_model.eval(), tiny_tokenizer.pad_token_id
+    rows = [[11, 12, 13, 14], [21, 22]]
+    ids = torch.tensor([[pad] * (4 - len(r)) + r for r in rows]).repeat_interleave(3, dim=0)  # (6, 4): 2 prompts x 3
+    mask = (torch.arange(4) >= torch.tensor([0, 2]).repeat_interleave(3)[:, None])
+    prefill_rows = []
+    forward = model.forward
+
+    def counting(*args, **kwargs):
+        prefill_rows.append(kwargs["input_ids"].shape)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting)
+    torch.manual_seed(3)
+    ours = sample_tokens(model, ids, mask, config, tiny_tokenizer.eos_token_id, pad)
+    monkeypatch.setattr(model, "forward", forward)
+    torch.manual_seed(3)
+    theirs = hf_generate(model, ids, mask, config, tiny_tokenizer.eos_token_id, pad)
+    assert torch.equal(ours, theirs)
+    assert prefill_rows[0] == (2, 4) and all(shape[0] == 6 for shape in prefill_rows[1:])

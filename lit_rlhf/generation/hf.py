@@ -91,8 +91,8 @@ def sample_tokens(
 ) -> Tensor:
     """Up to `max_new_tokens` new tokens (B, R' <= R) after left-padded prompts, with a KV cache.
 
-    A lean sampling loop: one prefill forward (logits of the last position only), then one
-    single-token forward per new token. Positions count real tokens only (left padding, D5).
+    A lean sampling loop: one prefill forward (logits of the last position only; rows with the
+    same prompt share it), then one single-token forward per new token. Positions count real tokens only (left padding, D5).
     Rows that emitted EOS continue with PAD, and the loop stops once every row has (under
     `synced_gpus`, once every rank's rows have: until then a finished rank keeps running
     forward passes, which sharded parameters need). Sampling is exactly transformers'
@@ -111,8 +111,21 @@ def sample_tokens(
     # without left padding no mask is needed: the model's causal attention is the same, minus
     # the per-call mask handling (a third of a decoding step for a small model on CPU)
     unpadded = bool(prompt_mask.all())
-    out = model(input_ids=prompt_ids, attention_mask=None if unpadded else attention_mask, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    # rows with the same prompt (GRPO's G copies, RLOO's k) share one prefill: the unique prompts
+    # are computed once and their cache rows copied, the same keys, values and first logits
+    unique, inverse = torch.unique(torch.cat([prompt_ids, attention_mask], dim=1), dim=0, return_inverse=True)
+    shared = unique.shape[0] < prompt_ids.shape[0]
+    if shared:
+        first = torch.zeros(unique.shape[0], dtype=torch.long, device=inverse.device).scatter_(
+            0, inverse.flip(0), torch.arange(inverse.shape[0] - 1, -1, -1, device=inverse.device))  # a row of each
+        rows = first
+    else:
+        rows = slice(None)
+    out = model(input_ids=prompt_ids[rows], attention_mask=None if unpadded else attention_mask[rows],
+                position_ids=positions[rows], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    if shared:
+        cache.batch_select_indices(inverse)
+        out.logits = out.logits[inverse]
     position = positions[:, -1:]  # (B, 1)
     unfinished = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)  # (B,)
     tokens: list[Tensor] = []
