@@ -40,7 +40,9 @@ class RewardNormalizationCallback(Callback):
     Args:
         path: dataset path/hub id/bundled alias of the reference data (e.g. the TL;DR SFT set).
         datamodule: a ready object with `reference_texts(split)`; takes precedence over `path`.
-        data_class: dotted class built as `data_class(path=path, tokenizer=<module tokenizer name>)`.
+        data_class: dotted class built as `data_class(path=path, tokenizer=<module tokenizer name>,
+            **data_args)`.
+        data_args: further constructor arguments of `data_class` (e.g. its split names).
         split: the split whose references are scored.
         limit: score at most this many references (the first ones), None for all.
         batch_size: micro-batch size of the scoring passes (None: the module's `score_batch_size`).
@@ -58,6 +60,7 @@ class RewardNormalizationCallback(Callback):
         path: str | None = None,
         datamodule: Any = None,
         data_class: str = "lit_rlhf.data.TLDRSFTDataModule",
+        data_args: dict[str, Any] | None = None,
         split: str = "train",
         limit: int | None = None,
         batch_size: int | None = None,
@@ -70,6 +73,7 @@ class RewardNormalizationCallback(Callback):
         self.path = path
         self.datamodule = datamodule
         self.data_class = data_class
+        self.data_args = dict(data_args or {})
         self.split = split
         self.limit = limit
         self.batch_size = batch_size
@@ -86,7 +90,7 @@ class RewardNormalizationCallback(Callback):
             module_name, _, class_name = self.data_class.rpartition(".")
             cls = getattr(importlib.import_module(module_name), class_name)
             hp = pl_module.hparams
-            source = cls(path=self.path, tokenizer=hp.get("tokenizer") or hp.get("model"))
+            source = cls(path=self.path, tokenizer=hp.get("tokenizer") or hp.get("model"), **self.data_args)
         else:
             source = getattr(trainer, "datamodule", None)
         if source is None or not callable(getattr(source, "reference_texts", None)):

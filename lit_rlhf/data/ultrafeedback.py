@@ -186,8 +186,10 @@ class UltraFeedbackSingleFormatter(_ChatFormatter):
 
 
 class UltraFeedbackPromptFormatter(_ChatFormatter):
-    """A binarized row (conversation = `chosen` without its answer; reference = the chosen
-    answer) or an openbmb row (`instruction`, no reference) -> chat generation prompt ids."""
+    """A binarized preference row (conversation = `chosen` without its answer; reference = the
+    chosen answer), a binarized SFT row (`prompt`, `messages`: conversation = `messages` without
+    its last assistant answer; reference = that answer) or an openbmb row (`instruction`, no
+    reference) -> chat generation prompt ids."""
 
     consumed = ("chosen", "rejected", "messages", "completions", "instruction", "prompt")
 
@@ -205,6 +207,12 @@ class UltraFeedbackPromptFormatter(_ChatFormatter):
             chosen = require_messages(row.get("chosen"), "chosen")
             prompt, reference = chat_prompt_and_completion(self.tokenizer, chosen)
             field = "chosen"
+        elif row.get("messages") is not None and row.get("prompt") is not None:
+            # an SFT chat row (the binarized `*_sft` splits): reference = the last assistant message
+            raw = require_text(row.get("prompt"), "prompt")
+            messages = require_messages(row.get("messages"), "messages")
+            prompt, reference = chat_prompt_and_completion(self.tokenizer, messages)
+            field = "messages"
         elif "instruction" in row:
             raw = require_text(row.get("instruction"), "instruction")
             prompt, field = chat_prompt(self.tokenizer, [{"role": "user", "content": raw}]), "instruction"
@@ -388,8 +396,9 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
 
 class UltraFeedbackPromptDataModule(_ReferenceTexts, RLHFDataModule):
     """UltraFeedback prompts for online methods -> left-padded `PromptBatch` (chat template with
-    the generation prompt). Reads the binarized schema (reference = the chosen answer) or the
-    openbmb schema (`instruction`, no reference). Metadata: "prompt", "reference",
+    the generation prompt). Reads the binarized schema (preference splits: reference = the
+    chosen answer; SFT splits such as `train_sft`: reference = the last assistant message of
+    `messages`) or the openbmb schema (`instruction`, no reference). Metadata: "prompt", "reference",
     "raw_prompt", and the other scalar source columns (e.g. `prompt_id`, scores, `source`).
     """
 

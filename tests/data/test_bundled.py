@@ -34,8 +34,13 @@ def test_bundled_files_are_what_the_script_writes(tmp_path):
     keyfact = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(keyfact)
     keyfact.main(tmp_path)
+    spec = importlib.util.spec_from_file_location("make_keyfact_chat", BUNDLED_DIR / "make_keyfact_chat.py")
+    keyfact_chat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(keyfact_chat)
+    keyfact_chat.write_sft(tmp_path)  # its pairs are sampled from SmolLM2 once: the committed files are the record
     written = sorted(p.name for p in tmp_path.glob("*.jsonl"))
-    assert written == sorted(p.name for p in BUNDLED_DIR.glob("*.jsonl"))
+    sampled = {f"keyfact_chat.{split}_prefs.jsonl" for split in keyfact_chat.PREF_SPLITS}
+    assert written == sorted(p.name for p in BUNDLED_DIR.glob("*.jsonl") if p.name not in sampled)
     for name in written:
         assert filecmp.cmp(tmp_path / name, BUNDLED_DIR / name, shallow=False), name
 
@@ -43,7 +48,7 @@ def test_bundled_files_are_what_the_script_writes(tmp_path):
 def test_aliases():
     table = bundled_aliases()
     assert set(table) == {"tldr_sft", "tldr_comparisons", "ultrafeedback_binarized", "ultrafeedback", "arithmetic",
-                          "keyfact_sft", "keyfact_comparisons"}
+                          "keyfact_sft", "keyfact_comparisons", "keyfact_chat"}
     assert set(table["tldr_sft"]) == {"train", "validation", "test"}
     assert set(table["ultrafeedback_binarized"]) == {"train_prefs", "test_prefs"}
     with pytest.raises(DataSourceError, match="unknown bundled dataset"):
@@ -60,18 +65,26 @@ def test_aliases():
         (TLDRPreferenceDataModule, "bundled:keyfact_comparisons", {"val_split": "test"}, PreferenceBatch),
         (UltraFeedbackPreferenceDataModule, "bundled:ultrafeedback_binarized", {}, PreferenceBatch),
         (UltraFeedbackPromptDataModule, "bundled:ultrafeedback_binarized", {}, PromptBatch),
+        (UltraFeedbackPreferenceDataModule, "bundled:keyfact_chat", {"train_split": "train_prefs",
+                                                                       "val_split": "test_prefs"}, PreferenceBatch),
+        (UltraFeedbackPromptDataModule, "bundled:keyfact_chat", {"train_split": "train_sft", "val_split": "test_sft"},
+         PromptBatch),
         (UltraFeedbackSingleDataModule, "bundled:ultrafeedback",
          {"train_split": "train[:75%]", "val_split": "train[75%:]", "label_mode": "threshold"}, SingleBatch),
     ],
 )
 def test_bundled_loads_clean_with_tiny_tokenizer(cls, path, kwargs, batch_type):
     # the tokenizer given by name, as the CLI does; default lengths except a 256-token prompt budget
-    dm = cls(path, "tiny-random-llama", max_prompt_length=256, on_bad_rows="error", batch_size=4, **kwargs)
+    if "keyfact_chat" in path:  # the tiny tokenizer is byte-level: a chat post takes ~330 tokens
+        kwargs = {**kwargs, "max_prompt_length": 512}
+        if cls is UltraFeedbackPreferenceDataModule:
+            kwargs["max_completion_length"] = 256
+    dm = cls(path, "tiny-random-llama", **{"max_prompt_length": 256, **kwargs}, on_bad_rows="error", batch_size=4)
     dm.setup("fit")
     assert not dm.skipped_rows and len(dm.dataset("train")) >= 24 and len(dm.dataset("val")) >= 8
     batch = next(iter(dm.train_dataloader()))
     assert isinstance(batch, batch_type)
-    assert batch.input_ids.shape[1] <= 256 + (53 if "tldr" in path else 64)
+    assert batch.input_ids.shape[1] <= dm.max_prompt_length + getattr(dm, "max_completion_length", 64)
     assert dm.hparams["tokenizer"] == "tiny-random-llama" and dm.hparams["path"] == path
 
 
@@ -120,3 +133,29 @@ def test_keyfact_pairs_are_noisy_graded_and_length_matched():
     held_out = {json.loads(line)["title"] for line in (BUNDLED_DIR / "keyfact_sft.test.jsonl").open()}
     trained = {json.loads(line)["title"] for line in (BUNDLED_DIR / "keyfact_sft.train.jsonl").open()}
     assert len(held_out) == 64 and not held_out & trained  # held-out posts are new person x situation pairs
+
+
+def test_keyfact_chat_pairs_are_the_policy_answers_labelled_by_a_noisy_gold():
+    """The main job's reward-model data: pairs of distinct answers to the same held-in or held-out
+    post, whose scores are the gold key-fact recall of each answer, labelled through noise (some
+    labels go against the gold, near-ties are coin flips), never from the other split's posts."""
+    import json
+
+    from lit_rlhf.judges.keyfact import keyfact_recall
+
+    posts = {split: {json.loads(line)["id"]: json.loads(line) for line in open(BUNDLED_DIR / f"keyfact_sft.{split}.jsonl")}
+             for split in ("train", "test")}
+    for split in ("train", "test"):
+        rows = [json.loads(line) for line in open(BUNDLED_DIR / f"keyfact_chat.{split}_prefs.jsonl")]
+        assert len(rows) >= 70
+        against = 0
+        for row in rows:
+            post = posts[split][row["prompt_id"]]
+            assert post["post"] in row["prompt"] and row["chosen"][0] == row["rejected"][0]
+            chosen, rejected = row["chosen"][-1]["content"], row["rejected"][-1]["content"]
+            assert chosen != rejected and row["messages"] == row["chosen"]
+            assert row["score_chosen"] == round(keyfact_recall(chosen, post["summary"]), 4)
+            assert row["score_rejected"] == round(keyfact_recall(rejected, post["summary"]), 4)
+            against += row["score_chosen"] < row["score_rejected"]
+        decided = sum(r["score_chosen"] != r["score_rejected"] for r in rows)
+        assert 0 < against < 0.25 * decided  # noisy, but mostly with the gold

@@ -1,0 +1,145 @@
+"""Write the bundled `keyfact_chat` data: the keyfact posts as chat prompts, and pairs of the
+starting policy's own samples labelled by the gold with Bradley-Terry noise.
+
+The main job's data (scripts/quickstart.sh), in the `HuggingFaceH4/ultrafeedback_binarized`
+schema so the chat DataModules read it (`lit_rlhf.data.UltraFeedbackPreferenceDataModule`,
+`UltraFeedbackPromptDataModule`):
+
+- `keyfact_chat.{train,validation,test}_sft.jsonl` (160 / 32 / 64 rows; `prompt, prompt_id,
+  messages`): the posts of `keyfact_sft` (same ids, same splits) as one user turn,
+  INSTRUCTION + post, answered by the post's key fact, the reference the gold judge
+  (`lit_rlhf.judges.keyfact.keyfact_recall`) scores against.
+- `keyfact_chat.{train,test}_prefs.jsonl` (`prompt, prompt_id, chosen, rejected, messages,
+  score_chosen, score_rejected`): the set-up of Gao et al. (2023, "Scaling Laws for Reward Model
+  Overoptimization", section 2): the starting policy (SmolLM2-135M-Instruct) samples SAMPLES
+  answers per post exactly as the main job's GRPO step does (temperature 0.7, no top-k/top-p, at
+  most MAX_NEW_TOKENS tokens); the answers that ended (EOS within the budget: the only ones the
+  reward model scores in training, the EOS trick gives the others a constant) are paired at
+  random within their post, and the label is drawn from Bradley-Terry on the gold,
+  P(first preferred) = sigmoid((gold_first - gold_second) / TEMPERATURE). So the pairs are
+  graded (both sides are the same model's attempts), noisy (near-ties are close to coin flips)
+  and in the distribution the policy starts from. `score_chosen` / `score_rejected` hold the gold
+  of each answer (not the label: the chosen answer's gold is lower in the pairs the noise
+  flipped). Train pairs come from train posts, test pairs from test posts.
+
+Run once (about 20 minutes on 2 CPU cores; needs the embedded SmolLM2, `scripts/install.sh`):
+`python lit_rlhf/data/bundled/make_keyfact_chat.py [OUT_DIR]`. The sampling is seeded, but its
+floating point depends on the machine, so the committed files are the record; the `_sft` files
+are a pure function of `keyfact_sft` and a test checks them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+from lit_rlhf.judges.keyfact import keyfact_recall
+
+HERE = Path(__file__).resolve().parent
+SEED = 20261126
+INSTRUCTION = "Summarize the problem in this post in one short sentence.\n\n{post}"
+SAMPLES = 6
+MAX_NEW_TOKENS = 32
+SAMPLING_TEMPERATURE = 0.7
+TEMPERATURE = 0.1  # Bradley-Terry temperature of the labels, in gold units
+SFT_SPLITS = ("train", "validation", "test")
+PREF_SPLITS = ("train", "test")
+
+
+def read_posts(split: str, directory: Path = HERE) -> list[dict]:
+    with open(directory / f"keyfact_sft.{split}.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def user_turn(row: dict) -> dict[str, str]:
+    return {"role": "user", "content": INSTRUCTION.format(post=row["post"])}
+
+
+def sft_rows(posts: list[dict]) -> list[dict]:
+    """One chat row per post: the instruction and post, answered by the key fact."""
+    out = []
+    for row in posts:
+        user = user_turn(row)
+        out.append({"prompt": user["content"], "prompt_id": row["id"],
+                    "messages": [user, {"role": "assistant", "content": row["summary"]}]})
+    return out
+
+
+def sample_answers(posts: list[dict], seed: int, batch_size: int = 16) -> list[list[str]]:
+    """SAMPLES answers per post from the starting policy; only those that ended, as text."""
+    import torch
+
+    from lit_rlhf.models.loading import SMOLLM2_135M_INSTRUCT, load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(SMOLLM2_135M_INSTRUCT, padding_side="left")
+    model = load_causal_lm(SMOLLM2_135M_INSTRUCT, tokenizer).eval()
+    torch.manual_seed(seed)
+    out: list[list[str]] = []
+    for start in range(0, len(posts), batch_size):
+        chunk = posts[start : start + batch_size]
+        texts = [tokenizer.apply_chat_template([user_turn(r)], tokenize=False, add_generation_prompt=True) for r in chunk]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            ids = model.generate(**enc, do_sample=True, temperature=SAMPLING_TEMPERATURE, top_k=0, top_p=1.0,
+                                 max_new_tokens=MAX_NEW_TOKENS, num_return_sequences=SAMPLES,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        responses = ids[:, enc["input_ids"].shape[1]:].tolist()
+        for i in range(len(chunk)):
+            ended = []
+            for response in responses[i * SAMPLES : (i + 1) * SAMPLES]:
+                if tokenizer.eos_token_id in response:
+                    text = tokenizer.decode(response[: response.index(tokenizer.eos_token_id)]).strip()
+                    if text:
+                        ended.append(text)
+            out.append(ended)
+        print(f"sampled {start + len(chunk)}/{len(posts)} posts", file=sys.stderr, flush=True)
+    return out
+
+
+def pair_rows(posts: list[dict], answers: list[list[str]], rng: random.Random) -> list[dict]:
+    """Disjoint random pairs of distinct answers within each post, labelled by noisy gold."""
+    out = []
+    for row, texts in zip(posts, answers):
+        texts = list(dict.fromkeys(texts))  # distinct, first-seen order
+        rng.shuffle(texts)
+        user = user_turn(row)
+        for a, b in zip(texts[0::2], texts[1::2]):
+            gold_a, gold_b = keyfact_recall(a, row["summary"]), keyfact_recall(b, row["summary"])
+            first_wins = rng.random() < 1.0 / (1.0 + math.exp(-(gold_a - gold_b) / TEMPERATURE))
+            (chosen, gold_c), (rejected, gold_r) = ((a, gold_a), (b, gold_b)) if first_wins else ((b, gold_b), (a, gold_a))
+            chosen_messages = [user, {"role": "assistant", "content": chosen}]
+            out.append({"prompt": user["content"], "prompt_id": row["id"], "chosen": chosen_messages,
+                        "rejected": [user, {"role": "assistant", "content": rejected}], "messages": chosen_messages,
+                        "score_chosen": round(gold_c, 4), "score_rejected": round(gold_r, 4)})
+    return out
+
+
+def write(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def write_sft(out_dir: Path = HERE) -> None:
+    for split in SFT_SPLITS:
+        write(out_dir / f"keyfact_chat.{split}_sft.jsonl", sft_rows(read_posts(split)))
+
+
+def main(out_dir: Path = HERE) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_sft(out_dir)
+    rng = random.Random(SEED)
+    for k, split in enumerate(PREF_SPLITS):
+        posts = read_posts(split)
+        rows = pair_rows(posts, sample_answers(posts, SEED + k), rng)
+        write(out_dir / f"keyfact_chat.{split}_prefs.jsonl", rows)
+        flipped = sum(r["score_chosen"] < r["score_rejected"] for r in rows)
+        ties = sum(r["score_chosen"] == r["score_rejected"] for r in rows)
+        print(f"{split}_prefs: {len(rows)} pairs, {flipped} labels against the gold, {ties} gold ties", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
