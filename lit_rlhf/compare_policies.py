@@ -11,9 +11,10 @@ Each policy completes every prompt greedily (our KV-cache sampler, D23 cut after
 so the comparison is deterministic and paired prompt by prompt. Reported, each with its 95%
 interval (`lit_rlhf.evaluation.paired`):
 
-- `reward`: the reward model's score (the objective the policy optimised), read at the EOS or the
-  last token of prompt + completion token ids exactly as the online modules score rollouts (D12),
-  before and after, as a paired difference;
+- `reward`: the objective the policy optimised, before and after, as a paired difference: the
+  reward model's score, read at the EOS or the last token of prompt + completion token ids exactly
+  as the online modules score rollouts (D12), or `--missing_eos_score` for a completion without
+  EOS when training used the EOS trick (D23); `ended`: the fraction of completions with an EOS;
 - `gold`: the independent gold measure (`--gold keyfact`: `lit_rlhf.judges.keyfact`, recall of the
   key fact each post carries, which neither the policy nor the reward model ever saw), as a paired
   difference, and `gold_win_rate`: how often the trained policy's completion beats the starting
@@ -66,53 +67,93 @@ def complete(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Sequen
 
 @torch.no_grad()
 def reward_scores(reward_model: torch.nn.Module, pad_token_id: int, prompt_ids: Sequence[Sequence[int]],
-                  completion_ids: Sequence[Sequence[int]], batch_size: int) -> list[float]:
-    """The reward of each prompt + completion, left padded and read at the last real token (D12, D14)."""
+                  *completion_ids: Sequence[Sequence[int]], batch_size: int = 16) -> list[list[float]]:
+    """The reward of each prompt + completion, one list per completion set, read at the last real
+    token (D12) of rows laid out as the online modules score rollouts: the prompt left padded, the
+    completion after it (D5, D14). The completions of one prompt are scored together, each prompt
+    computed once (`lit_rlhf.models.shared_prompt`; the same scores)."""
     from lit_rlhf.data.collate import pad_left
     from lit_rlhf.rewards.sources import reward_model_scores
 
-    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
-    out: list[float] = []
-    for start in range(0, len(rows), batch_size):
-        ids, mask = pad_left(rows[start : start + batch_size], pad_token_id)
-        out.extend(reward_model_scores(reward_model, ids, mask).tolist())
+    k = len(completion_ids)
+    per_batch = max(1, batch_size // k)  # prompts per forward: their k rows stay together
+    out: list[list[float]] = [[] for _ in range(k)]
+    for start in range(0, len(prompt_ids), per_batch):
+        prompts = [list(p) for p in prompt_ids[start : start + per_batch] for _ in range(k)]
+        completions = [list(c[i]) for i in range(start, min(start + per_batch, len(prompt_ids))) for c in completion_ids]
+        p_ids, p_mask = pad_left(prompts, pad_token_id)
+        width = max(len(c) for c in completions)
+        c_ids = torch.full((len(completions), width), pad_token_id, dtype=torch.long)
+        c_mask = torch.zeros((len(completions), width), dtype=torch.bool)
+        for i, c in enumerate(completions):
+            c_ids[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
+            c_mask[i, : len(c)] = True
+        groups = torch.arange(len(prompts)) // k if k > 1 else None
+        scores = reward_model_scores(reward_model, torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1),
+                                     groups=groups, prompt_width=p_ids.shape[1]).tolist()
+        for j in range(k):
+            out[j].extend(scores[j::k])
     return out
 
 
-def heldout_pairs(reward_model: torch.nn.Module, tokenizer: Any, path: str, split: str,
-                  batch_size: int) -> dict[str, Any]:
+PAIR_GOLDS = ("none", "note", "scores")
+
+
+def heldout_pairs(reward_model: torch.nn.Module, tokenizer: Any, path: str, split: str, batch_size: int,
+                  data_class: str = "lit_rlhf.data.TLDRPreferenceDataModule", gold: str = "note") -> dict[str, Any]:
     """The reward model's accuracy on held-out pairs, and its agreement with the gold label of each pair.
 
-    The gold of a pair is read from its summaries' `note` ("gold=<score>") when the data has it."""
-    from lit_rlhf.data import TLDRPreferenceDataModule
-
-    dm = TLDRPreferenceDataModule(path=path, tokenizer=tokenizer, train_split=None, val_split=split)
+    The gold of a pair's two answers (`gold`): "note", the summaries' `note` fields ("gold=<score>",
+    the TL;DR comparisons schema of the bundled `keyfact_comparisons`); "scores", the rows'
+    `score_chosen` / `score_rejected` (the binarized chat schema of the bundled `keyfact_chat`,
+    where they hold the gold); "none"."""
+    if gold not in PAIR_GOLDS:
+        raise ValueError(f"gold must be one of {PAIR_GOLDS}, got {gold!r}")
+    dm = _data_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split)
     ds = dm.dataset("val")
     prompts = [list(map(int, p)) for p in ds["_prompt_ids"]]
-    chosen = reward_scores(reward_model, tokenizer.pad_token_id, prompts, ds["_chosen_ids"], batch_size)
-    rejected = reward_scores(reward_model, tokenizer.pad_token_id, prompts, ds["_rejected_ids"], batch_size)
+    chosen, rejected = reward_scores(reward_model, tokenizer.pad_token_id, prompts, ds["_chosen_ids"],
+                                     ds["_rejected_ids"], batch_size=batch_size)
     correct = [float(c > r) for c, r in zip(chosen, rejected)]
     out: dict[str, Any] = {"path": path, "split": split, "accuracy": proportion(sum(correct), len(correct)).as_dict()}
-    gold = gold_of_pairs(dm, split)
-    if gold is not None:
-        agree = [c > r for (c, r), (gc, gr) in zip(zip(chosen, rejected), gold) if gc != gr]
-        wins = [gc > gr for gc, gr in gold if gc != gr]
+    golds = None if gold == "none" else gold_of_pairs(dm.source.load(dm.splits["val"]), gold)
+    if golds is not None:
+        agree = [c > r for (c, r), (gc, gr) in zip(zip(chosen, rejected), golds) if gc != gr]
+        wins = [gc > gr for gc, gr in golds if gc != gr]
         out["agreement_with_gold"] = proportion(sum(a == w for a, w in zip(agree, wins)), len(wins)).as_dict()
         out["labels_agreeing_with_gold"] = proportion(sum(wins), len(wins)).as_dict()
     return out
 
 
-def gold_of_pairs(dm: Any, split: str) -> list[tuple[float, float]] | None:
-    """(gold of chosen, gold of rejected) per row, from the raw rows' `note` fields, or None."""
-    raw = dm.source.load(dm.splits["val"])
+def gold_of_pairs(rows: Any, gold: str) -> list[tuple[float, float]]:
+    """(gold of chosen, gold of rejected) per raw row, read as `gold` says (see `heldout_pairs`)."""
     out = []
-    for row in raw:
+    for i, row in enumerate(rows):
+        if gold == "scores":
+            out.append((float(row["score_chosen"]), float(row["score_rejected"])))
+            continue
         notes = [str(s.get("note") or "") for s in row["summaries"]]
         if not all(n.startswith("gold=") for n in notes):
-            return None
+            raise ValueError(f"pair {i} has no 'gold=<score>' note on both summaries: {notes}")
         golds = [float(n[5:]) for n in notes]
         out.append((golds[row["choice"]], golds[1 - row["choice"]]))
     return out
+
+
+def _data_class(dotted: str) -> Any:
+    import importlib
+
+    module_name, _, class_name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def objective(scores: Sequence[float], response_ids: Sequence[Sequence[int]], eos_token_id: int,
+              missing_eos_score: float | None) -> list[float]:
+    """The reward as the online step optimised it: the reward model's score, replaced by
+    `missing_eos_score` for a response without EOS when training used the EOS trick (D23)."""
+    if missing_eos_score is None:
+        return list(scores)
+    return [s if eos_token_id in ids else missing_eos_score for s, ids in zip(scores, response_ids)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -127,6 +168,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gold", choices=GOLDS, default="keyfact", help="the independent gold measure")
     parser.add_argument("--pairs", default=None, help="held-out preference pairs for the reward model's accuracy")
     parser.add_argument("--pairs_split", default="test")
+    parser.add_argument("--pairs_class", default="lit_rlhf.data.TLDRPreferenceDataModule")
+    parser.add_argument("--pairs_gold", choices=PAIR_GOLDS, default="note",
+                        help="where each held-out pair's gold is read (see heldout_pairs)")
+    parser.add_argument("--missing_eos_score", type=float, default=None,
+                        help="the EOS trick's constant (D23) when training used it: the optimised reward of a "
+                             "response without EOS")
     parser.add_argument("--max_new_tokens", type=int, default=24)
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--output", default=None, help="write the JSON result here")
@@ -157,8 +204,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         del model
     reward_model = load_reward_model(args.reward_model, tokenizer).eval()
     lap("load_reward_model")
-    rewards = {role: reward_scores(reward_model, tokenizer.pad_token_id, prompts.prompt_ids, ids, args.batch_size)
-               for role, (_, ids) in completions.items()}
+    raw = dict(zip(completions, reward_scores(reward_model, tokenizer.pad_token_id, prompts.prompt_ids,
+                                              *(ids for _, ids in completions.values()), batch_size=args.batch_size)))
+    rewards = {role: objective(raw[role], completions[role][1], tokenizer.eos_token_id, args.missing_eos_score)
+               for role in completions}
+    ended = {role: [float(tokenizer.eos_token_id in ids) for ids in completions[role][1]] for role in completions}
     lap("score")
     gold = KeyFactJudge(prompts.require_references())
     golds = {role: gold.scores(texts) for role, (texts, _) in completions.items()}
@@ -171,15 +221,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "reward": paired_difference(rewards["before"], rewards["after"]).as_dict(),
         "gold": paired_difference(golds["before"], golds["after"]).as_dict(),
         "gold_win_rate": paired_win_rate(golds["before"], golds["after"]).as_dict(),
+        "ended": {role: proportion(sum(v), len(v)).as_dict() for role, v in ended.items()},
     }
     if args.pairs:
-        result["reward_model"] = heldout_pairs(reward_model, tokenizer, args.pairs, args.pairs_split, args.batch_size)
+        result["reward_model"] = heldout_pairs(reward_model, tokenizer, args.pairs, args.pairs_split, args.batch_size,
+                                               args.pairs_class, args.pairs_gold)
         lap("heldout_pairs")
     result["timings"] = timings
     result["samples"] = [
         {"prompt": p, "reference": ref, "before": completions["before"][0][i], "after": completions["after"][0][i],
          "reward_before": rewards["before"][i], "reward_after": rewards["after"][i],
-         "gold_before": golds["before"][i], "gold_after": golds["after"][i]}
+         "gold_before": golds["before"][i], "gold_after": golds["after"][i],
+         "ended_before": bool(ended["before"][i]), "ended_after": bool(ended["after"][i])}
         for i, (p, ref) in enumerate(zip(prompts.prompts, prompts.references))
     ]
     if args.output:
