@@ -64,7 +64,10 @@ def collect(out: Path, seconds: int | None) -> dict[str, Any]:
         "reward": comparison["reward"],
         "gold": comparison["gold"],
         "gold_win_rate": comparison["gold_win_rate"],
-        "evaluation": {k: comparison["settings"][k] for k in ("prompts", "split", "num_prompts", "max_new_tokens", "gold")},
+        "ended": comparison.get("ended"),
+        "evaluation": {k: comparison["settings"].get(k) for k in ("prompts", "split", "num_prompts", "max_new_tokens",
+                                                                  "gold", "missing_eos_score")},
+        "timings": comparison.get("timings"),
         "samples": comparison["samples"],
     }
 
@@ -78,7 +81,7 @@ def report(results: dict[str, Any], out: Path) -> list[str]:
     acc = rm.get("accuracy")
     lines = [
         "=" * 78,
-        "lit_rlhf quickstart: SmolLM2-135M-Instruct, bundled keyfact TL;DR-style data, CPU",
+        "lit_rlhf quickstart: SmolLM2-135M-Instruct, bundled keyfact chat data, CPU",
         "=" * 78,
         f"TensorBoard logs      tensorboard --logdir {out}",
         f"reward model (HF)     {out}/reward_model   (AutoModelForSequenceClassification)",
@@ -91,7 +94,8 @@ def report(results: dict[str, Any], out: Path) -> list[str]:
                      f"n={acc['n']}")
     if "agreement_with_gold" in rm:
         g = rm["agreement_with_gold"]
-        lines.append(f"                      agreement with the gold {g['rate']:.3f}, 95% CI {interval(g)}")
+        lines.append(f"                      agreement with the gold {g['rate']:.3f}, 95% CI {interval(g)}, n={g['n']} "
+                     "(pairs the gold does not tie)")
     n = reward["n"]
     lines += [
         f"optimised reward      {reward['mean_before']:.3f} -> {reward['mean_after']:.3f} on {n} held-out prompts, "
@@ -100,6 +104,9 @@ def report(results: dict[str, Any], out: Path) -> list[str]:
         f"{gold['mean_diff']:+.3f}, 95% CI {interval(gold)}: {gold['verdict']}",
         f"gold win rate         {win['rate']:.3f} vs the starting policy (ties half), 95% CI {interval(win)}, n={win['n']}",
     ]
+    if results.get("ended"):
+        before, after = results["ended"]["before"], results["ended"]["after"]
+        lines.append(f"ended with EOS        {before['rate']:.0%} -> {after['rate']:.0%} of the held-out answers")
     t = results["training"]
     if t["train_kl_last"] is not None:
         lines.append(f"training              {t['rollouts']} rollouts, KL to the start {t['train_kl_last']:.3f}, "

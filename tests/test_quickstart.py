@@ -15,6 +15,8 @@ from tests.helpers import REPO_ROOT, subprocess_env
 
 CONFIGS = REPO_ROOT / "configs" / "quickstart"
 TINY = "--model.init_args.model=tiny-random-llama"
+# the tiny tokenizer is byte-level: a chat post is ~330 tokens, an answer up to ~150
+BYTES = ["--data.init_args.max_prompt_length=512"]
 
 
 def run(args, cwd, module=None):
@@ -25,24 +27,28 @@ def run(args, cwd, module=None):
 
 
 def test_quickstart_pipeline_on_the_tiny_model(tmp_path):
-    run(["fit", "--config", str(CONFIGS / "reward.yaml"), TINY, "--trainer.max_steps=2", "--trainer.limit_val_batches=1"],
-        tmp_path)
+    run(["fit", "--config", str(CONFIGS / "reward.yaml"), TINY, "--model.init_args.lora=null", "--trainer.max_steps=2",
+         *BYTES, "--data.init_args.max_completion_length=160", "--data.init_args.truncate_completions=true"], tmp_path)
     out = tmp_path / "outputs" / "quickstart"
     assert (out / "reward_model" / "config.json").is_file()
     assert (out / "reward" / "checkpoints" / "last.ckpt").is_file()
 
     run(["fit", "--config", str(CONFIGS / "grpo.yaml"), TINY, "--model.init_args.total_episodes=16",
-         "--model.init_args.max_new_tokens=8"], tmp_path)
+         "--model.init_args.max_new_tokens=8", *BYTES], tmp_path)
     assert (out / "policy" / "config.json").is_file()
 
-    run(["--before", "tiny-random-llama", "--after", str(out / "policy"), "--prompts", "bundled:keyfact_sft",
-         "--split", "test", "--num_prompts", "8", "--max_new_tokens", "6", "--reward_model", str(out / "reward_model"),
-         "--pairs", "bundled:keyfact_comparisons", "--pairs_split", "test[:8]", "--output",
-         str(out / "comparison.json")], tmp_path, module="lit_rlhf.compare_policies")
+    command = (REPO_ROOT / "scripts" / "quickstart.sh").read_text()
+    args = command[command.index("python -m lit_rlhf.compare_policies") :].split(">")[0].replace("\\\n", " ").split()[3:]
+    args = [a.replace('"$OUT', str(out)).strip('"') for a in args]
+    settings = dict(zip(args[::2], args[1::2]))
+    assert settings["--num_prompts"] == "64" and settings["--before"] == "smollm2-135m-instruct"
+    settings.update({"--before": "tiny-random-llama", "--num_prompts": "8", "--max_new_tokens": "6",
+                     "--pairs_split": "test_prefs[:8]"})
+    run([x for kv in settings.items() for x in kv], tmp_path, module="lit_rlhf.compare_policies")
     report = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "quickstart_report.py"), str(out),
                              "--seconds", "61"], capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stdout + report.stderr
-    for line in ("reward model          held-out pair accuracy", "optimised reward      ", "gold (key fact)",
+    for line in ("reward model          held-out pair accuracy", "optimised reward      ", "gold (key fact)", "ended with EOS",
                  "gold win rate", "KL to the start", "wall time             1 min 1 s", "policy (HF)"):
         assert line in report.stdout, report.stdout
     results = json.loads((out / "results.json").read_text())

@@ -204,7 +204,10 @@ def overridden_config(config: dict, out: Path, data_dirs: dict[str, Path]) -> di
             if args.get("every_n_train_steps"):
                 args["every_n_train_steps"] = STEPS
         if cb["class_path"].endswith("RewardNormalizationCallback"):
-            args.update(path=str(data_dirs["sft"]), split="train", batch_size=2)
+            if str(args.get("path", "")).startswith("bundled:"):  # the project's own rows, as written
+                args.update(batch_size=2)
+            else:
+                args.update(path=str(data_dirs["sft"]), split="train", batch_size=2)
         if cb["class_path"].endswith("JudgeEvalCallback"):
             args["num_prompts"] = 2
             judge = args.get("judge", {}).get("init_args", {})
@@ -222,6 +225,10 @@ def _data_args(config: dict, data_dirs: dict[str, Path], batch_size: int) -> lis
     declared = data.get("init_args") or {}
     defaults = inspect.signature(getattr(data_module, cls_name).__init__).parameters
     args = [f"--data.init_args.batch_size={batch_size}", f"--data.init_args.eval_batch_size={batch_size}"]
+    if str(declared.get("path", "")).startswith("bundled:keyfact_chat"):  # ~330 byte-level tokens a post
+        args += ["--data.init_args.max_prompt_length=512"]
+        if "max_completion_length" in defaults:
+            args += ["--data.init_args.max_completion_length=160", "--data.init_args.truncate_completions=true"]
     if kind is None or str(declared.get("path", "")).startswith("bundled:"):
         return args  # a recipe on the project's bundled rows runs on them, splits as written
     args += [f"--data.init_args.path={data_dirs[kind]}", "--data.init_args.name=null"]
