@@ -67,6 +67,14 @@ def quickstart_block(results: list[dict[str, Any]]) -> str:
         f"| {gold['mean_diff']:+.3f} {_ci(gold)} (paired t) |",
         f"| gold win rate against the starting policy | | {win['rate']:.3f} | {_ci(win)} (Wilson, ties half) |",
     ]
+    if "agreement_with_gold" in rm:
+        g = rm["agreement_with_gold"]
+        lines.insert(-3, f"| reward model agreement with the gold on the {g['n']} of those pairs the gold does not tie "
+                         f"| | {g['rate']:.3f} | {_ci(g)} (Wilson) |")
+    if shipped.get("ended"):
+        e = shipped["ended"]
+        lines.append(f"| answers ending with EOS within {shipped['evaluation']['max_new_tokens']} tokens "
+                     f"| {e['before']['rate']:.3f} | {e['after']['rate']:.3f} | |")
     seeds = sorted(s for s in by_seed if s != SELECTION_SEED)
     if len(seeds) > 1:
         above = {k: sum(by_seed[s][k]["ci_low"] > 0 for s in seeds) for k in ("reward", "gold")}
