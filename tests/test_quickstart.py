@@ -17,6 +17,9 @@ CONFIGS = REPO_ROOT / "configs" / "quickstart"
 TINY = "--model.init_args.model=tiny-random-llama"
 # the tiny tokenizer is byte-level: a chat post is ~330 tokens, an answer up to ~150
 BYTES = ["--data.init_args.max_prompt_length=512"]
+# the recipe's LoRA on the top blocks, on the tiny model's 2 blocks: its top one
+TINY_LORA = ("--model.init_args.lora={class_path: peft.LoraConfig, init_args: {r: 4, lora_alpha: 8, "
+             "target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj], layers_to_transform: [1]}}")
 
 
 def run(args, cwd, module=None):
@@ -27,7 +30,7 @@ def run(args, cwd, module=None):
 
 
 def test_quickstart_pipeline_on_the_tiny_model(tmp_path):
-    run(["fit", "--config", str(CONFIGS / "reward.yaml"), TINY, "--model.init_args.lora=null", "--trainer.max_steps=2",
+    run(["fit", "--config", str(CONFIGS / "reward.yaml"), TINY, "--trainer.max_steps=2", TINY_LORA,
          *BYTES, "--data.init_args.max_completion_length=160", "--data.init_args.truncate_completions=true"], tmp_path)
     out = tmp_path / "outputs" / "quickstart"
     assert (out / "reward_model" / "config.json").is_file()
@@ -38,7 +41,7 @@ def test_quickstart_pipeline_on_the_tiny_model(tmp_path):
     assert (out / "policy" / "config.json").is_file()
 
     command = (REPO_ROOT / "scripts" / "quickstart.sh").read_text()
-    args = command[command.index("python -m lit_rlhf.compare_policies") :].split(">")[0].replace("\\\n", " ").split()[3:]
+    args = command[command.index("python -m lit_rlhf.compare_policies --") :].split(">")[0].replace("\\\n", " ").split()[3:]
     args = [a.replace('"$OUT', str(out)).strip('"') for a in args]
     settings = dict(zip(args[::2], args[1::2]))
     assert settings["--num_prompts"] == "64" and settings["--before"] == "smollm2-135m-instruct"

@@ -193,6 +193,9 @@ def _outputs_to(value, out: Path):
 def overridden_config(config: dict, out: Path, data_dirs: dict[str, Path]) -> dict:
     """The config with only the overrides the module docstring lists."""
     config = _outputs_to(copy.deepcopy(config), out)
+    lora = (config.get("model", {}).get("init_args") or {}).get("lora") or {}
+    if "layers_to_transform" in (lora.get("init_args") or {}):  # the tiny model has 2 blocks: its top one
+        lora["init_args"]["layers_to_transform"] = [1]
     trainer = config.setdefault("trainer", {})
     logger = trainer.get("logger")
     if isinstance(logger, dict):
