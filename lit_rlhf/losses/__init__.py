@@ -3,7 +3,7 @@
 Each returns a NamedTuple whose first field is the loss, followed by detached statistics.
 """
 
-from lit_rlhf.losses.dpo import DPOLossOutput, DPOLossType, dpo_loss
+from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
 from lit_rlhf.losses.drov import DROVLossOutput, drov_loss
 from lit_rlhf.losses.grpo import (
     Aggregation,
@@ -38,6 +38,7 @@ __all__ = [
     "KTO_WEIGHT_RATIO_RANGE",
     "AdvantageScale",
     "Aggregation",
+    "DPO_LOSS_TYPES",
     "DPOLossOutput",
     "DPOLossType",
     "DROVLossOutput",

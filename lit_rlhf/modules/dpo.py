@@ -1,4 +1,5 @@
-"""Direct preference optimisation: DPO, IPO and SLiC-hinge on pairs (`lit_rlhf.losses.dpo_loss`).
+"""Direct preference optimisation: DPO, IPO, SLiC-hinge and GPO's exponential and Savage losses on
+pairs (`lit_rlhf.losses.dpo_loss`).
 
 The reference log-probs come either from a frozen reference model run next to the policy at
 every step, or (`precompute_ref_logps: true`) from a table filled once at the start of fit by
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from lit_rlhf import models
 from lit_rlhf.models import adapters
-from lit_rlhf.losses import DPOLossType, dpo_loss
+from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.ops import masked_mean
 from lit_rlhf.types import PreferenceBatch, split_pair
@@ -47,7 +48,7 @@ def sequence_keys(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) 
 
 
 class DPOModule(PolicyModule):
-    """DPO (Rafailov et al. 2023) and its IPO / hinge variants on a `PreferenceBatch`.
+    """DPO (Rafailov et al. 2023) and its IPO / hinge / exponential / Savage variants on a `PreferenceBatch`.
 
     Chosen and rejected sequences go through the policy in ONE forward pass: the batch is
     already concatenated, rows `[:B]` chosen and `[B:]` rejected, (2B, T); with `shared_prompt`
@@ -59,7 +60,8 @@ class DPOModule(PolicyModule):
     Args:
         beta: KL strength; the implicit reward is `beta * log(pi / pi_ref)`. The DPO paper uses
             0.1, and 0.5 for TL;DR summarisation (App. B; see configs/tldr/dpo.yaml).
-        loss_type: `sigmoid` (DPO), `hinge` (SLiC) or `ipo`.
+        loss_type: `sigmoid` (DPO), `hinge` (SLiC), `ipo`, or GPO's `exponential` and `savage`
+            (Tang et al. 2024); the functions f are in `lit_rlhf.losses.dpo_loss`.
         ref_model: reference policy name; `None` = the initial policy (the `model` checkpoint).
         precompute_ref_logps: compute every reference sequence log-prob once at the start of
             fit (over the DataModule's train and val dataloaders, rows split across ranks),
@@ -85,8 +87,8 @@ class DPOModule(PolicyModule):
         super().__init__(**kwargs)
         if beta <= 0:
             raise ValueError(f"beta must be > 0, got {beta}")
-        if loss_type not in ("sigmoid", "hinge", "ipo"):
-            raise ValueError(f"unknown loss_type {loss_type!r}; expected 'sigmoid', 'hinge' or 'ipo'")
+        if loss_type not in DPO_LOSS_TYPES:
+            raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(DPO_LOSS_TYPES)}")
         if nll_coef < 0:
             raise ValueError(f"nll_coef must be >= 0, got {nll_coef}")
         self.beta = beta

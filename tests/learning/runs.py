@@ -193,6 +193,8 @@ OFFLINE: dict[str, Callable[[int], Measure]] = {
     "dpo": lambda seed: run_dpo(seed, "sigmoid"),
     "ipo": lambda seed: run_dpo(seed, "ipo"),
     "hinge": lambda seed: run_dpo(seed, "hinge"),
+    "exponential": lambda seed: run_dpo(seed, "exponential"),
+    "savage": lambda seed: run_dpo(seed, "savage"),
     "kto": run_kto,
     "drov": run_drov,
 }
