@@ -22,7 +22,7 @@ from torch import Tensor
 from lit_rlhf import models
 from lit_rlhf.models import adapters
 from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
-from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.modules.pairwise import PairwiseModule
 from lit_rlhf.ops import masked_mean
 from lit_rlhf.types import PreferenceBatch, split_pair
 
@@ -47,7 +47,7 @@ def sequence_keys(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) 
     return keys
 
 
-class DPOModule(PolicyModule):
+class DPOModule(PairwiseModule):
     """DPO (Rafailov et al. 2023) and its IPO / hinge / exponential / Savage variants on a `PreferenceBatch`.
 
     Chosen and rejected sequences go through the policy in ONE forward pass: the batch is
@@ -55,7 +55,8 @@ class DPOModule(PolicyModule):
     (default) each pair's prompt is computed once, for the policy and the reference. The
     reference runs first (without grad), so its temporaries never add to the policy's saved
     activations. Sequence log-probs are sums over completion tokens; the loss family
-    `f(beta * h)` lives in `dpo_loss`.
+    `f(beta * h)` lives in `dpo_loss`. The policy's forward pass and the steps are
+    `PairwiseModule`'s.
 
     Args:
         beta: KL strength; the implicit reward is `beta * log(pi / pi_ref)`. The DPO paper uses
@@ -72,8 +73,6 @@ class DPOModule(PolicyModule):
             "DPO + NLL" / RPO (Lambert, RLHF book, Sec. 8.2); 0 disables it.
         **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
     """
-
-    batch_types = (PreferenceBatch,)
 
     def __init__(
         self,
@@ -204,8 +203,8 @@ class DPOModule(PolicyModule):
             raise TypeError(f"DPOModule needs a PreferenceBatch (chosen rows first), got {type(batch).__name__}")
         # the reference first: its forward pass's temporaries are freed before the policy's graph exists
         ref_chosen, ref_rejected = split_pair(self.reference_logps(batch))  # (B,), (B,)
-        per_token = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask, sharing=batch.sharing)  # (2B, T)
-        policy_chosen, policy_rejected = split_pair(self.sequence_logps(per_token, batch.loss_mask))  # (B,), (B,)
+        logps = self.pair_logps(batch)
+        policy_chosen, policy_rejected = logps.chosen, logps.rejected  # (B,), (B,)
         out = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta, self.loss_type)
         stats = {
             "rewards/chosen": out.chosen_rewards.mean(),
@@ -218,26 +217,9 @@ class DPOModule(PolicyModule):
         }
         loss = out.loss
         if self.nll_coef > 0:
-            chosen_per_token, _ = split_pair(per_token)  # (B, T)
+            chosen_per_token, _ = split_pair(logps.per_token)  # (B, T)
             chosen_mask, _ = split_pair(batch.loss_mask)  # (B, T)
             nll = -masked_mean(chosen_per_token, chosen_mask)  # token mean over the chosen completions
             loss = loss + self.nll_coef * nll
             stats["loss/nll"] = nll.detach()
         return loss, stats
-
-    def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
-        loss, stats = self.compute_loss(batch)
-        if not self.check_finite(batch, loss=loss):
-            return None  # on_nonfinite=skip: Lightning skips backward and the step
-        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", "rewards/accuracies"))
-        return loss
-
-    def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
-        self.log_stats("val", stats, prog_bar=("rewards/accuracies",))
-
-    def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
-        self.log_stats("test", stats)
