@@ -21,6 +21,7 @@ from lit_rlhf.losses.kto import (
     kto_weight_ratio,
     labels_from_rewards,
 )
+from lit_rlhf.losses.orpo import ORPOLossOutput, log_odds, orpo_loss
 from lit_rlhf.losses.ppo import (
     PPOPolicyLossOutput,
     PPORewardsOutput,
@@ -44,6 +45,7 @@ __all__ = [
     "DROVLossOutput",
     "GRPOLossOutput",
     "KTOLossOutput",
+    "ORPOLossOutput",
     "PPOPolicyLossOutput",
     "PPORewardsOutput",
     "PPOValueLossOutput",
@@ -57,6 +59,8 @@ __all__ = [
     "kto_loss",
     "kto_weight_ratio",
     "labels_from_rewards",
+    "log_odds",
+    "orpo_loss",
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",
