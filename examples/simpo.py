@@ -4,9 +4,11 @@ Optimization with a Reference-Free Reward", Eq. 6).
     L = -log sigmoid( beta/|y_w| * log pi(y_w|x) - beta/|y_l| * log pi(y_l|x) - gamma )
 
 The implicit reward is the policy's length-normalised log-likelihood, so there is no reference
-model at all. Everything else (loading the policy with PAD != EOS and dropout off, AdamW with
-warmup and decay, the non-finite guard, exact resume, start-up checks, export) is inherited from
-`PolicyModule`. Run it like any built-in method:
+model at all. Everything else is inherited from `PairwiseModule`: one forward pass over each
+pair's two completions with its prompt computed once (`pair_logps`), the steps and their
+logging; and from `PolicyModule` below it: loading the policy with PAD != EOS and dropout off,
+AdamW with warmup and decay, the non-finite guard, exact resume, start-up checks, LoRA, export.
+Run it like any built-in method:
 
     python main.py fit --config examples/simpo.yaml
 """
@@ -18,8 +20,8 @@ from typing import Any, NamedTuple
 import torch.nn.functional as F
 from torch import Tensor
 
-from lit_rlhf.modules import PolicyModule
-from lit_rlhf.types import PreferenceBatch, split_pair
+from lit_rlhf.modules import PairwiseModule
+from lit_rlhf.types import PreferenceBatch
 
 
 class SimPOLoss(NamedTuple):
@@ -38,7 +40,7 @@ def simpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, chosen_lengths: Ten
     return SimPOLoss(loss, diff.mean(), (diff > 0).float().mean())
 
 
-class SimPOModule(PolicyModule):
+class SimPOModule(PairwiseModule):
     """SimPO on a `PreferenceBatch` (rows [:B] chosen, [B:] rejected), one forward pass.
 
     Args:
@@ -47,33 +49,17 @@ class SimPOModule(PolicyModule):
         **kwargs: `PolicyModule` arguments (model, tokenizer, optimiser, schedule, export).
     """
 
-    batch_types = (PreferenceBatch,)  # the start-up checks refuse any other DataModule
-
     def __init__(self, beta: float = 2.0, gamma: float = 1.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if beta <= 0:
             raise ValueError(f"beta must be > 0, got {beta}")
         self.beta, self.gamma = beta, gamma
 
-    def compute_loss(self, batch: PreferenceBatch) -> SimPOLoss:
-        per_token = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (2B, T)
-        logps = self.sequence_logps(per_token, batch.loss_mask)  # (2B,)
-        lengths = batch.loss_mask.sum(dim=1).clamp(min=1)  # (2B,) completion tokens, EOS included
-        (chosen, rejected), (chosen_len, rejected_len) = split_pair(logps), split_pair(lengths)
-        return simpo_loss(chosen, rejected, chosen_len, rejected_len, self.beta, self.gamma)
-
-    def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
-        out = self.compute_loss(batch)
-        if not self.check_finite(batch, loss=out.loss):
-            return None  # on_nonfinite: skip
-        stats = {"loss": out.loss.detach(), "rewards/margins": out.margins, "rewards/accuracies": out.accuracy}
-        self.log_stats("train", stats, prog_bar=("loss",))
-        return out.loss
-
-    def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        out = self.compute_loss(batch)
-        self.log("val/loss", out.loss, on_epoch=True, sync_dist=True)
-        self.log_stats("val", {"rewards/margins": out.margins, "rewards/accuracies": out.accuracy})
+    def compute_loss(self, batch: PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        logps = self.pair_logps(batch)  # one forward pass; sums (B,) and completion lengths (B,), EOS included
+        out = simpo_loss(logps.chosen, logps.rejected, logps.chosen_lengths, logps.rejected_lengths, self.beta,
+                         self.gamma)
+        return out.loss, {"rewards/margins": out.margins, "rewards/accuracies": out.accuracy}
 
 
 if __name__ == "__main__":

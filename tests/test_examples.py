@@ -42,5 +42,30 @@ def test_simpo_example_fits_through_the_cli(tmp_path):
     batch = next(iter(trainer.datamodule._loader("train", shuffle=False)))  # the 4 training pairs, in order
     fresh = SimPOModule(model="tiny-random-llama")
     with torch.no_grad():
-        before, after = fresh.compute_loss(batch), module.compute_loss(batch)
-    assert after.loss < before.loss and after.margins > before.margins
+        (loss_before, before), (loss_after, after) = fresh.compute_loss(batch), module.compute_loss(batch)
+    assert loss_after < loss_before and after["rewards/margins"] > before["rewards/margins"]
+
+
+def test_simpo_example_computes_each_pair_prompt_once(tiny_tokenizer, monkeypatch):
+    """`pair_logps` passes the pairs' sharing on: with `shared_prompt` the policy runs once on
+    the shared-prompt layout, and loss and gradients equal the padded rows'."""
+    from lit_rlhf.models import shared_prompt as sp
+    from tests.modules.test_dpo_module import perturb, preference_batch
+
+    calls, build = [], sp.build_layout
+    monkeypatch.setattr(sp, "build_layout", lambda *a, **k: calls.append(1) or build(*a, **k))
+    results = []
+    for shared in (False, True):
+        module = SimPOModule(shared_prompt=shared)
+        perturb(module.policy, seed=1)
+        loss, stats = module.compute_loss(preference_batch(tiny_tokenizer))
+        loss.backward()
+        grads = {n: p.grad for n, p in module.policy.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), stats["rewards/margins"], grads))
+        assert len(calls) == int(shared)
+    (loss_a, margin_a, grads_a), (loss_b, margin_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a, atol=1e-5, rtol=0)
+    torch.testing.assert_close(margin_b, margin_a, atol=1e-5, rtol=0)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-5, rtol=1e-4, msg=name)

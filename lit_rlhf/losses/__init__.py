@@ -3,7 +3,7 @@
 Each returns a NamedTuple whose first field is the loss, followed by detached statistics.
 """
 
-from lit_rlhf.losses.dpo import DPOLossOutput, DPOLossType, dpo_loss
+from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
 from lit_rlhf.losses.drov import DROVLossOutput, drov_loss
 from lit_rlhf.losses.grpo import (
     Aggregation,
@@ -21,6 +21,7 @@ from lit_rlhf.losses.kto import (
     kto_weight_ratio,
     labels_from_rewards,
 )
+from lit_rlhf.losses.orpo import ORPOLossOutput, log_odds, orpo_loss
 from lit_rlhf.losses.ppo import (
     PPOPolicyLossOutput,
     PPORewardsOutput,
@@ -38,11 +39,13 @@ __all__ = [
     "KTO_WEIGHT_RATIO_RANGE",
     "AdvantageScale",
     "Aggregation",
+    "DPO_LOSS_TYPES",
     "DPOLossOutput",
     "DPOLossType",
     "DROVLossOutput",
     "GRPOLossOutput",
     "KTOLossOutput",
+    "ORPOLossOutput",
     "PPOPolicyLossOutput",
     "PPORewardsOutput",
     "PPOValueLossOutput",
@@ -56,6 +59,8 @@ __all__ = [
     "kto_loss",
     "kto_weight_ratio",
     "labels_from_rewards",
+    "log_odds",
+    "orpo_loss",
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",

@@ -1,13 +1,16 @@
-"""Direct preference losses: DPO, SLiC hinge and IPO as one family f(beta * h)."""
+"""Direct preference losses: DPO, SLiC hinge, IPO and GPO's exponential and Savage losses as one
+family f(beta * h)."""
 
 from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-DPOLossType = Literal["sigmoid", "hinge", "ipo"]
+DPOLossType = Literal["sigmoid", "hinge", "ipo", "exponential", "savage"]
+DPO_LOSS_TYPES: tuple[str, ...] = ("sigmoid", "hinge", "ipo", "exponential", "savage")
 
 
 class DPOLossOutput(NamedTuple):
@@ -49,6 +52,14 @@ def dpo_loss(
       paper's (implementations that use the unscaled form, e.g. TRL, need a learning rate
       1/(4 beta^2) larger to match). The sequence log-probs are used as given: the IPO paper's
       experiments average log-probs over tokens; pass length-normalised logps for that.
+    - "exponential" (GPO, Tang et al. 2024, Sec. 2: the GPO loss is E[f(beta * h)] for a convex
+                 f, here the exponential loss of boosting): f(z) = exp(-z). Its expected loss
+                 under a preference probability p is minimised at z* = 1/2 log(p / (1 - p)), half
+                 the DPO optimum; unbounded as z -> -inf, so a badly ranked pair weighs heavily.
+    - "savage"  (GPO's Savage loss, Masnadi-Shirazi & Vasconcelos 2008): f(z) = 1 / (1 + e^z)^2
+                 = sigmoid(-z)^2. Bounded (f <= 1) and not convex, so a badly ranked (possibly
+                 mislabelled) pair's gradient vanishes; its expected loss is minimised at
+                 z* = log(p / (1 - p)), the same optimum as DPO's.
     """
     chosen_logratios = policy_chosen_logps - ref_chosen_logps  # (B,)
     rejected_logratios = policy_rejected_logps - ref_rejected_logps  # (B,)
@@ -59,8 +70,12 @@ def dpo_loss(
         losses = F.relu(1.0 - z)
     elif loss_type == "ipo":
         losses = (2.0 * z - 1.0) ** 2
+    elif loss_type == "exponential":
+        losses = torch.exp(-z)
+    elif loss_type == "savage":
+        losses = torch.sigmoid(-z) ** 2
     else:
-        raise ValueError(f"unknown loss_type {loss_type!r}; expected 'sigmoid', 'hinge' or 'ipo'")
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(DPO_LOSS_TYPES)}")
     chosen_rewards = beta * chosen_logratios.detach()
     rejected_rewards = beta * rejected_logratios.detach()
     margins = chosen_rewards - rejected_rewards

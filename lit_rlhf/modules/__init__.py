@@ -1,14 +1,17 @@
-"""One LightningModule per method. Shared plumbing is in `base.TrainingModule` and `base.PolicyModule`."""
+"""One LightningModule per method. Shared plumbing is in `base.TrainingModule`, `policy.PolicyModule`
+and, for pairwise-preference methods, `pairwise.PairwiseModule`."""
 
 from lit_rlhf.modules.base import TrainingModule
 from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.modules.pairwise import PairLogps, PairwiseModule
 from lit_rlhf.modules.dpo import DPOModule
 from lit_rlhf.modules.drov import DROVModule
 from lit_rlhf.modules.kto import KTOModule
+from lit_rlhf.modules.orpo import ORPOModule
 from lit_rlhf.modules.reward import RewardModule
 from lit_rlhf.modules.grpo import GRPOModule
 from lit_rlhf.modules.ppo import PPOModule
 from lit_rlhf.modules.rloo import RLOOModule
 from lit_rlhf.modules.sft import SFTModule
 
-__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "PolicyModule", "RewardModule", "RLOOModule", "SFTModule", "TrainingModule"]
+__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "ORPOModule", "PairLogps", "PairwiseModule", "PolicyModule", "RewardModule", "RLOOModule", "SFTModule", "TrainingModule"]

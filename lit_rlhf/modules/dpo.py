@@ -1,4 +1,5 @@
-"""Direct preference optimisation: DPO, IPO and SLiC-hinge on pairs (`lit_rlhf.losses.dpo_loss`).
+"""Direct preference optimisation: DPO, IPO, SLiC-hinge and GPO's exponential and Savage losses on
+pairs (`lit_rlhf.losses.dpo_loss`).
 
 The reference log-probs come either from a frozen reference model run next to the policy at
 every step, or (`precompute_ref_logps: true`) from a table filled once at the start of fit by
@@ -20,8 +21,8 @@ from torch import Tensor
 
 from lit_rlhf import models
 from lit_rlhf.models import adapters
-from lit_rlhf.losses import DPOLossType, dpo_loss
-from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
+from lit_rlhf.modules.pairwise import PairwiseModule
 from lit_rlhf.ops import masked_mean
 from lit_rlhf.types import PreferenceBatch, split_pair
 
@@ -46,20 +47,22 @@ def sequence_keys(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) 
     return keys
 
 
-class DPOModule(PolicyModule):
-    """DPO (Rafailov et al. 2023) and its IPO / hinge variants on a `PreferenceBatch`.
+class DPOModule(PairwiseModule):
+    """DPO (Rafailov et al. 2023) and its IPO / hinge / exponential / Savage variants on a `PreferenceBatch`.
 
     Chosen and rejected sequences go through the policy in ONE forward pass: the batch is
     already concatenated, rows `[:B]` chosen and `[B:]` rejected, (2B, T); with `shared_prompt`
     (default) each pair's prompt is computed once, for the policy and the reference. The
     reference runs first (without grad), so its temporaries never add to the policy's saved
     activations. Sequence log-probs are sums over completion tokens; the loss family
-    `f(beta * h)` lives in `dpo_loss`.
+    `f(beta * h)` lives in `dpo_loss`. The policy's forward pass and the steps are
+    `PairwiseModule`'s.
 
     Args:
         beta: KL strength; the implicit reward is `beta * log(pi / pi_ref)`. The DPO paper uses
             0.1, and 0.5 for TL;DR summarisation (App. B; see configs/tldr/dpo.yaml).
-        loss_type: `sigmoid` (DPO), `hinge` (SLiC) or `ipo`.
+        loss_type: `sigmoid` (DPO), `hinge` (SLiC), `ipo`, or GPO's `exponential` and `savage`
+            (Tang et al. 2024); the functions f are in `lit_rlhf.losses.dpo_loss`.
         ref_model: reference policy name; `None` = the initial policy (the `model` checkpoint).
         precompute_ref_logps: compute every reference sequence log-prob once at the start of
             fit (over the DataModule's train and val dataloaders, rows split across ranks),
@@ -70,8 +73,6 @@ class DPOModule(PolicyModule):
             "DPO + NLL" / RPO (Lambert, RLHF book, Sec. 8.2); 0 disables it.
         **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
     """
-
-    batch_types = (PreferenceBatch,)
 
     def __init__(
         self,
@@ -85,8 +86,8 @@ class DPOModule(PolicyModule):
         super().__init__(**kwargs)
         if beta <= 0:
             raise ValueError(f"beta must be > 0, got {beta}")
-        if loss_type not in ("sigmoid", "hinge", "ipo"):
-            raise ValueError(f"unknown loss_type {loss_type!r}; expected 'sigmoid', 'hinge' or 'ipo'")
+        if loss_type not in DPO_LOSS_TYPES:
+            raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(DPO_LOSS_TYPES)}")
         if nll_coef < 0:
             raise ValueError(f"nll_coef must be >= 0, got {nll_coef}")
         self.beta = beta
@@ -202,8 +203,8 @@ class DPOModule(PolicyModule):
             raise TypeError(f"DPOModule needs a PreferenceBatch (chosen rows first), got {type(batch).__name__}")
         # the reference first: its forward pass's temporaries are freed before the policy's graph exists
         ref_chosen, ref_rejected = split_pair(self.reference_logps(batch))  # (B,), (B,)
-        per_token = self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask, sharing=batch.sharing)  # (2B, T)
-        policy_chosen, policy_rejected = split_pair(self.sequence_logps(per_token, batch.loss_mask))  # (B,), (B,)
+        logps = self.pair_logps(batch)
+        policy_chosen, policy_rejected = logps.chosen, logps.rejected  # (B,), (B,)
         out = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, self.beta, self.loss_type)
         stats = {
             "rewards/chosen": out.chosen_rewards.mean(),
@@ -216,26 +217,9 @@ class DPOModule(PolicyModule):
         }
         loss = out.loss
         if self.nll_coef > 0:
-            chosen_per_token, _ = split_pair(per_token)  # (B, T)
+            chosen_per_token, _ = split_pair(logps.per_token)  # (B, T)
             chosen_mask, _ = split_pair(batch.loss_mask)  # (B, T)
             nll = -masked_mean(chosen_per_token, chosen_mask)  # token mean over the chosen completions
             loss = loss + self.nll_coef * nll
             stats["loss/nll"] = nll.detach()
         return loss, stats
-
-    def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
-        loss, stats = self.compute_loss(batch)
-        if not self.check_finite(batch, loss=loss):
-            return None  # on_nonfinite=skip: Lightning skips backward and the step
-        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", "rewards/accuracies"))
-        return loss
-
-    def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
-        self.log_stats("val", stats, prog_bar=("rewards/accuracies",))
-
-    def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
-        self.log_stats("test", stats)

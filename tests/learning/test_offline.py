@@ -1,7 +1,7 @@
 """Offline methods learn a known ordering: measured on held-out rows before and after 8 steps.
 
-SFT raises the log-prob of rule-following completions; the reward model, DPO, IPO, SLiC-hinge
-and KTO rank letter completions above digit completions on held-out prompts; DRO-V tilts the
+SFT raises the log-prob of rule-following completions; the reward model, DPO, IPO, SLiC-hinge,
+GPO's exponential and Savage losses, ORPO and KTO rank letter completions above digit completions on held-out prompts; DRO-V tilts the
 policy's log-ratio toward the reward (slope 1/tau at its optimum); IPO settles at its finite
 optimum margin 1/(2 beta). Thresholds come from measured runs (`python -m tests.learning.measure`,
 seeds 0-4) and from the same runs with the method broken: see tests/learning/README.md.
@@ -24,11 +24,15 @@ MIN_GAIN = {
     "dpo": 1.5,  # mean log(pi/pi_ref) margin, chosen - rejected
     "ipo": 1.5,
     "hinge": 1.5,
+    "exponential": 1.5,  # GPO's exponential and Savage losses
+    "savage": 1.5,
+    "orpo": 0.25,  # mean log odds ratio (ORPO eq. 5), chosen - rejected
     "kto": 1.2,  # mean log(pi/pi_ref), desirable - undesirable
     "drov": 0.12,  # slope of log(pi/pi_ref) on the normalised reward
 }
 # the held-out accuracy (reward margin or log-ratio margin > 0) the pairwise methods reach
-MIN_ACCURACY = {"reward": 0.9, "dpo": 0.9, "ipo": 0.9, "hinge": 0.9}
+MIN_ACCURACY = {"reward": 0.9, "dpo": 0.9, "ipo": 0.9, "hinge": 0.9, "exponential": 0.9, "savage": 0.9,
+                "orpo": 0.9}
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -47,6 +47,40 @@ def test_ipo_by_hand_and_paper_normalisation():
     assert out.loss.item() == pytest.approx(4 * 0.1**2 * (3.0 - 1 / (2 * 0.1)) ** 2, abs=1e-6)
 
 
+def test_exponential_by_hand():
+    # GPO exponential f(z) = exp(-z): z = 1 -> e^-1 = 0.3678794, z = -1 -> e = 2.7182818; mean cosh(1)
+    out = dpo_loss(**PAIRS, beta=0.5, loss_type="exponential")
+    assert out.losses.tolist() == pytest.approx([0.3678794, 2.7182818], abs=1e-6)
+    assert out.loss.item() == pytest.approx(1.5430806, abs=1e-6)
+    assert out.margins.tolist() == pytest.approx([1.0, -1.0])
+
+
+def test_savage_by_hand():
+    # GPO Savage f(z) = 1 / (1 + e^z)^2: z = 1 -> 1 / (1 + e)^2 = 0.0723295,
+    # z = -1 -> 1 / (1 + e^-1)^2 = sigmoid(1)^2 = 0.5344466; mean 0.3033881. Bounded: f(-50) ~ 1
+    out = dpo_loss(**PAIRS, beta=0.5, loss_type="savage")
+    assert out.losses.tolist() == pytest.approx([0.0723295, 0.5344466], abs=1e-6)
+    assert out.loss.item() == pytest.approx(0.3033881, abs=1e-6)
+    far = dpo_loss(torch.tensor([-100.0]), torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([0.0]), 0.5, "savage")
+    assert far.loss.item() == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize(("loss_type", "d_dz"), [
+    # f'(z) for z = 1 and z = -1: exponential -e^-z; Savage -2 sigmoid(-z)^2 sigmoid(z)
+    ("exponential", (-math.exp(-1), -math.e)),
+    ("savage", (-2 * (1 / (1 + math.e)) ** 2 * (math.e / (1 + math.e)),
+                -2 * (math.e / (1 + math.e)) ** 2 * (1 / (1 + math.e)))),
+])
+def test_gpo_gradients_by_hand(loss_type, d_dz):
+    # d/d policy_chosen of mean_b f(beta h_b) = beta * f'(z_b) / B, and minus that for rejected
+    chosen = PAIRS["policy_chosen_logps"].clone().requires_grad_(True)
+    rejected = PAIRS["policy_rejected_logps"].clone().requires_grad_(True)
+    out = dpo_loss(chosen, rejected, PAIRS["ref_chosen_logps"], PAIRS["ref_rejected_logps"], 0.5, loss_type)
+    out.loss.backward()
+    assert chosen.grad.tolist() == pytest.approx([0.25 * d for d in d_dz], abs=1e-6)
+    assert rejected.grad.tolist() == pytest.approx([-0.25 * d for d in d_dz], abs=1e-6)
+
+
 def test_dpo_sigmoid_gradient_by_hand():
     # d/d policy_chosen of mean_b -log sigmoid(beta h_b) = -beta * sigmoid(-z_b) / B
     # pair 0 (z = 1): -0.5 * 0.2689414 / 2 ; pair 1 (z = -1): -0.5 * 0.7310586 / 2
@@ -105,3 +139,24 @@ def test_ipo_reaches_its_optimum():
     logps = _fit_two_responses("ipo", beta, p, ref_logps)
     h = (logps[0] - ref_logps[0]) - (logps[1] - ref_logps[1])
     assert h.item() == pytest.approx((p - 0.5) / beta, abs=1e-4)
+
+
+def test_exponential_reaches_half_the_logit():
+    # E[loss] = p e^-z + (1 - p) e^z has derivative -p e^-z + (1 - p) e^z = 0 at
+    # z* = 1/2 log(p / (1 - p)): half of DPO's optimum
+    beta, p = 0.5, 0.8
+    ref_logps = torch.log(torch.tensor([0.3, 0.7]))
+    logps = _fit_two_responses("exponential", beta, p, ref_logps)
+    z = beta * ((logps[0] - ref_logps[0]) - (logps[1] - ref_logps[1]))
+    assert z.item() == pytest.approx(0.5 * math.log(p / (1 - p)), abs=1e-4)
+
+
+def test_savage_reaches_the_logit():
+    # E[loss] = p sigmoid(-z)^2 + (1 - p) sigmoid(z)^2; with sigmoid' = sigmoid(z) sigmoid(-z) the
+    # derivative is 2 sigmoid(z) sigmoid(-z) [(1 - p) sigmoid(z) - p sigmoid(-z)] = 0 at
+    # e^z = p / (1 - p): z* = log(p / (1 - p)), DPO's optimum (the Savage loss is proper)
+    beta, p = 0.5, 0.8
+    ref_logps = torch.log(torch.tensor([0.3, 0.7]))
+    logps = _fit_two_responses("savage", beta, p, ref_logps)
+    z = beta * ((logps[0] - ref_logps[0]) - (logps[1] - ref_logps[1]))
+    assert z.item() == pytest.approx(math.log(p / (1 - p)), abs=1e-4)

@@ -160,3 +160,13 @@ def test_a_few_steps_lower_the_loss(tiny_tokenizer, loss_type):
         optimizer.step()
     assert losses[-1] < losses[0] - 0.05, losses
     assert stats["rewards/accuracies"] == 1.0
+
+
+@pytest.mark.parametrize(("loss_type", "f_of_zero"), [("exponential", 1.0), ("savage", 0.25)])
+def test_gpo_loss_types_are_selectable(tiny_tokenizer, loss_type, f_of_zero):
+    # the policy starts as its reference: every margin z is 0 and the loss is f(0)
+    # (exp(0) = 1; 1 / (1 + e^0)^2 = 1/4)
+    module = DPOModule(loss_type=loss_type, beta=0.5)
+    loss, stats = module.compute_loss(preference_batch(tiny_tokenizer))
+    assert loss.item() == pytest.approx(f_of_zero, abs=1e-6)
+    assert stats["rewards/margins"].item() == pytest.approx(0.0, abs=1e-6)

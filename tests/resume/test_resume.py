@@ -24,7 +24,7 @@ from lit_rlhf.data import (
     TLDRSFTDataModule,
     UltraFeedbackSingleDataModule,
 )
-from lit_rlhf.modules import DPOModule, DROVModule, GRPOModule, KTOModule, PPOModule, RewardModule, SFTModule
+from lit_rlhf.modules import DPOModule, DROVModule, GRPOModule, KTOModule, ORPOModule, PPOModule, RewardModule, SFTModule
 from lit_rlhf.rewards import CharacterFractionReward
 
 N = 4  # batches (rollouts for PPO/GRPO) of the straight run; the split run stops after N // 2
@@ -48,6 +48,8 @@ CASES = {
     "reward": (RewardModule, dict(lr=1e-3), 1, TLDRPreferenceDataModule, dict(path="bundled:tldr_comparisons", **TLDR)),
     "dpo": (DPOModule, dict(lr=1e-3, beta=0.5), 1, TLDRPreferenceDataModule,
             dict(path="bundled:tldr_comparisons", **TLDR)),
+    "orpo": (ORPOModule, dict(lr=1e-3, odds_ratio_coef=1.0), 1, TLDRPreferenceDataModule,
+             dict(path="bundled:tldr_comparisons", **TLDR)),
     "kto": (KTOModule, dict(lr=1e-3), 1, UltraFeedbackSingleDataModule, dict(label_mode="threshold", **UF)),
     "drov": (DROVModule, dict(lr=1e-3, value_lr=1e-2), 1, UltraFeedbackSingleDataModule, dict(UF)),
     # PPO: 2 PPO epochs per rollout, the second one shuffles its minibatches with the global generator
@@ -62,6 +64,8 @@ CASES = {
     # LoRA: adapters on one frozen base (PPO: policy and value adapters; the reference is the base)
     "dpo_lora": (DPOModule, dict(lr=1e-2, beta=0.5, lora=LORA), 1, TLDRPreferenceDataModule,
                  dict(path="bundled:tldr_comparisons", **TLDR)),
+    "orpo_lora": (ORPOModule, dict(lr=1e-2, odds_ratio_coef=1.0, lora=LORA), 1, TLDRPreferenceDataModule,
+                  dict(path="bundled:tldr_comparisons", **TLDR)),
     "reward_lora": (RewardModule, dict(lr=1e-2, lora=LORA), 1, TLDRPreferenceDataModule,
                     dict(path="bundled:tldr_comparisons", **TLDR)),
     "ppo_lora": (PPOModule, dict(ppo_epochs=2, num_minibatches=2, lora=LORA, **ONLINE), 4, TLDRPromptDataModule,
