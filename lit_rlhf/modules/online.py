@@ -21,7 +21,10 @@ One training step of an online method is one rollout followed by several optimiz
        rollout = callback.on_rollout_scores(trainer, pl_module, rollout)  # -> Rollout
 
    A hook returns a new `Rollout` (it is immutable: `rollout.with_scores(new_scores)`) with
-   scores of the same shape; it may also just observe. `callbacks.EOSTrickCallback` (D23) uses
+   scores of the same shape; it may also just observe. Before the hooks, a method adds its own
+   per-row data (`rollout_extras` -> `rollout.extras`); a method whose extras are responses of
+   their own (ReMax's greedy baselines, `greedy_rollout`) passes those through the hooks too,
+   so they are shaped as the samples are. `callbacks.EOSTrickCallback` (D23) uses
    it; `callbacks.KLControlCallback` observes `on_rollout_end` instead (step 5).
 5. **update** (`update`, per method): manual optimization over minibatches of the rollout with
    gradient accumulation over micro-batches, gradient clipping (`max_grad_norm`) and one

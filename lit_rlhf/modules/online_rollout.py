@@ -10,6 +10,7 @@ sampling settings (`sampling`), the reward sources (`reward_model`, `reward_fns`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
@@ -38,6 +39,13 @@ class RolloutMixin:
     """Generation, reward sources and the rollout hook of an `OnlineModule` (a `PolicyModule`)."""
 
     @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the rollout's log-probs (`logps`, `ref_logps`): the sampling
+        temperature (one temperature: docs/ARCHITECTURE.md), unless a method's objective is on
+        the policy's own distribution (online DPO: 1)."""
+        return self.sampling.temperature
+
+    @property
     def _synced_gpus(self) -> bool:
         return needs_synced_gpus(self._trainer)
 
@@ -46,8 +54,8 @@ class RolloutMixin:
         """Generate, score once (old/reference log-probs, values) and reward, without grad.
 
         `with_logps=False` leaves `rollout.logps` None (the update computes them). `sampling`
-        (default `self.sampling`) is how the responses are drawn; log-probs are always at the
-        training temperature. Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
+        (default `self.sampling`) is how the responses are drawn; log-probs are at
+        `logprob_temperature`. Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
         combined, unshaped scores, and each reward source's (N,) rewards by name.
         """
         prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
@@ -58,7 +66,7 @@ class RolloutMixin:
             meta = repeat_meta(meta, repeats)
         response_ids, response_mask, has_eos, sampler_logps = self.generate(prompt_ids, prompt_mask, sampling or self.sampling)
         micro = self.hparams.micro_batch_size
-        temperature = self.sampling.temperature
+        temperature = self.logprob_temperature
         args = (prompt_ids, prompt_mask, response_ids, response_mask)
         # a prompt's `repeats` copies share one prompt computation (`shared_prompt`)
         groups = torch.arange(prompt_ids.shape[0], device=prompt_ids.device) // repeats if repeats > 1 else None
@@ -181,6 +189,17 @@ class RolloutMixin:
         has its unshaped scores here (the hooks run after). Nothing by default; ReMax adds the
         reward of each prompt's greedy response. The update reads `rollout.extras[name]`."""
         return {}
+
+    def greedy_rollout(self, batch: PromptBatch) -> Rollout:
+        """Each prompt's greedy response (B rows: `sampling` with `do_sample` off, the same
+        backend), scored by the reward sources and shaped by the rollout hooks as the samples are
+        (the EOS trick treats both alike); no log-probs. ReMax's baseline, from `rollout_extras`."""
+        prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
+        ids, mask, has_eos, _ = self.generate(prompt_ids, prompt_mask, dataclasses.replace(self.sampling, do_sample=False))
+        greedy = Rollout(prompt_ids, prompt_mask, ids, mask, has_eos, None, meta=dict(batch.meta))
+        scores, _ = self.score_rollout(greedy)
+        self.check_finite(batch, scores=scores)
+        return self.apply_rollout_hooks(greedy.with_scores(scores))
 
     def apply_rollout_hooks(self, rollout: Rollout) -> Rollout:
         """The rollout hook: `callback.on_rollout_scores(trainer, pl_module, rollout) -> Rollout`
