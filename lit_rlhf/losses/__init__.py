@@ -30,6 +30,7 @@ from lit_rlhf.losses.ppo import (
     ppo_rewards,
     ppo_value_loss,
 )
+from lit_rlhf.losses.remax import remax_advantages
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
 from lit_rlhf.losses.rloo import rloo_loss, rloo_sequence_rewards
 from lit_rlhf.losses.tis import truncated_importance_weights
@@ -64,6 +65,7 @@ __all__ = [
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",
+    "remax_advantages",
     "rloo_advantages",
     "rloo_loss",
     "rloo_sequence_rewards",
