@@ -14,6 +14,7 @@ from lit_rlhf.modules.ppo import PPOModule
 from lit_rlhf.modules.rloo import RLOOModule
 from lit_rlhf.modules.sft import SFTModule
 from lit_rlhf.modules.remax import ReMaxModule
+from lit_rlhf.modules.rejection_sampling import RejectionSamplingModule
 
 __all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "OnlineDPOModule", "ORPOModule", "PairLogps",
            "PairwiseModule", "PolicyModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule",
