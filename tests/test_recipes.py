@@ -216,6 +216,10 @@ def overridden_config(config: dict, out: Path, data_dirs: dict[str, Path]) -> di
             judge = args.get("judge", {}).get("init_args", {})
             if "model_name" in judge:
                 judge["model_name"] = TINY
+    for fn in (config.get("model", {}).get("init_args") or {}).get("reward_fns") or []:  # a judge as the reward
+        judge = (fn.get("init_args", {}).get("judge") or {}).get("init_args", {}) if isinstance(fn, dict) else {}
+        if "model_name" in judge:
+            judge["model_name"] = TINY
     return config
 
 
@@ -255,6 +259,15 @@ def _model_args(config: dict) -> list[str]:
     return args
 
 
+def _is_online(class_path: str) -> bool:
+    from importlib import import_module
+
+    from lit_rlhf.modules.online import OnlineModule
+
+    module, name = class_path.rsplit(".", 1)
+    return issubclass(getattr(import_module(module), name), OnlineModule)
+
+
 def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = None, run: bool = True,
                extra_args: tuple[str, ...] = ()):
     config = _declared(recipe)
@@ -263,10 +276,10 @@ def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = N
     # validate once, after the last optimizer step; with accumulation the tiny data's epochs end
     # mid-window (Lightning then steps early), so validate after every batch there
     batches = STEPS if accumulate == 1 else 1
-    online = config["model"]["class_path"].endswith(("PPOModule", "GRPOModule", "RLOOModule"))
+    online = _is_online(config["model"]["class_path"])
     if config["model"]["class_path"].endswith("PPOModule"):  # one rollout = ppo_epochs x num_minibatches steps
         batches = math.ceil(STEPS / (declared.get("ppo_epochs", 4) * declared.get("num_minibatches", 1)))
-    elif online:  # GRPO / RLOO: num_iterations x num_minibatches steps per rollout (RLOO: 1)
+    elif online:  # GRPO, rejection sampling: num_iterations x num_minibatches steps per rollout (RLOO, ReMax: 1)
         batches = math.ceil(STEPS / (declared.get("num_iterations", 1) * declared.get("num_minibatches", 1)))
     files = [overridden_config(config, tmp_path, data_dirs)]
     if overlay is not None:
