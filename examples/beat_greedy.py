@@ -58,7 +58,8 @@ class BeatGreedySFTModule(OnlineModule):
             logps = self.response_token_logps(self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows],
                                               rollout.response_ids[rows], rollout.response_mask[rows],
                                               self.logprob_temperature)  # (n, R)
-            return nll_loss(logps, mask[rows]), {}
+            loss = nll_loss(logps, mask[rows])
+            return loss, {"policy/loss": loss.detach()}
 
         # one step on the token mean over the kept responses (the others weigh 0, so every rank
         # runs the same forward and backward passes under DDP)
