@@ -95,6 +95,9 @@ class KLControlCallback(Callback):
         if self.adaptive:
             if rollout.ref_logps is None:
                 raise ValueError("adaptive KL control needs reference log-probs; this rollout has none (kl_coef 0?)")
+            if rollout.logps is None:
+                raise ValueError(f"adaptive KL control needs the policy's log-probs of the rollout; "
+                                 f"{type(pl_module).__name__} does not compute them")
             kl = masked_sum(rollout.logps - rollout.ref_logps, rollout.response_mask, dim=1).mean()  # k1, per response
             kl = trainer.strategy.reduce(kl.detach().float(), reduce_op="mean") if trainer is not None else kl
             world = trainer.world_size if trainer is not None else 1

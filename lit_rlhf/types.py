@@ -129,6 +129,14 @@ class Rollout(NamedTuple):
 
     `response_ids` are cut after the first EOS and PAD-filled (D23); `response_mask` is True up
     to and including the first EOS (or on all R tokens when there is none).
+
+    `extras` is the method's own per-row data, carried from the rollout to the update
+    (`OnlineModule.rollout_extras` adds it): name -> tensor whose leading dimension is the
+    rollout's N rows (ReMax: the reward of each row's greedy response). Extras follow the rows
+    wherever the rollout's tensors go: `rows` slices them with the rows (minibatches, dynamic
+    sampling), `to` moves them, `cat_rollouts` concatenates them. They are plain tensors and a
+    rollout lives within one training step, so nothing of it enters a checkpoint: what makes a
+    resumed run draw the same extras is the restored random state they were drawn from.
     """
 
     prompt_ids: Tensor  # (B, P) left padded
@@ -136,14 +144,17 @@ class Rollout(NamedTuple):
     response_ids: Tensor  # (B, R)
     response_mask: Tensor  # (B, R) bool
     has_eos: Tensor  # (B,) bool
-    # (B, R) policy log-probs at sampling time (temperature applied), 0 on pad. None until the
-    # update fills them when it computes them itself (on-policy GRPO: one pass, one minibatch)
+    # (B, R) policy log-probs at sampling time (temperature applied), 0 on pad. None when the
+    # rollout did not compute them: an on-policy update computes its own (GRPO with one pass over
+    # one minibatch fills them in), and a method that never needs them (rejection sampling, whose
+    # update is an NLL on the kept rows) leaves them None; every consumer checks for None
     logps: Tensor | None
     ref_logps: Tensor | None = None  # (B, R) reference log-probs, None when no reference is used
     values: Tensor | None = None  # (B, R) value estimates (PPO)
     scores: Tensor | None = None  # (B,) scalar reward of each response, after shaping hooks
     meta: dict[str, list[Any]] = {}
     sampler_logps: Tensor | None = None  # (B, R) the sampling engine's log-probs (vLLM backend), else None
+    extras: dict[str, Tensor] = {}  # the method's per-row data: name -> (B, ...) tensor
 
     @property
     def input_ids(self) -> Tensor:  # (B, P+R)
@@ -153,8 +164,36 @@ class Rollout(NamedTuple):
     def attention_mask(self) -> Tensor:  # (B, P+R)
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
+    @property
+    def num_rows(self) -> int:
+        return int(self.response_ids.shape[0])
+
     def with_scores(self, scores: Tensor) -> "Rollout":
         return self._replace(scores=scores)
+
+    def with_extras(self, **extras: Tensor) -> "Rollout":
+        """The rollout with `extras` added to (or replacing entries of) its per-row extras; each
+        must be a tensor whose leading dimension is the rollout's number of rows."""
+        n = self.num_rows
+        for name, value in extras.items():
+            if not isinstance(value, Tensor) or value.dim() == 0 or value.shape[0] != n:
+                shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ValueError(f"rollout extra {name!r} must be a tensor with one row per response ({n}), got {shape}")
+        return self._replace(extras={**self.extras, **extras})
+
+    def rows(self, index: Tensor) -> "Rollout":
+        """The rollout restricted to the rows `index` (a 1-d index or boolean tensor): every
+        per-row tensor, extra and `meta` list picked."""
+        positions = torch.arange(self.num_rows, device=self.response_ids.device)[index].tolist()
+        fields = {k: (v[index] if isinstance(v, Tensor) else v) for k, v in self._asdict().items()
+                  if k not in ("meta", "extras")}
+        return Rollout(**fields, meta={k: [v[i] for i in positions] for k, v in self.meta.items()},
+                       extras={k: v[index] for k, v in self.extras.items()})
+
+    def to(self, *args: Any, **kwargs: Any) -> "Rollout":
+        """The same rollout with every tensor, extras included, moved (`meta` as it is)."""
+        moved = _move(self, *args, **kwargs)
+        return moved._replace(extras={k: v.to(*args, **kwargs) for k, v in self.extras.items()})
 
 
 def split_pair(t: Tensor) -> tuple[Tensor, Tensor]:

@@ -13,13 +13,16 @@ Conventions (both use them):
   so every evaluation of a run sees the same prompts.
 """
 
+from lit_rlhf.evaluation.best_of_n import BestOfN, best_of_n
 from lit_rlhf.evaluation.completions import GREEDY, generate_completions
 from lit_rlhf.evaluation.judging import JudgeEvaluation, evaluate_completions, judge_metrics, judge_safely, token_length
 from lit_rlhf.evaluation.prompts import EvalPrompts, encode_prompt_text, prompts_from_dataset, prompts_from_texts
 from lit_rlhf.evaluation.reports import VERDICTS, examples_table, length_ratio_figure, markdown_cell
 
 __all__ = [
+    "BestOfN",
     "GREEDY",
+    "best_of_n",
     "VERDICTS",
     "EvalPrompts",
     "JudgeEvaluation",

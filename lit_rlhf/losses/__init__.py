@@ -3,6 +3,7 @@
 Each returns a NamedTuple whose first field is the loss, followed by detached statistics.
 """
 
+from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, nll_loss, rejection_sampling_mask
 from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
 from lit_rlhf.losses.drov import DROVLossOutput, drov_loss
 from lit_rlhf.losses.grpo import (
@@ -30,6 +31,7 @@ from lit_rlhf.losses.ppo import (
     ppo_rewards,
     ppo_value_loss,
 )
+from lit_rlhf.losses.remax import remax_advantages
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
 from lit_rlhf.losses.rloo import rloo_loss, rloo_sequence_rewards
 from lit_rlhf.losses.tis import truncated_importance_weights
@@ -50,6 +52,8 @@ __all__ = [
     "PPORewardsOutput",
     "PPOValueLossOutput",
     "RewardLossOutput",
+    "Selection",
+    "best_of_n_kl",
     "bradley_terry_loss",
     "dpo_loss",
     "drov_loss",
@@ -60,10 +64,13 @@ __all__ = [
     "kto_weight_ratio",
     "labels_from_rewards",
     "log_odds",
+    "nll_loss",
     "orpo_loss",
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",
+    "rejection_sampling_mask",
+    "remax_advantages",
     "rloo_advantages",
     "rloo_loss",
     "rloo_sequence_rewards",

@@ -13,5 +13,10 @@ from lit_rlhf.modules.grpo import GRPOModule
 from lit_rlhf.modules.ppo import PPOModule
 from lit_rlhf.modules.rloo import RLOOModule
 from lit_rlhf.modules.sft import SFTModule
+from lit_rlhf.modules.remax import ReMaxModule
+from lit_rlhf.modules.rejection_sampling import RejectionSamplingModule
+from lit_rlhf.modules.online_dpo import OnlineDPOModule
 
-__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "ORPOModule", "PairLogps", "PairwiseModule", "PolicyModule", "RewardModule", "RLOOModule", "SFTModule", "TrainingModule"]
+__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "OnlineDPOModule", "ORPOModule", "PairLogps",
+           "PairwiseModule", "PolicyModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule",
+           "SFTModule", "TrainingModule"]

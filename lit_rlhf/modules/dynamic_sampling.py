@@ -4,7 +4,8 @@ A group whose G rewards are all equal (all right or all wrong, for a 0/1 reward)
 advantage and no gradient; it only dilutes the batch. Dynamic sampling drops such groups and
 samples more prompts until the batch holds B informative groups:
 
-1. the step's B prompts are sampled, scored and shaped as usual (rollout hooks included);
+1. the step's B prompts are sampled, scored and shaped as usual (`training_rollout`: the
+   method's extras and the rollout hooks included);
 2. the informative groups are kept (`losses.grpo_family.informative_groups`);
 3. while fewer than B are kept and fewer than `max_sampling_rounds` rounds were run, B more
    prompts are drawn from the *refill stream* and step 2 repeats;
@@ -36,14 +37,12 @@ from lit_rlhf.types import PromptBatch, Rollout
 
 
 def take_rows(rollout: Rollout, rows: Tensor) -> Rollout:
-    """The rollout restricted to `rows` (tensor fields indexed, `meta` lists picked)."""
-    idx = rows.tolist()
-    fields = {k: (v[rows] if isinstance(v, Tensor) else v) for k, v in rollout._asdict().items() if k != "meta"}
-    return Rollout(**fields, meta={k: [v[i] for i in idx] for k, v in rollout.meta.items()})
+    """The rollout restricted to `rows` (`Rollout.rows`: tensor fields, extras and `meta` lists)."""
+    return rollout.rows(rows)
 
 
 def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
-    """Rollouts concatenated by rows; prompts are left padded to the longest (D5)."""
+    """Rollouts concatenated by rows (extras too); prompts are left padded to the longest (D5)."""
     if len(parts) == 1:
         return parts[0]
     width = max(p.prompt_ids.shape[1] for p in parts)
@@ -52,6 +51,10 @@ def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
         values = [getattr(p, name) for p in parts]
         if name == "meta":
             out[name] = {k: [x for p in parts for x in p.meta[k]] for k in parts[0].meta}
+        elif name == "extras":
+            if any(p.extras.keys() != parts[0].extras.keys() for p in parts):
+                raise ValueError("cannot concatenate rollouts with different extras")
+            out[name] = {k: torch.cat([p.extras[k] for p in parts]) for k in parts[0].extras}
         elif values[0] is None:
             if any(v is not None for v in values):
                 raise ValueError(f"cannot concatenate rollouts where only some have {name!r}")
@@ -98,8 +101,7 @@ def dynamic_sample(module, batch: PromptBatch) -> tuple[Rollout, dict[str, Tenso
     n_kept = rounds = generated = 0
     current = batch
     while True:
-        rollout, per_source = module.make_rollout(current, group, with_logps=module.needs_rollout_logps)
-        rollout = module.apply_rollout_hooks(rollout)
+        rollout, per_source = module.training_rollout(current)
         rounds += 1
         generated += rollout.response_ids.shape[0]
         informative = informative_groups(rollout.scores.float(), group)  # (b,)

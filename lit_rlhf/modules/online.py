@@ -21,7 +21,10 @@ One training step of an online method is one rollout followed by several optimiz
        rollout = callback.on_rollout_scores(trainer, pl_module, rollout)  # -> Rollout
 
    A hook returns a new `Rollout` (it is immutable: `rollout.with_scores(new_scores)`) with
-   scores of the same shape; it may also just observe. `callbacks.EOSTrickCallback` (D23) uses
+   scores of the same shape; it may also just observe. Before the hooks, a method adds its own
+   per-row data (`rollout_extras` -> `rollout.extras`); a method whose extras are responses of
+   their own (ReMax's greedy baselines, `greedy_rollout`) passes those through the hooks too,
+   so they are shaped as the samples are. `callbacks.EOSTrickCallback` (D23) uses
    it; `callbacks.KLControlCallback` observes `on_rollout_end` instead (step 5).
 5. **update** (`update`, per method): manual optimization over minibatches of the rollout with
    gradient accumulation over micro-batches, gradient clipping (`max_grad_norm`) and one
@@ -40,10 +43,10 @@ once that many episodes were sampled and sizes the learning-rate schedule to
 reshuffled each epoch, D21). Without it, `trainer.max_steps` counts optimizer steps
 (`updates_per_rollout()` of them per rollout).
 
-Where the code is: steps 1-4 are `online_rollout.RolloutMixin`, step 5's loop is
-`online_update.UpdateLoopMixin`; this file holds `OnlineModule` itself (its arguments, what a
-method defines, the Lightning hooks: training and validation steps, episode budget, schedule
-length, checkpointed counters).
+Where the code is: steps 1-4 and validation sampling are `online_rollout.RolloutMixin`, step
+5's loop is `online_update.UpdateLoopMixin`; this file holds `OnlineModule` itself (its
+arguments, what a method defines, the Lightning hooks: the training step, episode budget,
+schedule length, checkpointed counters).
 """
 
 from __future__ import annotations
@@ -62,7 +65,6 @@ from lit_rlhf.modules.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.modules.online_rollout import RolloutMixin, repeat_meta, validation_rng
 from lit_rlhf.modules.online_update import UpdateLoopMixin
-from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import RewardNormalization
 from lit_rlhf.types import PromptBatch, Rollout
 
@@ -210,8 +212,13 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         self.kl_coef = value
 
     def updates_per_rollout(self) -> int:
-        """Optimizer steps taken on each rollout."""
-        raise NotImplementedError
+        """Optimizer steps the method's `update` takes on each rollout (the number of
+        `run_updates` minibatch steps: passes x minibatches; PPO `ppo_epochs * num_minibatches`,
+        GRPO `num_iterations * num_minibatches`). The schedule's length, the episode budget and
+        the progress bar's rollout count are derived from it, so a method whose update takes
+        another number of steps must say so here. Default 1: one on-policy step per rollout
+        (RLOO, ReMax, online DPO)."""
+        return 1
 
     def rollout_values(self, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor | None:
         """Values (N, R) of the rollout's states (PPO); None when the method has no critic."""
@@ -219,13 +226,18 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
 
     @property
     def needs_rollout_logps(self) -> bool:
-        """Whether the rollout must carry the sampling-time log-probs before the update (False
-        when the update is on-policy and computes them in its own forward pass)."""
+        """Whether the rollout must carry the policy's sampling-time log-probs (`rollout.logps`)
+        before the update: a forward pass over all N rows. False when the update is on-policy
+        and computes them in its own forward pass (GRPO with one pass over one minibatch), or
+        when the method never uses them (rejection sampling: an NLL on the kept rows). Without
+        them the rollout's `logps` stays None, and the entropy and KL stats, and adaptive KL
+        control, are not available."""
         return True
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        """Optimise on one shaped rollout; returns the rollout (with `logps` filled when it was
-        None) and the stats to log (names `group/name`)."""
+        """Optimise on one shaped rollout (its per-row extras in `rollout.extras`); returns the
+        rollout (with `logps` filled in if the update computed them for every row, else as it
+        came) and the stats to log (names `group/name`)."""
         raise NotImplementedError
 
     def setup(self, stage: str) -> None:
@@ -281,25 +293,6 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
             return f"total_episodes={total} reached ({self.episodes} episodes sampled)"
         return ""
 
-
-    # ------------------------------------------------------------------------------------------
-    # validation: sample once per prompt and report the unshaped scores
-    # ------------------------------------------------------------------------------------------
-
-    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        # validation samples from its own generator, seeded from (seed, global step, batch):
-        # training randomness never depends on whether (or how often) validation ran, so a run
-        # resumed from a checkpoint saved before a validation samples what the straight run does
-        with validation_rng(self.device, self.global_step, batch_idx):
-            rollout, per_source = self.make_rollout(batch, 1, sampling=self.val_sampling)
-        stats = {
-            "objective/scores": rollout.scores.float().mean(),
-            "response/length": rollout.response_mask.sum(dim=1).float().mean(),
-            "response/eos_fraction": rollout.has_eos.float().mean(),
-        }
-        if rollout.ref_logps is not None:
-            stats["objective/kl"] = masked_sum(rollout.logps - rollout.ref_logps, rollout.response_mask, dim=1).mean()
-        self.log_stats("val", stats, batch_size=rollout.response_ids.shape[0])
 
     # ------------------------------------------------------------------------------------------
     # schedule length and checkpointed counters

@@ -10,6 +10,7 @@ sampling settings (`sampling`), the reward sources (`reward_model`, `reward_fns`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
@@ -38,6 +39,13 @@ class RolloutMixin:
     """Generation, reward sources and the rollout hook of an `OnlineModule` (a `PolicyModule`)."""
 
     @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the rollout's log-probs (`logps`, `ref_logps`): the sampling
+        temperature (one temperature: docs/ARCHITECTURE.md), unless a method's objective is on
+        the policy's own distribution (online DPO: 1)."""
+        return self.sampling.temperature
+
+    @property
     def _synced_gpus(self) -> bool:
         return needs_synced_gpus(self._trainer)
 
@@ -46,8 +54,8 @@ class RolloutMixin:
         """Generate, score once (old/reference log-probs, values) and reward, without grad.
 
         `with_logps=False` leaves `rollout.logps` None (the update computes them). `sampling`
-        (default `self.sampling`) is how the responses are drawn; log-probs are always at the
-        training temperature. Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
+        (default `self.sampling`) is how the responses are drawn; log-probs are at
+        `logprob_temperature`. Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
         combined, unshaped scores, and each reward source's (N,) rewards by name.
         """
         prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
@@ -58,7 +66,7 @@ class RolloutMixin:
             meta = repeat_meta(meta, repeats)
         response_ids, response_mask, has_eos, sampler_logps = self.generate(prompt_ids, prompt_mask, sampling or self.sampling)
         micro = self.hparams.micro_batch_size
-        temperature = self.sampling.temperature
+        temperature = self.logprob_temperature
         args = (prompt_ids, prompt_mask, response_ids, response_mask)
         # a prompt's `repeats` copies share one prompt computation (`shared_prompt`)
         groups = torch.arange(prompt_ids.shape[0], device=prompt_ids.device) // repeats if repeats > 1 else None
@@ -74,6 +82,25 @@ class RolloutMixin:
         scores, per_source = self.score_rollout(rollout, repeats)
         self.check_finite(batch, scores=scores, values=values)
         return rollout.with_scores(scores), per_source
+
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        """Sample one response per prompt (`val_sampling`) and log its unshaped scores, lengths,
+        EOS fraction and, with a reference, the KL."""
+        # validation samples from its own generator, seeded from (seed, global step, batch):
+        # training randomness never depends on whether (or how often) validation ran, so a run
+        # resumed from a checkpoint saved before a validation samples what the straight run does
+        with validation_rng(self.device, self.global_step, batch_idx):
+            # log-probs only for the KL to the reference (none without one)
+            with_logps = getattr(self, "ref_model", None) is not None
+            rollout, per_source = self.make_rollout(batch, 1, with_logps=with_logps, sampling=self.val_sampling)
+        stats = {
+            "objective/scores": rollout.scores.float().mean(),
+            "response/length": rollout.response_mask.sum(dim=1).float().mean(),
+            "response/eos_fraction": rollout.has_eos.float().mean(),
+        }
+        if rollout.ref_logps is not None and rollout.logps is not None:
+            stats["objective/kl"] = masked_sum(rollout.logps - rollout.ref_logps, rollout.response_mask, dim=1).mean()
+        self.log_stats("val", stats, batch_size=rollout.response_ids.shape[0])
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor,
                  sampling: SamplingConfig) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -140,11 +167,39 @@ class RolloutMixin:
         return combine_rewards(per_source, self.hparams.reward_weights, how, group_size), per_source
 
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
-        """The shaped rollout a training step optimises on: `make_rollout` then the rollout hooks.
-        Returns (rollout, each source's rewards, sampling stats to log). A method may sample more
-        than one batch of prompts here (GRPO's dynamic sampling)."""
+        """The shaped rollout a training step optimises on (`training_rollout`). Returns (rollout,
+        each source's rewards, sampling stats to log). A method may sample more than one batch of
+        prompts here (GRPO's dynamic sampling calls `training_rollout` once per round)."""
+        rollout, per_source = self.training_rollout(batch)
+        return rollout, per_source, {}
+
+    def training_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor]]:
+        """One round of a training step's sampling: `make_rollout` (`repeats` responses per
+        prompt, log-probs only when `needs_rollout_logps`), the method's per-row extras
+        (`rollout_extras`, checked by `Rollout.with_extras`), then the rollout hooks."""
         rollout, per_source = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
-        return self.apply_rollout_hooks(rollout), per_source, {}
+        extras = self.rollout_extras(batch, rollout)
+        if extras:
+            rollout = rollout.with_extras(**extras)
+        return self.apply_rollout_hooks(rollout), per_source
+
+    def rollout_extras(self, batch: PromptBatch, rollout: Rollout) -> dict[str, Tensor]:
+        """The method's own per-row data for the update, computed at rollout time: name -> tensor
+        with one row per response (N = B * `repeats`, a prompt's copies contiguous). The rollout
+        has its unshaped scores here (the hooks run after). Nothing by default; ReMax adds the
+        reward of each prompt's greedy response. The update reads `rollout.extras[name]`."""
+        return {}
+
+    def greedy_rollout(self, batch: PromptBatch) -> Rollout:
+        """Each prompt's greedy response (B rows: `sampling` with `do_sample` off, the same
+        backend), scored by the reward sources and shaped by the rollout hooks as the samples are
+        (the EOS trick treats both alike); no log-probs. ReMax's baseline, from `rollout_extras`."""
+        prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
+        ids, mask, has_eos, _ = self.generate(prompt_ids, prompt_mask, dataclasses.replace(self.sampling, do_sample=False))
+        greedy = Rollout(prompt_ids, prompt_mask, ids, mask, has_eos, None, meta=dict(batch.meta))
+        scores, _ = self.score_rollout(greedy)
+        self.check_finite(batch, scores=scores)
+        return self.apply_rollout_hooks(greedy.with_scores(scores))
 
     def apply_rollout_hooks(self, rollout: Rollout) -> Rollout:
         """The rollout hook: `callback.on_rollout_scores(trainer, pl_module, rollout) -> Rollout`
@@ -167,7 +222,8 @@ class RolloutMixin:
 
     def notify_rollout_end(self, rollout: Rollout) -> None:
         """`callback.on_rollout_end(trainer, pl_module, rollout)` for each callback that defines
-        it, in list order, with the final rollout (after the update; `logps` always filled)."""
+        it, in list order, with the final rollout (after the update; `logps` None when the
+        method never computed them, e.g. rejection sampling)."""
         trainer = self._trainer
         for callback in trainer.callbacks if trainer is not None else []:
             hook = getattr(callback, "on_rollout_end", None)
@@ -175,14 +231,17 @@ class RolloutMixin:
                 hook(trainer, self, rollout)
 
     def rollout_stats(self, rollout: Rollout) -> dict[str, Tensor]:
-        """Objective stats of a shaped rollout: scores, KL, entropy, RLHF reward, lengths, EOS."""
+        """Objective stats of a shaped rollout: scores, lengths, EOS; entropy, KL and RLHF reward
+        when it has log-probs."""
         mask = rollout.response_mask
         stats = {
             "objective/scores": rollout.scores.float().mean(),
-            "objective/entropy": -masked_sum(rollout.logps, mask, dim=1).mean(),  # sampled estimate, per sequence
             "response/length": mask.sum(dim=1).float().mean(),
             "response/eos_fraction": rollout.has_eos.float().mean(),
         }
+        if rollout.logps is None:  # a method that never needs them (rejection sampling): no entropy, no KL
+            return stats
+        stats["objective/entropy"] = -masked_sum(rollout.logps, mask, dim=1).mean()  # sampled estimate, per sequence
         if rollout.ref_logps is not None:
             kl = masked_sum(rollout.logps - rollout.ref_logps, mask, dim=1)  # (N,) k1, summed per sequence
             stats["objective/kl"] = kl.mean()

@@ -24,10 +24,13 @@ Modules:
   `\\boxed{}`, LaTeX, equivalent forms);
 - `shaping`: `FormatReward` (regex / tag structure) and `OverlongPenalty` (DAPO's soft overlong
   punishment);
+- `judge`: `PairwiseJudgeReward`, a pairwise judge (`lit_rlhf.judges`: local LM, chat API,
+  reward model) as a reward: each sample's win rate against its prompt's other samples;
 - `examples`: `CharacterFractionReward`, `ReferenceMatchReward` (small, for tests).
 """
 
 from lit_rlhf.rewards.examples import CharacterFractionReward, ReferenceMatchReward
+from lit_rlhf.rewards.judge import PairwiseJudgeReward
 from lit_rlhf.rewards.math_answer import MathAnswerReward, answers_match, final_answer_text, parse_answer
 from lit_rlhf.rewards.shaping import FormatReward, OverlongPenalty
 from lit_rlhf.rewards.sources import (
@@ -47,6 +50,7 @@ __all__ = [
     "FormatReward",
     "MathAnswerReward",
     "OverlongPenalty",
+    "PairwiseJudgeReward",
     "ReferenceMatchReward",
     "RewardFn",
     "RewardFunctionError",

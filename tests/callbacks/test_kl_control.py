@@ -136,3 +136,15 @@ def test_state_dict_round_trip_restores_the_module():
     module = _Module(kl_coef=0.1)
     resumed.on_train_start(_trainer(), module)
     assert module.kl_coef == pytest.approx(0.1 * 1.02)
+
+
+def test_adaptive_control_names_a_method_without_rollout_log_probs():
+    """A method whose rollout carries no policy log-probs (`needs_rollout_logps` False and an
+    update that does not fill them) cannot be KL-controlled: a clear error, not a crash in masked_sum."""
+    module = _Module(kl_coef=0.2)
+    cb = KLControlCallback(target=1.0, horizon=100)
+    cb.on_train_start(_trainer(), module)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    rollout = _rollout(torch.zeros(2, 3), torch.zeros(2, 3), mask)._replace(logps=None)
+    with pytest.raises(ValueError, match="needs the policy's log-probs.*_Module does not compute them"):
+        cb.on_rollout_end(_trainer(), module, rollout)

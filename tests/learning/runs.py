@@ -25,8 +25,11 @@ from lit_rlhf.modules import (
     DROVModule,
     GRPOModule,
     KTOModule,
+    OnlineDPOModule,
     ORPOModule,
     PPOModule,
+    RejectionSamplingModule,
+    ReMaxModule,
     RewardModule,
     RLOOModule,
     SFTModule,
@@ -257,16 +260,28 @@ ONLINE: dict[str, tuple[type, dict[str, Any], float | None]] = {
     "reinforce_pp_baseline": (GRPOModule, dict(advantage="reinforce_pp_baseline", kl_coef=0.01), None),
     "rloo": (RLOOModule, dict(kl_coef=0.01), None),
     "ppo": (PPOModule, dict(kl_coef=0.01, ppo_epochs=2, num_minibatches=1), None),
+    # ReMax (Li et al. 2023): the greedy response's reward as the baseline, one sample per prompt
+    # as in the paper (32 prompts: the others' 32 sampled responses per rollout, plus 32 greedy)
+    "remax": (ReMaxModule, dict(kl_coef=0.01), None),
+    # rejection sampling: the best of 8 per prompt, SFT on it (no KL)
+    "rejection_sampling": (RejectionSamplingModule, dict(selection="per_prompt"), None),
+    # online DPO (Guo et al. 2024): 2 samples per prompt annotated by the reward, beta 0.1
+    "online_dpo": (OnlineDPOModule, dict(beta=0.1), None),
 }
+
+# (prompts, generations per prompt) of the methods whose rollouts are not PROMPTS x GENERATIONS
+# (the same 32 sampled responses per rollout, except PPO)
+ROLLOUT_SHAPE: dict[type, tuple[int, int]] = {PPOModule: (PPO_PROMPTS, 1), ReMaxModule: (32, 1),
+                                              OnlineDPOModule: (16, 2)}
 
 
 def run_online(name: str, seed: int) -> Measure:
     """Expected LetterReward of the policy on held-out prompts before and after ROLLOUTS rollouts."""
     cls, kwargs, bias = ONLINE[name]
     L.seed_everything(seed, verbose=False)
-    generations, prompts = (1, PPO_PROMPTS) if cls is PPOModule else (GENERATIONS, PROMPTS)
+    prompts, generations = ROLLOUT_SHAPE.get(cls, (PROMPTS, GENERATIONS))
     tok = load_tokenizer(MODEL)
-    extra = {} if cls is PPOModule else {"num_generations": generations}
+    extra = {} if cls in (PPOModule, OnlineDPOModule) else {"num_generations": generations}
     module = cls(model=MODEL, reward_fns=[LetterReward(tok, LENGTH)], max_new_tokens=LENGTH, temperature=TEMPERATURE,
                  lr=1e-2, lr_scheduler="constant", total_episodes=ROLLOUTS * prompts * generations,
                  log_completions_every_n_steps=0, **extra, **kwargs)

@@ -2,8 +2,9 @@
 sampled tokens (`tests.learning.tasks.LetterReward`, optimum 1), measured exactly from the
 policy's logits on held-out prompts before and after 8 rollouts.
 
-PPO, RLOO and GRPO with each family option (group-normalised and leave-one-out advantages,
-Dr. GRPO, DAPO, GSPO, REINFORCE++ with and without its group baseline). Thresholds come from
+PPO, RLOO, ReMax, rejection sampling, online DPO and GRPO with each family option
+(group-normalised and leave-one-out advantages, Dr. GRPO, DAPO, GSPO, REINFORCE++ with and
+without its group baseline). Thresholds come from
 measured runs (`python -m tests.learning.measure`, seeds 0-4) and from the same runs with the
 method broken: see tests/learning/README.md.
 """
@@ -30,6 +31,9 @@ MIN_GAIN = {
     "reinforce_pp_baseline": 0.13,
     "rloo": 0.15,
     "ppo": 0.06,
+    "remax": 0.03,
+    "rejection_sampling": 0.07,
+    "online_dpo": 0.08,
 }
 
 

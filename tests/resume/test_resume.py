@@ -24,7 +24,19 @@ from lit_rlhf.data import (
     TLDRSFTDataModule,
     UltraFeedbackSingleDataModule,
 )
-from lit_rlhf.modules import DPOModule, DROVModule, GRPOModule, KTOModule, ORPOModule, PPOModule, RewardModule, SFTModule
+from lit_rlhf.modules import (
+    DPOModule,
+    DROVModule,
+    GRPOModule,
+    KTOModule,
+    OnlineDPOModule,
+    ORPOModule,
+    PPOModule,
+    RejectionSamplingModule,
+    ReMaxModule,
+    RewardModule,
+    SFTModule,
+)
 from lit_rlhf.rewards import CharacterFractionReward
 
 N = 4  # batches (rollouts for PPO/GRPO) of the straight run; the split run stops after N // 2
@@ -34,6 +46,7 @@ UF = dict(path="bundled:ultrafeedback", max_prompt_length=128, max_completion_le
 ONLINE = dict(reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=4, lr=1e-2, micro_batch_size=None,
               log_completions_every_n_steps=0)
 LORA = {"r": 4, "alpha": 8}
+PROMPTS = dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)  # 3 batches per epoch
 
 
 
@@ -61,6 +74,12 @@ CASES = {
     "grpo_dynamic": (GRPOModule, dict(num_generations=2, kl_coef=0.0, dynamic_sampling=True, max_sampling_rounds=3,
                                       **{**ONLINE, "reward_fns": [mostly_letters]}), 1, TLDRPromptDataModule,
                      dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
+    # ReMax: the greedy baseline (a per-row extra) decoded in every rollout; KL in the reward
+    "remax": (ReMaxModule, dict(num_generations=2, kl_coef=0.05, **ONLINE), 1, TLDRPromptDataModule, dict(PROMPTS)),
+    # rejection sampling: no log-probs at rollout time, 2 passes over the kept rows (the second shuffled)
+    "rejection_sampling": (RejectionSamplingModule, dict(num_generations=2, num_iterations=2, **ONLINE), 2,
+                           TLDRPromptDataModule, dict(PROMPTS)),
+    "online_dpo": (OnlineDPOModule, dict(beta=0.1, **ONLINE), 1, TLDRPromptDataModule, dict(PROMPTS)),
     # LoRA: adapters on one frozen base (PPO: policy and value adapters; the reference is the base)
     "dpo_lora": (DPOModule, dict(lr=1e-2, beta=0.5, lora=LORA), 1, TLDRPreferenceDataModule,
                  dict(path="bundled:tldr_comparisons", **TLDR)),

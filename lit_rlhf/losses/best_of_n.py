@@ -1,0 +1,68 @@
+"""Best-of-N sampling and rejection-sampling fine-tuning (Lambert, "RLHF", ch. 10, Rejection
+Sampling; Touvron et al. 2023, Llama 2, Sec. 3.2.3; Dong et al. 2023, RAFT).
+
+- `best_of_n_kl(n)`: the KL of the best-of-n distribution to the base policy, log n - (n-1)/n
+  (Stiennon et al. 2020, "Learning to summarize from human feedback"; Gao et al. 2023, "Scaling
+  Laws for Reward Model Overoptimization", best-of-n sampling). Beirami et al. 2024
+  ("Theoretical guarantees on the best-of-n alignment policy") show it is an upper bound, exact
+  when the n samples' rewards are distinct (no ties).
+- `rejection_sampling_mask`: which of N = B*n scored samples are kept: the best of each prompt's
+  n (`per_prompt`, best-of-n) or the k best of the whole rollout (`top_k`).
+- `nll_loss`: the fine-tuning step on the kept samples, the token-mean negative log-likelihood
+  (SFT on them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from lit_rlhf.ops import masked_sum
+
+Selection = Literal["per_prompt", "top_k"]
+
+
+def best_of_n_kl(n: int) -> float:
+    """KL(pi_best-of-n || pi) = log n - (n - 1) / n nats (0 at n = 1, then growing like log n).
+
+    Derivation: with continuous rewards the best of n samples has the reward quantile
+    u ~ Beta(n, 1), density n u^(n-1), so the best-of-n distribution is n F(y)^(n-1) pi(y) and
+    its KL to pi is E[log n + (n - 1) log u] = log n + (n - 1) * (-1/n).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return math.log(n) - (n - 1) / n
+
+
+def rejection_sampling_mask(scores: Tensor, group_size: int, selection: Selection = "per_prompt",
+                            top_k: int | None = None) -> Tensor:
+    """(N,) bool, True on the kept samples.
+
+    scores: (N,) one reward per sample, each prompt's `group_size` samples contiguous.
+    `per_prompt`: the best sample of each prompt (the first one on a tie); `top_k`: the `top_k`
+    highest scores of the whole rollout, any prompt (the earlier row on a tie).
+    """
+    n = scores.shape[0]
+    kept = torch.zeros(n, dtype=torch.bool, device=scores.device)
+    if selection == "per_prompt":
+        if n % group_size:
+            raise ValueError(f"{n} scores do not split into groups of {group_size}")
+        best = scores.view(-1, group_size).argmax(dim=1)  # (B,) first maximum of each group
+        kept[torch.arange(0, n, group_size, device=scores.device) + best] = True
+    elif selection == "top_k":
+        if top_k is None or not 1 <= top_k <= n:
+            raise ValueError(f"top_k must be in [1, {n}] for selection 'top_k', got {top_k}")
+        order = torch.sort(scores, descending=True, stable=True).indices
+        kept[order[:top_k]] = True
+    else:
+        raise ValueError(f"selection must be 'per_prompt' or 'top_k', got {selection!r}")
+    return kept
+
+
+def nll_loss(logps: Tensor, mask: Tensor) -> Tensor:
+    """-sum_{i,t} log pi(y_i,t | x_i, y_i,<t) / (number of tokens): the token-mean NLL of the
+    kept samples. logps: (n, R) per-token log-probs with gradient; mask: (n, R) bool."""
+    return -masked_sum(logps, mask) / mask.sum().clamp(min=1)
