@@ -152,10 +152,7 @@ class Method:
             self.batches = pair_batches(args, min(vocab, len(tok)), tok.eos_token_id, tok.pad_token_id, count)
 
     def set_layout(self, layout: str) -> None:
-        shared = layout == "shared"
-        if self.name == "reward":
-            self.module.hparams.shared_prompt = shared
-        self.module.shared_prompt = shared
+        self.module.shared_prompt = layout == "shared"
 
     def counts(self, batch) -> dict[str, int]:
         if self.name == "grpo":

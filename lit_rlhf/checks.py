@@ -7,25 +7,24 @@ naming the setting at fault and what to change.
 
 Checked:
 - the DataModule's batch type against what the module trains on (`batch_types` of the module
-  class; e.g. a `PromptBatch` given to DPO), and the batch content a module needs (DRO-V's
-  rewards, KTO's labels or rewards, the reward model's margins);
+  class; e.g. a `PromptBatch` given to DPO);
 - the tokenizer the DataModule tokenises with against the module's (same vocabulary, PAD, EOS);
 - prompt + completion (or prompt + `max_new_tokens`) longer than a model's context
   (`max_position_embeddings`), from the lengths of the processed data;
-- frozen models (reference, reward model) that share parameter tensors with the trained ones,
-  and a precomputed DPO reference whose weights would be overwritten by the run (`export_dir`
-  pointing at the reference checkpoint), which a resumed run rebuilds its table from;
+- frozen models (reference, reward model) that share parameter tensors with the trained ones;
 - reward / value models whose embeddings are smaller than the policy's vocabulary;
 - trainable weights in bf16/fp16 stepped by a plain optimizer (no fp32 master copy: most small
   updates round away), unless the trainer's precision says pure low-precision training on
   purpose (`bf16-true`, `16-true`) or DeepSpeed (which keeps its own fp32 master copy) trains;
-- online methods: a rollout of `batch_size x num_generations` rows that does not split into
-  `num_minibatches` equal minibatches (PPO's `batch_size` rows likewise);
 - the module's own settings, through its `check_config(trainer, datamodule)` hook (a list of
-  problems, `docs/ARCHITECTURE.md` section 5): e.g. `optimizer_in_backward` with what needs all gradients of a
-  step at once or several backward passes per step (`TrainingModule.check_config`,
-  `lit_rlhf.modules.in_backward.startup_problems`). The hook keeps this module below `modules/`:
-  it never imports it;
+  problems, `docs/ARCHITECTURE.md` section 5), so a new method validates its own: e.g.
+  `optimizer_in_backward` with what needs all gradients of a step at once or several backward
+  passes per step (`TrainingModule.check_config`, `lit_rlhf.modules.in_backward.startup_problems`);
+  every online method's update rows that do not split into `num_minibatches` equal minibatches
+  (`OnlineModule.check_config`, from its `update_rows`); the batch content a method needs
+  (DRO-V's rewards, KTO's labels or rewards, the reward model's margins) and a precomputed DPO
+  reference that the run's `export_dir` would overwrite. The hook keeps this module below
+  `modules/`: it never imports it; a module's check may use the helpers here (`yields`);
 - callbacks that need a split the DataModule does not configure (`ModelCheckpoint` /
   `EarlyStopping` monitoring a `val/` metric, `JudgeEvalCallback(split=...)`,
   `RewardNormalizationCallback` reading the trainer's DataModule: a callback with
@@ -63,7 +62,7 @@ def collect_problems(trainer: Any, module: Any) -> list[str]:
     dm = getattr(trainer, "datamodule", None)
     problems: list[str] = []
     for check in (_batch_type, _tokenizer_match, _context_length, _shared_weights, _embedding_sizes,
-                  _low_precision_weights, _online, _method_specific, _module_own, _callbacks_need_splits):
+                  _low_precision_weights, _module_own, _callbacks_need_splits):
         problems += check(trainer, module, dm)
     return problems
 
@@ -208,20 +207,11 @@ def _shared_weights(trainer, module, dm) -> list[str]:
                 f"(e.g. {name}.{shared[0]} is {trained[model.get_parameter(shared[0]).data_ptr()]}): it would move "
                 "with training; load it as a separate copy (lit_rlhf.models.frozen_copy / load_reference_model)"
             )
-    hp = getattr(module, "hparams", {}) or {}
-    if hp.get("precompute_ref_logps"):
-        reference = hp.get("ref_model") or hp.get("model")
-        export = hp.get("export_dir")
-        if reference and export and _same_path(reference, export):
-            problems.append(
-                f"precompute_ref_logps=true rebuilds the reference table from {reference!r} on every (resumed) fit, "
-                f"but export_dir={export!r} writes the trained policy there: the reference would share the "
-                "policy's weights. Export elsewhere, or set ref_model to a copy of the initial checkpoint"
-            )
     return problems
 
 
-def _same_path(a: str, b: str) -> bool:
+def same_path(a: str, b: str) -> bool:
+    """True when the two paths name the same file or directory."""
     try:
         return Path(os.path.expanduser(a)).resolve() == Path(os.path.expanduser(b)).resolve()
     except OSError:
@@ -285,7 +275,7 @@ def _low_precision_weights(trainer, module, dm) -> list[str]:
     pure = "bf16-true" if dtype == "bfloat16" else "16-true"
     return [
         f"{sum(len(v) for v in low.values())} trainable parameter tensor(s) are {dtype} (e.g. {names[0]}; "
-        f"model.init_args.dtype: {module.hparams.get('dtype', '?') if hasattr(module, 'hparams') else '?'}) and "
+        f"model.init_args.dtype: {getattr(module, 'model_dtype', '?')}) and "
         f"trainer.precision is {precision!r}: the optimizer would step the {dtype} weights directly, with no fp32 "
         "master copy, and most small updates would round away. Load the weights in float32 (model.init_args.dtype: "
         "float32) and keep trainer.precision: bf16-mixed (bf16 compute, fp32 weights and optimizer state); or train "
@@ -295,56 +285,12 @@ def _low_precision_weights(trainer, module, dm) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# methods
+# helpers for the modules' own checks (`check_config`)
 # --------------------------------------------------------------------------------------------
 
 
-def _online(trainer, module, dm) -> list[str]:
-    if getattr(module, "sampling", None) is None or dm is None:
-        return []
-    hp = module.hparams
-    batch_size = getattr(dm, "batch_size", None)
-    minibatches = hp.get("num_minibatches", 1)
-    repeats = int(getattr(module, "repeats", 1))
-    if not batch_size or not minibatches:
-        return []
-    rows = batch_size * repeats
-    if rows % minibatches:
-        what = f"batch_size ({batch_size}) x num_generations ({repeats})" if repeats > 1 else f"batch_size ({batch_size})"
-        return [
-            f"a rollout has {what} = {rows} rows, which do not split into num_minibatches={minibatches} equal "
-            f"minibatches: make {rows} divisible by num_minibatches (e.g. num_minibatches="
-            f"{max(d for d in range(1, rows + 1) if rows % d == 0 and d <= minibatches)})"
-        ]
-    return []
-
-
-def _method_specific(trainer, module, dm) -> list[str]:
-    """What a method needs inside the batches, from the DataModule's settings."""
-    if dm is None:
-        return []
-    hp = getattr(module, "hparams", {}) or {}
-    name, data = type(module).__name__, type(dm).__name__
-    single = _yields(dm, "SingleBatch")
-    problems = []
-    if single and _needs_rewards(module) and getattr(dm, "with_rewards", True) is False:
-        problems.append(f"{name} needs scalar rewards, but {data} has with_rewards=false: set with_rewards: true")
-    if single and hp.get("labels_from") == "labels" and getattr(dm, "label_mode", "") is None:
-        problems.append(
-            f"{name} has labels_from='labels' but {data} has no label_mode, so its batches carry no labels: set "
-            "the DataModule's label_mode ('threshold' or 'pairs'), or labels_from: rewards"
-        )
-    if single and hp.get("labels_from") == "rewards" and getattr(dm, "with_rewards", True) is False:
-        problems.append(f"{name} has labels_from='rewards' but {data} has with_rewards=false")
-    if hp.get("use_margin") and _yields(dm, "PreferenceBatch") and getattr(dm, "margin_from", "") is None:
-        problems.append(
-            f"{name} has use_margin=true but {data} has no margin_from, so its batches carry no margin: set "
-            "margin_from ('confidence' for TL;DR, 'score_difference' for UltraFeedback) or use_margin: false"
-        )
-    return problems
-
-
-def _yields(dm, batch_name: str) -> bool:
+def yields(dm, batch_name: str) -> bool:
+    """True when the DataModule's train split yields batches of the class named `batch_name`."""
     try:
         got = dm.batch_type("train") if callable(getattr(dm, "batch_type", None)) else None
     except Exception:  # noqa: BLE001 - a DataModule without a train split: nothing to check
@@ -352,8 +298,14 @@ def _yields(dm, batch_name: str) -> bool:
     return got is not None and got.__name__ == batch_name
 
 
-def _needs_rewards(module) -> bool:
-    return bool(getattr(module, "needs_rewards", False))
+def split_problem(rows: int, minibatches: int, what: str) -> list[str]:
+    """`what` ("a rollout has ... = N rows") when `rows` do not split into `minibatches` equal
+    minibatches, as one message naming the nearest count that would; [] when they do."""
+    if minibatches < 1 or rows % minibatches == 0:
+        return []
+    nearest = max(d for d in range(1, rows + 1) if rows % d == 0 and d <= minibatches) if rows else 1
+    return [f"{what}, which do not split into num_minibatches={minibatches} equal minibatches: make {rows} "
+            f"divisible by num_minibatches (e.g. num_minibatches={nearest})"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -68,12 +68,17 @@ class TrainingModule(StepLoggingMixin, LightningModule):
       written at the optimizer steps done (`lit_rlhf.modules.step_logging`);
     - `export_hf(export_dir)` at the end of fit when the `export_dir` hparam is set.
 
-    A subclass calls `save_hyperparameters()` in its `__init__` (with `lr`, `warmup_ratio`,
-    `warmup_steps`, `lr_scheduler`, `weight_decay`, `adam_eps`, `adam_betas`, `export_dir`) and
+    A subclass records its settings (`lit_rlhf.modules.settings.record_settings`), keeps the shared
+    ones with `set_training_settings` (read at run time as attributes: `self.lr`, ...) and
     implements `optimizer_param_groups` and `export_hf`.
     """
 
     batch_types: ClassVar[tuple[type, ...]] = ()
+    # the shared settings a subclass gives `set_training_settings`; these defaults until it does
+    on_nonfinite: str = "error"
+    optimizer_in_backward: bool = False
+    release_host_memory: str | None = None
+    export_dir: str | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,17 +86,24 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         self.skipped_steps = 0
         self._restored_rng: dict[str, Any] | None = None  # applied in on_train_start
 
-    def check_training_hparams(self) -> None:
-        """Refuse impossible values of the shared hyper-parameters (after `save_hyperparameters`)."""
-        hp = self.hparams
-        if hp.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {hp.lr}")
-        if not 0.0 <= hp.warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {hp.warmup_ratio}")
-        if hp.get("on_nonfinite", "error") not in ("error", "skip"):
-            raise ValueError(f"on_nonfinite must be 'error' or 'skip', got {hp.on_nonfinite!r}")
-        if hp.get("release_host_memory") not in (None, "phases", "layers"):
-            raise ValueError(f"release_host_memory must be null, 'phases' or 'layers', got {hp.release_host_memory!r}")
+    def set_training_settings(self, *, lr: float, weight_decay: float, adam_eps: float,
+                              adam_betas: tuple[float, float], warmup_steps: int, warmup_ratio: float,
+                              lr_scheduler: str, export_dir: str | None, on_nonfinite: str,
+                              optimizer_in_backward: bool, release_host_memory: str | None) -> None:
+        """Refuse impossible values of the settings every trained module shares, and keep them as
+        the attributes read at run time (`lit_rlhf.modules.settings`)."""
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        if not 0.0 <= warmup_ratio < 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        if on_nonfinite not in ("error", "skip"):
+            raise ValueError(f"on_nonfinite must be 'error' or 'skip', got {on_nonfinite!r}")
+        if release_host_memory not in (None, "phases", "layers"):
+            raise ValueError(f"release_host_memory must be null, 'phases' or 'layers', got {release_host_memory!r}")
+        self.lr, self.weight_decay, self.adam_eps, self.adam_betas = lr, weight_decay, adam_eps, tuple(adam_betas)
+        self.warmup_steps, self.warmup_ratio, self.lr_scheduler = warmup_steps, warmup_ratio, lr_scheduler
+        self.export_dir, self.on_nonfinite = export_dir, on_nonfinite
+        self.optimizer_in_backward, self.release_host_memory = bool(optimizer_in_backward), release_host_memory
 
     # ----------------------------------------------------------------------------------------
     # optimisation
@@ -114,17 +126,16 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         return self.num_training_steps()
 
     def configure_optimizers(self):
-        hp = self.hparams
         trainer = self._trainer
-        clips = bool(getattr(trainer, "gradient_clip_val", None)) or bool(hp.get("max_grad_norm"))
-        in_backward = bool(hp.get("optimizer_in_backward", False))
-        optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, in_backward=in_backward, lr=hp.lr,
-                                eps=hp.adam_eps, betas=tuple(hp.adam_betas), weight_decay=hp.weight_decay)
+        clips = bool(getattr(trainer, "gradient_clip_val", None)) or bool(getattr(self, "max_grad_norm", None))
+        in_backward = self.optimizer_in_backward
+        optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, in_backward=in_backward, lr=self.lr,
+                                eps=self.adam_eps, betas=tuple(self.adam_betas), weight_decay=self.weight_decay)
         if in_backward:
             self._attach_in_backward(optimizer)
         total = self.num_schedule_steps()
-        warmup = hp.warmup_steps or int(hp.warmup_ratio * total)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(hp.lr_scheduler, warmup, total))
+        warmup = self.warmup_steps or int(self.warmup_ratio * total)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(self.lr_scheduler, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def gradient_factor(self) -> float | None:
@@ -205,7 +216,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         return True
 
     def _nonfinite(self, message: str) -> None:
-        if self.hparams.get("on_nonfinite", "error") == "error":
+        if self.on_nonfinite == "error":
             raise NonFiniteError(message + ". Set on_nonfinite: skip to skip such steps instead.")
         self.skipped_steps += 1
         log.warning("skipping the optimizer step: %s (%d skipped so far)", message, self.skipped_steps)
@@ -341,7 +352,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         pass, and for online methods after the rollout), where what a phase freed is not what the
         next one allocates; with `layers` also before each decoder layer (`attach_layer_releases`).
         Changes no value; on GPU the tensors are not in the host heap."""
-        if self.hparams.get("release_host_memory") and self.device.type == "cpu":
+        if self.release_host_memory and self.device.type == "cpu":
             host_memory.release_freed_memory()
 
     def attach_layer_releases(self) -> None:
@@ -349,7 +360,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         of the module's models that runs with gradients (`host_memory.release_before_layers`), so
         what one layer freed is not kept through the next. Warns where nothing can be released
         (no `malloc_trim`, or no such layers)."""
-        mode = self.hparams.get("release_host_memory")
+        mode = self.release_host_memory
         if mode and not host_memory.available():
             rank_zero_warn(f"release_host_memory: {mode} has no effect here: this C library has no malloc_trim "
                            "(it needs glibc on Linux)")
@@ -382,7 +393,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     def on_fit_end(self) -> None:
         if self._trainer is not None and self.trainer.is_global_zero:  # one line: why the run stopped
             log.warning("run stopped: %s", stop_reason(self.trainer, self, getattr(self, "_resumed_from_step", None)))
-        export_dir = self.hparams.get("export_dir")
+        export_dir = self.export_dir
         if export_dir and self.trainer.is_global_zero:
             self.export_hf(export_dir)
 

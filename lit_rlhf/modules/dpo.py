@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
-from lit_rlhf import models
+from lit_rlhf import checks, models
 from lit_rlhf.models import adapters
 from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
 from lit_rlhf.modules.pairwise import PairwiseModule
@@ -94,14 +94,28 @@ class DPOModule(PairwiseModule):
         self.loss_type = loss_type
         self.nll_coef = nll_coef
         self.precompute_ref_logps = precompute_ref_logps
+        self.ref_model_name = ref_model
         # content key -> reference sequence log-prob (precompute mode only)
         self.ref_logps_cache: dict[bytes, float] = {}
         if not precompute_ref_logps:
-            self.load_reference(ref_model, self.hparams.dtype)
+            self.load_reference(ref_model, self.model_dtype)
 
     # ----------------------------------------------------------------------------------------
     # reference log-probs: live or precomputed
     # ----------------------------------------------------------------------------------------
+
+    def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
+        """Also: a precomputed reference table is rebuilt from `ref_model` (or `model`) on every
+        (resumed) fit, so the run's `export_dir` must not overwrite it."""
+        problems = super().check_config(trainer, datamodule)
+        reference = self.ref_model_name or self.model_name
+        if self.precompute_ref_logps and self.export_dir and checks.same_path(reference, self.export_dir):
+            problems.append(
+                f"precompute_ref_logps=true rebuilds the reference table from {reference!r} on every (resumed) fit, "
+                f"but export_dir={self.export_dir!r} writes the trained policy there: the reference would share the "
+                "policy's weights. Export elsewhere, or set ref_model to a copy of the initial checkpoint"
+            )
+        return problems
 
     def reference_logps(self, batch: PreferenceBatch) -> Tensor:
         """Reference sequence log-probs (2B,) of the batch, live or from the precomputed table."""
@@ -130,10 +144,10 @@ class DPOModule(PairwiseModule):
         own base with the adapter disabled, nothing loaded). Under data parallelism each
         rank scores every world_size-th batch and the tables are merged on all ranks.
         """
-        if self.hparams.ref_model is None and getattr(self, "lora_config", None) is not None:
+        if self.ref_model_name is None and getattr(self, "lora_config", None) is not None:
             ref = adapters.AdapterView(self.policy, None)  # LoRA: the policy's base, adapter disabled
         else:
-            ref = models.load_reference_model(self.hparams.ref_model or self.model_name, self.tokenizer, self.hparams.dtype)
+            ref = models.load_reference_model(self.ref_model_name or self.model_name, self.tokenizer, self.model_dtype)
             ref.to(self.device)
         trainer = self._trainer
         world_size = trainer.world_size if trainer is not None else 1

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from lit_rlhf import models
+from lit_rlhf import checks, models
 from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.losses import drov_loss
 from lit_rlhf.modules.policy import PolicyModule
@@ -57,7 +57,6 @@ class DROVModule(PolicyModule):
     """
 
     batch_types = (SingleBatch,)
-    needs_rewards = True  # start-up check: the SingleBatches must carry rewards
 
     def __init__(
         self,
@@ -80,6 +79,7 @@ class DROVModule(PolicyModule):
             raise ValueError(f"value_per='batch' learns one scalar and uses no value network; got value_model={value_model!r}")
         self.tau = tau
         self.value_per = value_per
+        self.value_lr, self.value_model_name = value_lr, value_model
         self.value: models.ScalarHeadModel | None = None
         self.batch_value: nn.Parameter | None = None
         if value_per == "batch":
@@ -93,13 +93,22 @@ class DROVModule(PolicyModule):
         ) is not None:  # LoRA: the adapter `value` on the policy's base (own learning rate)
             self.value = value
         else:
-            self.value = models.load_scalar_model(value_model or self.model_name, self.tokenizer, self.hparams.dtype)
+            self.value = models.load_scalar_model(value_model or self.model_name, self.tokenizer, self.model_dtype)
             self.value.requires_grad_(True)
             if self.lora_config is not None:  # another base: a value adapter on its own frozen body
                 scalar_adapters.lora_on_scalar(self.value, self.lora_config, adapters.VALUE)
-        if self.hparams.gradient_checkpointing and self.value is not None and value_model != SHARED:
+        if self.gradient_checkpointing and self.value is not None and value_model != SHARED:
             self.value.gradient_checkpointing_enable()  # trained like the policy: checkpointed too
-        self.load_reference(ref_model, self.hparams.dtype)
+        self.load_reference(ref_model, self.model_dtype)
+
+    def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
+        """Also: the SingleBatches must carry scalar rewards."""
+        problems = super().check_config(trainer, datamodule)
+        if (datamodule is not None and checks.yields(datamodule, "SingleBatch")
+                and getattr(datamodule, "with_rewards", True) is False):
+            problems.append(f"{type(self).__name__} needs scalar rewards, but {type(datamodule).__name__} has "
+                            "with_rewards=false: set with_rewards: true")
+        return problems
 
     # ----------------------------------------------------------------------------------------
     # value
@@ -109,7 +118,7 @@ class DROVModule(PolicyModule):
         """The value's own trainable parameters (with `shared`: the head only)."""
         if self.batch_value is not None:
             return [self.batch_value]
-        if self.hparams.value_model == SHARED:
+        if self.value_model_name == SHARED:
             return list(self.value.head.parameters())
         if isinstance(self.value, scalar_adapters.AdapterScalarModel):  # its LoRA weights and head
             return list(adapters.param_group_params(self.policy, self.value.adapter, self.value.head))
@@ -125,14 +134,13 @@ class DROVModule(PolicyModule):
 
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         """Two learning rates in one AdamW: the policy at `lr`, the value at `value_lr`."""
-        hp = self.hparams
         value_ids = {id(p) for p in self.value_parameters()}
         policy_params = nn.ParameterList([p for p in self.policy.parameters() if id(p) not in value_ids])
         if self.lora_config is not None:  # only the policy adapter (the value adapter is the value's)
             policy_params = adapters.param_group_params(self.policy, adapters.POLICY)
         value_params = nn.ParameterList(self.value_parameters())
-        groups = decay_groups(policy_params, hp.weight_decay, lr=hp.lr, name="policy")
-        groups += decay_groups(value_params, hp.weight_decay, lr=hp.value_lr, name="value")
+        groups = decay_groups(policy_params, self.weight_decay, lr=self.lr, name="policy")
+        groups += decay_groups(value_params, self.weight_decay, lr=self.value_lr, name="value")
         return groups
 
     # ----------------------------------------------------------------------------------------

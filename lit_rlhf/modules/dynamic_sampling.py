@@ -112,7 +112,7 @@ def dynamic_sample(module, batch: PromptBatch) -> tuple[Rollout, dict[str, Tenso
         n_kept += int(informative.sum())
         strategy = module.trainer.strategy
         need_more = strategy.reduce_boolean_decision(n_kept < size, all=False)
-        if not need_more or rounds >= module.hparams.max_sampling_rounds:
+        if not need_more or rounds >= module.max_sampling_rounds:
             break
         current = refill_batch(module, size, module.refill_batches)
         module.refill_batches += 1

@@ -135,17 +135,23 @@ class GRPOModule(OnlineModule):
             raise ValueError(f"aggregation must be 'token_mean', 'sequence_mean' or 'constant_normalizer', got {aggregation!r}")
         if num_iterations < 1 or num_minibatches < 1:
             raise ValueError(f"num_iterations and num_minibatches must be >= 1, got {num_iterations} and {num_minibatches}")
+        # the settings, read at run time (`lit_rlhf.modules.settings`)
+        self.num_generations, self.advantage, self.scale, self.eps = num_generations, advantage, scale, eps
+        self.clip_eps_low, self.clip_eps_high, self.aggregation = clip_eps_low, clip_eps_high, aggregation
+        self.num_iterations, self.num_minibatches = num_iterations, num_minibatches
+        self.dynamic_sampling, self.max_sampling_rounds = dynamic_sampling, max_sampling_rounds
+        self.mask_truncated, self.importance_sampling = mask_truncated, importance_sampling
         self.refill_batches = 0  # prompts batches drawn by dynamic sampling; saved in checkpoints
         if kl_coef > 0:
-            self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+            self.load_reference(self.ref_model_name, self.model_dtype)
         self.set_kl_coef(kl_coef)
 
     @property
     def repeats(self) -> int:
-        return self.hparams.num_generations
+        return self.num_generations
 
     def updates_per_rollout(self) -> int:
-        return self.hparams.num_iterations * self.hparams.num_minibatches
+        return self.num_iterations * self.num_minibatches
 
     @property
     def needs_rollout_logps(self) -> bool:
@@ -155,10 +161,10 @@ class GRPOModule(OnlineModule):
 
     @property
     def _reinforce_pp(self) -> bool:
-        return self.hparams.advantage in ("reinforce_pp", "reinforce_pp_baseline")
+        return self.advantage in ("reinforce_pp", "reinforce_pp_baseline")
 
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
-        if self.hparams.get("dynamic_sampling", False):
+        if self.dynamic_sampling:
             return dynamic_sample(self, batch)
         return super().collect_rollout(batch)
 
@@ -171,30 +177,29 @@ class GRPOModule(OnlineModule):
         self.refill_batches = int(checkpoint.get(CHECKPOINT_KEY, {}).get("refill_batches", 0))
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        hp = self.hparams
-        group = hp.num_generations
+        group = self.num_generations
         scores = rollout.scores.float()  # (B*G,)
         mask = rollout.response_mask  # (B*G, R)
         token_advantages = None
         if self._reinforce_pp:  # per-token, normalised over every rank's tokens
             token_advantages = reinforce_pp_advantages(
                 scores, mask, rollout.logps, rollout.ref_logps, self.kl_coef,
-                group if hp.advantage == "reinforce_pp_baseline" else None,
+                group if self.advantage == "reinforce_pp_baseline" else None,
             )  # (B*G, R)
             (everyone, own), (everyone_mask, _) = gather_rows(token_advantages), gather_rows(mask)
             token_advantages = normalize_token_advantages(everyone, everyone_mask)[own]
             advantages = token_advantages.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (B*G,) for the stats
-        elif hp.advantage == "rloo":
+        elif self.advantage == "rloo":
             advantages = rloo_advantages(scores, group)  # (B*G,)
-        elif hp.scale == "batch":  # the std of the GLOBAL batch: every rank's rewards, this rank's slice
+        elif self.scale == "batch":  # the std of the GLOBAL batch: every rank's rewards, this rank's slice
             everyone, own = gather_rows(scores)  # (W*B*G,)
-            advantages = grpo_advantages(everyone, group, hp.scale, hp.eps)[own]  # (B*G,)
+            advantages = grpo_advantages(everyone, group, self.scale, self.eps)[own]  # (B*G,)
         else:  # groups never straddle ranks (a prompt's G copies are sampled on one rank)
-            advantages = grpo_advantages(scores, group, hp.scale, hp.eps)  # (B*G,)
+            advantages = grpo_advantages(scores, group, self.scale, self.eps)  # (B*G,)
         grouped = scores.view(-1, group)  # (B, G)
-        loss_mask = mask & rollout.has_eos.unsqueeze(1) if hp.get("mask_truncated", False) else mask  # (B*G, R)
+        loss_mask = mask & rollout.has_eos.unsqueeze(1) if self.mask_truncated else mask  # (B*G, R)
         ref_logps = rollout.ref_logps if self.kl_coef > 0 and token_advantages is None else None
-        sequence_level = hp.get("importance_sampling", "token") == "sequence"
+        sequence_level = self.importance_sampling == "sequence"
         on_policy = rollout.logps is None
         filled = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device) if on_policy else None  # (B*G, R)
 
@@ -210,14 +215,14 @@ class GRPOModule(OnlineModule):
             tis = self.tis_weights(rollout, rows, logps.detach() if on_policy else old)  # (n, R) or None
             if token_advantages is not None:  # REINFORCE++: the KL is already in the advantages
                 token_adv = token_advantages[rows] if tis is None else token_advantages[rows] * tis
-                out = clipped_token_loss(logps, old, token_adv, loss_mask[rows], hp.clip_eps_low, hp.clip_eps_high)
+                out = clipped_token_loss(logps, old, token_adv, loss_mask[rows], self.clip_eps_low, self.clip_eps_high)
             elif sequence_level:  # GSPO
-                out = gspo_policy_loss(logps, old, ref, advantages[rows], loss_mask[rows], hp.clip_eps_low,
-                                       hp.clip_eps_high, self.kl_coef)
+                out = gspo_policy_loss(logps, old, ref, advantages[rows], loss_mask[rows], self.clip_eps_low,
+                                       self.clip_eps_high, self.kl_coef)
             else:
                 out = grpo_policy_loss(
                     logps, old, ref, advantages[rows], loss_mask[rows],
-                    hp.clip_eps_low, hp.clip_eps_high, self.kl_coef, hp.aggregation, max_completion_length=mask.shape[1],
+                    self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregation, max_completion_length=mask.shape[1],
                     token_weights=tis,
                 )
             return out.loss, {
@@ -234,9 +239,9 @@ class GRPOModule(OnlineModule):
         # micro-batch weighs its share of the loss's tokens (`run_updates`; REINFORCE++'s loss is
         # a token mean too); GSPO and the other aggregations are per-sequence (sequence_mean) or
         # per-row constant (constant_normalizer): a share of rows
-        token_mean = token_advantages is not None or (hp.aggregation == "token_mean" and not sequence_level)
+        token_mean = token_advantages is not None or (self.aggregation == "token_mean" and not sequence_level)
         tokens = loss_mask.sum(dim=1).float() if token_mean else None  # (B*G,)
-        stats = self.run_updates(mask.shape[0], hp.num_iterations, hp.num_minibatches, loss_fn, row_weights=tokens)
+        stats = self.run_updates(mask.shape[0], self.num_iterations, self.num_minibatches, loss_fn, row_weights=tokens)
         stats["rewards/group_std"] = grouped.std(dim=1).mean()
         stats["rewards/zero_std_fraction"] = (grouped == grouped[:, :1]).all(dim=1).float().mean()
         stats["advantages/abs_mean"] = advantages.abs().mean()

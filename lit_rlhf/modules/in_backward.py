@@ -203,14 +203,13 @@ def startup_problems(trainer: Any, module: Any, dm: Any) -> list[str]:
     One message per problem (`lit_rlhf.checks` raises them together at start-up)."""
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
-    hp = getattr(module, "hparams", {}) or {}
-    if not hp.get("optimizer_in_backward"):
+    if not getattr(module, "optimizer_in_backward", False):
         return []
     why = "optimizer_in_backward: true steps each parameter as soon as its gradient is complete in the backward pass"
     problems = []
     if not getattr(module, "automatic_optimization", True):
         problems += _one_backward_per_step(module, dm, why)
-    if getattr(trainer, "gradient_clip_val", None) or hp.get("max_grad_norm"):
+    if getattr(trainer, "gradient_clip_val", None) or getattr(module, "max_grad_norm", None):
         setting = "trainer.gradient_clip_val" if getattr(trainer, "gradient_clip_val", None) else "max_grad_norm"
         problems.append(f"{why}, before the norm of all gradients is known, so {setting} cannot clip them: unset "
                         f"{setting} or set optimizer_in_backward: false")
@@ -231,7 +230,7 @@ def startup_problems(trainer: Any, module: Any, dm: Any) -> list[str]:
         problems.append(f"{why}, but under trainer.precision={str(trainer.precision)!r} the GradScaler must see all "
                         "gradients first (to unscale them and skip overflowing steps): use bf16-mixed or 32-true, "
                         "or optimizer_in_backward: false")
-    if hp.get("on_nonfinite", "error") == "skip":
+    if getattr(module, "on_nonfinite", "error") == "skip":
         problems.append(f"{why}, so on_nonfinite: skip cannot undo the updates already made when a later gradient "
                         "is non-finite: set on_nonfinite: error (it stops before any non-finite update) or "
                         "optimizer_in_backward: false")
@@ -244,13 +243,11 @@ def _one_backward_per_step(module: Any, dm: Any, why: str) -> list[str]:
     name = type(module).__name__
     if getattr(module, "sampling", None) is None or not callable(getattr(module, "run_updates", None)):
         return [f"{why}, but {name} optimises manually: set optimizer_in_backward: false"]
-    hp = module.hparams
-    micro = hp.get("micro_batch_size")
+    micro = module.micro_batch_size
     batch_size = getattr(dm, "batch_size", None)
-    minibatches = hp.get("num_minibatches", 1) or 1
     if not micro or not batch_size:
         return []  # the whole minibatch in one pass (a second backward pass would raise at once)
-    rows = batch_size * int(getattr(module, "repeats", 1)) // minibatches
+    rows = module.update_rows(batch_size) // max(1, module.num_minibatches)
     if micro >= rows:
         return []
     return [f"{why}, so each optimizer step must be one backward pass, but micro_batch_size={micro} splits {name}'s "

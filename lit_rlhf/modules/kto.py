@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lit_rlhf import distributed
+from lit_rlhf import checks, distributed
 from lit_rlhf.distributed import gather_rows
 from lit_rlhf.losses import KTO_WEIGHT_RATIO_RANGE, kto_kl_estimate, kto_loss, kto_weight_ratio, labels_from_rewards
 from lit_rlhf.modules.base import CHECKPOINT_KEY
@@ -164,7 +164,22 @@ class KTOModule(PolicyModule):
         self._last_z0 = 0.0  # the last raw KL estimate: fallback for a batch of one prompt (`kl_estimate`)
         self._counts = [0.0, 0.0]  # desirable, undesirable examples trained on so far (all ranks)
         self._ratio_warned = False
-        self.load_reference(ref_model, self.hparams.dtype)
+        self.load_reference(ref_model, self.model_dtype)
+
+    def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
+        """Also: SingleBatches must carry what `labels_from` reads (labels or rewards)."""
+        problems = super().check_config(trainer, datamodule)
+        if datamodule is None or not checks.yields(datamodule, "SingleBatch"):
+            return problems
+        name, data = type(self).__name__, type(datamodule).__name__
+        if self.labels_from == "labels" and getattr(datamodule, "label_mode", "") is None:
+            problems.append(
+                f"{name} has labels_from='labels' but {data} has no label_mode, so its batches carry no labels: set "
+                "the DataModule's label_mode ('threshold' or 'pairs'), or labels_from: rewards"
+            )
+        if self.labels_from == "rewards" and getattr(datamodule, "with_rewards", True) is False:
+            problems.append(f"{name} has labels_from='rewards' but {data} has with_rewards=false")
+        return problems
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)

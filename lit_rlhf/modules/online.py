@@ -180,6 +180,13 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
             )
         if reward_normalization not in ("none", "group", "batch"):
             raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {reward_normalization!r}")
+        # the settings, read at run time (`lit_rlhf.modules.settings`)
+        self.reward_model_name, self.ref_model_name = reward_model, ref_model
+        self.reward_weights, self.reward_normalization = reward_weights, reward_normalization
+        self.micro_batch_size, self.max_grad_norm = micro_batch_size, max_grad_norm
+        self.lr_schedule_per, self.total_episodes = lr_schedule_per, total_episodes
+        self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
+        self.generation_backend, self.vllm_kwargs, self.tis_cap = generation_backend, dict(vllm_kwargs or {}), tis_cap
         if reward_model is not None:
             self.add_frozen("reward_model", self.load_reward_source(reward_model))
         self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints
@@ -245,8 +252,8 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         # Under DeepSpeed the engine clips inside its step and Lightning's `clip_gradients` does
         # nothing: hand it `max_grad_norm` (read when the engine is built, after this hook).
         strategy = self._trainer.strategy if self._trainer is not None else None
-        if isinstance(strategy, DeepSpeedStrategy) and self.hparams.max_grad_norm:
-            strategy.config.setdefault("gradient_clipping", float(self.hparams.max_grad_norm))
+        if isinstance(strategy, DeepSpeedStrategy) and self.max_grad_norm:
+            strategy.config.setdefault("gradient_clipping", float(self.max_grad_norm))
 
     # ------------------------------------------------------------------------------------------
     # the training step
@@ -257,7 +264,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         rollout, per_source, sampling_stats = self.collect_rollout(batch)
         generated = time.perf_counter()
         rollout, stats = self.update(rollout)
-        if self.hparams.get("lr_schedule_per", "optimizer_step") == "rollout":
+        if self.lr_schedule_per == "rollout":
             self.step_lr_schedule()
         updated = time.perf_counter()
         self.notify_rollout_end(rollout)
@@ -274,7 +281,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         stats["data/padding_fraction"] = torch.tensor(padding_fraction(rollout))  # prompt and response PAD
         stats["objective/episodes"] = torch.tensor(float(self.episodes))
         self.log_stats("train", stats, prog_bar=("objective/scores", "objective/kl"))
-        every = self.hparams.log_completions_every_n_steps
+        every = self.log_completions_every_n_steps
         if every and (self.rollouts - 1) % every == 0:
             self.log_completions(rollout)
 
@@ -288,7 +295,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
 
     def budget_reached(self) -> str:
         """Why the episode budget stops the run ("" while it does not)."""
-        total = self.hparams.total_episodes
+        total = self.total_episodes
         if total and self.episodes >= total:
             return f"total_episodes={total} reached ({self.episodes} episodes sampled)"
         return ""
@@ -313,7 +320,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
     def num_schedule_steps(self) -> int:
         """Scheduler steps of the fit: optimizer steps, or rollouts with `lr_schedule_per: rollout`."""
         steps = self.num_training_steps()
-        if self.hparams.get("lr_schedule_per", "optimizer_step") == "rollout":
+        if self.lr_schedule_per == "rollout":
             return math.ceil(steps / self.updates_per_rollout())
         return steps
 
@@ -323,7 +330,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
     def num_training_steps(self) -> int:
         """Optimizer steps of the fit: from `total_episodes`, else `max_steps`, else epochs."""
         per_rollout = self.updates_per_rollout()
-        total = self.hparams.total_episodes
+        total = self.total_episodes
         if total:
             return math.ceil(total / self.episodes_per_rollout()) * per_rollout
         if self.trainer.max_steps and self.trainer.max_steps > 0:

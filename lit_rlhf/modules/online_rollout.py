@@ -65,7 +65,7 @@ class RolloutMixin:
             prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
             meta = repeat_meta(meta, repeats)
         response_ids, response_mask, has_eos, sampler_logps = self.generate(prompt_ids, prompt_mask, sampling or self.sampling)
-        micro = self.hparams.micro_batch_size
+        micro = self.micro_batch_size
         temperature = self.logprob_temperature
         args = (prompt_ids, prompt_mask, response_ids, response_mask)
         # a prompt's `repeats` copies share one prompt computation (`shared_prompt`)
@@ -109,7 +109,7 @@ class RolloutMixin:
         engine is built on first use and gets the policy's weights whenever an optimizer step
         changed them since its last sync; each row's seed comes from torch's generator."""
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        if self.hparams.get("generation_backend", "hf") == "hf":
+        if self.generation_backend == "hf":
             return (*generate_responses(self.policy, prompt_ids, prompt_mask, sampling, eos, pad,
                                         synced_gpus=self._synced_gpus), None)
         return self.vllm_engine().generate(prompt_ids, prompt_mask, sampling, eos, pad)
@@ -123,7 +123,7 @@ class RolloutMixin:
         adapter = adapters.POLICY if self.lora_config is not None else None
         if self._vllm_engine is None:
             self._vllm_engine = VLLMEngine.from_policy(self.policy, self.tokenizer, adapter=adapter,
-                                                       **(self.hparams.get("vllm_kwargs") or {}))
+                                                       **self.vllm_kwargs)
             self._vllm_engine.synced_step = step
         elif self._vllm_engine.synced_step != step:
             self._vllm_engine.sync_weights(self.policy, step, adapter=adapter)
@@ -140,7 +140,7 @@ class RolloutMixin:
             shared = group_size > 1 and self.shared_prompt  # a prompt's copies: one prompt computation
             groups = torch.arange(rollout.prompt_ids.shape[0], device=rollout.prompt_ids.device) // group_size if shared else None
             per_source["reward_model"] = reward_model_scores(
-                self.reward_model, rollout.input_ids, rollout.attention_mask, self.hparams.micro_batch_size,
+                self.reward_model, rollout.input_ids, rollout.attention_mask, self.micro_batch_size,
                 groups, rollout.prompt_ids.shape[1],
             )
         if self.reward_fns:
@@ -160,11 +160,11 @@ class RolloutMixin:
                 per_source[name] = call_reward_fn(fn, list(prompts), completions, columns)
         device = rollout.response_ids.device
         per_source = {k: v.to(device) for k, v in per_source.items()}
-        how = self.hparams.get("reward_normalization", "none") if self.training else "none"  # val: raw scores
+        how = self.reward_normalization if self.training else "none"  # val: raw scores
         if how == "group" and group_size < 2:
             raise ValueError("reward_normalization 'group' needs several samples per prompt (GRPO's "
                              "num_generations); this method samples one: use 'batch' or 'none'")
-        return combine_rewards(per_source, self.hparams.reward_weights, how, group_size), per_source
+        return combine_rewards(per_source, self.reward_weights, how, group_size), per_source
 
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
         """The shaped rollout a training step optimises on (`training_rollout`). Returns (rollout,
@@ -258,7 +258,7 @@ class RolloutMixin:
         experiment = getattr(logger, "experiment", None) if logger is not None else None
         if experiment is None or not hasattr(experiment, "add_text") or not self.trainer.is_global_zero:
             return
-        k = self.hparams.num_logged_completions
+        k = self.num_logged_completions
         texts = decode_responses(self.tokenizer, rollout.response_ids[:k], rollout.response_mask[:k])
         prompts = rollout.meta.get("prompt") or self.tokenizer.batch_decode(
             [ids[m].tolist() for ids, m in zip(rollout.prompt_ids[:k], rollout.prompt_mask[:k])]

@@ -8,13 +8,13 @@ calls `run_updates` with its loss.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from lit_rlhf import distributed
+from lit_rlhf import checks, distributed
 from lit_rlhf.losses import truncated_importance_weights
 from lit_rlhf.types import Rollout
 
@@ -41,10 +41,35 @@ def loss_parts(result: LossResult, separate: bool = True) -> Iterator[tuple[Tens
 class UpdateLoopMixin:
     """The update loop of an `OnlineModule` (a `PolicyModule` under manual optimization)."""
 
+    num_minibatches: int = 1
+    """Minibatches of each pass over the rollout, one optimizer step each (`run_updates`); GRPO and
+    PPO set it from their `num_minibatches` argument."""
+
+    def update_rows(self, prompts: int) -> int:
+        """The rows `update` splits into `num_minibatches` minibatches, for a rollout of `prompts`
+        prompts on one rank: every sampled response (`prompts * repeats`) here. A method that
+        trains on a selection of them (best-of-N: the best response of each prompt) returns its
+        count, so the start-up check (`check_config`) refuses the split the update could not make."""
+        return prompts * self.repeats
+
+    def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
+        """The shared settings' problems (`PolicyModule`), then the update's split: `update_rows`
+        of a rollout must divide into `num_minibatches` equal minibatches (else `run_updates`
+        fails at the first step). A method adds its own to `super().check_config(...)`."""
+        problems = super().check_config(trainer, datamodule)
+        batch_size = getattr(datamodule, "batch_size", None)
+        if not batch_size:
+            return problems
+        rows, repeats = self.update_rows(batch_size), self.repeats
+        sampled = f"batch_size ({batch_size}) x num_generations ({repeats})" if repeats > 1 else f"batch_size ({batch_size})"
+        what = (f"a rollout has {sampled} = {rows} rows" if rows == batch_size * repeats
+                else f"{type(self).__name__} updates on {rows} rows of each rollout ({sampled} sampled)")
+        return problems + checks.split_problem(rows, self.num_minibatches, what)
+
     def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor) -> Tensor | None:
         """Truncated importance weights (n, R) of `rows` (`tis_cap`), None when TIS is off.
         `train_logps`: the trainer's log-probs of those rows at sampling time."""
-        cap = self.hparams.get("tis_cap")
+        cap = self.tis_cap
         if cap is None or rollout.sampler_logps is None:
             return None
         return truncated_importance_weights(train_logps, rollout.sampler_logps[rows], rollout.response_mask[rows], cap)
@@ -87,7 +112,7 @@ class UpdateLoopMixin:
         first one (exactly 1: D7).
         """
         optimizer = self.optimizers()
-        in_backward = bool(self.hparams.get("optimizer_in_backward"))
+        in_backward = self.optimizer_in_backward
         # DDP's gradient sync needs every trained parameter's gradient from each backward pass:
         # a loss's parts then run one backward pass of their sum
         separate = not isinstance(self.trainer.strategy.model, DistributedDataParallel)
@@ -98,7 +123,7 @@ class UpdateLoopMixin:
             # the first pass keeps the rollout's row order, so its first micro-batch is the one
             # the old log-probs were computed on (bitwise equal ratios, D7)
             for rows in self.minibatches(n_rows, num_minibatches, shuffle=epoch > 0):
-                micro = self.hparams.micro_batch_size or len(rows)
+                micro = self.micro_batch_size or len(rows)
                 total = self.minibatch_weight(rows, row_weights)
 
                 def accumulate() -> bool:
@@ -149,7 +174,7 @@ class UpdateLoopMixin:
         With `closure` (`optimizer_in_backward`): the step runs the closure, whose backward pass
         updates each parameter as its gradient completes (`lit_rlhf.modules.in_backward`);
         clipping is refused at start-up there."""
-        max_norm = self.hparams.max_grad_norm
+        max_norm = self.max_grad_norm
         if max_norm and closure is None:
             self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
         if closure is not None:
@@ -157,7 +182,7 @@ class UpdateLoopMixin:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if self.hparams.get("lr_schedule_per", "optimizer_step") == "optimizer_step":
+        if self.lr_schedule_per == "optimizer_step":
             self.step_lr_schedule()
 
     def step_lr_schedule(self) -> None:

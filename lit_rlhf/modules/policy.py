@@ -17,6 +17,7 @@ holds the optimiser, the non-finite guard, exact resume, checks, logging and exp
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.modules.base import TrainingModule
 from lit_rlhf.modules.optim import SchedulerName, decay_groups
+from lit_rlhf.modules.settings import record_settings
 from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum
 from lit_rlhf.models.shared_prompt import grouped_token_logps, shared_response_logps
 from lit_rlhf.types import PromptSharing
@@ -124,19 +126,24 @@ class PolicyModule(TrainingModule):
         release_host_memory: Literal["phases", "layers"] | None = None,
     ) -> None:
         super().__init__()
-        # collects the init args of the whole class chain (this frame and the subclass's)
-        self.save_hyperparameters()
-        # the CLI gives the DataModule `tokenizer or model`: record the same resolved name, or a
-        # logger refuses to merge the two hparams ("tokenizer" present in both, different values)
-        self.save_hyperparameters({**self.hparams, "tokenizer": tokenizer or model})
-        self.check_training_hparams()
+        # hparams: the effective init args of the whole class chain, pinned ones included
+        # (`lit_rlhf.modules.settings`). The CLI gives the DataModule `tokenizer or model`: record
+        # the same resolved name, or a logger refuses to merge the two hparams ("tokenizer")
+        record_settings(self, inspect.currentframe(), tokenizer=tokenizer or model)
+        self.set_training_settings(lr=lr, weight_decay=weight_decay, adam_eps=adam_eps, adam_betas=adam_betas,
+                                   warmup_steps=warmup_steps, warmup_ratio=warmup_ratio, lr_scheduler=lr_scheduler,
+                                   export_dir=export_dir, on_nonfinite=on_nonfinite,
+                                   optimizer_in_backward=optimizer_in_backward, release_host_memory=release_host_memory)
         if frozen_placement not in ("partitioned", "whole"):
             raise ValueError(f"frozen_placement must be 'partitioned' or 'whole', got {frozen_placement!r}")
         if logprob_chunk_size is not None and logprob_chunk_size <= 0:
             raise ValueError(f"logprob_chunk_size must be > 0 or null (dense logits), got {logprob_chunk_size}")
         self.logprob_chunk_size = logprob_chunk_size
         self.shared_prompt = bool(shared_prompt)
+        self.frozen_placement = frozen_placement
+        self.gradient_checkpointing = bool(gradient_checkpointing)
         self.model_name = model
+        self.model_dtype = dtype  # the dtype the weights are loaded in (`self.dtype` is Lightning's, of the module)
         self.tokenizer = models.load_tokenizer(tokenizer or model)
         self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
         self.lora_config = adapters.lora_config(lora)
@@ -165,7 +172,7 @@ class PolicyModule(TrainingModule):
         """
         module.eval()
         module.requires_grad_(False)
-        if self.hparams.get("frozen_placement", "partitioned") == "whole":
+        if self.frozen_placement == "whole":
             self._whole_frozen[name] = module
             object.__setattr__(self, name, module)
         else:
@@ -194,7 +201,7 @@ class PolicyModule(TrainingModule):
                                              trainable=False)
             if scalar is not None:
                 return scalar
-        return models.load_reward_model(name, self.tokenizer, dtype=self.hparams.dtype)
+        return models.load_reward_model(name, self.tokenizer, dtype=self.model_dtype)
 
     def _apply(self, fn, *args, **kwargs):
         super()._apply(fn, *args, **kwargs)
@@ -296,7 +303,7 @@ class PolicyModule(TrainingModule):
 
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         """Parameter groups for AdamW; override to add models or learning rates (e.g. DRO-V's value)."""
-        return decay_groups(self.policy, self.hparams.get("weight_decay", 0.0))
+        return decay_groups(self.policy, self.weight_decay)
 
     # ----------------------------------------------------------------------------------------
     # export

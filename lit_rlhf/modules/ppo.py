@@ -104,29 +104,34 @@ class PPOModule(OnlineModule):
             raise ValueError(f"ppo_epochs and num_minibatches must be >= 1, got {ppo_epochs} and {num_minibatches}")
         if kl_estimator not in ("k1", "k3"):
             raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {kl_estimator!r}")
-        self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+        # the settings, read at run time (`lit_rlhf.modules.settings`)
+        self.value_lr, self.kl_estimator, self.gamma, self.lam = value_lr, kl_estimator, gamma, lam
+        self.whiten_rewards, self.whiten_advantages = whiten_rewards, whiten_advantages
+        self.clip_eps, self.value_clip_eps, self.value_coef = clip_eps, value_clip_eps, value_coef
+        self.ppo_epochs, self.num_minibatches = ppo_epochs, num_minibatches
+        self.load_reference(self.ref_model_name, self.model_dtype)
         self.set_kl_coef(kl_coef)
-        source = value_model or self.hparams.reward_model
+        source = value_model or self.reward_model_name
         value = None
         if self.lora_config is not None:  # the adapter `value` on the policy's base (D22 from a LoRA reward)
             value = scalar_adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, source, self.model_name)
         if value is not None:
             self.value_model = value
         elif source is None:  # no reward model to start from: the policy's backbone with a fresh D11 head
-            self.value_model = load_scalar_model(self.model_name, self.tokenizer, self.hparams.dtype)
+            self.value_model = load_scalar_model(self.model_name, self.tokenizer, self.model_dtype)
         else:  # D22: the value model starts from the reward model; it is trained
-            self.value_model = load_reward_model(source, self.tokenizer, dtype=self.hparams.dtype)
+            self.value_model = load_reward_model(source, self.tokenizer, dtype=self.model_dtype)
             if self.lora_config is not None:  # a full reward model: its own frozen base, a value adapter on it
                 scalar_adapters.lora_on_scalar(self.value_model, self.lora_config, adapters.VALUE)
-        if self.hparams.gradient_checkpointing:  # trained like the policy: checkpointed too
+        if self.gradient_checkpointing:  # trained like the policy: checkpointed too
             self.value_model.gradient_checkpointing_enable()
 
     def updates_per_rollout(self) -> int:
-        return self.hparams.ppo_epochs * self.hparams.num_minibatches
+        return self.ppo_epochs * self.num_minibatches
 
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
-        wd = self.hparams.weight_decay
-        value_lr = self.hparams.value_lr or self.hparams.lr
+        wd = self.weight_decay
+        value_lr = self.value_lr or self.lr
         if isinstance(self.value_model, scalar_adapters.AdapterScalarModel):  # one base: each adapter its own group
             policy = adapters.param_group_params(self.policy, adapters.POLICY)
             value = adapters.param_group_params(self.policy, adapters.VALUE, self.value_model.head)
@@ -135,7 +140,7 @@ class PPOModule(OnlineModule):
 
     def rollout_values(self, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
         """V(prompt + response[:t]) for t < R: the value head at positions P-1 ... P+R-2 -> (N, R)."""
-        size = self.hparams.micro_batch_size or input_ids.shape[0]
+        size = self.micro_batch_size or input_ids.shape[0]
         chunks = [
             self.value_model(input_ids[i: i + size], attention_mask[i: i + size]) for i in range(0, input_ids.shape[0], size)
         ]
@@ -143,15 +148,14 @@ class PPOModule(OnlineModule):
         return full[:, -response_length - 1: -1]  # (N, R)
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        hp = self.hparams
         mask = rollout.response_mask  # (N, R)
         # 1. per-token rewards: KL penalty everywhere, the score on the EOS token (D12)
-        shaped = ppo_rewards(rollout.scores, rollout.logps, rollout.ref_logps, mask, self.kl_coef, hp.kl_estimator)
+        shaped = ppo_rewards(rollout.scores, rollout.logps, rollout.ref_logps, mask, self.kl_coef, self.kl_estimator)
         # whitening moments over the global rollout, every rank's tokens (lit_rlhf.distributed)
-        rewards = global_masked_whiten(shaped.rewards, mask, shift_mean=False) if hp.whiten_rewards else shaped.rewards  # D24
+        rewards = global_masked_whiten(shaped.rewards, mask, shift_mean=False) if self.whiten_rewards else shaped.rewards  # D24
         # 2. GAE, then advantage whitening over the whole rollout (D25)
-        advantages, returns = gae(rewards, rollout.values, mask, hp.gamma, hp.lam)  # (N, R) each
-        if hp.whiten_advantages:
+        advantages, returns = gae(rewards, rollout.values, mask, self.gamma, self.lam)  # (N, R) each
+        if self.whiten_advantages:
             advantages = global_masked_whiten(advantages, mask)
         response_length = mask.shape[1]
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
@@ -166,7 +170,7 @@ class PPOModule(OnlineModule):
             )  # (n, R)
             tis = self.tis_weights(rollout, rows, rollout.logps[rows])  # (n, R): truncated IS, None when off
             adv = advantages[rows] if tis is None else advantages[rows] * tis  # w >= 0: weights each token's clipped term
-            pg = ppo_policy_loss(logps, rollout.logps[rows], adv, mask[rows], hp.clip_eps)
+            pg = ppo_policy_loss(logps, rollout.logps[rows], adv, mask[rows], self.clip_eps)
             yield pg.loss, {
                 "policy/loss": pg.loss.detach(),
                 "policy/clipfrac": pg.clipfrac,
@@ -175,9 +179,9 @@ class PPOModule(OnlineModule):
                 "policy/ratio_var": pg.ratio_var,
             }
             values = self.value_model(input_ids[rows], attention_mask[rows]).float()[:, -response_length - 1: -1]  # (n, R)
-            vf = ppo_value_loss(values, rollout.values[rows], returns[rows], mask[rows], hp.value_clip_eps)
-            yield hp.value_coef * vf.loss, {
-                "loss/total": pg.loss.detach() + hp.value_coef * vf.loss.detach(),
+            vf = ppo_value_loss(values, rollout.values[rows], returns[rows], mask[rows], self.value_clip_eps)
+            yield self.value_coef * vf.loss, {
+                "loss/total": pg.loss.detach() + self.value_coef * vf.loss.detach(),
                 "value/loss": vf.loss.detach(),
                 "value/vpred": vf.vpred,
                 "value/error": vf.error,
@@ -186,7 +190,7 @@ class PPOModule(OnlineModule):
 
         # both losses are token means: each micro-batch weighs its share of the minibatch's
         # response tokens (all ranks), so micro_batch_size does not change the gradient
-        stats = self.run_updates(mask.shape[0], hp.ppo_epochs, hp.num_minibatches, loss_fn,
+        stats = self.run_updates(mask.shape[0], self.ppo_epochs, self.num_minibatches, loss_fn,
                                  row_weights=mask.sum(dim=1).float())
         stats["objective/non_score_reward"] = (-self.kl_coef * masked_sum(shaped.kl, mask, dim=1)).mean()
         stats["advantages/mean"] = advantages[mask].mean()

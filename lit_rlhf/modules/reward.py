@@ -36,6 +36,7 @@ pairwise judgements are unchanged). A warning says so at export.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from pathlib import Path
@@ -44,12 +45,13 @@ from typing import Any, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
-from lit_rlhf import models
+from lit_rlhf import checks, models
 from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.models.shared_prompt import grouped_scalar_scores
 from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.modules.base import TrainingModule
 from lit_rlhf.modules.optim import SchedulerName, decay_groups
+from lit_rlhf.modules.settings import record_settings
 from lit_rlhf.modules.reward_metrics import (
     PreferenceRecords,
     accuracy_table,
@@ -137,15 +139,21 @@ class RewardModule(TrainingModule):
         release_host_memory: Literal["phases", "layers"] | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        # the CLI gives the DataModule `tokenizer or model`: record the same resolved name (in the
-        # initial hparams too), or a logger refuses to merge the two ("tokenizer" differs)
-        self.save_hyperparameters({**self.hparams, "tokenizer": tokenizer or model})
-        self.check_training_hparams()
+        # hparams: the effective init args (`lit_rlhf.modules.settings`). The CLI gives the
+        # DataModule `tokenizer or model`: record the same resolved name, or a logger refuses to
+        # merge the two ("tokenizer" differs)
+        record_settings(self, inspect.currentframe(), tokenizer=tokenizer or model)
+        self.set_training_settings(lr=lr, weight_decay=weight_decay, adam_eps=adam_eps, adam_betas=adam_betas,
+                                   warmup_steps=warmup_steps, warmup_ratio=warmup_ratio, lr_scheduler=lr_scheduler,
+                                   export_dir=export_dir, on_nonfinite=on_nonfinite,
+                                   optimizer_in_backward=optimizer_in_backward, release_host_memory=release_host_memory)
         if center_coef < 0:
             raise ValueError(f"center_coef must be >= 0, got {center_coef}")
         if calibration_bins < 1 or score_batch_size < 1:
             raise ValueError(f"calibration_bins and score_batch_size must be >= 1, got {calibration_bins}, {score_batch_size}")
+        self.use_margin, self.center_coef = bool(use_margin), center_coef
+        self.calibration_bins, self.score_batch_size = calibration_bins, score_batch_size
+        self.shared_prompt = bool(shared_prompt)
         self.model_name = model
         self.tokenizer = models.load_tokenizer(tokenizer or model)
         self.lora_config = adapters.lora_config(lora)
@@ -171,18 +179,30 @@ class RewardModule(TrainingModule):
         """Reward (N,) of each row, read at its last real token (D12), any padding side (D14)."""
         return self.reward_model.score(input_ids, attention_mask)
 
+    def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
+        """Also: `use_margin` needs PreferenceBatches that carry a margin."""
+        problems = super().check_config(trainer, datamodule)
+        if (self.use_margin and datamodule is not None and checks.yields(datamodule, "PreferenceBatch")
+                and getattr(datamodule, "margin_from", "") is None):
+            problems.append(
+                f"{type(self).__name__} has use_margin=true but {type(datamodule).__name__} has no margin_from, so its "
+                "batches carry no margin: set margin_from ('confidence' for TL;DR, 'score_difference' for "
+                "UltraFeedback) or use_margin: false"
+            )
+        return problems
+
     def pair_rewards(self, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         """(chosen, rejected) rewards, (B,) each in float32, from one forward over the 2B rows."""
         if not isinstance(batch, PreferenceBatch):
             raise TypeError(f"RewardModule needs a PreferenceBatch, got {type(batch).__name__}")
-        if self.hparams.get("shared_prompt", True):
+        if self.shared_prompt:
             rewards = grouped_scalar_scores(self.reward_model, batch.input_ids, batch.attention_mask, batch.sharing)
         else:
             rewards = self(batch.input_ids, batch.attention_mask)
         return split_pair(rewards.float())  # (B,), (B,)
 
     def _margin(self, batch: PreferenceBatch) -> Tensor | None:
-        if not self.hparams.use_margin:
+        if not self.use_margin:
             return None
         if batch.margin is None:
             raise ValueError(
@@ -193,7 +213,7 @@ class RewardModule(TrainingModule):
 
     def _loss(self, batch: PreferenceBatch):
         chosen, rejected = self.pair_rewards(batch)  # (B,), (B,)
-        return bradley_terry_loss(chosen, rejected, self._margin(batch), self.hparams.center_coef), chosen, rejected
+        return bradley_terry_loss(chosen, rejected, self._margin(batch), self.center_coef), chosen, rejected
 
     # ----------------------------------------------------------------------------------------
     # steps
@@ -211,7 +231,7 @@ class RewardModule(TrainingModule):
             "rewards/rejected": out.rejected_mean,
             "rewards/margins": out.margin_mean,
         }
-        if self.hparams.center_coef:
+        if self.center_coef:
             stats["loss/center"] = out.center_loss
         self.log_stats("train", stats, prog_bar=("loss", "rewards/accuracy"), batch_size=batch.num_pairs)
         return out.loss
@@ -265,7 +285,7 @@ class RewardModule(TrainingModule):
             for value, accuracy, count in rows:
                 self.log(f"{stage}/accuracy_by_{column}/{metric_safe(value)}", accuracy, on_step=False, on_epoch=True,
                          sync_dist=False, batch_size=count)
-        buckets = calibration_buckets(diffs, self.hparams.calibration_bins)
+        buckets = calibration_buckets(diffs, self.calibration_bins)
         ece = sum(b["count"] * abs(b["accuracy"] - b["predicted"]) for b in buckets) / max(1, diffs.numel())
         self.log(f"{stage}/calibration/ece", ece, on_step=False, on_epoch=True, sync_dist=False)
         if self._trainer is None or self.trainer.sanity_checking or not self.trainer.is_global_zero:
@@ -301,7 +321,7 @@ class RewardModule(TrainingModule):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
         if not prompts:
             raise ValueError("no reference texts to score")
-        size = batch_size or self.hparams.score_batch_size
+        size = batch_size or self.score_batch_size
         world, rank = self._world()
         per_rank = math.ceil(len(prompts) / world)
         indices = [(rank + world * i) % len(prompts) for i in range(per_rank)]  # strided share, padded by wrap-around
@@ -355,7 +375,7 @@ class RewardModule(TrainingModule):
     # ----------------------------------------------------------------------------------------
 
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
-        return decay_groups(self.reward_model, self.hparams.weight_decay)
+        return decay_groups(self.reward_model, self.weight_decay)
 
     def export_hf(self, directory: str | Path) -> Path:
         """Write an `AutoModelForSequenceClassification` (num_labels=1) and the tokenizer.

@@ -50,19 +50,20 @@ class RLOOModule(OnlineModule):
         super().__init__(temperature=temperature, **kwargs)
         if num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (the baseline is the other responses), got {num_generations}")
+        self.num_generations = num_generations
         if kl_coef > 0:
-            self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+            self.load_reference(self.ref_model_name, self.model_dtype)
         self.set_kl_coef(kl_coef)
 
     @property
     def repeats(self) -> int:
-        return self.hparams.num_generations
+        return self.num_generations
 
     def updates_per_rollout(self) -> int:
         return 1  # on-policy REINFORCE: one step per rollout
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        group = self.hparams.num_generations
+        group = self.num_generations
         mask = rollout.response_mask  # (N, R)
         ref_logps = rollout.ref_logps if self.kl_coef > 0 else None
         rewards, kl = rloo_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.kl_coef)  # (N,)

@@ -165,6 +165,6 @@ def test_make_rollout_without_a_trainer_and_bad_rewards_are_named(tiny_tokenizer
     assert rollout.scores.tolist() == [1.0, 1.0, 1.0]  # 0 * fraction + 0.5 * 2
     assert set(per_source) == {"CharacterFractionReward", "weights_seen"}
     module.reward_fns = [nan_reward]
-    module.hparams.reward_weights = None
+    module.reward_weights = None
     with pytest.raises(ValueError, match="nan_reward.*non-finite"):
         module.make_rollout(batch)

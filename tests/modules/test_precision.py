@@ -61,7 +61,7 @@ def test_decay_groups_of_two_models_have_distinct_names():
 
 def low_precision_problems(dtype: torch.dtype, precision: str, strategy=None):
     module = torch.nn.Linear(4, 4).to(dtype)
-    module.hparams = {"dtype": str(dtype).removeprefix("torch.")}
+    module.model_dtype = str(dtype).removeprefix("torch.")
     return checks._low_precision_weights(SimpleNamespace(precision=precision, strategy=strategy), module, None)
 
 
