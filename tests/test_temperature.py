@@ -5,6 +5,7 @@ method's default is its paper's."""
 from __future__ import annotations
 
 import ast
+import math
 import inspect
 from pathlib import Path
 
@@ -78,3 +79,39 @@ def test_each_method_samples_at_its_papers_temperature_by_default():
     # the shared settings leave the distribution as the model gives it; a method states its own
     assert default(OnlineModule, "temperature") == 1.0
     assert SamplingConfig().temperature == 1.0
+
+
+def test_the_log_prob_of_a_token_at_two_temperatures_by_hand():
+    # one next-token distribution over 3 tokens, logits (2, 0, 0); the scored token is token 0:
+    # log softmax(z / T)_0 = 2/T - log(exp(2/T) + 2)
+    from lit_rlhf.ops import token_logps_from_logits
+
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])  # (1, 2, 3): position 0 predicts token 1's id
+    ids = torch.tensor([[1, 0]])
+    at_one = token_logps_from_logits(logits, ids, temperature=1.0)[0, 1]
+    at_half = token_logps_from_logits(logits, ids, temperature=0.5)[0, 1]
+    assert at_one.item() == pytest.approx(2 - math.log(math.exp(2) + 2), abs=1e-6)  # -0.2395
+    assert at_half.item() == pytest.approx(4 - math.log(math.exp(4) + 2), abs=1e-6)  # -0.0360: sharper at 0.5
+
+
+def test_greedy_decoding_takes_any_temperature():
+    for temperature in (0.0, 0.3, 1.0, 2.0):
+        assert not SamplingConfig(temperature=temperature, do_sample=False).do_sample
+    greedy = SamplingConfig.greedy(7)
+    assert (greedy.max_new_tokens, greedy.do_sample, greedy.temperature) == (7, False, 0.0)
+    with pytest.raises(ValueError, match="temperature must be > 0 when sampling"):
+        SamplingConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        SamplingConfig(temperature=-1.0, do_sample=False)
+
+
+def test_greedy_responses_do_not_depend_on_the_temperature(tiny_model, tiny_tokenizer):
+    from lit_rlhf.generation import generate_responses
+
+    ids = tiny_tokenizer(["hello there"], add_special_tokens=False, return_tensors="pt")["input_ids"].repeat(2, 1)  # (2, P)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    eos, pad = tiny_tokenizer.eos_token_id, tiny_tokenizer.pad_token_id
+    outputs = [generate_responses(tiny_model, ids, mask, SamplingConfig(max_new_tokens=5, temperature=t, do_sample=False),
+                                  eos, pad)[0] for t in (0.0, 0.3, 1.0)]
+    assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
+    assert torch.equal(outputs[0], generate_responses(tiny_model, ids, mask, SamplingConfig.greedy(5), eos, pad)[0])

@@ -23,12 +23,15 @@ class SamplingConfig:
 
     Args:
         max_new_tokens: response length R (TL;DR: 53, N+ Table 7).
-        temperature: sampling temperature; also divides the logits when log-probs are computed
-            (`lit_rlhf.ops.apply_temperature`). 1.0 (the model's own distribution) by default; the
-            methods declare their papers' (PPO on TL;DR: 0.7, N+).
+        temperature: sampling temperature (`lit_rlhf.ops.apply_temperature`), > 0 when sampling.
+            1.0 (the model's own distribution) by default; the methods declare their papers' (PPO
+            on TL;DR: 0.7, N+). Only how tokens are drawn: the temperature of the log-probs a
+            method trains on is its own setting (`OnlineModule`'s `logprob_temperature`).
         top_k: keep the k most likely tokens (0 = off).
         top_p: nucleus sampling mass (1.0 = off).
-        do_sample: False for greedy decoding (temperature then only affects log-probs, set it to 1).
+        do_sample: False for greedy decoding (the most likely token each step): `temperature`,
+            `top_k` and `top_p` are then not used, and any temperature (0 included) is accepted.
+            `SamplingConfig.greedy(max_new_tokens)` builds one.
     """
 
     max_new_tokens: int = 53
@@ -40,12 +43,21 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature} (greedy decoding: "
+                             "do_sample false)")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+    @classmethod
+    def greedy(cls, max_new_tokens: int = 53) -> "SamplingConfig":
+        """Greedy decoding of `max_new_tokens` tokens (ReMax's baseline, evaluation at temperature 0)."""
+        return cls(max_new_tokens=max_new_tokens, temperature=0.0, do_sample=False)
 
 
 def check_prompts(prompt_mask: Tensor, eos_token_id: int, pad_token_id: int) -> None:

@@ -72,8 +72,9 @@ class GRPOModule(OnlineModule):
         aggregation: `token_mean`, `sequence_mean` or `constant_normalizer` (by N * max_new_tokens).
         num_iterations: passes over each rollout (GRPO's mu).
         num_minibatches: minibatches per pass; one optimizer step each.
-        temperature: sampling temperature, also dividing the logits of every log-prob (1.0:
-            DeepSeekMath's GRPO samples from the policy itself).
+        temperature: sampling temperature, also dividing the logits of every log-prob unless
+            `logprob_temperature` is set apart (1.0: DeepSeekMath's GRPO samples from the policy
+            itself).
         dynamic_sampling: DAPO's dynamic sampling (Yu et al. 2025, Eq. 11): groups whose G
             rewards are all equal are dropped and more prompts are sampled until the batch
             holds B informative groups, at most `max_sampling_rounds` rounds
@@ -206,7 +207,7 @@ class GRPOModule(OnlineModule):
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.sampling.temperature, groups=rows // group,
+                mask[rows], self.logprob_temperature, groups=rows // group,
             )  # (n, R); a group's rows in this micro-batch share one prompt computation
             if on_policy:
                 filled[rows] = logps.detach().float()

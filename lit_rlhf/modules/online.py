@@ -7,7 +7,8 @@ One training step of an online method is one rollout followed by several optimiz
    (temperature, top-k, top-p, `max_new_tokens` new tokens), with the KV cache, without grad,
    in eval mode; responses are cut after the first EOS and PAD-filled (D23). Under sharded
    strategies every rank keeps generating until all are done (`needs_synced_gpus`).
-2. **score once**: the policy's log-probs of the sampled tokens under the sampling temperature
+2. **score once**: the policy's log-probs of the sampled tokens under `logprob_temperature` (the
+   sampling temperature unless set apart)
    (`logps`, the "old" log-probs; skipped when the update is on-policy, `needs_rollout_logps`,
    since the update's own forward pass gives the same numbers), the reference's (`ref_logps`, when a reference is used) and,
    for PPO, the values, all without grad and in micro-batches of `micro_batch_size` rows.
@@ -87,14 +88,20 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
             normalisation) or `batch` (z-score over the rollout); `rewards.normalize_reward`.
         ref_model: the frozen reference policy; None = a frozen copy of the initial policy.
         max_new_tokens: response length R: exactly this many tokens are sampled (D23).
-        temperature: sampling temperature, also dividing the logits of every log-prob
-            (`lit_rlhf.ops.apply_temperature`). 1.0 here (the policy's own distribution); each
-            method declares its paper's default (PPO 0.7, GRPO and RLOO 1.0).
+        temperature: sampling temperature (`lit_rlhf.ops.apply_temperature`). 1.0 here (the
+            policy's own distribution); each method declares its paper's default (PPO 0.7, GRPO
+            and RLOO 1.0). Also the log-prob temperature unless `logprob_temperature` is set.
         top_k: top-k sampling (0 = off).
         top_p: nucleus sampling (1.0 = off).
         val_temperature: sampling temperature of the validation responses; None = `temperature`.
             The N+ paper evaluates its TL;DR policies at 0.01 (near greedy). Validation log-probs
-            (the KL) stay at `temperature`, the distribution the KL penalty regularises.
+            (the KL) stay at `logprob_temperature`, the distribution the KL penalty regularises.
+        logprob_temperature: the temperature dividing the logits of every log-prob the method
+            trains on (old, new and reference log-probs: the ratios, the KL, the loss); None =
+            `temperature`, so the log-probs are those of the distribution sampled (N+, PPO on
+            TL;DR at 0.7). Set it apart to sample at one temperature and train the policy's own
+            distribution (1.0), e.g. a DPO loss on responses sampled at 0.7. Read it at run time
+            as `self.logprob_temperature`.
         micro_batch_size: rows per forward pass, for scoring the rollout and for gradient
             accumulation in the update; None = a whole minibatch at once.
         max_grad_norm: gradient clipping norm (0 or None = off).
@@ -136,6 +143,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         top_k: int = 0,
         top_p: float = 1.0,
         val_temperature: float | None = None,
+        logprob_temperature: float | None = None,
         micro_batch_size: int | None = None,
         max_grad_norm: float | None = 1.0,
         lr_schedule_per: Literal["optimizer_step", "rollout"] = "optimizer_step",
@@ -149,10 +157,17 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
     ) -> None:
         if generation_backend not in ("hf", "vllm"):
             raise ValueError(f"generation_backend must be 'hf' or 'vllm', got {generation_backend!r}")
+        # a new name: the argument itself stays as given (hparams record the init args)
+        scoring_temperature = temperature if logprob_temperature is None else float(logprob_temperature)
+        if not scoring_temperature > 0:
+            raise ValueError(f"logprob_temperature must be > 0 or null (= temperature), got {logprob_temperature}")
         super().__init__(**kwargs)
         if tis_cap is not None and (generation_backend != "vllm" or tis_cap <= 0):
             raise ValueError(f"tis_cap (got {tis_cap}) must be > 0 and needs generation_backend 'vllm' "
                              f"(got {generation_backend!r}): with 'hf' the sampler is the trainer")
+        if tis_cap is not None and scoring_temperature != temperature:
+            raise ValueError(f"tis_cap weights tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
+                             f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")
         if tis_cap is not None and not self.supports_tis:
             raise ValueError(f"{type(self).__name__} has no truncated importance sampling: tis_cap is for GRPO and PPO")
         self._vllm_engine = None  # built on the first rollout (generation_backend: vllm)
@@ -187,6 +202,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         self.lr_schedule_per, self.total_episodes = lr_schedule_per, total_episodes
         self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
         self.generation_backend, self.vllm_kwargs, self.tis_cap = generation_backend, dict(vllm_kwargs or {}), tis_cap
+        self.logprob_temperature_setting = logprob_temperature  # read as `logprob_temperature` (RolloutMixin)
         if reward_model is not None:
             self.add_frozen("reward_model", self.load_reward_source(reward_model))
         self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints

@@ -42,19 +42,17 @@ class OnlineDPOModule(OnlineModule):
 
     def __init__(self, beta: float = 0.1, loss_type: DPOLossType = "sigmoid", temperature: float = 1.0,
                  **kwargs: Any) -> None:
-        super().__init__(temperature=temperature, **kwargs)
+        # DPO's objective is on the policy's own distribution: log-probs at 1 whatever the sampling
+        # temperature (pinned: `lit_rlhf.modules.settings`)
+        super().__init__(temperature=temperature, logprob_temperature=1.0, **kwargs)
         if beta <= 0 or loss_type not in ("sigmoid", "ipo", "hinge"):
             raise ValueError(f"beta must be > 0 and loss_type sigmoid, ipo or hinge; got {beta}, {loss_type!r}")
         self.beta, self.loss_type = beta, loss_type
-        self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+        self.load_reference(self.ref_model_name, self.model_dtype)
 
     @property
     def repeats(self) -> int:
         return 2  # a pair per prompt
-
-    @property
-    def logprob_temperature(self) -> float:
-        return 1.0
 
     @property
     def needs_rollout_logps(self) -> bool:

@@ -40,10 +40,12 @@ class RolloutMixin:
 
     @property
     def logprob_temperature(self) -> float:
-        """The temperature of the rollout's log-probs (`logps`, `ref_logps`): the sampling
-        temperature (one temperature: docs/ARCHITECTURE.md), unless a method's objective is on
-        the policy's own distribution (online DPO: 1)."""
-        return self.sampling.temperature
+        """The temperature of every log-prob a method trains on (the rollout's `logps` and
+        `ref_logps`, the update's): the `logprob_temperature` setting, by default the sampling
+        temperature (one temperature: docs/ARCHITECTURE.md). A method whose objective is on the
+        policy's own distribution pins it in its `super().__init__` call (online DPO: 1)."""
+        setting = getattr(self, "logprob_temperature_setting", None)
+        return self.sampling.temperature if setting is None else setting
 
     @property
     def _synced_gpus(self) -> bool:
@@ -246,8 +248,9 @@ class RolloutMixin:
             kl = masked_sum(rollout.logps - rollout.ref_logps, mask, dim=1)  # (N,) k1, summed per sequence
             stats["objective/kl"] = kl.mean()
             stats["objective/rlhf_reward"] = (rollout.scores.float() - self.kl_coef * kl).mean()
-        if rollout.sampler_logps is not None and rollout.logps is not None and mask.any():
-            diff = (rollout.logps.float() - rollout.sampler_logps.float()).abs()[mask]  # trainer vs sampler, same temperature
+        same_temperature = self.logprob_temperature == self.sampling.temperature  # else not comparable
+        if rollout.sampler_logps is not None and rollout.logps is not None and mask.any() and same_temperature:
+            diff = (rollout.logps.float() - rollout.sampler_logps.float()).abs()[mask]  # trainer vs sampler
             stats["rollout/sampler_logprob_diff"] = diff.mean()
             stats["rollout/sampler_logprob_diff_max"] = diff.max()
         return stats

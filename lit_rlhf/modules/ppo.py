@@ -70,8 +70,9 @@ class PPOModule(OnlineModule):
         num_minibatches: minibatches per pass; one optimizer step each.
         lr: peak learning rate (3e-6, N+ Table 7).
         adam_eps: AdamW epsilon (1e-5, N+ Table 7).
-        temperature: sampling temperature, also dividing the logits of every log-prob (0.7: the
-            N+ TL;DR recipe samples its PPO rollouts at 0.7).
+        temperature: sampling temperature, also dividing the logits of every log-prob unless
+            `logprob_temperature` is set apart (0.7: the N+ TL;DR recipe samples its PPO rollouts
+            at 0.7 and scores them at 0.7).
         **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
             max_grad_norm, total_episodes, completion logging) and `PolicyModule` (model,
             tokenizer, dtype, optimiser and schedule, export).
@@ -166,7 +167,7 @@ class PPOModule(OnlineModule):
         def loss_fn(rows: Tensor) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.sampling.temperature,
+                mask[rows], self.logprob_temperature,
             )  # (n, R)
             tis = self.tis_weights(rollout, rows, rollout.logps[rows])  # (n, R): truncated IS, None when off
             adv = advantages[rows] if tis is None else advantages[rows] * tis  # w >= 0: weights each token's clipped term

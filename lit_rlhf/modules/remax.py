@@ -45,7 +45,7 @@ class ReMaxModule(OnlineModule):
             raise ValueError("ReMax's baseline is the greedy response's raw reward: reward_normalization must be 'none'")
         self.num_generations = num_generations
         if kl_coef > 0:
-            self.load_reference(self.hparams.ref_model, self.hparams.dtype)
+            self.load_reference(self.ref_model_name, self.model_dtype)
         self.set_kl_coef(kl_coef)
 
     @property
@@ -69,7 +69,7 @@ class ReMaxModule(OnlineModule):
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.sampling.temperature, groups=rows // group if group > 1 else None,
+                mask[rows], self.logprob_temperature, groups=rows // group if group > 1 else None,
             )  # (n, R)
             loss = rloo_loss(logps, advantages[rows], mask[rows])
             return loss, {"policy/loss": loss.detach()}

@@ -40,8 +40,8 @@ class RLOOModule(OnlineModule):
         num_generations: k, responses per prompt (>= 2; the paper uses 2 and 4).
         kl_coef: the KL coefficient of the sequence reward, the paper's beta (0.05; 0 = no KL: the
             reference is not loaded). Adapted by `KLControlCallback` when it is used.
-        temperature: sampling temperature, also dividing the logits of every log-prob (1.0:
-            Ahmadian et al. sample from the policy itself).
+        temperature: sampling temperature, also dividing the logits of every log-prob unless
+            `logprob_temperature` is set apart (1.0: Ahmadian et al. sample from the policy itself).
         **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
             max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
     """
@@ -72,7 +72,7 @@ class RLOOModule(OnlineModule):
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.sampling.temperature, groups=rows // group,
+                mask[rows], self.logprob_temperature, groups=rows // group,
             )  # (n, R); a group's rows share one prompt computation
             loss = rloo_loss(logps, advantages[rows], mask[rows])
             return loss, {"policy/loss": loss.detach()}
