@@ -18,6 +18,7 @@ from lit_rlhf.data import (
     UltraFeedbackSingleDataModule,
 )
 from lit_rlhf.modules import DPOModule, DROVModule, GRPOModule, KTOModule, PPOModule, RewardModule, SFTModule
+from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.rewards import CharacterFractionReward
 
 TINY = "tiny-random-llama"
@@ -162,6 +163,48 @@ def test_callbacks_that_need_a_split(tmp_path):
                                           "TLDRPreferenceDataModule has none"):
         fit(RewardModule(model=TINY), TLDRPreferenceDataModule("bundled:tldr_comparisons", TINY, **TLDR), tmp_path,
             callbacks=[RewardNormalizationCallback()])
+
+
+class BestOfTwo(OnlineModule):
+    """Fine-tunes on the best of each prompt's 2 samples: its update trains on one row per prompt."""
+
+    @property
+    def repeats(self) -> int:
+        return 2
+
+    def __init__(self, num_minibatches: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.num_minibatches = num_minibatches
+
+    def updates_per_rollout(self) -> int:
+        return self.num_minibatches
+
+    def update_rows(self, prompts: int) -> int:
+        return prompts  # the best response of each prompt
+
+    def update(self, rollout):
+        best = rollout.scores.view(-1, 2).argmax(dim=1) + torch.arange(0, rollout.scores.numel(), 2)  # (B,)
+
+        def loss_fn(rows):
+            picked = best[rows]
+            logps = self.response_token_logps(self.policy, rollout.prompt_ids[picked], rollout.prompt_mask[picked],
+                                              rollout.response_ids[picked], rollout.response_mask[picked])
+            loss = -(logps * rollout.response_mask[picked]).sum(dim=1).mean()
+            return loss, {"policy/loss": loss.detach()}
+
+        return rollout, self.run_updates(len(best), 1, self.num_minibatches, loss_fn)
+
+
+def test_an_online_modules_update_split_is_checked_at_start_up(tmp_path):
+    """3 prompts x 2 samples = 6 sampled rows split in 2, but the update trains on the 3 best: the
+    module's `update_rows` tells the check, which refuses the split before the first step."""
+    module = BestOfTwo(model=TINY, reward_fns=[CharacterFractionReward()], num_minibatches=2, max_new_tokens=2)
+    with pytest.raises(ConfigError, match=r"\(1 problem\(s\)\)") as err:
+        fit(module, tldr_prompts(batch_size=3), tmp_path)
+    (problem,) = [line for line in str(err.value).splitlines() if line.startswith("  - ")]  # one line
+    assert problem == ("  - BestOfTwo updates on 3 rows of each rollout (batch_size (3) x num_generations (2) sampled), "
+                       "which do not split into num_minibatches=2 equal minibatches: make 3 divisible by "
+                       "num_minibatches (e.g. num_minibatches=1)")
 
 
 def test_every_problem_is_listed_at_once(tmp_path):
