@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from lit_rlhf import checks, host_memory, models, resume, rng
 from lit_rlhf.modules.in_backward import InBackwardAdamW, startup_problems
 from lit_rlhf.modules.optim import build_adamw, lr_lambda
+from lit_rlhf.modules.settings import rebuilt_by_us
 from lit_rlhf.modules.step_logging import StepLoggingMixin, stats_to_log, step_stats_due, use_step_axis  # noqa: F401
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.data.packing import padding_fraction
@@ -260,6 +261,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
         checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
+        rebuilt_by_us(checkpoint)  # rebuilt with the settings a subclass pins left out (lit_rlhf.modules.settings)
         rng.save_states(checkpoint, self._trainer)  # every rank's generators (exact resume)
         if self._trainer is not None:  # an epoch cut short by a stop resumes mid-epoch (lit_rlhf.resume)
             resume.as_mid_epoch(self.trainer, checkpoint, getattr(self, "_epoch_counters_at_batch", None))

@@ -16,10 +16,12 @@
   `hparams` (checkpoints, loggers): what the CLI gave (the config's arguments and `_class_path`),
   completed with the effective arguments of every `__init__` of the class chain, so a pinned
   setting is recorded with the value the run used.
-- **Rebuild.** `rebuild_module` (the checkpoint's `_instantiator`, used by `load_from_checkpoint`
-  and `python -m lit_rlhf.export`) builds the class from the recorded values it takes as
-  arguments, leaving out the pinned ones (its `__init__` sets them itself), and refuses a
-  checkpoint whose pinned value the class now pins differently.
+- **Rebuild.** `rebuild_module` (the `_instantiator` `rebuilt_by_us` writes into every checkpoint's
+  hyper-parameters, used by `load_from_checkpoint` and `python -m lit_rlhf.export`) builds the
+  class from the recorded values it takes as arguments, leaving out the pinned ones (its
+  `__init__` sets them itself), and refuses a checkpoint whose pinned value the class now pins
+  differently. (The logged hparams keep the CLI's `_instantiator`: a logger merges them with the
+  DataModule's, which carry the same.)
 """
 
 from __future__ import annotations
@@ -46,7 +48,15 @@ def record_settings(module: HyperparametersMixin, frame: types.FrameType, **reso
         effective.update(local_args)
     recorded = dict(module.hparams)
     missing = {k: v for k, v in effective.items() if k not in recorded}  # pinned by a subclass's super() call
-    module.save_hyperparameters({**recorded, **missing, **resolved, "_instantiator": INSTANTIATOR})
+    module.save_hyperparameters({**recorded, **missing, **resolved})
+
+
+def rebuilt_by_us(checkpoint: dict[str, Any]) -> None:
+    """Name `rebuild_module` as the instantiator of the checkpoint's hyper-parameters (a copy of
+    the module's hparams, written before `on_save_checkpoint`)."""
+    hparams = checkpoint.get("hyper_parameters")
+    if isinstance(hparams, dict):
+        hparams["_instantiator"] = INSTANTIATOR
 
 
 def constructor_arguments(cls: type) -> set[str] | None:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 CONFIG = {
     "seed_everything": 1,
-    "trainer": {"accelerator": "cpu", "devices": 1, "precision": "32", "max_steps": 2, "logger": False,
+    "trainer": {"accelerator": "cpu", "devices": 1, "precision": "32", "max_steps": 2,
                 "limit_val_batches": 0, "num_sanity_val_steps": 0, "enable_model_summary": False,
                 "enable_progress_bar": False},
     "model": {"class_path": "tests.modules.pinned.PinnedGRPO",
@@ -31,6 +31,7 @@ def test_a_setting_pinned_by_a_subclass_survives_the_cli(tmp_path):
     config = tmp_path / "pinned.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     cli = main(["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path),
+                "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
                 f"--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
                 f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}", "--trainer.callbacks.save_last=true"])
     module = cli.model
@@ -42,6 +43,9 @@ def test_a_setting_pinned_by_a_subclass_survives_the_cli(tmp_path):
     hparams = checkpoint["hyper_parameters"]
     assert hparams["num_generations"] == 2  # recorded, though the YAML never names it
     assert hparams["kl_coef"] == 0.0 and hparams["max_new_tokens"] == 4  # the config's own settings too
+
+    (logged,) = tmp_path.rglob("hparams.yaml")  # the logger merged them with the DataModule's
+    assert yaml.unsafe_load(logged.read_text())["num_generations"] == 2
 
     rebuilt = load_module(tmp_path / "ckpt" / "last.ckpt")  # what `python -m lit_rlhf.export` does
     assert isinstance(rebuilt, PinnedGRPO) and rebuilt.num_generations == 2
