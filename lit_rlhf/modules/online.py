@@ -44,6 +44,9 @@ once that many episodes were sampled and sizes the learning-rate schedule to
 reshuffled each epoch, D21). Without it, `trainer.max_steps` counts optimizer steps
 (`updates_per_rollout()` of them per rollout).
 
+A method's settings are attributes (`lit_rlhf.modules.settings`); its update's split is checked
+at start-up from `num_minibatches` and `update_rows` (`online_update`).
+
 Where the code is: steps 1-4 and validation sampling are `online_rollout.RolloutMixin`, step
 5's loop is `online_update.UpdateLoopMixin`; this file holds `OnlineModule` itself (its
 arguments, what a method defines, the Lightning hooks: the training step, episode budget,
@@ -96,12 +99,9 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         val_temperature: sampling temperature of the validation responses; None = `temperature`.
             The N+ paper evaluates its TL;DR policies at 0.01 (near greedy). Validation log-probs
             (the KL) stay at `logprob_temperature`, the distribution the KL penalty regularises.
-        logprob_temperature: the temperature dividing the logits of every log-prob the method
-            trains on (old, new and reference log-probs: the ratios, the KL, the loss); None =
-            `temperature`, so the log-probs are those of the distribution sampled (N+, PPO on
-            TL;DR at 0.7). Set it apart to sample at one temperature and train the policy's own
-            distribution (1.0), e.g. a DPO loss on responses sampled at 0.7. Read it at run time
-            as `self.logprob_temperature`.
+        logprob_temperature: the temperature of every log-prob the method trains on (old, new,
+            reference: ratios, KL, loss); None = `temperature`, the distribution sampled (N+). Set
+            it apart to train another one, e.g. a DPO loss at 1.0 on responses sampled at 0.7.
         micro_batch_size: rows per forward pass, for scoring the rollout and for gradient
             accumulation in the update; None = a whole minibatch at once.
         max_grad_norm: gradient clipping norm (0 or None = off).

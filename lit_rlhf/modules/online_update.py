@@ -3,7 +3,8 @@ rollout, gradient accumulation over micro-batches, clipping, optimizer and sched
 the truncated importance weights of the policy-gradient term.
 
 `UpdateLoopMixin` holds the methods; `OnlineModule` mixes it in, and each method's `update`
-calls `run_updates` with its loss.
+calls `run_updates` with its loss. The same split is checked at start-up (`check_config`): the
+rows a method's update trains on (`update_rows`) must divide into `num_minibatches`.
 """
 
 from __future__ import annotations

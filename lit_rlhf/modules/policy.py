@@ -13,6 +13,11 @@ holds the optimiser, the non-finite guard, exact resume, checks, logging and exp
   the whole batch (`logprob_chunk_size`, `lit_rlhf.models.logprobs`), a shared prompt computed once
   (`shared_prompt`, `lit_rlhf.models.shared_prompt`);
 - the policy's AdamW parameter groups and its Hugging Face export.
+
+A subclass keeps its settings as attributes set in `__init__` and reads those at run time, never
+`self.hparams`; it may pin a setting of its base in its `super().__init__(...)` call, which
+survives the CLI and is recorded in checkpoints (`lit_rlhf.modules.settings`). Its own start-up
+checks go in `check_config(trainer, datamodule)` (`lit_rlhf.checks`).
 """
 
 from __future__ import annotations
