@@ -67,12 +67,11 @@ class RejectionSamplingModule(OnlineModule):
     def updates_per_rollout(self) -> int:
         return self.num_iterations * self.num_minibatches
 
+    def update_rows(self, prompts: int) -> int:
+        return self.top_k if self.selection == "top_k" else prompts  # the kept responses (the split is checked)
+
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
         problems, size = super().check_config(trainer, datamodule), getattr(datamodule, "batch_size", None)
-        kept = self.top_k if self.selection == "top_k" else size
-        if kept and kept % self.num_minibatches:
-            problems.append(f"{type(self).__name__} keeps {kept} responses per rollout ({self.selection}), which do "
-                            f"not split into num_minibatches={self.num_minibatches} equal minibatches")
         if self.selection == "top_k" and size and self.top_k > size * self.repeats:
             problems.append(f"top_k={self.top_k} is more than the {size * self.repeats} responses of a rollout")
         return problems

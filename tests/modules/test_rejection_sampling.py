@@ -67,5 +67,5 @@ def test_settings_are_checked():
         RejectionSamplingModule(num_generations=1, **args)
     module = RejectionSamplingModule(num_generations=2, num_minibatches=2, **args)
     dm = type("DM", (), {"batch_size": 3})()
-    assert any("keeps 3 responses" in p for p in module.check_config(None, dm))
+    assert any("updates on 3 rows of each rollout" in p for p in module.check_config(None, dm))
     assert not module.check_config(None, type("DM", (), {"batch_size": 4})())
