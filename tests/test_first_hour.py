@@ -296,11 +296,11 @@ def test_eos_trick_scoring_every_response_alike_is_called_out(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     RewardModule(model="tiny-random-llama").export_hf(tmp_path / "outputs" / "quickstart" / "reward_model")
     config = yaml.safe_load((QUICK / "grpo.yaml").read_text())
-    assert not any(c["class_path"] == "callbacks.EOSTrickCallback" for c in config["trainer"]["callbacks"])
-    config["trainer"]["callbacks"].insert(0, {"class_path": "callbacks.EOSTrickCallback",
-                                              "init_args": {"mode": "replace", "score": -1.0}})
+    callbacks = [c for c in config["trainer"]["callbacks"] if c["class_path"] != "callbacks.EOSTrickCallback"]
+    config["trainer"]["callbacks"] = [{"class_path": "callbacks.EOSTrickCallback",
+                                       "init_args": {"mode": "replace", "score": -1.0}}, *callbacks]
     dead = write_config(tmp_path / "dead.yaml", config)
     with caplog.at_level(logging.WARNING, logger="callbacks.run_health"):
         main(["fit", "--config", str(dead), TINY, "--model.init_args.max_new_tokens=2",
-              "--model.init_args.total_episodes=24"])
+              "--data.init_args.max_prompt_length=512", "--model.init_args.total_episodes=24"])  # byte-level chat posts
     assert "every response of the last 3 rollouts got the same score (-1)" in caplog.text
