@@ -143,9 +143,7 @@ class GRPOModule(OnlineModule):
         self.dynamic_sampling, self.max_sampling_rounds = dynamic_sampling, max_sampling_rounds
         self.mask_truncated, self.importance_sampling = mask_truncated, importance_sampling
         self.refill_batches = 0  # prompts batches drawn by dynamic sampling; saved in checkpoints
-        if kl_coef > 0:
-            self.load_reference(self.ref_model_name, self.model_dtype)
-        self.set_kl_coef(kl_coef)
+        self.init_kl(kl_coef)
 
     @property
     def repeats(self) -> int:

@@ -222,6 +222,12 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
     Ziegler et al. 2019 and N+ for PPO, DeepSeekMath for GRPO, Ahmadian et al. 2024 for RLOO). A
     method sets it from its `kl_coef` argument; `KLControlCallback` moves it with `set_kl_coef`."""
 
+    def init_kl(self, kl_coef: float) -> None:
+        """In `__init__`: the reference model only when the KL coefficient is > 0, then the coefficient."""
+        if kl_coef > 0:
+            self.load_reference(self.ref_model_name, self.model_dtype)
+        self.set_kl_coef(kl_coef)
+
     def set_kl_coef(self, value: float) -> None:
         """Set the KL coefficient (>= 0): the hook through which `callbacks.KLControlCallback`
         controls it. A coefficient > 0 needs the reference model, which a method with `kl_coef` 0

@@ -44,9 +44,7 @@ class ReMaxModule(OnlineModule):
         if kwargs.get("reward_normalization", "none") != "none":
             raise ValueError("ReMax's baseline is the greedy response's raw reward: reward_normalization must be 'none'")
         self.num_generations = num_generations
-        if kl_coef > 0:
-            self.load_reference(self.ref_model_name, self.model_dtype)
-        self.set_kl_coef(kl_coef)
+        self.init_kl(kl_coef)
 
     @property
     def repeats(self) -> int:

@@ -51,9 +51,7 @@ class RLOOModule(OnlineModule):
         if num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (the baseline is the other responses), got {num_generations}")
         self.num_generations = num_generations
-        if kl_coef > 0:
-            self.load_reference(self.ref_model_name, self.model_dtype)
-        self.set_kl_coef(kl_coef)
+        self.init_kl(kl_coef)
 
     @property
     def repeats(self) -> int:
