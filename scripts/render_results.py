@@ -83,13 +83,14 @@ def quickstart_block(results: list[dict[str, Any]]) -> str:
             f"Over seeds {', '.join(map(str, seeds))} the reward's interval lies above zero in "
             f"{above['reward']} of {len(seeds)} runs and the gold's in {above['gold']} of {len(seeds)}:",
             "",
-            "| Seed | Reward difference, 95% CI | Gold difference, 95% CI | Gold win rate | Wall time |",
+            "| Seed | Reward difference, 95% CI | Gold difference, 95% CI | Gold win rate | Wall time (load at the end) |",
             "| --- | --- | --- | --- | --- |",
         ]
         for s in seeds:
             r = by_seed[s]
             lines.append(f"| {s} | {r['reward']['mean_diff']:+.3f} {_ci(r['reward'])} | {r['gold']['mean_diff']:+.3f} "
-                         f"{_ci(r['gold'])} | {r['gold_win_rate']['rate']:.3f} | {_minutes(r['wall_seconds'])} |")
+                         f"{_ci(r['gold'])} | {r['gold_win_rate']['rate']:.3f} | {_minutes(r['wall_seconds'])} "
+                         f"({r['machine']['load_average_1_5_15'][0]}) |")
     return "\n".join(lines)
 
 
