@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # the embedded SmolLM2
 
 ROLLOUTS = 4
 HELD_OUT = 16
-MIN_GAIN = 0.1  # measured: see tests/learning/README.md
+MIN_GAIN = 0.05  # measured gains 0.118-0.186 (seeds 0-2), broken -0.286: tests/learning/README.md
 
 
 class KeyFactRecallReward:
