@@ -7,10 +7,11 @@ ReST (Gulcehre et al. 2023) and RAFT (Dong et al. 2023), with ReMax's greedy bas
 It uses each extension point of `OnlineModule`: `repeats` (responses per prompt), settings as
 init arguments kept as attributes, `check_config` (start-up checks of its own settings),
 `rollout_extras` (per-row data computed in the rollout, read in the update), `needs_rollout_logps`
-(the rollout computes no log-probs it does not need), `logprob_temperature` (the temperature of
-the log-probs it trains on), `updates_per_rollout` (1, the default) and `update` with
-`run_updates` (minibatches, accumulation, clipping, the schedule). Sampling (`hf` or `vllm`),
-reward sources, the rollout hooks (D23's EOS trick), exact resume, LoRA and export are inherited.
+(the rollout computes no log-probs it does not need), a base setting pinned in its
+`super().__init__` call (`logprob_temperature`: the temperature of the log-probs it trains on),
+`updates_per_rollout` (1, the default) and `update` with `run_updates` (minibatches,
+accumulation, clipping, the schedule). Sampling (`hf` or `vllm`), reward sources, the rollout
+hooks (D23's EOS trick), exact resume, LoRA and export are inherited.
 Run it like any built-in method:
 
     python main.py fit --config examples/beat_greedy.yaml
@@ -29,12 +30,12 @@ from lit_rlhf.types import PromptBatch, Rollout
 
 class BeatGreedySFTModule(OnlineModule):
     needs_rollout_logps = False  # the update never reads sampling-time log-probs: no forward pass for them
-    logprob_temperature = 1.0  # SFT on the policy's own distribution, whatever the sampling temperature
 
     def __init__(self, num_generations: int = 4, margin: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)  # sampling, reward sources, optimiser, schedule, LoRA, export ...
+        # sampling, reward sources, optimiser, schedule, LoRA, export ...; a base setting pinned: SFT
+        # on the policy's own distribution (log-probs at 1), whatever the sampling temperature
+        super().__init__(logprob_temperature=1.0, **kwargs)
         self.num_generations, self.margin = num_generations, margin  # settings as attributes
-        self.normalization = kwargs.get("reward_normalization", "none")
 
     @property
     def repeats(self) -> int:  # responses sampled per prompt
@@ -42,7 +43,7 @@ class BeatGreedySFTModule(OnlineModule):
 
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:  # refused at start-up, all at once
         problems = super().check_config(trainer, datamodule)
-        if self.normalization != "none":
+        if self.reward_normalization != "none":  # the base's setting, an attribute too
             problems.append("BeatGreedySFTModule compares raw rewards: reward_normalization must be 'none'")
         return problems
 

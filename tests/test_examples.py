@@ -115,7 +115,8 @@ def test_beat_greedy_example_fits_through_the_cli(tmp_path):
     # it learns: the policy's expected share of letters on held-out prompts rises
     from tests.learning.tasks import expected_letter_reward, make_prompts
 
-    fresh = BeatGreedySFTModule(model="tiny-random-llama", reward_fns=[lambda p, c: [0.0] * len(c)])
+    fresh = BeatGreedySFTModule(model="tiny-random-llama", reward_fns=[lambda p, c: [0.0] * len(c)], temperature=0.7)
+    assert fresh.logprob_temperature == 1.0 and module.logprob_temperature == 1.0  # pinned, whatever it samples at
     held_out = make_prompts(8, 1000)
     before = expected_letter_reward(fresh.policy, fresh.tokenizer, held_out, 8, 1.0)
     after = expected_letter_reward(module.policy, module.tokenizer, held_out, 8, 1.0)

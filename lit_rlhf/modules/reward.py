@@ -10,15 +10,8 @@ A `PreferenceBatch` holds the chosen rows then the rejected rows, so both are sc
 forward pass; the loss is `lit_rlhf.losses.bradley_terry_loss` (with the data's margin when
 `use_margin` is set, and the optional centring term).
 
-Validation (and test) logs, all correct under DDP (torchmetrics states are synced; the metrics
-are in `lit_rlhf.modules.reward_metrics`):
-- `val/loss`, `val/rewards/{accuracy,chosen,rejected,margins}`;
-- accuracy per value of each grouping column of `batch.meta` (TL;DR `batch` and `confidence`,
-  N+ D16): scalars `val/accuracy_by_<column>/<value>` and a markdown table in TensorBoard text;
-- accuracy per named evaluation split when the batches' meta has an "eval_split" column (the
-  TL;DR comparisons' "validation" and "validation_cnndm"): `val/<split>/accuracy`;
-- calibration (D18): accuracy against buckets of the reward difference |r_c - r_r|, next to the
-  Bradley-Terry prediction sigmoid(|r_c - r_r|); `val/calibration/ece` and a TensorBoard figure.
+Validation and test (`lit_rlhf.modules.reward_eval`) log the loss and reward statistics,
+accuracy per grouping column (D16) and per named evaluation split, and calibration (D18).
 
 D15 (reward normalisation) is `normalize_to(prompts, completions)`, run at the end of fit by
 `callbacks.RewardNormalizationCallback`: the head bias is shifted so that the reference
@@ -43,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from lit_rlhf import checks, models
 from lit_rlhf.models import adapters, scalar_adapters
@@ -52,22 +45,22 @@ from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.modules.base import TrainingModule
 from lit_rlhf.modules.optim import SchedulerName, decay_groups
 from lit_rlhf.modules.settings import record_settings
-from lit_rlhf.modules.reward_metrics import (
+from lit_rlhf.modules.reward_eval import EVAL_SPLIT, PairEvaluationMixin
+from lit_rlhf.modules.reward_metrics import (  # importable from here as well
     PreferenceRecords,
     accuracy_table,
     calibration_buckets,
     calibration_figure,
     grouped_accuracy,
-    metric_safe,
-    pair_metrics,
 )
 from lit_rlhf.types import PreferenceBatch, split_pair
 
-EVAL_SPLIT = "eval_split"  # meta column naming the evaluation split of each pair
+__all__ = ["EVAL_SPLIT", "PreferenceRecords", "RewardModule", "accuracy_table", "calibration_buckets",
+           "calibration_figure", "grouped_accuracy"]
 log = logging.getLogger(__name__)
 
 
-class RewardModule(TrainingModule):
+class RewardModule(PairEvaluationMixin, TrainingModule):
     """Train a scalar reward model on preference pairs (Bradley-Terry, D11, D12, D14, D15, D16, D18).
 
     Args:
@@ -149,10 +142,9 @@ class RewardModule(TrainingModule):
                                    optimizer_in_backward=optimizer_in_backward, release_host_memory=release_host_memory)
         if center_coef < 0:
             raise ValueError(f"center_coef must be >= 0, got {center_coef}")
-        if calibration_bins < 1 or score_batch_size < 1:
-            raise ValueError(f"calibration_bins and score_batch_size must be >= 1, got {calibration_bins}, {score_batch_size}")
-        self.use_margin, self.center_coef = bool(use_margin), center_coef
-        self.calibration_bins, self.score_batch_size = calibration_bins, score_batch_size
+        if score_batch_size < 1:
+            raise ValueError(f"score_batch_size must be >= 1, got {score_batch_size}")
+        self.use_margin, self.center_coef, self.score_batch_size = bool(use_margin), center_coef, score_batch_size
         self.shared_prompt = bool(shared_prompt)
         self.model_name = model
         self.tokenizer = models.load_tokenizer(tokenizer or model)
@@ -164,12 +156,7 @@ class RewardModule(TrainingModule):
             object.__setattr__(self, "reward_peft", peft_model)  # the body is reward_model.backbone
         if gradient_checkpointing:
             self.reward_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.group_columns = tuple(group_columns)
-        self.eval_metrics = nn.ModuleDict({stage: pair_metrics() for stage in ("val", "test")})
-        # the DataModule's named evaluation splits (meta "eval_split", e.g. TL;DR's "validation" and
-        # "validation_cnndm") get their own accuracy, `{stage}/{split}/accuracy`
-        record_columns = self.group_columns + (() if EVAL_SPLIT in self.group_columns else (EVAL_SPLIT,))
-        self.eval_records = nn.ModuleDict({stage: PreferenceRecords(record_columns) for stage in ("val", "test")})
+        self.init_pair_evaluation(group_columns, calibration_bins)
 
     # ----------------------------------------------------------------------------------------
     # rewards
@@ -216,7 +203,7 @@ class RewardModule(TrainingModule):
         return bradley_terry_loss(chosen, rejected, self._margin(batch), self.center_coef), chosen, rejected
 
     # ----------------------------------------------------------------------------------------
-    # steps
+    # the training step (validation and test: `PairEvaluationMixin`)
     # ----------------------------------------------------------------------------------------
 
     def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
@@ -235,71 +222,6 @@ class RewardModule(TrainingModule):
             stats["loss/center"] = out.center_loss
         self.log_stats("train", stats, prog_bar=("loss", "rewards/accuracy"), batch_size=batch.num_pairs)
         return out.loss
-
-    def _eval_step(self, batch: PreferenceBatch, stage: str) -> None:
-        out, chosen, rejected = self._loss(batch)
-        n = batch.num_pairs
-        diff = (chosen - rejected).detach()  # (B,)
-        metrics = self.eval_metrics[stage]
-        for name, value in (("loss", out.loss.detach()), ("accuracy", out.accuracy), ("chosen", out.chosen_mean),
-                            ("rejected", out.rejected_mean), ("margins", out.margin_mean)):
-            metrics[name].update(value, weight=n)
-            key = f"{stage}/loss" if name == "loss" else f"{stage}/rewards/{name}"
-            self.log(key, metrics[name], on_step=False, on_epoch=True, prog_bar=name in ("loss", "accuracy"), batch_size=n)
-        self.eval_records[stage].update(diff, batch.meta or {})
-
-    def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        self._eval_step(batch, "test")
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_records("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_records("test")
-
-    # ----------------------------------------------------------------------------------------
-    # grouped accuracy (D16) and calibration (D18)
-    # ----------------------------------------------------------------------------------------
-
-    def _log_records(self, stage: str) -> None:
-        records = self.eval_records[stage]
-        if records.update_count == 0:
-            return
-        diffs, groups = records.compute()  # synced over processes: identical on every rank
-        records.reset()
-        correct = diffs > 0  # (N,) ties count as wrong, as in the loss's accuracy
-        tables = {}
-        for column, labels in groups.items():
-            rows = grouped_accuracy(correct, labels)
-            if not rows:
-                continue
-            if column == EVAL_SPLIT and column not in self.group_columns:
-                for value, accuracy, count in rows:
-                    self.log(f"{stage}/{metric_safe(value)}/accuracy", accuracy, on_step=False, on_epoch=True,
-                             sync_dist=False, batch_size=count)
-                continue
-            tables[column] = rows
-            for value, accuracy, count in rows:
-                self.log(f"{stage}/accuracy_by_{column}/{metric_safe(value)}", accuracy, on_step=False, on_epoch=True,
-                         sync_dist=False, batch_size=count)
-        buckets = calibration_buckets(diffs, self.calibration_bins)
-        ece = sum(b["count"] * abs(b["accuracy"] - b["predicted"]) for b in buckets) / max(1, diffs.numel())
-        self.log(f"{stage}/calibration/ece", ece, on_step=False, on_epoch=True, sync_dist=False)
-        if self._trainer is None or self.trainer.sanity_checking or not self.trainer.is_global_zero:
-            return
-        for experiment in self._tensorboard_experiments():
-            step = self.global_step
-            for column, rows in tables.items():
-                experiment.add_text(f"{stage}/accuracy_by_{column}", accuracy_table(column, rows), step)
-            experiment.add_figure(f"{stage}/calibration", calibration_figure(buckets, stage), step, close=True)
-
-    def _tensorboard_experiments(self) -> list[Any]:
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        return [lg.experiment for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)]
 
     # ----------------------------------------------------------------------------------------
     # D15: reward normalisation on reference responses

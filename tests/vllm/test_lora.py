@@ -6,6 +6,7 @@ judges a LoRA checkpoint as the hf sampler does."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 
@@ -15,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_rlhf.generation import SamplingConfig, generate_responses, sequence_token_logps
 from lit_rlhf.generation.vllm import save_merged_checkpoint, with_packed_siblings
+from lit_rlhf.generation.vllm_process import live_in_process_engines
 from lit_rlhf.judges import Judgement, PairwiseJudge
 from lit_rlhf.models import adapters, load_causal_lm, load_tokenizer, scalar_adapters
 from lit_rlhf.modules import PPOModule
@@ -213,9 +215,11 @@ def test_grpo_with_lora_on_vllm_samples_the_trained_adapter(lora_grpo_fit, vllm_
             assert torch.equal(tensor, base[name.replace(".base_layer.", ".")]), name
 
 
-def test_judge_policy_cli_samples_a_lora_checkpoint_with_vllm(lora_grpo_fit, vllm_model_dir, tmp_path):
+def test_judge_policy_cli_samples_a_lora_checkpoint_with_vllm(lora_grpo_fit, vllm_model_dir, engine, prompts,
+                                                              tmp_path):
     """`judge_policy --generation_backend vllm` on a LoRA .ckpt (an engine built from the merged
-    policy) judges the same greedy completions as the hf sampler, baseline model included."""
+    policy) judges the same greedy completions as the hf sampler, baseline model included; its
+    engine, once collected, leaves the session's engine (same process) able to sample."""
     from lit_rlhf.judge_policy import main
 
     _, _, trained = lora_grpo_fit
@@ -236,6 +240,7 @@ def test_judge_policy_cli_samples_a_lora_checkpoint_with_vllm(lora_grpo_fit, vll
         rows = [json.loads(line) for line in (out / "judgements.jsonl").read_text().splitlines()]
         return metrics, rows
 
+    engines = live_in_process_engines()  # the session's
     on_vllm, vllm_rows = run("vllm", "--vllm_kwargs", '{"max_model_len": 256}')
     on_hf, hf_rows = run("hf")
     assert len(vllm_rows) == 5 and any(r["policy"] for r in vllm_rows)
@@ -243,6 +248,10 @@ def test_judge_policy_cli_samples_a_lora_checkpoint_with_vllm(lora_grpo_fit, vll
     assert [r["baseline"] for r in vllm_rows] == [r["baseline"] for r in hf_rows]
     assert [r["policy"] for r in vllm_rows] != [r["baseline"] for r in vllm_rows]  # the adapter is in
     assert on_vllm == on_hf
+    gc.collect()  # judge_policy's engines shut down: the distributed state they shared stays for the session's
+    assert live_in_process_engines() == engines
+    tokenizer, ids, mask = prompts
+    assert engine.generate(ids, mask, GREEDY, tokenizer.eos_token_id, tokenizer.pad_token_id)[1].any()
     with pytest.raises(ValueError, match="--vllm_kwargs must be a JSON object"):
         main(["--policy", str(ckpt), "--prompts", "bundled:arithmetic", "--judge", "x", "--generation_backend",
               "vllm", "--vllm_kwargs", "[1]"])

@@ -1,0 +1,61 @@
+"""ReMax, rejection sampling and online DPO sample with the vLLM engine (`generation_backend:
+vllm`): they train, and ReMax's greedy baselines decoded by the engine are the policy's greedy
+responses as the hf sampler decodes them."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from lit_rlhf.generation import SamplingConfig, generate_responses
+from lit_rlhf.modules import OnlineDPOModule, RejectionSamplingModule, ReMaxModule
+from lit_rlhf.rewards import CharacterFractionReward
+from tests.vllm.conftest import attach
+from tests.vllm.test_fit import LETTERS, prompt_loader
+
+METHODS = {
+    "remax": (ReMaxModule, dict(num_generations=2), [8, 4]),  # per rollout: the samples, then the greedy rows
+    "rejection_sampling": (RejectionSamplingModule, dict(num_generations=2), [8]),
+    "online_dpo": (OnlineDPOModule, dict(), [8]),
+}
+
+
+class FirstShaped(L.Callback):
+    def __init__(self):
+        self.rollouts = []
+
+    def on_rollout_scores(self, trainer, pl_module, rollout):
+        self.rollouts.append(rollout)
+        return rollout
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_new_online_methods_sample_with_the_engine(name, vllm_model_dir, engine):
+    cls, args, rows = METHODS[name]
+    L.seed_everything(0)
+    module = attach(cls(model=vllm_model_dir, generation_backend="vllm", reward_fns=[CharacterFractionReward(LETTERS)],
+                        max_new_tokens=6, lr=1e-2, lr_scheduler="constant", log_completions_every_n_steps=0, **args),
+                    engine)
+    initial = {k: v.clone() for k, v in module.policy.state_dict().items()}
+    calls = []
+    generate = engine.generate
+    engine.generate = lambda *a, **k: calls.append(a[0].shape[0]) or generate(*a, **k)
+    shaped = FirstShaped()
+    try:
+        trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, callbacks=[shaped])
+        trainer.fit(module, prompt_loader(module.tokenizer))
+    finally:
+        engine.generate = generate
+    assert calls == rows * 2  # every response of both rollouts came from the engine
+    assert any(not torch.equal(v, initial[k]) for k, v in module.policy.state_dict().items())
+    if name == "remax":  # the engine's greedy decode of the initial policy is hf's
+        greedy = shaped.rollouts[0]
+        policy = cls(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)]).policy
+        policy.load_state_dict(initial)
+        tok = module.tokenizer
+        ids, _, _ = generate_responses(policy, greedy.prompt_ids, greedy.prompt_mask,
+                                       SamplingConfig(max_new_tokens=6, do_sample=False), tok.eos_token_id,
+                                       tok.pad_token_id)
+        assert torch.equal(ids, greedy.response_ids)
