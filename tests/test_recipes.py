@@ -246,6 +246,9 @@ def _data_args(config: dict, data_dirs: dict[str, Path], batch_size: int) -> lis
     return args
 
 
+MAX_NEW_TOKENS = 64  # the longest generation a recipe runs with here
+
+
 def _model_args(config: dict) -> list[str]:
     declared = config["model"].get("init_args") or {}
     args = [f"--model.init_args.model={TINY}"]
@@ -256,6 +259,10 @@ def _model_args(config: dict) -> list[str]:
         args.append("--model.init_args.num_generations=2")
     if "total_episodes" in declared:
         args.append("--model.init_args.total_episodes=null")  # trainer.max_steps decides
+    if (declared.get("max_new_tokens") or 0) > MAX_NEW_TOKENS:
+        # the random tiny model seldom samples EOS: a 512-token recipe would generate 512 tokens
+        # per row for minutes while testing nothing the shorter run does not
+        args.append(f"--model.init_args.max_new_tokens={MAX_NEW_TOKENS}")
     return args
 
 
