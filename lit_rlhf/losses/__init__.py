@@ -3,7 +3,7 @@
 Each returns a NamedTuple whose first field is the loss, followed by detached statistics.
 """
 
-from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, nll_loss, rejection_sampling_mask
+from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, rejection_sampling_mask
 from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
 from lit_rlhf.losses.drov import DROVLossOutput, drov_loss
 from lit_rlhf.losses.grpo import (
@@ -22,6 +22,7 @@ from lit_rlhf.losses.kto import (
     kto_weight_ratio,
     labels_from_rewards,
 )
+from lit_rlhf.losses.nll import nll_loss
 from lit_rlhf.losses.orpo import ORPOLossOutput, log_odds, orpo_loss
 from lit_rlhf.losses.ppo import (
     PPOPolicyLossOutput,
@@ -31,6 +32,7 @@ from lit_rlhf.losses.ppo import (
     ppo_rewards,
     ppo_value_loss,
 )
+from lit_rlhf.losses.ptx import PtxLossOutput, ptx_loss
 from lit_rlhf.losses.remax import remax_advantages
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
 from lit_rlhf.losses.rloo import rloo_loss, rloo_sequence_rewards
@@ -51,6 +53,7 @@ __all__ = [
     "PPOPolicyLossOutput",
     "PPORewardsOutput",
     "PPOValueLossOutput",
+    "PtxLossOutput",
     "RewardLossOutput",
     "Selection",
     "best_of_n_kl",
@@ -69,6 +72,7 @@ __all__ = [
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",
+    "ptx_loss",
     "rejection_sampling_mask",
     "remax_advantages",
     "rloo_advantages",
