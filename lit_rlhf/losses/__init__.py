@@ -17,6 +17,7 @@ from lit_rlhf.losses.grpo import (
 from lit_rlhf.losses.kto import (
     KTO_WEIGHT_RATIO_RANGE,
     KTOLossOutput,
+    RewardLabels,
     kto_kl_estimate,
     kto_loss,
     kto_weight_ratio,
@@ -51,6 +52,7 @@ __all__ = [
     "PPOPolicyLossOutput",
     "PPORewardsOutput",
     "PPOValueLossOutput",
+    "RewardLabels",
     "RewardLossOutput",
     "Selection",
     "best_of_n_kl",
