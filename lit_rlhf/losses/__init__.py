@@ -5,7 +5,7 @@ Each returns a NamedTuple whose first field is the loss, followed by detached st
 
 from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, nll_loss, rejection_sampling_mask
 from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
-from lit_rlhf.losses.drov import DROVLossOutput, drov_loss
+from lit_rlhf.losses.drov import DROVLossOutput, batch_value_estimate, drov_loss
 from lit_rlhf.losses.grpo import (
     Aggregation,
     AdvantageScale,
@@ -55,6 +55,7 @@ __all__ = [
     "RewardLabels",
     "RewardLossOutput",
     "Selection",
+    "batch_value_estimate",
     "best_of_n_kl",
     "bradley_terry_loss",
     "dpo_loss",
