@@ -98,11 +98,31 @@ def test_win_rate_counts_ties_half():
         driver.win_rate(ours, theirs[:1])
 
 
-def test_interval_is_the_student_t_interval():
-    cell = driver.interval([1.0, 2.0, 3.0])
-    assert cell["mean"] == 2.0
-    assert cell["high"] - cell["mean"] == pytest.approx(4.302653 * 1.0 / math.sqrt(3), rel=1e-5)  # t(0.975, 2)
-    assert driver.interval([0.5]) == {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 1}
+def test_binary_rewards_make_the_win_rate_redundant():
+    # with 0/1 scores the win rate is 1/2 + (mean difference)/2 exactly, which is why it is dropped
+    ours, theirs = [[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]], [[0.0, 0.0], [1.0, 0.0], [1.0, 0.0]]
+    diff = sum(a - b for ra, rb in zip(ours, theirs) for a, b in zip(ra, rb)) / 6
+    assert driver.win_rate(ours, theirs) == pytest.approx(0.5 + diff / 2)
+    run = {"greedy_rewards": [1.0, 0.0], "sampled_rewards": ours}
+    assert driver.is_binary([run])
+    assert not driver.is_binary([dict(run, sampled_rewards=[[0.5, 0.0]])])
+
+
+def test_comparison_pairs_seeds_and_prompts_and_broadcasts_the_start():
+    def run(greedy, sampled):
+        return {"greedy_rewards": greedy, "sampled_rewards": [[v] for v in sampled]}
+
+    ours = [run([1, 1, 0, 1], [1, 0, 1, 1]), run([1, 0, 1, 1], [1, 1, 1, 0])]
+    start = [run([0, 0, 0, 1], [0, 0, 1, 0])]
+    out = driver.comparison(ours, start, num_resamples=500, seed=0, with_win_rate=False)
+    assert out["accuracy"]["mean"] == pytest.approx((2 + 2) / 8)
+    assert out["mean_reward"]["mean"] == pytest.approx((2 + 2) / 8)
+    # per-prompt differences averaged over seeds, accuracy: [1, 0.5, 0.5, 0]: 3 positive, none negative
+    assert out["accuracy"]["sign_test"] == {"positive": 3, "negative": 0, "ties": 1, "p_value": 0.25}
+    assert out["accuracy"]["low"] <= out["accuracy"]["mean"] <= out["accuracy"]["high"]
+    assert "win_rate_per_seed" not in out
+    graded = driver.comparison(ours, start, num_resamples=50, seed=0, with_win_rate=True)
+    assert len(graded["win_rate_per_seed"]) == 2
 
 
 def test_choose_lr_prefers_accuracy_then_reward_then_the_smaller_lr():
@@ -119,10 +139,12 @@ def test_budget_and_arms_refuse_unknown_names():
         driver.load_budget("smoke", {"stpes": 3})
     with pytest.raises(ValueError, match="unknown profile"):
         driver.load_budget("huge")
+    with pytest.raises(ValueError, match="sweep_seed 1 is also a reported seed"):
+        driver.load_budget("smoke", {"sweep_seed": 1})
     with pytest.raises(ValueError, match="unknown arm"):
         driver.load_arms(["drov", "ppo"])
-    assert set(driver.load_arms()) == {"drov", "drov_value_per_batch", "drov_shared_network", "kto_tau5",
-                                       "kto_tau5_unweighted", "kto_tau0.1", "dpo", "sft_rejection"}
+    assert set(driver.load_arms()) == {"drov", "drov_single_value", "drov_shared_network", "kto_tau5",
+                                       "kto_tau5_balanced", "kto_tau0.1", "dpo", "sft_rejection"}
 
 
 def test_sampling_is_reproducible_per_chunk():
@@ -162,27 +184,41 @@ def test_driver_end_to_end_on_a_tiny_model(tmp_path):
 
     # every arm: its sweep, the chosen lr, every seed, finite numbers and ordered intervals
     assert list(results["arms"]) == list(arms)
+    assert budget["sweep_seed"] not in budget["seeds"]
     for name, row in results["arms"].items():
         assert [s["lr"] for s in row["sweep"]] == arms[name]["lrs"]
         assert row["lr"] == driver.choose_lr(row["sweep"])
         assert [r["seed"] for r in row["per_seed"]] == budget["seeds"]
         cells = [row[k] for k in ("accuracy", "mean_reward", "kl")]
+        cells += [row["versus_start"][k] for k in ("accuracy", "mean_reward")]
         if name != driver.REFERENCE_ARM:
-            cells.append(row["win_rate_of_" + driver.REFERENCE_ARM])
-            assert all(0.0 <= r["win_rate_of_" + driver.REFERENCE_ARM] <= 1.0 for r in row["per_seed"])
+            cells += [row["versus_" + driver.REFERENCE_ARM][k] for k in ("accuracy", "mean_reward")]
         for cell in cells:
-            assert all(math.isfinite(cell[k]) for k in ("mean", "low", "high"))
+            assert all(math.isfinite(cell[k]) for k in ("mean", "low", "high", "p_value"))
             assert cell["low"] <= cell["mean"] <= cell["high"]
-            assert cell["n"] == len(budget["seeds"])
-        assert 0.0 <= row["accuracy"]["mean"] <= 1.0
+            assert (cell["seeds"], cell["prompts"]) == (len(budget["seeds"]), budget["test_prompts"])
+        for key in ("accuracy", "mean_reward"):  # proportions: intervals inside [0, 1]
+            assert 0.0 <= row[key]["low"] <= row[key]["high"] <= 1.0
     assert results["start"]["kl"] == 0.0  # the starting policy against itself
+    assert results["start"]["versus_drov"] == results["arms"]["drov"]["versus_start"]
+    assert results["binary_rewards"]  # the parity reward is 0/1: no win rate
+    assert "win_rate_per_seed" not in results["arms"]["dpo"]["versus_drov"]
 
-    # the outputs
+    # the outputs, with every per-prompt score of every run
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["arms"].keys() == results["arms"].keys()
+    samples = json.loads((out / "samples.json").read_text())
+    assert len(samples["test_prompts"]) == budget["test_prompts"]
+    assert len(samples["start"]["greedy_rewards"]) == budget["test_prompts"]
+    for name in arms:
+        runs = samples["arms"][name]["runs"]
+        assert [r["seed"] for r in runs] == budget["seeds"]
+        assert all(len(r["sampled_rewards"]) == len(r["kl_per_prompt"]) == budget["test_prompts"] for r in runs)
+    mean = sum(sum(r["greedy_rewards"]) for r in samples["arms"]["dpo"]["runs"]) / (2 * budget["test_prompts"])
+    assert results["arms"]["dpo"]["accuracy"]["mean"] == pytest.approx(mean)  # the table is the samples' mean
     table = (out / "results.md").read_text()
     for name in arms:
         assert f"| {name} |" in table
-    assert "| start (no training) |" in table
+    assert "| start (no training) |" in table and "win rate" in table
     png = (out / "reward_vs_kl.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000

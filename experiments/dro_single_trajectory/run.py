@@ -15,10 +15,15 @@
 4. Evaluation on the held-out prompts, per run: greedy accuracy (mean exact reward of the greedy
    answer), mean exact reward of `eval_samples` completions per prompt sampled at temperature 1,
    KL(pi || pi_start) estimated on those samples (mean over samples of sum_t log pi - log
-   pi_start), and the win rate of DRO-V against every other arm: per seed, sample j of prompt i
-   of DRO-V against sample j of prompt i of the other arm (both drawn with the same seed), the
-   exact reward decides, ties count half. Intervals: 95% Student t over seeds.
-5. Output in `<out>`: `results.json`, `results.md` (the table) and `reward_vs_kl.png`.
+   pi_start). Statistics over seeds x prompts (`lit_rlhf.evaluation.paired`): each arm's numbers
+   with a hierarchical bootstrap interval (seeds, then prompts); DRO-V against every other arm
+   and against the starting policy, paired cell by cell (seed s, prompt i; both arms' samples
+   drawn with the same seed), with a bootstrap interval of the difference and the exact sign
+   test on per-prompt differences. The win rate (sample j of prompt i of DRO-V against sample j
+   of the other arm, ties half) only when rewards are graded: with 0/1 rewards it is
+   1/2 + (mean difference)/2 exactly. The lr is chosen with `sweep_seed`, never a reported seed.
+5. Output in `<out>`: `results.json`, `results.md` (the table), `reward_vs_kl.png`, and
+   `samples.json`, every per-prompt score of every run (for any paired re-analysis).
 
 Every budget knob is in `budget.yaml` (`--profile`, `--set key=value`).
 """
@@ -29,7 +34,6 @@ import argparse
 import gc
 import importlib
 import json
-import math
 import platform
 import time
 from pathlib import Path
@@ -74,6 +78,9 @@ def load_budget(profile: str, overrides: dict[str, Any] | None = None) -> dict[s
         raise ValueError("train_prompts, val_prompts and test_prompts must all be >= 1")
     if not budget["seeds"]:
         raise ValueError("seeds must list at least one seed")
+    if budget["sweep_seed"] in budget["seeds"]:
+        raise ValueError(f"sweep_seed {budget['sweep_seed']} is also a reported seed {budget['seeds']}: the run that "
+                         "chose the lr would be reported; pick a sweep_seed outside seeds")
     return budget
 
 
@@ -177,7 +184,7 @@ def evaluate(policy, reference, tokenizer, rows: Sequence[dict[str, Any]], budge
     n = budget["eval_samples"]
     config = SamplingConfig(max_new_tokens=n_tokens, temperature=1.0)
     rewards: list[list[float]] = []
-    log_ratios: list[float] = []
+    log_ratios: list[list[float]] = []
     for part, batch, ids, mask, _ in generate_chunks(policy, tokenizer, rows, n, config, budget["eval_seed"], chunk):
         flat = score(part, decode_responses(tokenizer, ids, mask), n)
         rewards += [flat[i * n:(i + 1) * n] for i in range(len(part))]
@@ -186,9 +193,12 @@ def evaluate(policy, reference, tokenizer, rows: Sequence[dict[str, Any]], budge
         prompt_mask = batch.attention_mask.bool()
         logp = sequence_token_logps(policy, batch.input_ids, prompt_mask, ids, mask).sum(dim=1)  # (chunk*n,)
         logq = sequence_token_logps(reference, batch.input_ids, prompt_mask, ids, mask).sum(dim=1)
-        log_ratios += (logp - logq).tolist()
-    result.update(sampled_rewards=rewards, mean_reward=sum(map(sum, rewards)) / (len(rewards) * n),
-                  kl=sum(log_ratios) / len(log_ratios) if kl else None)
+        flat_ratios = (logp - logq).tolist()
+        log_ratios += [flat_ratios[i * n:(i + 1) * n] for i in range(len(part))]
+    result.update(sampled_rewards=rewards, mean_reward=sum(map(sum, rewards)) / (len(rewards) * n))
+    if kl:  # per prompt: the mean over its samples of sum_t log pi - log pi_start
+        result["kl_per_prompt"] = [sum(r) / n for r in log_ratios]
+        result["kl"] = sum(result["kl_per_prompt"]) / len(log_ratios)
     return result
 
 
@@ -198,17 +208,58 @@ def win_rate(ours: list[list[float]], theirs: list[list[float]]) -> float:
     return sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
 
 
-def interval(values: Sequence[float]) -> dict[str, float]:
-    """Mean and its 95% Student t interval over seeds (a point when there is one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return {"mean": mean, "low": mean, "high": mean, "n": n}
-    from scipy.stats import t
+def per_prompt_means(samples: list[list[float]]) -> list[float]:
+    """The mean of each prompt's sampled scores: (P, n) -> (P,)."""
+    return [sum(row) / len(row) for row in samples]
 
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
+
+def is_binary(runs: Sequence[dict[str, Any]]) -> bool:
+    """True when every sampled and greedy reward is 0 or 1: the win rate is then 1/2 + (mean
+    difference)/2 exactly (a win is +1 - 0, a loss 0 - 1, a tie 0), so it adds nothing to the
+    paired difference of mean rewards and is not reported."""
+    values = {v for r in runs for v in r["greedy_rewards"]} | {v for r in runs for row in r["sampled_rewards"] for v in row}
+    return values <= {0.0, 1.0}
+
+
+def cell(stat) -> dict[str, float]:
+    """A table cell from a `BootstrapMean` (mean, low, high, p_value, seeds, prompts)."""
+    return {"mean": stat.mean, "low": stat.ci_low, "high": stat.ci_high, "p_value": stat.p_value,
+            "seeds": stat.num_seeds, "prompts": stat.num_prompts}
+
+
+def arm_statistics(runs: Sequence[dict[str, Any]], num_resamples: int, seed: int) -> dict[str, dict[str, float]]:
+    """Accuracy, mean reward and KL of one arm over its seeds x held-out prompts, each with its
+    hierarchical bootstrap interval (`lit_rlhf.evaluation.paired.bootstrap_mean`)."""
+    from lit_rlhf.evaluation.paired import bootstrap_mean
+
+    grids = {"accuracy": [r["greedy_rewards"] for r in runs],
+             "mean_reward": [per_prompt_means(r["sampled_rewards"]) for r in runs],
+             "kl": [r["kl_per_prompt"] for r in runs]}
+    return {key: cell(bootstrap_mean(grid, num_resamples, seed=seed)) for key, grid in grids.items()}
+
+
+def comparison(ours: Sequence[dict[str, Any]], theirs: Sequence[dict[str, Any]], num_resamples: int, seed: int,
+               with_win_rate: bool) -> dict[str, Any]:
+    """Paired comparison of two arms (or of an arm and the starting policy, one 'run'): the
+    differences ours - theirs of greedy accuracy and of mean sampled reward, cell by cell
+    (seed s of ours against seed s of theirs, or against the start for every seed; prompt i
+    against prompt i), with the hierarchical bootstrap interval and p-value, and the exact sign
+    test on the per-prompt differences averaged over seeds; the win rate when rewards are graded."""
+    from lit_rlhf.evaluation.paired import paired_bootstrap, sign_test
+
+    out: dict[str, Any] = {}
+    for key, of in (("accuracy", lambda r: r["greedy_rewards"]),
+                    ("mean_reward", lambda r: per_prompt_means(r["sampled_rewards"]))):
+        a, b = [of(r) for r in ours], [of(r) for r in theirs]
+        stat = paired_bootstrap(a, b, num_resamples, seed=seed)
+        b = b * len(a) if len(b) == 1 else b
+        per_prompt = [sum(x[i] - y[i] for x, y in zip(a, b)) / len(a) for i in range(len(a[0]))]
+        sign = sign_test(per_prompt)
+        out[key] = {**cell(stat), "verdict": stat.verdict, "sign_test": sign._asdict()}
+    if with_win_rate:
+        theirs_runs = list(theirs) * len(ours) if len(theirs) == 1 else theirs
+        out["win_rate_per_seed"] = [win_rate(x["sampled_rewards"], y["sampled_rewards"]) for x, y in zip(ours, theirs_runs)]
+    return out
 
 
 def choose_lr(sweep: list[dict[str, Any]]) -> float:
@@ -226,23 +277,40 @@ def _fmt(cell: dict[str, float] | None) -> str:
     return f"{cell['mean']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}]"
 
 
+def _diff(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "-"
+    return (f"{cell['mean']:+.3f} [{cell['low']:+.3f}, {cell['high']:+.3f}] "
+            f"(sign test p={cell['sign_test']['p_value']:.2g})")
+
+
 def markdown_table(results: dict[str, Any]) -> str:
+    ref = REFERENCE_ARM
     lines = [
         f"| arm | lr | held-out greedy accuracy | held-out mean reward (T=1) | KL to start | "
-        f"{REFERENCE_ARM} win rate vs arm |",
-        "|---|---|---|---|---|---|",
+        f"{ref} - arm, mean reward | {ref} - arm, greedy accuracy |",
+        "|---|---|---|---|---|---|---|",
     ]
     start = results["start"]
-    lines.append(f"| start (no training) | - | {start['accuracy']:.3f} | {start['mean_reward']:.3f} | 0 | - |")
+    versus = start.get("versus_" + ref)
+    lines.append(f"| start (no training) | - | {_fmt(start['accuracy'])} | {_fmt(start['mean_reward'])} | 0 | "
+                 f"{_diff(versus and versus['mean_reward'])} | {_diff(versus and versus['accuracy'])} |")
     for name, row in results["arms"].items():
+        versus = row.get("versus_" + ref)
         lines.append(f"| {name} | {row['lr']:.1e} | {_fmt(row['accuracy'])} | {_fmt(row['mean_reward'])} | "
-                     f"{_fmt(row['kl'])} | {_fmt(row.get('win_rate_of_' + REFERENCE_ARM))} |")
+                     f"{_fmt(row['kl'])} | {_diff(versus and versus['mean_reward'])} | "
+                     f"{_diff(versus and versus['accuracy'])} |")
     b = results["budget"]
     lines.append("")
-    lines.append(f"Mean [95% t interval] over seeds {b['seeds']}; {b['test_prompts']} held-out prompts, "
-                 f"{b['eval_samples']} sampled completion(s) each; {results['data']['triplets']} training triplets "
-                 f"({b['train_prompts']} prompts x {b['samples_per_prompt']}), {b['steps']} steps of "
-                 f"{b['batch_size']} sequences; model {b['model']}.")
+    lines.append(f"Mean [95% hierarchical bootstrap interval: seeds, then prompts; {b['bootstrap_resamples']} "
+                 f"resamples] over seeds {b['seeds']} x {b['test_prompts']} held-out prompts ({b['eval_samples']} "
+                 f"sampled completion(s) each); the start's accuracy interval is Clopper-Pearson over prompts. "
+                 f"Differences are paired cell by cell; the sign test is exact, on the per-prompt differences "
+                 f"averaged over seeds. lr chosen with seed {b['sweep_seed']} (not reported); "
+                 f"{results['data']['triplets']} training triplets ({b['train_prompts']} prompts x "
+                 f"{b['samples_per_prompt']}), {b['steps']} steps of {b['batch_size']} sequences; model {b['model']}.")
+    if results["binary_rewards"]:
+        lines.append("Rewards are 0/1, so the win rate (1/2 + mean difference/2 exactly) is not reported.")
     m = results["machine"]
     lines.append(f"Measured {results['date']} on {m['platform']} ({m['threads']} torch threads; Python {m['python']}, "
                  f"torch {m['torch']}, lightning {m['lightning']}); {results['seconds']['total'] / 60:.1f} min in all.")
@@ -257,7 +325,7 @@ def figure(results: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter([0.0], [results["start"]["mean_reward"]], marker="s", color="black", label="start")
+    ax.scatter([0.0], [results["start"]["mean_reward"]["mean"]], marker="s", color="black", label="start")
     for name, row in results["arms"].items():
         kl, reward = row["kl"], row["mean_reward"]
         ax.errorbar(kl["mean"], reward["mean"], xerr=[[kl["mean"] - kl["low"]], [kl["high"] - kl["mean"]]],
@@ -360,32 +428,48 @@ def _run(profile, out, arms, overrides, reward_fn, log) -> dict[str, Any]:
                 gc.collect()
         per_arm[name] = {"lr": lr, "sweep": sweep, "runs": runs}
 
-    # 4. aggregate over seeds
-    ours = {r["seed"]: r["sampled_rewards"] for r in per_arm[REFERENCE_ARM]["runs"]}
+    # 4. statistics over seeds x prompts (lit_rlhf.evaluation.paired), and the per-sample results
+    from lit_rlhf.evaluation.paired import bootstrap_mean, clopper_pearson_interval
+
+    resamples, boot_seed = budget["bootstrap_resamples"], budget["eval_seed"]
+    binary = is_binary([r for arm in per_arm.values() for r in arm["runs"]] + [start_eval])
+    start_run = [start_eval]
+    ours = per_arm[REFERENCE_ARM]["runs"]
     table: dict[str, Any] = {}
     for name, arm in per_arm.items():
-        row = {"lr": arm["lr"], "sweep": arm["sweep"],
-               **{key: interval([r[key] for r in arm["runs"]]) for key in ("accuracy", "mean_reward", "kl")},
-               "per_seed": [{k: r[k] for k in ("seed", "accuracy", "mean_reward", "kl")} for r in arm["runs"]]}
+        row = {"lr": arm["lr"], "sweep": arm["sweep"], **arm_statistics(arm["runs"], resamples, boot_seed),
+               "per_seed": [{k: r[k] for k in ("seed", "accuracy", "mean_reward", "kl")} for r in arm["runs"]],
+               "versus_start": comparison(arm["runs"], start_run, resamples, boot_seed, not binary)}
         if name != REFERENCE_ARM:
-            wins = [win_rate(ours[r["seed"]], r["sampled_rewards"]) for r in arm["runs"]]
-            row["win_rate_of_" + REFERENCE_ARM] = interval(wins)
-            for entry, w in zip(row["per_seed"], wins):
-                entry["win_rate_of_" + REFERENCE_ARM] = w
+            row["versus_" + REFERENCE_ARM] = comparison(ours, arm["runs"], resamples, boot_seed, not binary)
         table[name] = row
+    correct = int(round(sum(start_eval["greedy_rewards"]))) if binary else None
+    start_accuracy = cell(bootstrap_mean([start_eval["greedy_rewards"]], resamples, seed=boot_seed))
+    if binary:  # one policy, P prompts, 0/1 scores: the exact binomial interval
+        start_accuracy["low"], start_accuracy["high"] = clopper_pearson_interval(correct, len(start_eval["greedy_rewards"]))
+    start_row = {"accuracy": start_accuracy,
+                 "mean_reward": cell(bootstrap_mean([per_prompt_means(start_eval["sampled_rewards"])], resamples,
+                                                    seed=boot_seed)),
+                 "kl": start_eval["kl"], "val_accuracy": start_val["accuracy"],
+                 "versus_" + REFERENCE_ARM: table[REFERENCE_ARM]["versus_start"]}
+    samples = {"start": {k: start_eval[k] for k in ("greedy_rewards", "sampled_rewards")},
+               "arms": {name: {"lr": arm["lr"], "runs": [{k: r[k] for k in ("seed", "greedy_rewards", "sampled_rewards",
+                                                                            "kl_per_prompt")} for r in arm["runs"]]}
+                        for name, arm in per_arm.items()},
+               "test_prompts": [r["prompt"] for r in rows["test"]]}
     seconds["total"] = time.perf_counter() - started
     results = {
-        "budget": budget, "profile": profile,
+        "budget": budget, "profile": profile, "binary_rewards": binary,
         "data": {"triplets": len(triplets), "examples_per_mode": examples, "reward_mean": stats["mean"], "reward_std": stats["std"],
                  "train_prompts": len(rows["train"]), "val_prompts": len(rows["val"]),
                  "test_prompts": len(rows["test"])},
-        "start": {"accuracy": start_eval["accuracy"], "mean_reward": start_eval["mean_reward"],
-                  "kl": start_eval["kl"], "val_accuracy": start_val["accuracy"]},
+        "start": start_row,
         "arms": table, "seconds": seconds,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
                     "lightning": L.__version__, "threads": torch.get_num_threads()},
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+    (out / "samples.json").write_text(json.dumps(samples))
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown_table(results))
     figure(results, out / "reward_vs_kl.png")
