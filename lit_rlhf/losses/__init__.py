@@ -5,7 +5,7 @@ Each returns a NamedTuple whose first field is the loss, followed by detached st
 
 from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, rejection_sampling_mask
 from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
-from lit_rlhf.losses.drov import DROVLossOutput, drov_loss
+from lit_rlhf.losses.drov import DROVLossOutput, batch_value_estimate, drov_loss
 from lit_rlhf.losses.grpo import (
     Aggregation,
     AdvantageScale,
@@ -17,6 +17,7 @@ from lit_rlhf.losses.grpo import (
 from lit_rlhf.losses.kto import (
     KTO_WEIGHT_RATIO_RANGE,
     KTOLossOutput,
+    RewardLabels,
     kto_kl_estimate,
     kto_loss,
     kto_weight_ratio,
@@ -54,8 +55,10 @@ __all__ = [
     "PPORewardsOutput",
     "PPOValueLossOutput",
     "PtxLossOutput",
+    "RewardLabels",
     "RewardLossOutput",
     "Selection",
+    "batch_value_estimate",
     "best_of_n_kl",
     "bradley_terry_loss",
     "dpo_loss",
