@@ -4,7 +4,7 @@
   StepResult`) and its typed values (`Action`, `StepResult`, `ToolCall`);
 - `tools`: tools as typed, documented Python callables (`tool_schema`), the call format
   (`<tool_call>{json}</tool_call>`, `parse_tool_calls`) and `ToolRunner` (time limits, errors as
-  observations);
+  observations); `worker`: the process its `process` isolation runs calls in;
 - `tool_env`: `ToolEnvironment`, tools the policy calls over several turns before it answers;
 - `calculator`: the `calculator` tool;
 - `openenv`: `OpenEnvEnvironment`, an OpenEnv (`openenv-core`) environment run in-process;

@@ -35,7 +35,6 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import json
-import multiprocessing
 import re
 import threading
 import time
@@ -43,6 +42,7 @@ import typing
 from typing import Any, Callable, Literal
 
 from lit_rlhf.envs.base import ToolCall
+from lit_rlhf.envs.worker import ProcessWorker
 
 CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 OPEN_TAG = "<tool_call>"
@@ -209,66 +209,6 @@ def render_output(value: Any, max_chars: int) -> str:
     return text
 
 
-def _worker_loop(connection) -> None:  # pragma: no cover - runs in the worker process
-    connection.send(("ready", None))
-    while True:
-        try:
-            fn, kwargs = connection.recv()
-        except EOFError:
-            return
-        try:
-            connection.send(("ok", fn(**kwargs)))
-        except BaseException as err:  # noqa: BLE001 - reported to the parent
-            connection.send(("raised", f"{type(err).__name__}: {err}"))
-
-
-class _ProcessWorker:
-    """One worker process running tool calls; killed and replaced when a call times out. A call's
-    time limit counts from when the worker is up (starting one imports the tool's module)."""
-
-    STARTUP_SECONDS = 120.0
-
-    def __init__(self) -> None:
-        self._process = None
-        self._connection = None
-
-    def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        self._process = context.Process(target=_worker_loop, args=(child,), daemon=True)
-        self._process.start()
-        child.close()
-        self._connection = parent
-        if not parent.poll(self.STARTUP_SECONDS) or parent.recv()[0] != "ready":
-            self.stop()
-            raise RuntimeError(f"the tool worker process did not start within {self.STARTUP_SECONDS:g} s")
-
-    def call(self, fn: Callable, kwargs: dict[str, Any], timeout: float) -> tuple[str, Any]:
-        if self._process is None or not self._process.is_alive():
-            try:
-                self._start()
-            except RuntimeError as err:
-                return "raised", str(err)
-        try:
-            self._connection.send((fn, kwargs))
-        except Exception as err:  # noqa: BLE001 - an unpicklable tool or argument
-            return "raised", f"the call could not be sent to the tool process: {type(err).__name__}: {err}"
-        if not self._connection.poll(timeout):
-            self.stop()
-            return "timeout", None
-        try:
-            return self._connection.recv()
-        except Exception as err:  # noqa: BLE001 - an unpicklable result, a dead worker
-            self.stop()
-            return "bad_output", f"the tool's result could not be received: {type(err).__name__}: {err}"
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process.join(timeout=5)
-        self._process, self._connection = None, None
-
-
 class ToolRunner:
     """Runs tool calls with a time limit and turns every failure into an error `ToolCall`.
 
@@ -298,7 +238,7 @@ class ToolRunner:
             tool_schema(fn)  # refuse an undescribable tool now, not at its first call
             self.tools[name] = fn
         self.timeout, self.isolation, self.max_output_chars = float(timeout), isolation, int(max_output_chars)
-        self._worker = _ProcessWorker() if isolation == "process" else None
+        self._worker = ProcessWorker() if isolation == "process" else None
         self._lock = threading.Lock()
 
     def schemas(self) -> list[dict[str, Any]]:
@@ -348,7 +288,7 @@ class ToolRunner:
 
     def __getstate__(self) -> dict[str, Any]:  # `Environment.fork` deep-copies: no live process or lock
         state = dict(self.__dict__)
-        state["_worker"] = _ProcessWorker() if self.isolation == "process" else None
+        state["_worker"] = ProcessWorker() if self.isolation == "process" else None
         state["_lock"] = None
         return state
 

@@ -63,22 +63,23 @@ def test_fit_on_a_multi_turn_environment(method, tmp_path, eos_prone_model):
                 "train/rollout/truncated_fraction", "train/rollout/tool_errors", "train/rewards/environment",
                 "train/objective/kl", "train/policy/clipfrac"):
         assert tag in scalars, (tag, sorted(scalars))
-    assert "train/conversations" in texts
+    assert any(t.startswith("train/conversations") for t in texts), texts
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 2
 
 
 def test_resume_mid_step_is_exact(tmp_path, eos_prone_model):
-    """SIGTERM in the middle of the second training step: the step in flight (its episodes half
-    trained on) is dropped, the checkpoint of the first step written, and the resumed run
-    restarts that step's episodes from the restored generators: its final checkpoint is the
-    straight run's, bitwise."""
+    """SIGTERM in the backward pass of the second training step: the step finishes, the
+    preemption checkpoint is written after it and the run exits with 75; the resumed run runs
+    the third step's episodes from the restored generators and data position (no environment
+    state is saved: episodes start afresh each step), and ends with the straight run's final
+    checkpoint, bitwise."""
     straight, split = tmp_path / "straight", tmp_path / "split"
     fit(straight, eos_prone_model, max_steps=3)
     with pytest.raises(SystemExit) as stopped:
         fit(split, eos_prone_model, max_steps=3, signal_marker=split / "signalled")
     assert stopped.value.code == 75
-    assert torch.load(split / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 1
+    assert torch.load(split / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
     fit(split, eos_prone_model, "--ckpt_path", str(split / "checkpoints" / "last.ckpt"), max_steps=3,
         signal_marker=split / "signalled")
     a, b = checkpoint_values(straight / "checkpoints" / "last.ckpt"), checkpoint_values(split / "checkpoints" / "last.ckpt")
