@@ -15,11 +15,12 @@ with its own instance):
    unless it says done its observation is tokenized alone (`ChatFormat.observation_ids`) and
    appended after the policy's tokens.
 
-An episode stops when the environment says done (`done`), at `max_turns` policy turns
-(`turn_limit`), when its next tokens would pass `max_episode_tokens` tokens after the prompt
-(`token_budget`: the sample is cut there, or an observation that does not leave room for one
-more policy token is not appended), or when a turn reaches `max_new_tokens` without EOS
-(`no_eos`: the turn never ended). Every stop but `done` marks the episode truncated.
+An episode stops when the environment says done (`done`), after `max_turns` policy turns
+(`turn_limit`: the last turn's observation is not appended), when its next tokens would pass
+`max_episode_tokens` tokens after the prompt (`token_budget`: the sample is cut there, or an
+observation that does not leave room for one more policy token is not appended), or when a turn
+reaches `max_new_tokens` without EOS (`no_eos`: the turn never ended). Every stop but `done`
+marks the episode truncated.
 
 Exact resume: a rollout runs within one training step, and checkpoints are written between
 steps, so no episode is ever in flight at a checkpoint; environments are reset at the start of
@@ -81,10 +82,11 @@ def run_episodes(
             raise ValueError(f"{type(env).__name__}.reset gave an empty first prompt (rollout row {i})")
         trajectories.append(Trajectory(prompt_ids=prompt))
     active = list(range(len(envs)))
-    for _ in range(max_turns):
-        active = [i for i in active if not _out_of_budget(trajectories[i], max_episode_tokens)]
+    for turn_index in range(max_turns):
         if not active:
             break
+        # every running episode has room for at least one more token (an observation that
+        # leaves none ends its episode below)
         budgets = [max_episode_tokens - len(trajectories[i].token_ids) for i in active]
         turn_sampling = dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, max(budgets)))
         ids, mask = left_pad([trajectories[i].prompt_ids + trajectories[i].token_ids for i in active], pad, device)
@@ -108,6 +110,9 @@ def run_episodes(
             if result.done:
                 trajectory.done, trajectory.stop_reason = True, "done"
                 continue
+            if turn_index == max_turns - 1:  # no turn left to read an observation
+                trajectory.truncated, trajectory.stop_reason = True, "turn_limit"
+                continue
             observation = chat.observation_ids(result.observation)
             if len(trajectory.token_ids) + len(observation) >= max_episode_tokens:
                 trajectory.truncated, trajectory.stop_reason = True, "token_budget"  # no room for a next turn
@@ -116,16 +121,7 @@ def run_episodes(
             turn.observation = chat.observation_text(result.observation)
             still.append(i)
         active = still
-    for i in active:
-        trajectory = trajectories[i]
-        if not trajectory.done and not trajectory.truncated:
-            trajectory.truncated = True
-            trajectory.stop_reason = "token_budget" if _out_of_budget(trajectory, max_episode_tokens) else "turn_limit"
     return trajectories
-
-
-def _out_of_budget(trajectory: Trajectory, max_episode_tokens: int) -> bool:
-    return len(trajectory.token_ids) >= max_episode_tokens
 
 
 def env_step(env: Environment, action: Action, row: int):
