@@ -19,9 +19,9 @@ def config(root, model, method: str = "grpo", max_steps: int = 2, signal_marker=
     callbacks = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                   "init_args": {"dirpath": str(root / "checkpoints"), "save_last": True, "save_top_k": 0,
                                 "every_n_train_steps": 1}}]
-    if signal_marker is not None:  # SIGTERM in the backward pass of the second training step
+    if signal_marker is not None:  # SIGTERM in the backward pass of the first training step
         callbacks.append({"class_path": "tests.helpers.SignalOnce", "init_args": {"marker": str(signal_marker),
-                                                                                  "step": 1}})
+                                                                                  "step": 0}})
     common = dict(model=str(model), max_new_tokens=6, max_turns=3, max_episode_tokens=128, micro_batch_size=2,
                   lr=1e-3, lr_scheduler="constant", log_completions_every_n_steps=1,
                   environment={"class_path": "tests.envs.turn_envs.CountingEnv",
@@ -69,19 +69,19 @@ def test_fit_on_a_multi_turn_environment(method, tmp_path, eos_prone_model):
 
 
 def test_resume_mid_step_is_exact(tmp_path, eos_prone_model):
-    """SIGTERM in the backward pass of the second training step: the step finishes, the
+    """SIGTERM in the backward pass of the first training step: the step finishes, the
     preemption checkpoint is written after it and the run exits with 75; the resumed run runs
-    the third step's episodes from the restored generators and data position (no environment
+    the second step's episodes from the restored generators and data position (no environment
     state is saved: episodes start afresh each step), and ends with the straight run's final
     checkpoint, bitwise."""
     straight, split = tmp_path / "straight", tmp_path / "split"
-    fit(straight, eos_prone_model, max_steps=3)
+    fit(straight, eos_prone_model, max_steps=2)
     with pytest.raises(SystemExit) as stopped:
-        fit(split, eos_prone_model, max_steps=3, signal_marker=split / "signalled")
+        fit(split, eos_prone_model, max_steps=2, signal_marker=split / "signalled")
     assert stopped.value.code == 75
-    assert torch.load(split / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
-    fit(split, eos_prone_model, "--ckpt_path", str(split / "checkpoints" / "last.ckpt"), max_steps=3,
+    assert torch.load(split / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 1
+    fit(split, eos_prone_model, "--ckpt_path", str(split / "checkpoints" / "last.ckpt"), max_steps=2,
         signal_marker=split / "signalled")
     a, b = checkpoint_values(straight / "checkpoints" / "last.ckpt"), checkpoint_values(split / "checkpoints" / "last.ckpt")
-    assert a.keys() == b.keys() and a["global_step"] == 3
+    assert a.keys() == b.keys() and a["global_step"] == 2
     assert not [k for k in a if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])]
