@@ -98,7 +98,7 @@ class KLControlCallback(Callback):
             if rollout.logps is None:
                 raise ValueError(f"adaptive KL control needs the policy's log-probs of the rollout; "
                                  f"{type(pl_module).__name__} does not compute them")
-            kl = masked_sum(rollout.logps - rollout.ref_logps, rollout.response_mask, dim=1).mean()  # k1, per response
+            kl = masked_sum(rollout.logps - rollout.ref_logps, rollout.loss_mask, dim=1).mean()  # k1, per response
             kl = trainer.strategy.reduce(kl.detach().float(), reduce_op="mean") if trainer is not None else kl
             world = trainer.world_size if trainer is not None else 1
             self._pending = (float(kl), int(rollout.response_ids.shape[0]) * max(1, world))

@@ -128,7 +128,9 @@ class Rollout(NamedTuple):
     """Everything one round of generation produced. Immutable: shaping returns a new one.
 
     `response_ids` are cut after the first EOS and PAD-filled (D23); `response_mask` is True up
-    to and including the first EOS (or on all R tokens when there is none).
+    to and including the first EOS (or on all R tokens when there is none). A multi-turn rollout
+    (`lit_rlhf.envs.rollout`) holds each episode after its first prompt instead, with the
+    policy's tokens marked by `action_mask`: methods train on `loss_mask`.
 
     `extras` is the method's own per-row data, carried from the rollout to the update
     (`OnlineModule.rollout_extras` adds it): name -> tensor whose leading dimension is the
@@ -155,6 +157,20 @@ class Rollout(NamedTuple):
     meta: dict[str, list[Any]] = {}
     sampler_logps: Tensor | None = None  # (B, R) the sampling engine's log-probs (vLLM backend), else None
     extras: dict[str, Tensor] = {}  # the method's per-row data: name -> (B, ...) tensor
+    # multi-turn episodes (`lit_rlhf.envs`): the response is everything after the first prompt,
+    # the policy's turns and the environment's observations; `response_mask` is then the
+    # attention mask of the response (every real token) and `action_mask` (B, R) bool marks the
+    # policy's own tokens, the ones every loss, KL and advantage is on (`loss_mask`); None = every
+    # response token is the policy's (one turn). `turn_rewards` (B, R): each turn's environment
+    # reward on its last policy token (PPO places rewards per turn), None for one turn
+    action_mask: Tensor | None = None
+    turn_rewards: Tensor | None = None
+
+    @property
+    def loss_mask(self) -> Tensor:  # (B, R) bool
+        """The tokens the policy is trained on: its own sampled tokens (`response_mask`, and
+        `action_mask` when the rollout has environment tokens)."""
+        return self.response_mask if self.action_mask is None else self.response_mask & self.action_mask
 
     @property
     def input_ids(self) -> Tensor:  # (B, P+R)

@@ -35,6 +35,14 @@ def tiny_tokenizer():
     return load_tokenizer("tiny-random-llama")
 
 
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer (read from the embedded GGUF once per session)."""
+    from lit_rlhf.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
 @pytest.fixture()
 def tiny_model(tiny_tokenizer):
     from lit_rlhf.models import load_causal_lm

@@ -1,5 +1,6 @@
-"""The DRO single-trajectory replication (experiments/dro_single_trajectory): its data module,
-statistics, and the whole driver on a tiny model (the `smoke` budget, same code path as `full`)."""
+"""The DRO single-trajectory replication (experiments/dro_single_trajectory): its task, its exact
+quantities and statistics by hand, its data module, and the whole driver on a tiny model (the
+`smoke` budget, same code path as `full`)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,15 @@ import math
 import pytest
 import torch
 
+from experiments.dro_single_trajectory import exact, report, task
 from experiments.dro_single_trajectory import run as driver
 from experiments.dro_single_trajectory.triplets import (
     TripletDataModule,
     examples_for,
     read_triplets,
     reward_statistics,
-    sample_completions,
     write_triplets,
 )
-from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.types import PreferenceBatch, SFTBatch, SingleBatch
 
 
@@ -86,103 +86,173 @@ def test_bad_triplet_files_are_refused(tmp_path):
         TripletDataModule(path, "pointwise", pad_token_id=0)
 
 
-def test_balanced_kto_weight_is_the_undesirable_to_desirable_ratio(triplet_file):
-    assert driver.balanced_desirable_weight(read_triplets(triplet_file)) == pytest.approx(6 / 3)
-
-
-def test_win_rate_counts_ties_half():
-    ours = [[1.0, 0.0], [1.0, 1.0]]
-    theirs = [[0.0, 0.0], [1.0, 0.0]]
-    assert driver.win_rate(ours, theirs) == pytest.approx((1 + 0.5 + 0.5 + 1) / 4)
-    with pytest.raises(ValueError):
-        driver.win_rate(ours, theirs[:1])
-
-
-def test_interval_is_the_student_t_interval():
-    cell = driver.interval([1.0, 2.0, 3.0])
-    assert cell["mean"] == 2.0
-    assert cell["high"] - cell["mean"] == pytest.approx(4.302653 * 1.0 / math.sqrt(3), rel=1e-5)  # t(0.975, 2)
-    assert driver.interval([0.5]) == {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 1}
-
-
-def test_choose_lr_prefers_accuracy_then_reward_then_the_smaller_lr():
-    sweep = [{"lr": 1e-5, "val_accuracy": 0.5, "val_mean_reward": 0.2},
-             {"lr": 3e-6, "val_accuracy": 0.5, "val_mean_reward": 0.2},
-             {"lr": 3e-5, "val_accuracy": 0.4, "val_mean_reward": 0.9}]
-    assert driver.choose_lr(sweep) == 3e-6
-    sweep[0]["val_mean_reward"] = 0.3
-    assert driver.choose_lr(sweep) == 1e-5
-
-
 def test_budget_and_arms_refuse_unknown_names():
     with pytest.raises(ValueError, match="unknown budget knob"):
         driver.load_budget("smoke", {"stpes": 3})
     with pytest.raises(ValueError, match="unknown profile"):
         driver.load_budget("huge")
+    with pytest.raises(ValueError, match="sweep_seed 1 is also a reported seed"):
+        driver.load_budget("smoke", {"sweep_seed": 1})
     with pytest.raises(ValueError, match="unknown arm"):
         driver.load_arms(["drov", "ppo"])
-    assert set(driver.load_arms()) == {"drov", "drov_value_per_batch", "drov_shared_network", "kto_tau5",
-                                       "kto_tau5_unweighted", "kto_tau0.1", "dpo", "sft_rejection"}
+    assert set(driver.load_arms()) == {"drov", "drov_single_value", "drov_shared_network", "kto", "dpo",
+                                       "sft_rejection"}
 
 
-def test_sampling_is_reproducible_per_chunk():
-    from lit_rlhf import models
-
-    tokenizer = models.load_tokenizer(models.TINY_RANDOM_LLAMA)
-    model = models.load_causal_lm(models.TINY_RANDOM_LLAMA, tokenizer).eval()
-    rows = [{"_prompt_ids": tokenizer.encode(f"{i} + {i} =", add_special_tokens=False)} for i in range(4)]
-    config = SamplingConfig(max_new_tokens=6, temperature=1.0)
-    first = sample_completions(model, tokenizer, rows, 3, config, seed=7, chunk=2)
-    torch.manual_seed(12345)  # the global stream before the call does not matter
-    again = sample_completions(model, tokenizer, rows, 3, config, seed=7, chunk=2)
-    other = sample_completions(model, tokenizer, rows, 3, config, seed=8, chunk=2)
-    ids = lambda s: [[c["completion_ids"] for c in per_prompt] for per_prompt in s]  # noqa: E731
-    assert ids(first) == ids(again)
-    assert ids(first) != ids(other)
-    assert len(first) == 4 and all(len(p) == 3 for p in first)
 
 
-def parity_reward(prompts, completions, reference):
-    """An exact, programmatic reward that a random tiny model earns half the time (the
-    arithmetic reward would be 0 everywhere, and constant rewards cannot be normalised)."""
-    assert len(prompts) == len(completions) == len(reference)
-    return [float(len(c) % 2) for c in completions]
+# ------------------------------------------------------------------------------------------------
+# the task and its exact quantities
+# ------------------------------------------------------------------------------------------------
+
+def test_problems_are_distinct_one_digit_and_split_disjointly():
+    rows = task.problems()
+    assert len(rows) == len({r["question"] for r in rows}) == 767
+    assert all(0 <= r["answer"] <= 9 and eval(r["question"]) == r["answer"] for r in rows)  # noqa: S307
+    assert task.problems() == rows  # one fixed shuffle
+    split = task.split_problems(5, 7, 3)
+    questions = [{r["question"] for r in split[k]} for k in ("val", "train", "test")]
+    assert [len(q) for q in questions] == [5, 7, 3] and not (questions[0] & questions[1] or questions[1] & questions[2]
+                                                               or questions[0] & questions[2])
+    with pytest.raises(ValueError, match="767 distinct problems"):
+        task.split_problems(400, 400, 1)
+
+
+def test_graded_reward_by_hand(tiny_tokenizer):
+    values = task.digit_values(tiny_tokenizer, len(tiny_tokenizer))
+    assert sorted(values[values >= 0].tolist()) == list(range(10))
+    rewards = task.graded_rewards(values, 7)
+    seven, two = tiny_tokenizer.convert_tokens_to_ids("7"), tiny_tokenizer.convert_tokens_to_ids("2")
+    assert rewards[seven].item() == 1.0 and rewards[two].item() == pytest.approx(1 - 5 / 9)
+    assert rewards[tiny_tokenizer.convert_tokens_to_ids("a")].item() == 0.0  # not a digit
+    assert task.graded_rewards(values, 0)[tiny_tokenizer.convert_tokens_to_ids("9")].item() == 0.0
+    row = task.prompt_rows(tiny_tokenizer, [{"question": "3 + 4", "answer": 7}])[0]
+    assert row["prompt"] == "Question: What is 3 + 4?\nAnswer: " and row["answer"] == 7
+
+
+def test_exact_quantities_by_hand():
+    logp = torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.float64).log()
+    logq = torch.tensor([[0.25, 0.25, 0.5]], dtype=torch.float64).log()
+    rewards = torch.tensor([[1.0, 0.0, 0.5]], dtype=torch.float64)
+    assert exact.expected_reward(logp, rewards).item() == pytest.approx(0.5 + 0.125)
+    assert exact.greedy_reward(logp, rewards).item() == 1.0
+    # KL(p || q) = 0.5 ln 2 + 0.25 ln 1 + 0.25 ln 0.5 = 0.25 ln 2
+    assert exact.kl(logp, logq).item() == pytest.approx(0.25 * math.log(2))
+    assert exact.kl(logp, logp).item() == 0.0
+    # win rate of p over q on levels 0 < 0.5 < 1 with p = (0.25, 0.25, 0.5), q = (0.25, 0.5, 0.25):
+    # wins 0.25*0 + 0.25*0.25 + 0.5*0.75 = 0.4375; ties 0.25*0.25 + 0.25*0.5 + 0.5*0.25 = 0.3125 -> 0.59375
+    assert exact.level_masses(logp, rewards).tolist() == [[0.25, 0.25, 0.5]]
+    assert exact.win_rate(logp, logq, rewards).item() == pytest.approx(0.59375)
+    assert (exact.win_rate(logp, logq, rewards) + exact.win_rate(logq, logp, rewards)).item() == pytest.approx(1.0)
+    # tokens with equal rewards are one level: a tie between them
+    same = torch.tensor([[0.5, 0.5, 0.5]], dtype=torch.float64)
+    assert exact.win_rate(logp, logq, same).item() == pytest.approx(0.5)
+    # Theorem 1's optimum, q uniform on two tokens, r = (1, 0), tau = 1: pi* = (e, 1) / (e + 1)
+    star = exact.regularised_optimum(torch.tensor([[0.5, 0.5]], dtype=torch.float64).log(), torch.tensor([[1.0, 0.0]], dtype=torch.float64), 1.0)
+    assert star.exp().tolist()[0] == pytest.approx([math.e / (1 + math.e), 1 / (1 + math.e)])
+    draws = exact.sample(logp.repeat(2, 1), 4000, seed=3)
+    assert torch.equal(draws, exact.sample(logp.repeat(2, 1), 4000, seed=3))
+    assert (draws == 0).double().mean().item() == pytest.approx(0.5, abs=0.03)
+
+
+def test_next_token_logprobs_read_the_last_prompt_token(tiny_tokenizer, tiny_model):
+    rows = task.prompt_rows(tiny_tokenizer, task.problems()[:3])
+    logp = exact.next_token_logprobs(tiny_model, rows, tiny_tokenizer.pad_token_id, batch_size=2)
+    for i, row in enumerate(rows):  # one row alone, no padding
+        with torch.no_grad():
+            alone = tiny_model(input_ids=torch.tensor([row["_prompt_ids"]])).logits[0, -1].double().log_softmax(-1)
+        torch.testing.assert_close(logp[i], alone, atol=1e-5, rtol=0)
+    assert logp.exp().sum(-1).tolist() == pytest.approx([1.0] * 3)
+
+
+def test_comparison_pairs_cells_and_broadcasts_the_start():
+    def run(expected, greedy, levels):
+        return {"expected_reward": expected, "greedy_reward": greedy, "levels": levels}
+
+    ours = [run([0.5, 0.75], [1.0, 1.0], [[0.5, 0.5], [0.0, 1.0]]), run([0.25, 0.75], [0.0, 1.0], [[0.5, 0.5], [0.5, 0.5]])]
+    start = [run([0.25, 0.5], [0.0, 1.0], [[1.0, 0.0], [0.5, 0.5]])]
+    out = report.comparison(ours, start, num_resamples=300, seed=0)
+    # differences: seed 1 (0.25, 0.25), seed 2 (0, 0.25): mean 0.1875; per-prompt (0.125, 0.25): 2 positive
+    assert out["expected_reward"]["mean"] == pytest.approx(0.1875)
+    assert out["expected_reward"]["sign_test"] == {"positive": 2, "negative": 0, "ties": 0, "p_value": 0.5}
+    # win rates, sum over levels of p * (q below + q equal / 2): seed 1 prompt 0, p = (.5, .5) vs q = (1, 0):
+    # .5 * (0 + .5) + .5 * (1 + 0) = .75; seed 1 prompt 1 .75; seed 2 prompt 0 .75; seed 2 prompt 1 (equal) .5
+    assert out["win_rate"]["mean"] == pytest.approx((0.75 + 0.75 + 0.75 + 0.5) / 4)
+    assert 0.0 <= out["win_rate"]["low"] <= out["win_rate"]["high"] <= 1.0
+    with pytest.raises(ValueError, match="seeds against"):
+        report.comparison(ours, ours * 2, num_resamples=10, seed=0)
+
+
+def test_settings_grid_and_choice():
+    arm = {"sweep": {"lr": [1e-5, 3e-5, 1e-4], "beta": [0.1, 5.0]}}
+    grid = driver.settings_grid(arm, sweep=True)
+    assert grid[:2] == [{"lr": 1e-5, "beta": 0.1}, {"lr": 1e-5, "beta": 5.0}] and len(grid) == 6
+    assert driver.settings_grid(arm, sweep=False) == [{"lr": 3e-5, "beta": 5.0}]
+    sweep = [{"params": {"lr": 1e-5}, "val_expected_reward": 0.6}, {"params": {"lr": 3e-5}, "val_expected_reward": 0.6},
+             {"params": {"lr": 1e-4}, "val_expected_reward": 0.5}]
+    assert driver.choose(sweep) == {"lr": 1e-5}  # a tie goes to the first (smaller lr)
+    sweep[1]["val_expected_reward"] = 0.7
+    assert driver.choose(sweep) == {"lr": 3e-5}
+
+
+def dense_rewards(values, answer):
+    """A graded reward a random tiny model earns at every token (the digit reward would be ~0
+    almost everywhere for it): token id modulo 5, over 4."""
+    return (torch.arange(values.shape[0]) % 5).double() / 4
 
 
 def test_driver_end_to_end_on_a_tiny_model(tmp_path):
     out = tmp_path / "out"
-    results = driver.run("smoke", out, reward_fn=parity_reward, log=lambda _: None)
+    results = driver.run("smoke", out, token_rewards=dense_rewards, log=lambda _: None)
     budget = results["budget"]
     arms = driver.load_arms()
 
-    # the triplets: k per training prompt, rewards from the exact reward
+    # the triplets: k exact draws per training prompt, scored by the reward
     triplets = read_triplets(out / "triplets.jsonl")
     assert len(triplets) == budget["train_prompts"] * budget["samples_per_prompt"] == results["data"]["triplets"]
-    assert all(t["reward"] == parity_reward([""], [t["completion"]], [""])[0] for t in triplets)
+    assert all(len(t["completion_ids"]) == 1 and t["reward"] == (t["completion_ids"][0] % 5) / 4 for t in triplets)
 
-    # every arm: its sweep, the chosen lr, every seed, finite numbers and ordered intervals
+    # every arm: equal passes, the chosen settings, every seed, finite numbers and ordered intervals
     assert list(results["arms"]) == list(arms)
+    assert budget["sweep_seed"] not in budget["seeds"]
+    examples = results["data"]["examples_per_mode"]
     for name, row in results["arms"].items():
-        assert [s["lr"] for s in row["sweep"]] == arms[name]["lrs"]
-        assert row["lr"] == driver.choose_lr(row["sweep"])
+        per_step = budget["batch_size"] // 2 if arms[name]["data"] == "pairs" else budget["batch_size"]
+        assert row["steps"] == budget["epochs"] * (examples[arms[name]["data"]] // per_step)
+        assert row["params"] == driver.settings_grid(arms[name], sweep=False)[0]
         assert [r["seed"] for r in row["per_seed"]] == budget["seeds"]
-        cells = [row[k] for k in ("accuracy", "mean_reward", "kl")]
+        cells = [row[k] for k in ("expected_reward", "greedy_reward", "kl", "win_rate_vs_start")]
+        cells += [row["versus_start"][k] for k in ("expected_reward", "greedy_reward", "win_rate")]
         if name != driver.REFERENCE_ARM:
-            cells.append(row["win_rate_of_" + driver.REFERENCE_ARM])
-            assert all(0.0 <= r["win_rate_of_" + driver.REFERENCE_ARM] <= 1.0 for r in row["per_seed"])
+            cells += [row["versus_" + driver.REFERENCE_ARM][k] for k in ("expected_reward", "win_rate")]
         for cell in cells:
-            assert all(math.isfinite(cell[k]) for k in ("mean", "low", "high"))
+            assert all(math.isfinite(cell[k]) for k in ("mean", "low", "high", "p_value"))
             assert cell["low"] <= cell["mean"] <= cell["high"]
-            assert cell["n"] == len(budget["seeds"])
-        assert 0.0 <= row["accuracy"]["mean"] <= 1.0
-    assert results["start"]["kl"] == 0.0  # the starting policy against itself
+            assert (cell["seeds"], cell["prompts"]) == (len(budget["seeds"]), budget["test_prompts"])
+        for key in ("expected_reward", "greedy_reward", "win_rate_vs_start"):  # in [0, 1]
+            assert 0.0 <= row[key]["low"] <= row[key]["high"] <= 1.0
+        assert row["kl"]["low"] >= 0.0  # an exact KL is never negative
+        r2 = [r["value_r2"] for r in row["per_seed"]]
+        if name in ("drov", "drov_shared_network"):  # a per-prompt value: its fit is measured
+            assert all(r is not None and math.isfinite(r) for r in r2)
+        else:
+            assert r2 == [None] * len(budget["seeds"])
+    assert results["start"]["versus_drov"] == results["arms"]["drov"]["versus_start"]
+    assert results["start"]["win_rate_vs_start"]["mean"] == pytest.approx(0.5)  # against itself: all ties, half
+    assert results["optimum"]["kl"] > 0 and results["optimum"]["expected_reward"] > results["start"]["expected_reward"]["mean"]
 
-    # the outputs
-    on_disk = json.loads((out / "results.json").read_text())
-    assert on_disk["arms"].keys() == results["arms"].keys()
+    # the outputs, with every per-prompt number of every run
+    samples = json.loads((out / "samples.json").read_text())
+    assert len(samples["test_prompts"]) == budget["test_prompts"]
+    for name in arms:
+        runs = samples["arms"][name]["runs"]
+        assert [r["seed"] for r in runs] == budget["seeds"]
+        assert all(len(r["expected_reward"]) == len(r["kl"]) == len(r["levels"]) == budget["test_prompts"] for r in runs)
+    mean = sum(sum(r["expected_reward"]) for r in samples["arms"]["dpo"]["runs"]) / (2 * budget["test_prompts"])
+    assert results["arms"]["dpo"]["expected_reward"]["mean"] == pytest.approx(mean)  # the table is the samples' mean
     table = (out / "results.md").read_text()
     for name in arms:
         assert f"| {name} |" in table
-    assert "| start (no training) |" in table
+    assert "| start (no training) |" in table and "| optimum pi*" in table
     png = (out / "reward_vs_kl.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000

@@ -1,24 +1,27 @@
-"""A miniature replication of the DRO paper's single-trajectory comparison, with an exact reward.
+"""A miniature replication of the DRO paper's single-trajectory comparison, with exact expectations.
 
     python -m experiments.dro_single_trajectory.run --profile full --out outputs/dro_single_trajectory
 
-1. Prompts: the bundled arithmetic word problems (`QADataModule`, `bundled:arithmetic`); the
-   train split's rows [0, val_prompts) are the validation slice of the lr sweep, rows
-   [val_prompts, val_prompts + train_prompts) the training prompts, and the test split's first
-   `test_prompts` rows the held-out prompts (never trained on nor swept on).
-2. Triplets: `samples_per_prompt` completions per training prompt from the starting policy at
-   temperature 1, each scored by the exact reward (`MathAnswerReward`: 1 when the final answer
-   is right, else 0), written to `<out>/triplets.jsonl`.
-3. Arms (`arms/*.yaml`): the same triplets, steps, batch size and seeds; each arm's lr is the
-   one of its `lrs` with the best validation-slice greedy accuracy (ties: higher sampled mean
-   reward, then the smaller lr), trained with `sweep_seed`; then that lr is trained once per seed.
-4. Evaluation on the held-out prompts, per run: greedy accuracy (mean exact reward of the greedy
-   answer), mean exact reward of `eval_samples` completions per prompt sampled at temperature 1,
-   KL(pi || pi_start) estimated on those samples (mean over samples of sum_t log pi - log
-   pi_start), and the win rate of DRO-V against every other arm: per seed, sample j of prompt i
-   of DRO-V against sample j of prompt i of the other arm (both drawn with the same seed), the
-   exact reward decides, ties count half. Intervals: 95% Student t over seeds.
-5. Output in `<out>`: `results.json`, `results.md` (the table) and `reward_vs_kl.png`.
+1. Task (`task.py`): one-digit arithmetic answered with one token, graded reward
+   1 - |answer - truth| / 9 for a digit token (0 for any other token). Disjoint validation,
+   training and held-out problems.
+2. Triplets: `samples_per_prompt` exact draws per training prompt from the starting policy's
+   next-token distribution (`exact.sample`, seed `data_seed`), each scored by the reward:
+   `<out>/triplets.jsonl`. Rewards are normalised to mean 0 / variance 1 over the triplets for
+   the methods that read them (DRO paper, Sec. 4).
+3. Arms (`arms/*.yaml`), every one on data derived from the same triplets and given the same
+   number of passes over it (`epochs`): DRO-V, its two ablations in the paper's forms, the
+   paper's KTO (unweighted, labels from the batch mean, ties unlabelled) with its temperature
+   swept, DPO on best-vs-worst pairs, SFT on the above-mean completions. Each arm's settings
+   (its `sweep` grid: the lr, and KTO's beta) are chosen by the validation prompts' exact
+   expected reward, trained with `sweep_seed`; the chosen settings are then trained once per
+   reported seed (`seeds`, never `sweep_seed`).
+4. Evaluation on the held-out prompts, exact (`exact.py`): expected reward, greedy reward,
+   KL to the start, win rates, and for arms with a value the fit of V(x) to its target.
+   Statistics (`report.py`, `lit_rlhf.evaluation.paired`): hierarchical bootstrap over seeds
+   then prompts, paired differences, the exact sign test; DRO-V against every arm and the start.
+5. Output in `<out>`: `results.json`, `results.md`, `reward_vs_kl.png`, and `samples.json`
+   (every per-prompt number of every run, for any re-analysis).
 
 Every budget knob is in `budget.yaml` (`--profile`, `--set key=value`).
 """
@@ -28,8 +31,8 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import itertools
 import json
-import math
 import platform
 import time
 from pathlib import Path
@@ -39,21 +42,14 @@ import lightning as L
 import torch
 import yaml
 
-from experiments.dro_single_trajectory.triplets import (
-    TripletDataModule,
-    generate_chunks,
-    read_triplets,
-    reward_statistics,
-    sample_triplets,
-    write_triplets,
-)
+from experiments.dro_single_trajectory import exact, report, task
+from experiments.dro_single_trajectory.triplets import TripletDataModule, read_triplets, reward_statistics, write_triplets
 from lit_rlhf import models
-from lit_rlhf.generation import SamplingConfig, decode_responses, sequence_token_logps
+from lit_rlhf.types import SingleBatch
 
 HERE = Path(__file__).resolve().parent
 ARMS_DIR = HERE / "arms"
-REFERENCE_ARM = "drov"
-PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
+REFERENCE_ARM = report.REFERENCE_ARM
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,10 +66,15 @@ def load_budget(profile: str, overrides: dict[str, Any] | None = None) -> dict[s
         if key not in budget:
             raise ValueError(f"unknown budget knob {key!r}; known: {sorted(budget)}")
         budget[key] = value
-    if budget["train_prompts"] < 1 or budget["val_prompts"] < 1 or budget["test_prompts"] < 1:
+    if min(budget["train_prompts"], budget["val_prompts"], budget["test_prompts"]) < 1:
         raise ValueError("train_prompts, val_prompts and test_prompts must all be >= 1")
+    if budget["epochs"] < 1:
+        raise ValueError(f"epochs must be >= 1, got {budget['epochs']}")
     if not budget["seeds"]:
         raise ValueError("seeds must list at least one seed")
+    if budget["sweep_seed"] in budget["seeds"]:
+        raise ValueError(f"sweep_seed {budget['sweep_seed']} is also a reported seed {budget['seeds']}: the run that "
+                         "chose the settings would be reported; pick a sweep_seed outside seeds")
     return budget
 
 
@@ -87,11 +88,29 @@ def load_arms(names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     arms = {}
     for name in names:
         cfg = yaml.safe_load(available[name].read_text())
-        for key in ("module", "data", "lr_args", "lrs"):
+        for key in ("module", "data", "lr_args", "sweep"):
             if key not in cfg:
                 raise ValueError(f"arms/{name}.yaml has no {key!r}")
+        if "lr" not in cfg["sweep"] or not all(cfg["sweep"].values()):
+            raise ValueError(f"arms/{name}.yaml: sweep needs an 'lr' list and non-empty lists, got {cfg['sweep']}")
         arms[name] = cfg
     return arms
+
+
+def settings_grid(arm: dict[str, Any], sweep: bool) -> list[dict[str, Any]]:
+    """The settings an arm is tried with: every combination of its `sweep` lists (in order), or,
+    without a sweep, the middle value of each list."""
+    keys = list(arm["sweep"])
+    if not sweep:
+        return [{k: arm["sweep"][k][len(arm["sweep"][k]) // 2] for k in keys}]
+    return [dict(zip(keys, values)) for values in itertools.product(*(arm["sweep"][k] for k in keys))]
+
+
+def choose(sweep: list[dict[str, Any]]) -> dict[str, Any]:
+    """The settings with the best validation expected reward; ties: the first in grid order
+    (the grids list smaller lrs first)."""
+    best = max(range(len(sweep)), key=lambda i: (sweep[i]["val_expected_reward"], -i))
+    return sweep[best]["params"]
 
 
 def module_class(path: str) -> type:
@@ -99,178 +118,82 @@ def module_class(path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-# --------------------------------------------------------------------------------------------
-# prompts, training, evaluation
-# --------------------------------------------------------------------------------------------
-
-def prompt_rows(budget: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """{"train", "val", "test"}: the formatted prompt rows (prompt, reference, _prompt_ids)."""
-    from lit_rlhf.data import QADataModule
-
-    v, t = budget["val_prompts"], budget["train_prompts"]
-    dm = QADataModule("bundled:arithmetic", tokenizer=budget["model"], schema="gsm8k", chat=False,
-                      prompt_template=PROMPT_TEMPLATE, train_split=f"train[{v}:{v + t}]", val_split=f"train[:{v}]",
-                      test_split=f"test[:{budget['test_prompts']}]", max_prompt_length=budget["max_prompt_length"])
-    dm.setup("fit")
-    dm.setup("test")
-    rows = {role: [dict(r) for r in dm.dataset(role)] for role in ("train", "val", "test")}
-    seen = {r["prompt"] for r in rows["train"]}
-    if any(r["prompt"] in seen for r in rows["val"] + rows["test"]):
-        raise ValueError("a validation or held-out prompt is also a training prompt")
-    return rows
-
-
-def balanced_desirable_weight(triplets: Sequence[dict[str, Any]]) -> float:
-    """n_U / n_D over the triplets (desirable = reward above the mean): the KTO weight that puts
-    lambda_D n_D / (lambda_U n_U) at 1, the low end of the KTO paper's [1, 4/3] (Sec. 4.2)."""
-    stats = reward_statistics(triplets)
-    desirable = sum(float(t["reward"]) > stats["mean"] for t in triplets)
-    return (len(triplets) - desirable) / desirable
-
-
-def build_module(arm: dict[str, Any], lr: float, budget: dict[str, Any], triplets: Path | None = None):
-    """The arm's module at learning rate `lr`; `desirable_weight: balanced` is resolved from the triplets."""
+def build_module(arm: dict[str, Any], params: dict[str, Any], budget: dict[str, Any]):
+    """The arm's module with `params` (the lr goes to every `lr_args` name, the rest as they are)."""
     kwargs = dict(arm.get("init_args") or {})
-    if kwargs.get("desirable_weight") == "balanced":
-        if triplets is None:
-            raise ValueError("desirable_weight: balanced needs the triplets")
-        kwargs["desirable_weight"] = balanced_desirable_weight(read_triplets(triplets))
-    kwargs.update({key: lr for key in arm["lr_args"]})
+    kwargs.update({key: params["lr"] for key in arm["lr_args"]})
+    kwargs.update({k: v for k, v in params.items() if k != "lr"})
     return module_class(arm["module"])(model=budget["model"], warmup_steps=budget["warmup_steps"],
                                        lr_scheduler="constant", **kwargs)
 
 
-def train(arm: dict[str, Any], lr: float, seed: int, triplets: Path, budget: dict[str, Any]):
-    """One run: the arm's module trained `steps` steps on the triplets; returns the module."""
+# --------------------------------------------------------------------------------------------
+# training and exact evaluation
+# --------------------------------------------------------------------------------------------
+
+def train(arm: dict[str, Any], params: dict[str, Any], seed: int, triplets: Path, budget: dict[str, Any]):
+    """One run: `epochs` passes over the arm's data. Returns (module, optimizer steps)."""
     L.seed_everything(seed, verbose=False)
-    module = build_module(arm, lr, budget, triplets)
+    module = build_module(arm, params, budget)
     data = TripletDataModule(triplets, arm["data"], module.tokenizer.pad_token_id, budget["batch_size"], seed=seed)
-    trainer = L.Trainer(accelerator="cpu", devices=1, precision="32", max_steps=budget["steps"], max_epochs=-1,
+    expected = budget["epochs"] * (len(data.examples) // data.batch_size)
+    trainer = L.Trainer(accelerator="cpu", devices=1, precision="32", max_epochs=budget["epochs"], max_steps=-1,
                         gradient_clip_val=budget["max_grad_norm"], logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                         num_sanity_val_steps=0, log_every_n_steps=1)
     trainer.fit(module, datamodule=data)
-    if trainer.global_step != budget["steps"]:
-        raise RuntimeError(f"{arm['module']} took {trainer.global_step} steps, expected {budget['steps']}")
-    return module
+    if trainer.global_step != expected:
+        raise RuntimeError(f"{arm['module']} took {trainer.global_step} steps, expected {expected}")
+    return module, trainer.global_step
+
+
+def evaluate(logp: torch.Tensor, start_logp: torch.Tensor, rewards: torch.Tensor) -> dict[str, Any]:
+    """Per prompt, exactly: expected and greedy reward, KL to the start, the reward-level masses
+    (for win rates) and the win rate against the start."""
+    levels = exact.level_masses(logp, rewards)
+    return {"expected_reward": exact.expected_reward(logp, rewards).tolist(),
+            "greedy_reward": exact.greedy_reward(logp, rewards).tolist(),
+            "kl": exact.kl(logp, start_logp).tolist(),
+            "levels": levels.tolist(),
+            "win_rate_vs_start": exact.win_rate_of_levels(levels, exact.level_masses(start_logp, rewards)).tolist()}
 
 
 @torch.no_grad()
-def evaluate(policy, reference, tokenizer, rows: Sequence[dict[str, Any]], budget: dict[str, Any],
-             reward_fn: Callable[..., list[float]], sampled: bool = True, kl: bool = True) -> dict[str, Any]:
-    """Greedy accuracy, and (with `sampled`) the sampled rewards (per prompt, `eval_samples`
-    each) and their mean, and (with `kl`) the KL estimate to `reference`, on `rows`."""
-    policy.eval()
-    n_tokens, chunk = budget["max_new_tokens"], budget["chunk"]
-
-    def score(prompts_rows, texts, n):
-        return reward_fn([r["prompt"] for r in prompts_rows for _ in range(n)], texts,
-                         reference=[r["reference"] for r in prompts_rows for _ in range(n)])
-
-    greedy: list[float] = []
-    config = SamplingConfig(max_new_tokens=n_tokens, temperature=1.0, do_sample=False)
-    for part, _, ids, mask, _ in generate_chunks(policy, tokenizer, rows, 1, config, 0, chunk):
-        greedy += score(part, decode_responses(tokenizer, ids, mask), 1)
-    result: dict[str, Any] = {"accuracy": sum(greedy) / len(greedy), "greedy_rewards": greedy}
-    if not sampled:
-        return result
-    n = budget["eval_samples"]
-    config = SamplingConfig(max_new_tokens=n_tokens, temperature=1.0)
-    rewards: list[list[float]] = []
-    log_ratios: list[float] = []
-    for part, batch, ids, mask, _ in generate_chunks(policy, tokenizer, rows, n, config, budget["eval_seed"], chunk):
-        flat = score(part, decode_responses(tokenizer, ids, mask), n)
-        rewards += [flat[i * n:(i + 1) * n] for i in range(len(part))]
-        if not kl:
-            continue
-        prompt_mask = batch.attention_mask.bool()
-        logp = sequence_token_logps(policy, batch.input_ids, prompt_mask, ids, mask).sum(dim=1)  # (chunk*n,)
-        logq = sequence_token_logps(reference, batch.input_ids, prompt_mask, ids, mask).sum(dim=1)
-        log_ratios += (logp - logq).tolist()
-    result.update(sampled_rewards=rewards, mean_reward=sum(map(sum, rewards)) / (len(rewards) * n),
-                  kl=sum(log_ratios) / len(log_ratios) if kl else None)
-    return result
+def value_fit(module, rows: Sequence[dict[str, Any]], logp: torch.Tensor, start_logp: torch.Tensor,
+              normalised: torch.Tensor) -> float | None:
+    """R^2 of the module's V(x) on `rows` against its exact target for the trained policy,
+    V_pi(x) = E_{y ~ start}[r_norm - tau (log pi - log pi_start)] (the data are the start's
+    draws; the minimiser of the DRO loss over V(x) for this pi). None for a module without a
+    per-prompt value (not DRO-V, or `batch_estimate`)."""
+    if getattr(module, "value_form", None) in (None, "batch_estimate"):
+        return None
+    target = (start_logp.exp() * (normalised - module.tau * (logp - start_logp))).sum(-1)  # (P,)
+    ids = [list(r["_prompt_ids"]) for r in rows]
+    width = max(map(len, ids))
+    input_ids = torch.full((len(ids), width), module.tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.bool)
+    for i, row in enumerate(ids):
+        input_ids[i, :len(row)] = torch.tensor(row)
+        mask[i, :len(row)] = True
+    batch = SingleBatch(input_ids, mask, torch.zeros_like(mask), torch.tensor([len(r) for r in ids]))
+    module.eval()
+    values = module.values(batch).double()
+    spread = float(target.var(correction=0))
+    return 1.0 - float(((values - target) ** 2).mean()) / spread if spread > 0 else None
 
 
-def win_rate(ours: list[list[float]], theirs: list[list[float]]) -> float:
-    """Mean over prompts and samples of 1[ours > theirs] + 1/2 1[ours == theirs] (paired samples)."""
-    pairs = [(a, b) for row_a, row_b in zip(ours, theirs, strict=True) for a, b in zip(row_a, row_b, strict=True)]
-    return sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs)
-
-
-def interval(values: Sequence[float]) -> dict[str, float]:
-    """Mean and its 95% Student t interval over seeds (a point when there is one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return {"mean": mean, "low": mean, "high": mean, "n": n}
-    from scipy.stats import t
-
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
-
-
-def choose_lr(sweep: list[dict[str, Any]]) -> float:
-    """Best validation greedy accuracy; ties: higher sampled mean reward, then the smaller lr."""
-    return max(sweep, key=lambda s: (s["val_accuracy"], s["val_mean_reward"], -s["lr"]))["lr"]
-
-
-# --------------------------------------------------------------------------------------------
-# outputs
-# --------------------------------------------------------------------------------------------
-
-def _fmt(cell: dict[str, float] | None) -> str:
-    if cell is None:
-        return "-"
-    return f"{cell['mean']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}]"
-
-
-def markdown_table(results: dict[str, Any]) -> str:
-    lines = [
-        f"| arm | lr | held-out greedy accuracy | held-out mean reward (T=1) | KL to start | "
-        f"{REFERENCE_ARM} win rate vs arm |",
-        "|---|---|---|---|---|---|",
-    ]
-    start = results["start"]
-    lines.append(f"| start (no training) | - | {start['accuracy']:.3f} | {start['mean_reward']:.3f} | 0 | - |")
-    for name, row in results["arms"].items():
-        lines.append(f"| {name} | {row['lr']:.1e} | {_fmt(row['accuracy'])} | {_fmt(row['mean_reward'])} | "
-                     f"{_fmt(row['kl'])} | {_fmt(row.get('win_rate_of_' + REFERENCE_ARM))} |")
-    b = results["budget"]
-    lines.append("")
-    lines.append(f"Mean [95% t interval] over seeds {b['seeds']}; {b['test_prompts']} held-out prompts, "
-                 f"{b['eval_samples']} sampled completion(s) each; {results['data']['triplets']} training triplets "
-                 f"({b['train_prompts']} prompts x {b['samples_per_prompt']}), {b['steps']} steps of "
-                 f"{b['batch_size']} sequences; model {b['model']}.")
-    m = results["machine"]
-    lines.append(f"Measured {results['date']} on {m['platform']} ({m['threads']} torch threads; Python {m['python']}, "
-                 f"torch {m['torch']}, lightning {m['lightning']}); {results['seconds']['total'] / 60:.1f} min in all.")
-    return "\n".join(lines) + "\n"
-
-
-def figure(results: dict[str, Any], path: Path) -> Path:
-    """Held-out mean reward against KL to the starting policy, one point per arm (95% intervals)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter([0.0], [results["start"]["mean_reward"]], marker="s", color="black", label="start")
-    for name, row in results["arms"].items():
-        kl, reward = row["kl"], row["mean_reward"]
-        ax.errorbar(kl["mean"], reward["mean"], xerr=[[kl["mean"] - kl["low"]], [kl["high"] - kl["mean"]]],
-                    yerr=[[reward["mean"] - reward["low"]], [reward["high"] - reward["mean"]]], fmt="o",
-                    capsize=3, label=name)
-    ax.set_xlabel("KL(pi || pi_start), sampled estimate (nats)")
-    ax.set_ylabel("held-out mean exact reward (T=1)")
-    ax.set_title("single-trajectory arms: reward vs KL")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def draw_triplets(rows: Sequence[dict[str, Any]], logp: torch.Tensor, rewards: torch.Tensor, k: int, seed: int,
+                  tokenizer: Any) -> list[dict[str, Any]]:
+    """k exact draws per training prompt from the start, scored: the triplets."""
+    tokens = exact.sample(logp, k, seed)  # (P, k)
+    triplets = []
+    for p, (row, draws) in enumerate(zip(rows, tokens.tolist())):
+        for j, token in enumerate(draws):
+            triplets.append({"prompt_index": p, "sample_index": j, "prompt": row["prompt"],
+                             "reference": str(row["answer"]), "completion": tokenizer.decode([token]),
+                             "reward": float(rewards[p, token]), "has_eos": False,
+                             "prompt_ids": list(row["_prompt_ids"]), "completion_ids": [int(token)]})
+    return triplets
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,123 +201,126 @@ def figure(results: dict[str, Any], path: Path) -> Path:
 # --------------------------------------------------------------------------------------------
 
 def run(profile: str = "full", out: str | Path = "outputs/dro_single_trajectory", arms: Sequence[str] | None = None,
-        overrides: dict[str, Any] | None = None, reward_fn: Callable[..., list[float]] | None = None,
+        overrides: dict[str, Any] | None = None, token_rewards: task.TokenRewards = task.graded_rewards,
         log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole experiment (module docstring); returns what `results.json` holds. Runs with
     `threads` torch threads (the caller's setting is restored after)."""
     threads = torch.get_num_threads()
     try:
-        return _run(profile, out, arms, overrides, reward_fn, log)
+        return _run(profile, out, arms, overrides, token_rewards, log)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(profile, out, arms, overrides, reward_fn, log) -> dict[str, Any]:
+def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
     started = time.perf_counter()
     budget = load_budget(profile, overrides)
     arm_cfgs = load_arms(arms)
     if REFERENCE_ARM not in arm_cfgs:
-        raise ValueError(f"the arms must include {REFERENCE_ARM!r} (the win rates are measured against it)")
-    if reward_fn is None:
-        from lit_rlhf.rewards import MathAnswerReward
-
-        reward_fn = MathAnswerReward()
+        raise ValueError(f"the arms must include {REFERENCE_ARM!r} (every comparison is against it)")
     torch.set_num_threads(budget["threads"])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    seconds: dict[str, float] = {}
+    seconds = {"sweep": 0.0, "training": 0.0, "evaluation": 0.0}
 
-    # 1-2. prompts and triplets from the starting policy
+    # 1-2. problems, the start's exact distributions, the triplets
     t0 = time.perf_counter()
-    rows = prompt_rows(budget)
     tokenizer = models.load_tokenizer(budget["model"])
     start = models.load_causal_lm(budget["model"], tokenizer).eval().requires_grad_(False)
-    config = SamplingConfig(max_new_tokens=budget["max_new_tokens"], temperature=1.0)
-    triplets = sample_triplets(start, tokenizer, rows["train"], budget["samples_per_prompt"], config, reward_fn,
-                               budget["data_seed"], budget["chunk"])
+    values = task.digit_values(tokenizer, start.get_output_embeddings().weight.shape[0])
+    split = task.split_problems(budget["val_prompts"], budget["train_prompts"], budget["test_prompts"])
+    rows = {role: task.prompt_rows(tokenizer, split[role]) for role in ("train", "val", "test")}
+    rewards = {role: task.reward_matrix(rows[role], values, token_rewards) for role in rows}
+    pad = tokenizer.pad_token_id
+    start_logp = {role: exact.next_token_logprobs(start, rows[role], pad) for role in rows}
+    triplets = draw_triplets(rows["train"], start_logp["train"], rewards["train"], budget["samples_per_prompt"],
+                             budget["data_seed"], tokenizer)
     path = write_triplets(out / "triplets.jsonl", triplets)
     stats = reward_statistics(read_triplets(path))
     seconds["sampling"] = time.perf_counter() - t0
     log(f"{len(triplets)} triplets, mean reward {stats['mean']:.3f} (std {stats['std']:.3f}) -> {path}")
     examples = {}
-    for name, arm in arm_cfgs.items():  # every arm's data checked before any training
-        data = TripletDataModule(path, arm["data"], tokenizer.pad_token_id, budget["batch_size"])
+    for arm in arm_cfgs.values():  # every arm's data checked before any training
+        data = TripletDataModule(path, arm["data"], pad, budget["batch_size"])
         examples[arm["data"]] = len(data.examples)
     log(f"training examples per data mode: {examples}")
+    normalised_test = (rewards["test"] - stats["mean"]) / stats["std"]
+    optimum_logp = exact.regularised_optimum(start_logp["test"], normalised_test, budget["optimum_tau"])
+    start_eval = evaluate(start_logp["test"], start_logp["test"], rewards["test"])
+    del start
+    gc.collect()
 
-    t0 = time.perf_counter()
-    start_eval = evaluate(start, start, tokenizer, rows["test"], budget, reward_fn)
-    start_val = evaluate(start, start, tokenizer, rows["val"], budget, reward_fn, sampled=False)
-    seconds["evaluation"] = time.perf_counter() - t0
-    seconds["sweep"] = seconds["training"] = 0.0
-
-    # 3. lr sweep on the validation slice, then the chosen lr on every seed
+    # 3. settings chosen on the validation prompts, then every reported seed
     per_arm: dict[str, Any] = {}
     for name, arm in arm_cfgs.items():
         sweep = []
-        lrs = arm["lrs"] if budget["sweep"] else [arm["lrs"][len(arm["lrs"]) // 2]]
-        for lr in lrs:
+        for params in settings_grid(arm, budget["sweep"]):
             t0 = time.perf_counter()
-            module = train(arm, lr, budget["sweep_seed"], path, budget)
-            val = evaluate(module.policy, start, tokenizer, rows["val"], budget, reward_fn, kl=False)
+            module, _ = train(arm, params, budget["sweep_seed"], path, budget)
+            val = exact.expected_reward(exact.next_token_logprobs(module.policy, rows["val"], pad), rewards["val"])
             seconds["sweep"] += time.perf_counter() - t0
-            sweep.append({"lr": lr, "val_accuracy": val["accuracy"], "val_mean_reward": val["mean_reward"]})
-            log(f"sweep {name} lr {lr:.1e}: val accuracy {val['accuracy']:.3f}, mean reward {val['mean_reward']:.3f}")
+            sweep.append({"params": params, "val_expected_reward": float(val.mean())})
+            log(f"sweep {name} {params}: validation expected reward {float(val.mean()):.4f}")
             del module
             if budget["collect_garbage"]:
                 gc.collect()
-        lr = choose_lr(sweep)
+        params = choose(sweep)
         runs = []
         for seed in budget["seeds"]:
             t0 = time.perf_counter()
-            module = train(arm, lr, seed, path, budget)
+            module, steps = train(arm, params, seed, path, budget)
             seconds["training"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            held = evaluate(module.policy, start, tokenizer, rows["test"], budget, reward_fn)
+            logp = exact.next_token_logprobs(module.policy, rows["test"], pad)
+            held = evaluate(logp, start_logp["test"], rewards["test"])
+            r2 = value_fit(module, rows["test"], logp, start_logp["test"], normalised_test)
             seconds["evaluation"] += time.perf_counter() - t0
-            runs.append({"seed": seed, **held})
-            log(f"{name} lr {lr:.1e} seed {seed}: accuracy {held['accuracy']:.3f}, "
-                f"mean reward {held['mean_reward']:.3f}, KL {held['kl']:.4f}")
-            del module
+            runs.append({"seed": seed, "steps": steps, "value_r2": r2, **held})
+            log(f"{name} {params} seed {seed}: expected reward {sum(held['expected_reward']) / len(logp):.4f}, "
+                f"KL {sum(held['kl']) / len(logp):.4f}, value R^2 {r2}")
+            del module, logp
             if budget["collect_garbage"]:
                 gc.collect()
-        per_arm[name] = {"lr": lr, "sweep": sweep, "runs": runs}
+        per_arm[name] = {"params": params, "sweep": sweep, "runs": runs}
 
-    # 4. aggregate over seeds
-    ours = {r["seed"]: r["sampled_rewards"] for r in per_arm[REFERENCE_ARM]["runs"]}
+    # 4. statistics over seeds x prompts
+    resamples, boot_seed = budget["bootstrap_resamples"], budget["eval_seed"]
+    ours = per_arm[REFERENCE_ARM]["runs"]
     table: dict[str, Any] = {}
     for name, arm in per_arm.items():
-        row = {"lr": arm["lr"], "sweep": arm["sweep"],
-               **{key: interval([r[key] for r in arm["runs"]]) for key in ("accuracy", "mean_reward", "kl")},
-               "per_seed": [{k: r[k] for k in ("seed", "accuracy", "mean_reward", "kl")} for r in arm["runs"]]}
+        row = {"params": arm["params"], "sweep": arm["sweep"], "steps": arm["runs"][0]["steps"],
+               **report.arm_statistics(arm["runs"], resamples, boot_seed),
+               "per_seed": [{k: r[k] for k in ("seed", "steps", "value_r2")} | {
+                   k: sum(r[k]) / len(r[k]) for k in ("expected_reward", "greedy_reward", "kl")} for r in arm["runs"]],
+               "versus_start": report.comparison(arm["runs"], [start_eval], resamples, boot_seed)}
         if name != REFERENCE_ARM:
-            wins = [win_rate(ours[r["seed"]], r["sampled_rewards"]) for r in arm["runs"]]
-            row["win_rate_of_" + REFERENCE_ARM] = interval(wins)
-            for entry, w in zip(row["per_seed"], wins):
-                entry["win_rate_of_" + REFERENCE_ARM] = w
+            row["versus_" + REFERENCE_ARM] = report.comparison(ours, arm["runs"], resamples, boot_seed)
         table[name] = row
+    start_row = {**report.arm_statistics([start_eval], resamples, boot_seed),
+                 "versus_" + REFERENCE_ARM: table[REFERENCE_ARM]["versus_start"]}
+    optimum = {"tau": budget["optimum_tau"],
+               "expected_reward": float(exact.expected_reward(optimum_logp, rewards["test"]).mean()),
+               "greedy_reward": float(exact.greedy_reward(optimum_logp, rewards["test"]).mean()),
+               "kl": float(exact.kl(optimum_logp, start_logp["test"]).mean())}
+    samples = {"test_prompts": [r["prompt"] for r in rows["test"]], "start": start_eval,
+               "arms": {name: {"params": arm["params"], "runs": arm["runs"]} for name, arm in per_arm.items()}}
     seconds["total"] = time.perf_counter() - started
     results = {
         "budget": budget, "profile": profile,
-        "data": {"triplets": len(triplets), "examples_per_mode": examples, "reward_mean": stats["mean"], "reward_std": stats["std"],
-                 "train_prompts": len(rows["train"]), "val_prompts": len(rows["val"]),
+        "data": {"triplets": len(triplets), "examples_per_mode": examples, "reward_mean": stats["mean"],
+                 "reward_std": stats["std"], "train_prompts": len(rows["train"]), "val_prompts": len(rows["val"]),
                  "test_prompts": len(rows["test"])},
-        "start": {"accuracy": start_eval["accuracy"], "mean_reward": start_eval["mean_reward"],
-                  "kl": start_eval["kl"], "val_accuracy": start_val["accuracy"]},
-        "arms": table, "seconds": seconds,
+        "start": start_row, "optimum": optimum, "arms": table, "seconds": seconds,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
                     "lightning": L.__version__, "threads": torch.get_num_threads()},
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+    (out / "samples.json").write_text(json.dumps(samples))
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(markdown_table(results))
-    figure(results, out / "reward_vs_kl.png")
-    log(markdown_table(results))
+    (out / "results.md").write_text(report.markdown_table(results))
+    report.figure(results, out / "reward_vs_kl.png")
+    log(report.markdown_table(results))
     return results
-
-
-def _value(text: str) -> Any:
-    return yaml.safe_load(text)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -409,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key] = _value(value)
+        overrides[key] = yaml.safe_load(value)
     return run(args.profile, args.out, args.arms, overrides)
 
 

@@ -1,9 +1,9 @@
 """Single-trajectory data for the DRO replication: (prompt, completion, exact reward) triplets.
 
-`sample_triplets` samples k completions per prompt from a policy (temperature 1) and scores
-each with an exact reward; `write_triplets` / `read_triplets` keep them as JSONL (one triplet
-a line, with the token ids, so training sees exactly the sampled tokens). `TripletDataModule`
-turns the file into the batch type each method trains on, with the library's collators:
+`write_triplets` / `read_triplets` keep the triplets (drawn by `run.draw_triplets`) as JSONL
+(one triplet a line, with the token ids, so training sees exactly the drawn tokens).
+`TripletDataModule` turns the file into the batch type each method trains on, with the library's
+collators:
 
 - `single` -> `SingleBatch` with rewards normalised to mean 0 / variance 1 over the training
   triplets (DRO paper, Sec. 4; as `UltraFeedbackSingleDataModule`): DRO-V, and KTO with
@@ -12,10 +12,6 @@ turns the file into the batch type each method trains on, with the library's col
   sampling order on ties); a prompt whose completions all score the same gives no pair (DPO);
 - `sft` -> `SFTBatch`: the completions whose reward is above the training mean (the
   rejection-sampling baseline).
-
-Sampling seeds: each chunk of `chunk` prompts (in file order) is sampled after
-`torch.manual_seed(seed_of(seed, chunk_index))`, so a chunk's samples do not depend on what was
-sampled before it (a run restarted at any chunk, or one chunk re-sampled, gives the same tokens).
 """
 
 from __future__ import annotations
@@ -23,70 +19,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import lightning as L
 import torch
-from torch import Tensor
 from torch.utils.data import DataLoader
 
-from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator, SingleCollator
-from lit_rlhf.generation import SamplingConfig, decode_responses, generate_responses
+from lit_rlhf.data.collate import PreferenceCollator, SFTCollator, SingleCollator
 
 Mode = Literal["single", "pairs", "sft"]
 MODES = ("single", "pairs", "sft")
-
-
-def seed_of(seed: int, chunk_index: int) -> int:
-    """The torch seed of one sampling chunk: a fixed function of (run seed, chunk index)."""
-    return (int(seed) * 1_000_003 + int(chunk_index)) % (2**63 - 1)
-
-
-@torch.no_grad()
-def generate_chunks(model, tokenizer, prompt_rows: Sequence[dict[str, Any]], n: int, config: SamplingConfig,
-                    seed: int, chunk: int) -> Iterator[tuple[list[dict[str, Any]], Any, Tensor, Tensor, Tensor]]:
-    """Per chunk of `chunk` prompt rows (`_prompt_ids`): (rows, PromptBatch with each prompt
-    repeated n times (row i * n + j = sample j of prompt i), response ids (chunk*n, R), response
-    mask, has_eos), sampled after `torch.manual_seed(seed_of(seed, chunk_index))`."""
-    collate = PromptCollator(tokenizer.pad_token_id)
-    device = next(model.parameters()).device
-    for index, start in enumerate(range(0, len(prompt_rows), chunk)):
-        rows = list(prompt_rows[start:start + chunk])
-        batch = collate([{"_prompt_ids": r["_prompt_ids"]} for r in rows for _ in range(n)]).to(device)
-        torch.manual_seed(seed_of(seed, index))
-        ids, mask, has_eos = generate_responses(model, batch.input_ids, batch.attention_mask.bool(), config,
-                                                tokenizer.eos_token_id, tokenizer.pad_token_id)
-        yield rows, batch, ids, mask, has_eos
-
-
-def sample_completions(model, tokenizer, prompt_rows: Sequence[dict[str, Any]], n: int, config: SamplingConfig,
-                       seed: int, chunk: int) -> list[list[dict[str, Any]]]:
-    """`n` completions of each prompt row (`generate_chunks`). Returns, per prompt, n dicts
-    {completion (text without EOS), completion_ids (EOS included when sampled), has_eos}."""
-    out: list[list[dict[str, Any]]] = []
-    for rows, _, ids, mask, has_eos in generate_chunks(model, tokenizer, prompt_rows, n, config, seed, chunk):
-        texts = decode_responses(tokenizer, ids, mask)
-        kept = [row[m].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
-        for i in range(len(rows)):
-            out.append([{"completion": texts[i * n + j], "completion_ids": kept[i * n + j],
-                         "has_eos": bool(has_eos[i * n + j])} for j in range(n)])
-    return out
-
-
-def sample_triplets(model, tokenizer, prompt_rows: Sequence[dict[str, Any]], k: int, config: SamplingConfig,
-                    reward_fn: Callable[..., list[float]], seed: int, chunk: int) -> list[dict[str, Any]]:
-    """k scored completions per prompt row (`prompt`, `reference`, `_prompt_ids`): the triplets."""
-    samples = sample_completions(model, tokenizer, prompt_rows, k, config, seed, chunk)
-    triplets = []
-    for p, (row, completions) in enumerate(zip(prompt_rows, samples)):
-        rewards = reward_fn([row["prompt"]] * k, [c["completion"] for c in completions],
-                            reference=[row["reference"]] * k)
-        for j, (c, r) in enumerate(zip(completions, rewards)):
-            triplets.append({"prompt_index": p, "sample_index": j, "prompt": row["prompt"],
-                             "reference": row["reference"], "completion": c["completion"], "reward": float(r),
-                             "has_eos": c["has_eos"], "prompt_ids": list(row["_prompt_ids"]),
-                             "completion_ids": c["completion_ids"]})
-    return triplets
 
 
 def write_triplets(path: str | Path, triplets: Sequence[dict[str, Any]]) -> Path:

@@ -10,7 +10,13 @@ before_i, and intervals are far tighter than two independent means would give.
   bootstrap, seeded, so a report is reproducible).
 - `paired_win_rate`: how often `after` beats `before` item by item (ties count half, as in
   `lit_rlhf.judges.stats`), with the Wilson interval, which stays inside [0, 1].
-- `proportion`: a success count with its Wilson interval (accuracies, agreement rates).
+- `proportion`: a success count with its Wilson interval (accuracies, agreement rates);
+  `clopper_pearson_interval`: the exact (conservative) binomial interval, also inside [0, 1].
+- Over prompts AND training seeds (every seed's policy scored on the same prompts):
+  `bootstrap_mean` / `paired_bootstrap` resample seeds, then prompts (`hierarchical_bootstrap`),
+  so both sources of variance are in the interval (a Student t over a few seeds' means ignores
+  the prompts; one over prompts ignores the seeds); `sign_test` is the exact two-sided sign
+  test on paired differences (with 0/1 scores, McNemar's exact test).
 
 Decision rule used by the reports: a difference is called an improvement when its whole 95%
 interval lies above zero, a regression when it lies below, and "no detectable change" otherwise.
@@ -19,8 +25,9 @@ interval lies above zero, a regression when it lies below, and "no detectable ch
 from __future__ import annotations
 
 import math
-import random
 from typing import NamedTuple, Sequence
+
+import numpy as np
 
 from lit_rlhf.judges.stats import wilson_interval
 
@@ -93,13 +100,143 @@ def paired_difference(before: Sequence[float], after: Sequence[float], confidenc
 
 def bootstrap_interval(before: Sequence[float], after: Sequence[float], num_resamples: int = 10000,
                        confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of mean(after - before), resampling items with replacement."""
+    """Percentile bootstrap interval of mean(after - before), resampling items with replacement
+    (`hierarchical_bootstrap` with one seed)."""
     diffs = _check_pairs(before, after)
-    rng = random.Random(seed)
-    n = len(diffs)
-    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(num_resamples))
+    means = hierarchical_bootstrap([diffs], num_resamples, seed)
+    return _percentiles(means, confidence)
+
+
+class BootstrapMean(NamedTuple):
+    """A mean over seeds x prompts with its hierarchical percentile bootstrap interval.
+
+    p_value: two-sided bootstrap p-value of "mean = 0", 2 * min(P*(mean <= 0), P*(mean >= 0))
+    over the resampled means (capped at 1); meaningful for differences, not for a plain mean.
+    """
+
+    num_seeds: int
+    num_prompts: int
+    mean: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+
+    @property
+    def verdict(self) -> str:
+        if self.ci_low > 0:
+            return "improved"
+        if self.ci_high < 0:
+            return "regressed"
+        return "no detectable change"
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {**self._asdict(), "verdict": self.verdict}
+
+
+def _grid(values_by_seed: Sequence[Sequence[float]]) -> np.ndarray:
+    grid = np.asarray([[float(v) for v in row] for row in values_by_seed], dtype=np.float64)
+    if grid.ndim != 2 or grid.shape[0] < 1 or grid.shape[1] < 1:
+        raise ValueError(f"need one equally long row of per-prompt values per seed, got shape {grid.shape}")
+    if not np.isfinite(grid).all():
+        raise ValueError("per-prompt values must be finite")
+    return grid
+
+
+def hierarchical_bootstrap(values_by_seed: Sequence[Sequence[float]], num_resamples: int = 10000,
+                           seed: int = 0) -> np.ndarray:
+    """Bootstrap means of a (seeds, prompts) grid: each resample draws S seeds with replacement,
+    then P prompts with replacement, and averages the S x P drawn cells. Returns (num_resamples,).
+
+    The prompts are crossed with the seeds (every seed's policy is scored on the same prompts),
+    so one draw of prompts serves every drawn seed. Its variance is, exactly,
+    var(a)/S + var(b)/P + mean(e^2)/(S P) with a, b, e the seed, prompt and interaction effects
+    of the grid's two-way decomposition (population variances): both the seed-to-seed and the
+    prompt-to-prompt spread are counted. One seed is the plain item bootstrap. Seeded (numpy
+    PCG64), so a report is reproducible."""
+    grid = _grid(values_by_seed)
+    seeds, prompts = grid.shape
+    rng = np.random.default_rng(seed)
+    means = np.empty(num_resamples)
+    for start in range(0, num_resamples, 1000):  # blocks bound the memory to 1000 x S x P cells
+        size = min(1000, num_resamples - start)
+        rows = rng.integers(0, seeds, size=(size, seeds))  # (R, S)
+        cols = rng.integers(0, prompts, size=(size, prompts))  # (R, P)
+        means[start:start + size] = grid[rows[:, :, None], cols[:, None, :]].mean(axis=(1, 2))
+    return means
+
+
+def _percentiles(means: np.ndarray, confidence: float) -> tuple[float, float]:
     tail = (1 - confidence) / 2
-    return means[int(math.floor(tail * (num_resamples - 1)))], means[int(math.ceil((1 - tail) * (num_resamples - 1)))]
+    low, high = np.quantile(means, [tail, 1 - tail], method="inverted_cdf")
+    return float(low), float(high)
+
+
+def bootstrap_mean(values_by_seed: Sequence[Sequence[float]], num_resamples: int = 10000, confidence: float = 0.95,
+                   seed: int = 0) -> BootstrapMean:
+    """The mean of a (seeds, prompts) grid with its hierarchical percentile bootstrap interval.
+    The interval lies within the values' range, so a mean of 0/1 scores stays inside [0, 1]."""
+    grid = _grid(values_by_seed)
+    means = hierarchical_bootstrap(grid, num_resamples, seed)
+    low, high = _percentiles(means, confidence)
+    p = min(1.0, 2 * min(float((means <= 0).mean()), float((means >= 0).mean())))
+    return BootstrapMean(grid.shape[0], grid.shape[1], float(grid.mean()), low, high, p)
+
+
+def paired_bootstrap(ours_by_seed: Sequence[Sequence[float]], theirs_by_seed: Sequence[Sequence[float]],
+                     num_resamples: int = 10000, confidence: float = 0.95, seed: int = 0) -> BootstrapMean:
+    """mean(ours - theirs) over seeds x prompts, paired cell by cell, with the hierarchical
+    bootstrap interval and p-value. `theirs_by_seed` may hold ONE row (a policy without
+    training seeds, e.g. the starting policy): it is then paired with every seed of ours."""
+    ours, theirs = _grid(ours_by_seed), _grid(theirs_by_seed)
+    if theirs.shape[0] == 1:
+        theirs = np.repeat(theirs, ours.shape[0], axis=0)
+    if ours.shape != theirs.shape:
+        raise ValueError(f"paired grids differ in shape: {ours.shape} (seeds, prompts) against {theirs.shape}")
+    return bootstrap_mean(ours - theirs, num_resamples, confidence, seed)
+
+
+class SignTest(NamedTuple):
+    """Exact two-sided sign test: `positive` of the `positive + negative` non-zero differences
+    are positive; zeros (ties) are dropped and counted."""
+
+    positive: int
+    negative: int
+    ties: int
+    p_value: float
+
+
+def sign_test(differences: Sequence[float]) -> SignTest:
+    """Exact two-sided sign test of "a difference is as likely positive as negative".
+
+    With n non-zero differences, k of them positive: p = min(1, 2 P(X <= min(k, n - k))),
+    X ~ Binomial(n, 1/2), computed exactly (no normal approximation). With paired 0/1 scores
+    the non-zero differences are the discordant pairs: this is McNemar's exact test. p = 1 when
+    every difference is 0."""
+    values = [float(d) for d in differences]
+    if not all(math.isfinite(d) for d in values):
+        raise ValueError("differences must be finite")
+    positive = sum(d > 0 for d in values)
+    negative = sum(d < 0 for d in values)
+    n = positive + negative
+    tail = sum(math.comb(n, i) for i in range(min(positive, negative) + 1))
+    p = min(1.0, 2 * tail / 2**n) if n else 1.0
+    return SignTest(positive, negative, len(values) - n, p)
+
+
+def clopper_pearson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of a binomial proportion, inside [0, 1]:
+    low = Beta(alpha/2; k, n - k + 1), high = Beta(1 - alpha/2; k + 1, n - k) quantiles, with
+    low = 0 at k = 0 and high = 1 at k = n. (nan, nan) when n == 0."""
+    from scipy import stats
+
+    if n < 0 or not 0 <= successes <= n or int(successes) != successes:
+        raise ValueError(f"need an integer 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return math.nan, math.nan
+    alpha = 1 - confidence
+    low = 0.0 if successes == 0 else float(stats.beta.ppf(alpha / 2, successes, n - successes + 1))
+    high = 1.0 if successes == n else float(stats.beta.ppf(1 - alpha / 2, successes + 1, n - successes))
+    return low, high
 
 
 def proportion(successes: float, n: int) -> Proportion:

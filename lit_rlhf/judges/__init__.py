@@ -6,7 +6,7 @@
 - `ChatAPIJudge`: an LLM behind an OpenAI-compatible chat-completions endpoint.
 - `LocalLMJudge`: a local causal LM, read from the next-token probabilities of "A" and "B".
 - `win_rate` / `win_rate_by_length_ratio`: win rate with a Wilson 95% interval, overall and
-  bucketed by log length ratio.
+  bucketed by log length ratio; `agreement`: how often two judges pick the same winner.
 
 LM judges show each pair in a seeded random order and map verdicts back to the caller's a/b.
 """
@@ -16,10 +16,19 @@ from lit_rlhf.judges.chat_api import ChatAPIJudge
 from lit_rlhf.judges.keyfact import KeyFactJudge, keyfact_recall
 from lit_rlhf.judges.local_lm import LocalLMJudge
 from lit_rlhf.judges.reward import RewardModelJudge
-from lit_rlhf.judges.stats import LengthRatioBuckets, WinRateStats, wilson_interval, win_rate, win_rate_by_length_ratio
+from lit_rlhf.judges.stats import (
+    AgreementStats,
+    LengthRatioBuckets,
+    WinRateStats,
+    agreement,
+    wilson_interval,
+    win_rate,
+    win_rate_by_length_ratio,
+)
 from lit_rlhf.judges.templates import JudgeTemplate, get_template
 
 __all__ = [
+    "AgreementStats",
     "ChatAPIJudge",
     "JudgeTemplate",
     "KeyFactJudge",
@@ -30,6 +39,7 @@ __all__ = [
     "RandomOrderJudge",
     "RewardModelJudge",
     "WinRateStats",
+    "agreement",
     "get_template",
     "keyfact_recall",
     "order_is_swapped",

@@ -106,6 +106,45 @@ def win_rate(judgements: Iterable[Judgement]) -> WinRateStats:
     )
 
 
+class AgreementStats(NamedTuple):
+    """How often two judges pick the same winner (see `agreement`).
+
+    rate: agree / num_decisive; nan when no item is decisive for both.
+    ci_low, ci_high: its 95% Wilson interval. n: items compared. num_decisive: items where both
+    judges said "a" or "b". agree: of those, the items with the same winner. undecided_x,
+    undecided_y: items where judge x (or y) said "tie" or "invalid" (excluded from the rate).
+    """
+
+    rate: float
+    ci_low: float
+    ci_high: float
+    n: int
+    num_decisive: int
+    agree: int
+    undecided_x: int
+    undecided_y: int
+
+
+def agreement(judgements_x: Sequence[Judgement], judgements_y: Sequence[Judgement]) -> AgreementStats:
+    """The agreement rate of two judges on the same items: among the items where BOTH name a
+    winner ("a" or "b"), the fraction where they name the same one. An item either judge calls a
+    tie or cannot judge (invalid) says nothing about agreement on a winner: it is excluded and
+    counted per judge (the N+ paper's Detail 17 compares a reward model's preferences with an
+    external judge's this way)."""
+    if len(judgements_x) != len(judgements_y):
+        raise ValueError(f"the two judges judged different numbers of items: {len(judgements_x)} and {len(judgements_y)}")
+    decisive = agree = undecided_x = undecided_y = 0
+    for x, y in zip(judgements_x, judgements_y):
+        undecided_x += x.winner not in ("a", "b")
+        undecided_y += y.winner not in ("a", "b")
+        if x.winner in ("a", "b") and y.winner in ("a", "b"):
+            decisive += 1
+            agree += x.winner == y.winner
+    low, high = wilson_interval(agree, decisive)
+    return AgreementStats(agree / decisive if decisive else math.nan, low, high, len(judgements_x), decisive, agree,
+                          undecided_x, undecided_y)
+
+
 @dataclass(frozen=True)
 class LengthRatioBuckets:
     """Win rate of a per bucket of log(len_a / len_b) (the N+ paper's Figure 8 x-axis).

@@ -3,9 +3,9 @@
 Each returns a NamedTuple whose first field is the loss, followed by detached statistics.
 """
 
-from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, nll_loss, rejection_sampling_mask
+from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, rejection_sampling_mask
 from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
-from lit_rlhf.losses.drov import DROVLossOutput, drov_loss
+from lit_rlhf.losses.drov import DROVLossOutput, batch_value_estimate, drov_loss
 from lit_rlhf.losses.grpo import (
     Aggregation,
     AdvantageScale,
@@ -17,11 +17,13 @@ from lit_rlhf.losses.grpo import (
 from lit_rlhf.losses.kto import (
     KTO_WEIGHT_RATIO_RANGE,
     KTOLossOutput,
+    RewardLabels,
     kto_kl_estimate,
     kto_loss,
     kto_weight_ratio,
     labels_from_rewards,
 )
+from lit_rlhf.losses.nll import nll_loss
 from lit_rlhf.losses.orpo import ORPOLossOutput, log_odds, orpo_loss
 from lit_rlhf.losses.ppo import (
     PPOPolicyLossOutput,
@@ -31,6 +33,7 @@ from lit_rlhf.losses.ppo import (
     ppo_rewards,
     ppo_value_loss,
 )
+from lit_rlhf.losses.ptx import PtxLossOutput, ptx_loss
 from lit_rlhf.losses.remax import remax_advantages
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
 from lit_rlhf.losses.rloo import rloo_loss, rloo_sequence_rewards
@@ -51,8 +54,11 @@ __all__ = [
     "PPOPolicyLossOutput",
     "PPORewardsOutput",
     "PPOValueLossOutput",
+    "PtxLossOutput",
+    "RewardLabels",
     "RewardLossOutput",
     "Selection",
+    "batch_value_estimate",
     "best_of_n_kl",
     "bradley_terry_loss",
     "dpo_loss",
@@ -69,6 +75,7 @@ __all__ = [
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",
+    "ptx_loss",
     "rejection_sampling_mask",
     "remax_advantages",
     "rloo_advantages",

@@ -8,8 +8,8 @@ Sampling; Touvron et al. 2023, Llama 2, Sec. 3.2.3; Dong et al. 2023, RAFT).
   when the n samples' rewards are distinct (no ties).
 - `rejection_sampling_mask`: which of N = B*n scored samples are kept: the best of each prompt's
   n (`per_prompt`, best-of-n) or the k best of the whole rollout (`top_k`).
-- `nll_loss`: the fine-tuning step on the kept samples, the token-mean negative log-likelihood
-  (SFT on them).
+- the fine-tuning step on the kept samples is SFT on them: the token-mean negative
+  log-likelihood `losses.nll_loss`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-
-from lit_rlhf.ops import masked_sum
 
 Selection = Literal["per_prompt", "top_k"]
 
@@ -60,9 +58,3 @@ def rejection_sampling_mask(scores: Tensor, group_size: int, selection: Selectio
     else:
         raise ValueError(f"selection must be 'per_prompt' or 'top_k', got {selection!r}")
     return kept
-
-
-def nll_loss(logps: Tensor, mask: Tensor) -> Tensor:
-    """-sum_{i,t} log pi(y_i,t | x_i, y_i,<t) / (number of tokens): the token-mean NLL of the
-    kept samples. logps: (n, R) per-token log-probs with gradient; mask: (n, R) bool."""
-    return -masked_sum(logps, mask) / mask.sum().clamp(min=1)

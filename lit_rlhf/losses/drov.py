@@ -69,3 +69,22 @@ def drov_loss(
         advantages=advantages.detach().mean(),
         residuals=residual.mean(),
     )
+
+
+def batch_value_estimate(policy_logps: Tensor, ref_logps: Tensor, rewards: Tensor, tau: float = 1.0) -> Tensor:
+    """The DRO paper's single-value ablation: one value for every prompt, E_x[V(x)] estimated
+    from the batch (Richemond et al. 2024, Sec. 3.2), detached, expanded to (B,).
+
+    For a fixed policy the V(x) minimising L is V(x) = E_{y|x}[r(x,y) - tau log(pi(y|x)/pi_ref(y|x))]
+    (set dL/dV(x) = 0), so E_x[V(x)] = E_{x,y}[r - tau log pi/pi_ref], whose batch estimate is
+
+        V = mean_b (r_b - tau * (log pi(y_b|x_b) - log pi_ref(y_b|x_b))),
+
+    also the constant that minimises the batch's L. It has no parameters (nothing to learn, no
+    value learning rate) and is held fixed in the policy's gradient (the stop-gradient of Eq. 8).
+    policy_logps, ref_logps, rewards: (B,); returns (B,).
+    """
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    estimate = (rewards - tau * (policy_logps - ref_logps)).detach().mean()
+    return estimate.expand(rewards.shape[0])

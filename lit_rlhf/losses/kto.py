@@ -16,7 +16,8 @@ class KTOLossOutput(NamedTuple):
     num_desirable: Tensor  # () long
     num_undesirable: Tensor  # () long
     kl: Tensor  # () the reference point z0 actually used (detached, >= 0)
-    losses: Tensor  # (B,) per-example losses, detached
+    losses: Tensor  # (B,) per-example losses (0 for unlabelled rows), detached
+    num_unlabelled: Tensor  # () long, rows left out of the loss (`labelled` False)
 
 
 def kto_loss(
@@ -27,6 +28,7 @@ def kto_loss(
     beta: float,
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
+    labelled: Tensor | None = None,
 ) -> KTOLossOutput:
     """KTO loss (Ethayarajh et al. 2024, Sec. 4, "Kahneman-Tversky Optimization").
 
@@ -38,30 +40,40 @@ def kto_loss(
         desirable:   lambda_D * (1 - sigmoid(beta * (r - z0)))
         undesirable: lambda_U * (1 - sigmoid(beta * (z0 - r)))
 
-    i.e. lambda_y - v(x, y) of the paper. Normalisation: the plain mean over all B examples,
-    desirable and undesirable together (not a mean per class), so the class balance of the
-    batch weighs the two terms; `desirable_weight` / `undesirable_weight` (lambda_D, lambda_U)
+    i.e. lambda_y - v(x, y) of the paper. Normalisation: the plain mean over the labelled
+    examples, desirable and undesirable together (not a mean per class), so the class balance of
+    the batch weighs the two terms; `desirable_weight` / `undesirable_weight` (lambda_D, lambda_U)
     correct for imbalance (the paper suggests lambda_D n_D / (lambda_U n_U) in [1, 4/3]).
+
+    labelled: (B,) bool, True = the row is in the loss (default: every row). Rows with no label
+    (a reward tied with the batch mean, `labels_from_rewards`) contribute nothing, neither to
+    the sum nor to the count the mean divides by, and are counted in `num_unlabelled`. A batch
+    without any labelled row gives loss 0 (still attached to the graph, so its gradient is an
+    exact zero) and zero statistics.
     """
     desirable = desirable.bool()
+    labelled = torch.ones_like(desirable) if labelled is None else labelled.bool()
     z0 = torch.as_tensor(kl, dtype=policy_logps.dtype, device=policy_logps.device).detach().clamp(min=0)
     logratios = policy_logps - ref_logps  # (B,)
     desirable_losses = desirable_weight * (1.0 - torch.sigmoid(beta * (logratios - z0)))
     undesirable_losses = undesirable_weight * (1.0 - torch.sigmoid(beta * (z0 - logratios)))
     losses = torch.where(desirable, desirable_losses, undesirable_losses)  # (B,)
+    losses = torch.where(labelled, losses, losses * 0.0)  # unlabelled rows: 0, and no gradient
     rewards = beta * logratios.detach()
-    num_desirable = desirable.sum()
-    num_undesirable = (~desirable).sum()
+    is_desirable, is_undesirable = desirable & labelled, ~desirable & labelled
+    num_desirable, num_undesirable = is_desirable.sum(), is_undesirable.sum()
+    num_labelled = labelled.sum()
     zero = rewards.new_zeros(())
     return KTOLossOutput(
-        loss=losses.mean(),
+        loss=losses.sum() / num_labelled.clamp(min=1),
         rewards=rewards,
-        desirable_rewards=torch.where(desirable, rewards, zero).sum() / num_desirable.clamp(min=1),
-        undesirable_rewards=torch.where(~desirable, rewards, zero).sum() / num_undesirable.clamp(min=1),
+        desirable_rewards=torch.where(is_desirable, rewards, zero).sum() / num_desirable.clamp(min=1),
+        undesirable_rewards=torch.where(is_undesirable, rewards, zero).sum() / num_undesirable.clamp(min=1),
         num_desirable=num_desirable,
         num_undesirable=num_undesirable,
         kl=z0,
         losses=losses.detach(),
+        num_unlabelled=(~labelled).sum(),
     )
 
 
@@ -85,14 +97,35 @@ def kto_kl_estimate(policy_mismatched_logps: Tensor, ref_mismatched_logps: Tenso
     return raw.clamp(min=0) if clamp else raw
 
 
-def labels_from_rewards(rewards: Tensor) -> Tensor:
-    """Binary KTO labels from scalar rewards: desirable when the reward beats the batch mean.
+class RewardLabels(NamedTuple):
+    desirable: Tensor  # (B,) bool, reward above the batch mean
+    tied: Tensor  # (B,) bool, reward equal to the batch mean: no label (neither side)
 
-    rewards: (B,) -> (B,) bool. This is how the DRO paper (Richemond et al. 2024) builds its KTO
-    baseline from single-trajectory rewards (`docs/ARCHITECTURE.md` section 2). Ties with the mean (an
-    all-equal batch, say) are undesirable.
+    @property
+    def labelled(self) -> Tensor:
+        """(B,) bool: the rows with a side, desirable or undesirable."""
+        return ~self.tied
+
+
+def labels_from_rewards(rewards: Tensor) -> RewardLabels:
+    """KTO labels from scalar rewards, relative to the batch mean: desirable above it,
+    undesirable below it, and no label when equal to it.
+
+    rewards: (B,). The DRO paper (Richemond et al. 2024) builds its KTO baseline from
+    single-trajectory rewards by whether a reward is greater or less than the batch average
+    (`docs/ARCHITECTURE.md` section 2); its rewards are dense reward-model scores, where a tie
+    does not arise. With discrete rewards (0/1 correctness) it does: a batch whose rewards are all
+    equal has every row tied. A tie is no evidence for either side, so it gets none: `tied` rows
+    are left out of the loss (`kto_loss(labelled=...)`) and counted, never silently made
+    undesirable (or desirable).
+
+    The comparison is exact: r_i against mean(r) as B * r_i against sum_j r_j in float64, which
+    has no rounding for float32 (or lower precision) rewards of a sane range, so an all-equal
+    batch is all tied whatever the value (a float mean of B copies of 0.1 need not equal 0.1).
     """
-    return rewards > rewards.mean()
+    wide = rewards.detach().double()
+    scaled, total = wide * wide.numel(), wide.sum()
+    return RewardLabels(desirable=scaled > total, tied=scaled == total)
 
 
 KTO_WEIGHT_RATIO_RANGE = (1.0, 4.0 / 3.0)  # Ethayarajh et al. 2024, Sec. 4.2 (Eq. 9)

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from lit_rlhf.ops import kl_penalty, masked_mean, masked_var, place_at_last
+from lit_rlhf.ops import kl_penalty, masked_mean, masked_var, place_rewards
 from lit_rlhf.ops.rl import KLEstimator
 
 
@@ -108,6 +108,7 @@ def ppo_rewards(
     mask: Tensor,
     kl_coef: float,
     estimator: KLEstimator = "k1",
+    turn_rewards: Tensor | None = None,
 ) -> PPORewardsOutput:
     """Per-token RLHF rewards: a KL penalty on every response token, the score on the last one.
 
@@ -118,9 +119,12 @@ def ppo_rewards(
 
         rewards[b, t] = -kl_coef * kl[b, t] + (t == last response token of b) * scores[b]
 
-    The score sits on the EOS token (D12), found as the last True of `mask`.
+    The score sits on the EOS token (D12), found as the last True of `mask`. A multi-turn
+    episode's `turn_rewards` (B, R), each turn's reward on its last policy token, stay where they
+    are and the rest of the score goes on the last token (`ops.place_rewards`): the rewards of a
+    row still sum to its score.
     """
     zero = logps.new_zeros(())
     kl = torch.where(mask, kl_penalty(logps.detach(), ref_logps.detach(), estimator), zero)  # (B, R)
-    rewards = -kl_coef * kl + place_at_last(scores.detach().to(kl.dtype), mask)
+    rewards = -kl_coef * kl + place_rewards(scores.detach().to(kl.dtype), mask, turn_rewards)
     return PPORewardsOutput(rewards=rewards, kl=kl)

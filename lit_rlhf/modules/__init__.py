@@ -11,6 +11,7 @@ from lit_rlhf.modules.orpo import ORPOModule
 from lit_rlhf.modules.reward import RewardModule
 from lit_rlhf.modules.grpo import GRPOModule
 from lit_rlhf.modules.ppo import PPOModule
+from lit_rlhf.modules.ppo_ptx import PPOPtxModule
 from lit_rlhf.modules.rloo import RLOOModule
 from lit_rlhf.modules.sft import SFTModule
 from lit_rlhf.modules.remax import ReMaxModule
@@ -18,5 +19,5 @@ from lit_rlhf.modules.rejection_sampling import RejectionSamplingModule
 from lit_rlhf.modules.online_dpo import OnlineDPOModule
 
 __all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "OnlineDPOModule", "ORPOModule", "PairLogps",
-           "PairwiseModule", "PolicyModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule",
+           "PairwiseModule", "PolicyModule", "PPOPtxModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule",
            "SFTModule", "TrainingModule"]

@@ -15,13 +15,13 @@ from torch import Tensor, nn
 
 from lit_rlhf import checks, models
 from lit_rlhf.models import adapters, scalar_adapters
-from lit_rlhf.losses import drov_loss
+from lit_rlhf.losses import batch_value_estimate, drov_loss
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.modules.optim import decay_groups
 from lit_rlhf.types import SingleBatch
 
-ValuePer = Literal["example", "batch"]
-SHARED = "shared"
+ValueForm = Literal["network", "batch_estimate", "policy_logit", "learned_scalar", "shared_head"]
+VALUE_FORMS = ("network", "batch_estimate", "policy_logit", "learned_scalar", "shared_head")
 
 
 def last_prompt_index(prompt_lengths: Tensor) -> Tensor:
@@ -38,22 +38,36 @@ class DROVModule(PolicyModule):
     at the last prompt token (index `prompt_lengths - 1` of the right-padded rows), so it sees the
     prompt only: one value per example. Only the prompt columns go through the value network.
 
+    The value's form (`value`); the first is DRO-V, the next two the paper's ablations (Sec. 3.2,
+    Fig. 5), the last two variants of ours:
+    - `network`: V(x) from a separate network (the paper's DRO-V): the checkpoint `value_model`
+      (`None` = the policy's `model` checkpoint with a fresh D11 scalar head; a reward model
+      directory keeps its head, `load_scalar_model`), trained at `value_lr`. With `lora` and no
+      `value_model`, V(x) is the adapter `value` on the policy's frozen base.
+    - `batch_estimate`: the paper's single value, E_x[V(x)] estimated from the batch,
+      mean_b(r - tau log pi/pi_ref) (`losses.batch_value_estimate`): no parameters, no
+      `value_lr`.
+    - `policy_logit`: the paper's shared network, the policy's own logits as value outputs:
+      V(x) = the policy's logit of token `value_token_id` at the last prompt token (raw logit,
+      no temperature). The value loss then trains the policy's parameters at the policy's `lr`
+      (there is no value parameter of its own, so `value_lr` is unused). Which logit carries the
+      value is our choice: by default the PAD token's (D3: PAD is never a completion token, so
+      its logit is the one the policy's likelihood of real completions leans on least).
+    - `learned_scalar` (ours): one learnable scalar for all prompts, trained at `value_lr`.
+    - `shared_head` (ours): a D11 scalar head on the policy's backbone (with `lora`, on the
+      policy adapter); the value loss also moves the backbone; the head trains at `value_lr`.
+
     Args:
         tau: KL regularisation strength (> 0); the paper's default is 1.
         lr: policy learning rate (the paper uses 1e-4 for both networks, with 150 warmup steps).
-        value_lr: value-network learning rate (its own AdamW parameter group).
-        value_model: the value network's initial checkpoint; `None` = the policy's `model`
-            checkpoint with a fresh D11 scalar head on its backbone (a SEPARATE network, no
-            shared parameters); a reward model directory keeps its head (`load_scalar_model`);
-            `shared` = a scalar head on the policy's own backbone (the paper's shared-network
-            ablation: the value loss then also moves the policy's backbone). With `lora` and no
-            `value_model`, V(x) is the adapter `value` on the policy's frozen base.
-            `gradient_checkpointing` applies to the value network as to the policy (one on the
-            policy's backbone or base is checkpointed with the policy).
-        value_per: `example` (V(x), one value per prompt, the paper's DRO-V) or `batch` (one
-            learnable scalar for all prompts, the paper's single-value ablation; no value network).
+        value_lr: value learning rate (its own AdamW parameter group; see `value`).
+        value: the value's form (above); `network` by default.
+        value_model: the value network's initial checkpoint (`value: network` only).
+        value_token_id: the vocabulary id whose logit is V(x) (`value: policy_logit` only);
+            `None` = the tokenizer's PAD id.
         ref_model: reference policy name; `None` = a frozen copy of the initial policy.
         **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
+            `gradient_checkpointing` applies to a separate value network as to the policy.
     """
 
     batch_types = (SingleBatch,)
@@ -63,8 +77,9 @@ class DROVModule(PolicyModule):
         tau: float = 1.0,
         lr: float = 1e-4,
         value_lr: float = 1e-4,
+        value: ValueForm = "network",
         value_model: str | None = None,
-        value_per: ValuePer = "example",
+        value_token_id: int | None = None,
         ref_model: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -73,31 +88,41 @@ class DROVModule(PolicyModule):
             raise ValueError(f"tau must be > 0, got {tau}")
         if value_lr <= 0:
             raise ValueError(f"value_lr must be > 0, got {value_lr}")
-        if value_per not in ("example", "batch"):
-            raise ValueError(f"unknown value_per {value_per!r}; expected 'example' or 'batch'")
-        if value_per == "batch" and value_model is not None:
-            raise ValueError(f"value_per='batch' learns one scalar and uses no value network; got value_model={value_model!r}")
+        if value not in VALUE_FORMS:
+            raise ValueError(f"unknown value {value!r}; expected one of {VALUE_FORMS}")
+        if value != "network" and value_model is not None:
+            raise ValueError(f"value_model names the checkpoint of value: network; got value={value!r} with "
+                             f"value_model={value_model!r}")
+        if value != "policy_logit" and value_token_id is not None:
+            raise ValueError(f"value_token_id is read by value: policy_logit only; got value={value!r}")
         self.tau = tau
-        self.value_per = value_per
+        self.value_form = value
         self.value_lr, self.value_model_name = value_lr, value_model
         self.value: models.ScalarHeadModel | None = None
         self.batch_value: nn.Parameter | None = None
-        if value_per == "batch":
+        self.value_token_id: int | None = None
+        if value == "learned_scalar":
             self.batch_value = nn.Parameter(torch.zeros(()))
-        elif value_model == SHARED and self.lora_config is not None:  # a head on the policy adapter
+        elif value == "policy_logit":
+            self.value_token_id = self.tokenizer.pad_token_id if value_token_id is None else int(value_token_id)
+            vocabulary = self.policy.get_output_embeddings().weight.shape[0]
+            if self.value_token_id is None or not 0 <= self.value_token_id < vocabulary:
+                raise ValueError(f"value_token_id {self.value_token_id} is not a vocabulary id of the policy "
+                                 f"(0..{vocabulary - 1})")
+        elif value == "shared_head" and self.lora_config is not None:  # a head on the policy adapter
             self.value = scalar_adapters.AdapterScalarModel(self.policy, adapters.POLICY)
-        elif value_model == SHARED:
+        elif value == "shared_head":
             self.value = models.ScalarHeadModel(models.backbone_of(self.policy))
-        elif self.lora_config is not None and (
-            value := scalar_adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, value_model, self.model_name)
+        elif value == "network" and self.lora_config is not None and (
+            adapter := scalar_adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, value_model, self.model_name)
         ) is not None:  # LoRA: the adapter `value` on the policy's base (own learning rate)
-            self.value = value
-        else:
+            self.value = adapter
+        elif value == "network":
             self.value = models.load_scalar_model(value_model or self.model_name, self.tokenizer, self.model_dtype)
             self.value.requires_grad_(True)
             if self.lora_config is not None:  # another base: a value adapter on its own frozen body
                 scalar_adapters.lora_on_scalar(self.value, self.lora_config, adapters.VALUE)
-        if self.gradient_checkpointing and self.value is not None and value_model != SHARED:
+        if self.gradient_checkpointing and value == "network":
             self.value.gradient_checkpointing_enable()  # trained like the policy: checkpointed too
         self.load_reference(ref_model, self.model_dtype)
 
@@ -115,22 +140,43 @@ class DROVModule(PolicyModule):
     # ----------------------------------------------------------------------------------------
 
     def value_parameters(self) -> list[nn.Parameter]:
-        """The value's own trainable parameters (with `shared`: the head only)."""
+        """The value's own trainable parameters (`shared_head`: the head only; none for
+        `batch_estimate` and `policy_logit`)."""
+        if self.value_form in ("batch_estimate", "policy_logit"):
+            return []
         if self.batch_value is not None:
             return [self.batch_value]
-        if self.value_model_name == SHARED:
+        if self.value_form == "shared_head":
             return list(self.value.head.parameters())
         if isinstance(self.value, scalar_adapters.AdapterScalarModel):  # its LoRA weights and head
             return list(adapters.param_group_params(self.policy, self.value.adapter, self.value.head))
         return list(self.value.parameters())
 
     def values(self, batch: SingleBatch) -> Tensor:
-        """V(x) of each row (B,), read at the last prompt token (`prompt_lengths - 1`)."""
+        """V(x) of each row (B,), read at the last prompt token (`prompt_lengths - 1`).
+        Not for `batch_estimate`, which needs the batch's log-ratios (`compute_loss`)."""
+        if self.value_form == "batch_estimate":
+            raise ValueError("value: batch_estimate is computed from the batch's rewards and log-ratios "
+                             "(losses.batch_value_estimate), not from the prompts")
         if self.batch_value is not None:
             return self.batch_value.expand(batch.input_ids.shape[0])  # (B,) one scalar for the batch
         index = last_prompt_index(batch.prompt_lengths)  # (B,)
         width = int(index.max()) + 1  # right padding: prompts fill columns [0, prompt_length)
-        return self.value.score(batch.input_ids[:, :width], batch.attention_mask[:, :width], index=index)  # (B,)
+        ids, mask = batch.input_ids[:, :width], batch.attention_mask[:, :width]
+        if self.value_form == "policy_logit":
+            return self.policy_logit_values(ids, mask, index)
+        return self.value.score(ids, mask, index=index)  # (B,)
+
+    def policy_logit_values(self, input_ids: Tensor, attention_mask: Tensor, index: Tensor) -> Tensor:
+        """The policy's logit of `value_token_id` at column `index` of each row: (B,).
+
+        input_ids, attention_mask: (B, W) right-padded prompts; index: (B,). Only the logits of
+        the columns some row reads are computed (`logits_to_keep`), not (B, W, vocabulary)."""
+        columns, row_column = torch.unique(index, return_inverse=True)  # (K,), (B,)
+        with adapters.activated(self.policy) as module:
+            logits = module(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=columns).logits  # (B, K, V)
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        return logits[rows, row_column, self.value_token_id]  # (B,)
 
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         """Two learning rates in one AdamW: the policy at `lr`, the value at `value_lr`."""
@@ -155,7 +201,10 @@ class DROVModule(PolicyModule):
             raise ValueError("DROVModule needs scalar `rewards` in the batch (single-trajectory data with a reward column)")
         policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
         ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
-        values = self.values(batch)  # (B,)
+        if self.value_form == "batch_estimate":
+            values = batch_value_estimate(policy.float(), ref.float(), batch.rewards.float(), self.tau)  # (B,)
+        else:
+            values = self.values(batch)  # (B,)
         out = drov_loss(policy, ref, values.float(), batch.rewards.float(), self.tau)
         stats = {
             "policy/loss": out.policy_loss.detach(),

@@ -178,7 +178,7 @@ class GRPOModule(OnlineModule):
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         group = self.num_generations
         scores = rollout.scores.float()  # (B*G,)
-        mask = rollout.response_mask  # (B*G, R)
+        mask, attention = rollout.loss_mask, rollout.response_mask  # (B*G, R): the policy's tokens, every token
         token_advantages = None
         if self._reinforce_pp:  # per-token, normalised over every rank's tokens
             token_advantages = reinforce_pp_advantages(
@@ -205,10 +205,10 @@ class GRPOModule(OnlineModule):
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.logprob_temperature, groups=rows // group,
+                attention[rows], self.logprob_temperature, groups=rows // group,
             )  # (n, R); a group's rows in this micro-batch share one prompt computation
             if on_policy:
-                filled[rows] = logps.detach().float()
+                filled[rows] = torch.where(mask[rows], logps.detach().float(), 0.0)  # 0 off the policy's tokens
             old = None if on_policy else rollout.logps[rows]
             ref = None if ref_logps is None else ref_logps[rows]
             tis = self.tis_weights(rollout, rows, logps.detach() if on_policy else old)  # (n, R) or None

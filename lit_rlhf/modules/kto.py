@@ -34,7 +34,14 @@ from torch import Tensor
 
 from lit_rlhf import checks, distributed
 from lit_rlhf.distributed import gather_rows
-from lit_rlhf.losses import KTO_WEIGHT_RATIO_RANGE, kto_kl_estimate, kto_loss, kto_weight_ratio, labels_from_rewards
+from lit_rlhf.losses import (
+    KTO_WEIGHT_RATIO_RANGE,
+    RewardLabels,
+    kto_kl_estimate,
+    kto_loss,
+    kto_weight_ratio,
+    labels_from_rewards,
+)
 from lit_rlhf.modules.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.types import PreferenceBatch, SingleBatch
@@ -112,8 +119,13 @@ class KTOModule(PolicyModule):
 
     Accepted batches:
     - `SingleBatch` with `labels` (True = desirable), `labels_from: labels`;
-    - `SingleBatch` with scalar `rewards`, `labels_from: rewards`: desirable when the reward beats
-      the (global, all ranks) batch mean, the DRO paper's KTO baseline (`labels_from_rewards`);
+    - `SingleBatch` with scalar `rewards`, `labels_from: rewards`: desirable when the reward is
+      above the (global, all ranks) batch mean, undesirable below it, the DRO paper's KTO baseline
+      (`labels_from_rewards`). A reward equal to the mean (ties: discrete rewards, an all-equal
+      batch) gets no label: the row is left out of the loss and counted (`data/num_tied`). When
+      every row of the global batch is tied the batch carries no signal and the optimizer step
+      is skipped on every rank (no update, not even AdamW's momentum), counted in
+      `data/tied_batches`;
     - `PreferenceBatch`: the pairs split into a desirable (chosen, rows [:B]) and an undesirable
       (rejected, rows [B:]) completion; `labels_from` is ignored.
 
@@ -164,6 +176,7 @@ class KTOModule(PolicyModule):
         self._last_z0 = 0.0  # the last raw KL estimate: fallback for a batch of one prompt (`kl_estimate`)
         self._counts = [0.0, 0.0]  # desirable, undesirable examples trained on so far (all ranks)
         self._ratio_warned = False
+        self.tied_batches = 0  # training batches skipped because every row tied with the batch mean
         self.load_reference(ref_model, self.model_dtype)
 
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
@@ -185,27 +198,40 @@ class KTOModule(PolicyModule):
         super().on_save_checkpoint(checkpoint)
         checkpoint[CHECKPOINT_KEY]["last_z0"] = self._last_z0  # the single-prompt batch fallback (exact resume)
         checkpoint[CHECKPOINT_KEY]["label_counts"] = list(self._counts)
+        checkpoint[CHECKPOINT_KEY]["tied_batches"] = self.tied_batches
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         self._last_z0 = float(checkpoint.get(CHECKPOINT_KEY, {}).get("last_z0", 0.0))
         self._counts = [float(c) for c in checkpoint.get(CHECKPOINT_KEY, {}).get("label_counts", [0.0, 0.0])]
+        self.tied_batches = int(checkpoint.get(CHECKPOINT_KEY, {}).get("tied_batches", 0))
 
-    def desirable_flags(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
-        """(N,) bool, True = desirable, for the N rows of the batch."""
+    def row_labels(self, batch: SingleBatch | PreferenceBatch) -> tuple[RewardLabels, bool]:
+        """The N rows' labels (desirable, tied: (N,) bool) and whether every row of the GLOBAL
+        batch (all ranks) is tied, which is the same answer on every rank. Only rewards compared
+        with their batch mean can tie; binary labels and pairs never do."""
         if isinstance(batch, PreferenceBatch):
             pairs = batch.num_pairs
-            return torch.arange(2 * pairs, device=batch.input_ids.device) < pairs  # chosen rows first
+            desirable = torch.arange(2 * pairs, device=batch.input_ids.device) < pairs  # chosen rows first
+            return RewardLabels(desirable, torch.zeros_like(desirable)), False
         if not isinstance(batch, SingleBatch):
             raise TypeError(f"KTOModule needs a SingleBatch or a PreferenceBatch, got {type(batch).__name__}")
         if self.labels_from == "labels":
             if batch.labels is None:
                 raise ValueError("labels_from='labels' but the batch has no `labels`; use labels_from='rewards' for scalar rewards")
-            return batch.labels.bool()
+            desirable = batch.labels.bool()
+            return RewardLabels(desirable, torch.zeros_like(desirable)), False
         if batch.rewards is None:
             raise ValueError("labels_from='rewards' but the batch has no `rewards`")
         everyone, own = gather_rows(batch.rewards)  # the mean of the GLOBAL batch, every rank's rewards
-        return labels_from_rewards(everyone)[own].to(batch.rewards.device)
+        labels = labels_from_rewards(everyone)
+        device = batch.rewards.device
+        return RewardLabels(labels.desirable[own].to(device), labels.tied[own].to(device)), bool(labels.tied.all())
+
+    def desirable_flags(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
+        """(N,) bool, True = desirable, for the N rows of the batch (tied rows are False here:
+        `row_labels` says which rows have no label)."""
+        return self.row_labels(batch)[0].desirable
 
     @torch.no_grad()
     def kl_estimate(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
@@ -245,13 +271,17 @@ class KTOModule(PolicyModule):
         """z0: the KL estimate (`kl_estimate`) clamped at 0, a () tensor without grad."""
         return self.kl_estimate(batch).clamp(min=0)
 
-    def compute_loss(self, batch: SingleBatch | PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
-        desirable = self.desirable_flags(batch)  # (N,)
+    def compute_loss(self, batch: SingleBatch | PreferenceBatch,
+                     labels: RewardLabels | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one batch and the detached statistics to log (names `{group}/{name}`).
+        `labels`: the batch's `row_labels` when the caller already has them."""
+        labels = self.row_labels(batch)[0] if labels is None else labels  # (N,) each
         kl_raw = self.kl_estimate(batch)  # (), unclamped; kto_loss clamps it at 0 (z0)
         policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
         ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
-        out = kto_loss(policy, ref, desirable, kl_raw, self.beta, self.desirable_weight, self.undesirable_weight)
+        out = kto_loss(policy, ref, labels.desirable, kl_raw, self.beta, self.desirable_weight, self.undesirable_weight,
+                       labelled=labels.labelled)
+        desirable = labels.desirable
         stats = {
             "rewards/desirable": out.desirable_rewards,
             "rewards/undesirable": out.undesirable_rewards,
@@ -262,6 +292,7 @@ class KTOModule(PolicyModule):
             "data/desirable_fraction": desirable.float().mean(),
             "data/num_desirable": out.num_desirable.float(),
             "data/num_undesirable": out.num_undesirable.float(),
+            "data/num_tied": out.num_unlabelled.float(),
         }
         return out.loss, stats
 
@@ -299,7 +330,15 @@ class KTOModule(PolicyModule):
         self.check_weight_ratio()
 
     def training_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> Tensor | None:
-        loss, stats = self.compute_loss(batch)
+        labels, all_tied = self.row_labels(batch)
+        if all_tied:  # the same on every rank: all of them skip (no collective is left half done)
+            self.tied_batches += 1
+            log.warning("KTO: every reward of the batch at global step %d equals the batch mean: no row has a label, "
+                        "the step is skipped (%d such batches so far)", self.global_step, self.tied_batches)
+            self.log_stats("train", {"data/num_tied": float(labels.tied.sum()), "data/tied_batches": float(self.tied_batches)})
+            return None  # Lightning skips backward and the optimizer step
+        loss, stats = self.compute_loss(batch, labels)
+        stats["data/tied_batches"] = float(self.tied_batches)
         stats.update(self.weight_ratio_stats(stats["data/num_desirable"], stats["data/num_undesirable"]))
         if self.global_step >= 7:
             self.check_weight_ratio()

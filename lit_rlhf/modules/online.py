@@ -60,6 +60,8 @@ from torch import Tensor
 from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.envs.base import Environment
+from lit_rlhf.modules.online_env import EnvironmentMixin
 from lit_rlhf.modules.online_episodes import EpisodeBudgetMixin
 from lit_rlhf.modules.online_rollout import RolloutMixin, repeat_meta, validation_rng
 from lit_rlhf.modules.online_update import UpdateLoopMixin
@@ -69,7 +71,7 @@ from lit_rlhf.types import PromptBatch, Rollout
 __all__ = ["EpisodeBudgetMixin", "OnlineModule", "RolloutMixin", "UpdateLoopMixin", "repeat_meta", "validation_rng"]
 
 
-class OnlineModule(RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin, PolicyModule):
+class OnlineModule(EnvironmentMixin, RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin, PolicyModule):
     """Base of PPO and GRPO: generation, reward sources, the rollout hook, the update loop.
 
     Args:
@@ -119,6 +121,16 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin, PolicyModu
         tis_cap: truncated importance sampling (`losses.tis`): GRPO's and PPO's policy-gradient
             term of each token is weighted by min(pi_train / pi_sampler, tis_cap); None = off.
             Needs `generation_backend: vllm` (with `hf` the sampler is the trainer).
+        environment: a `lit_rlhf.envs.Environment` (e.g. `lit_rlhf.envs.ToolEnvironment` with
+            tools): each rollout row is then a multi-turn episode instead of one response
+            (`lit_rlhf.modules.online_env`); the environment's return is the reward source
+            `environment`, after the others (count it in `reward_weights`). None = one response
+            per row.
+        max_turns: policy turns per episode at most (with an environment); `max_new_tokens`
+            bounds each turn.
+        max_episode_tokens: tokens after the first prompt per episode at most, the policy's and
+            the environment's (the rollout's response width R); None = `max_turns *
+            max_new_tokens`. An episode that would pass it is truncated (`has_eos` False).
         **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
     """
 
@@ -147,6 +159,9 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin, PolicyModu
         generation_backend: Literal["hf", "vllm"] = "hf",
         vllm_kwargs: dict[str, Any] | None = None,
         tis_cap: float | None = None,
+        environment: Environment | None = None,
+        max_turns: int = 1,
+        max_episode_tokens: int | None = None,
         **kwargs: Any,
     ) -> None:
         if generation_backend not in ("hf", "vllm"):
@@ -179,14 +194,15 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin, PolicyModu
         for fn in self.reward_fns:
             if not callable(fn):
                 raise TypeError(f"reward_fns entries must be callables, got {fn!r}")
-        if reward_model is None and not self.reward_fns:
-            raise ValueError("no reward source: set reward_model and/or reward_fns")
-        n_sources = int(reward_model is not None) + len(self.reward_fns)
+        if reward_model is None and not self.reward_fns and environment is None:
+            raise ValueError("no reward source: set reward_model and/or reward_fns (or an environment)")
+        n_sources = int(reward_model is not None) + len(self.reward_fns) + int(environment is not None)
         if reward_weights is not None and len(reward_weights) != n_sources:
             raise ValueError(
                 f"reward_weights has {len(reward_weights)} entries for {n_sources} reward sources "
-                "(the reward model first, then reward_fns in order)"
+                "(the reward model first, then reward_fns in order, then the environment)"
             )
+        self.init_environment(environment, max_turns, max_episode_tokens, max_new_tokens)
         if reward_normalization not in ("none", "group", "batch"):
             raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {reward_normalization!r}")
         # the settings, read at run time (`lit_rlhf.modules.settings`)
@@ -289,6 +305,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin, PolicyModu
         self.rollouts += 1
         self.episodes += n * max(1, self._trainer.world_size if self._trainer else 1)
         stats.update(self.rollout_stats(rollout))
+        stats.update(self.episode_stats(rollout))
         stats.update(sampling_stats)
         stats.update({f"rewards/{name}": r.float().mean() for name, r in per_source.items()})
         stats["time/generation"] = torch.tensor(generated - started)

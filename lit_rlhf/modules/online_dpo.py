@@ -40,6 +40,8 @@ class OnlineDPOModule(OnlineModule):
         **kwargs: `OnlineModule` (reward sources, reference, sampling, ...) and `PolicyModule`.
     """
 
+    supports_environment = False  # a pairwise loss over two responses of a prompt, judged as texts: one turn
+
     def __init__(self, beta: float = 0.1, loss_type: DPOLossType = "sigmoid", temperature: float = 1.0,
                  **kwargs: Any) -> None:
         # DPO's objective is on the policy's own distribution: log-probs at 1 whatever the sampling

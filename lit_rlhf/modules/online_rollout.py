@@ -66,20 +66,26 @@ class RolloutMixin:
             prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)  # (B*G, P)
             prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
             meta = repeat_meta(meta, repeats)
-        response_ids, response_mask, has_eos, sampler_logps = self.generate(prompt_ids, prompt_mask, sampling or self.sampling)
+        if self.environment is not None:  # multi-turn episodes (`lit_rlhf.modules.online_env`)
+            rollout = self.episode_rollout(batch, meta, repeats, sampling or self.sampling)
+        else:
+            response_ids, response_mask, has_eos, sampler_logps = self.generate(prompt_ids, prompt_mask,
+                                                                                sampling or self.sampling)
+            rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, None, meta=meta,
+                              sampler_logps=sampler_logps)
         micro = self.micro_batch_size
         temperature = self.logprob_temperature
-        args = (prompt_ids, prompt_mask, response_ids, response_mask)
+        # the response's attention mask: with an environment its observation tokens are context too
+        args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_mask)
         # a prompt's `repeats` copies share one prompt computation (`shared_prompt`)
         groups = torch.arange(prompt_ids.shape[0], device=prompt_ids.device) // repeats if repeats > 1 else None
         with torch.no_grad():
             logps = self.response_token_logps(self.policy, *args, temperature, micro, groups) if with_logps else None  # (N, R)
             ref = getattr(self, "ref_model", None)
             ref_logps = None if ref is None else self.response_token_logps(ref, *args, temperature, micro, groups)
-        rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, logps, ref_logps, meta=meta,
-                          sampler_logps=sampler_logps)
+        rollout = rollout._replace(logps=policy_tokens_only(logps, rollout), ref_logps=policy_tokens_only(ref_logps, rollout))
         with torch.no_grad():
-            values = self.rollout_values(rollout.input_ids, rollout.attention_mask, response_ids.shape[1])
+            values = self.rollout_values(rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1])
         rollout = rollout._replace(values=values)
         scores, per_source = self.score_rollout(rollout, repeats)
         self.check_finite(batch, scores=scores, values=values)
@@ -97,11 +103,12 @@ class RolloutMixin:
             rollout, per_source = self.make_rollout(batch, 1, with_logps=with_logps, sampling=self.val_sampling)
         stats = {
             "objective/scores": rollout.scores.float().mean(),
-            "response/length": rollout.response_mask.sum(dim=1).float().mean(),
+            "response/length": rollout.loss_mask.sum(dim=1).float().mean(),
             "response/eos_fraction": rollout.has_eos.float().mean(),
         }
         if rollout.ref_logps is not None and rollout.logps is not None:
-            stats["objective/kl"] = masked_sum(rollout.logps - rollout.ref_logps, rollout.response_mask, dim=1).mean()
+            stats["objective/kl"] = masked_sum(rollout.logps - rollout.ref_logps, rollout.loss_mask, dim=1).mean()
+        stats.update(self.episode_stats(rollout))
         self.log_stats("val", stats, batch_size=rollout.response_ids.shape[0])
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor,
@@ -145,13 +152,17 @@ class RolloutMixin:
                 self.reward_model, rollout.input_ids, rollout.attention_mask, self.micro_batch_size,
                 groups, rollout.prompt_ids.shape[1],
             )
+        trajectories = self.trajectories(rollout)
         if self.reward_fns:
             prompts = rollout.meta.get("prompt") or self.tokenizer.batch_decode(
                 [ids[m].tolist() for ids, m in zip(rollout.prompt_ids, rollout.prompt_mask)]
             )
-            completions = decode_responses(self.tokenizer, rollout.response_ids, rollout.response_mask)
+            if trajectories is None:
+                completions = decode_responses(self.tokenizer, rollout.response_ids, rollout.response_mask)
+            else:  # an episode's answer is its last policy turn
+                completions = [t.final_text for t in trajectories]
             columns = {
-                "completion_length": rollout.response_mask.sum(dim=1).tolist(),  # tokens, EOS included
+                "completion_length": rollout.loss_mask.sum(dim=1).tolist(),  # the policy's tokens, EOS included
                 "truncated": (~rollout.has_eos).tolist(),
                 **rollout.meta,
             }
@@ -160,6 +171,8 @@ class RolloutMixin:
                 while name in per_source:
                     name += "_"
                 per_source[name] = call_reward_fn(fn, list(prompts), completions, columns)
+        if trajectories is not None:  # the environment's return, after the other sources
+            per_source["environment"] = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
         device = rollout.response_ids.device
         per_source = {k: v.to(device) for k, v in per_source.items()}
         how = self.reward_normalization if self.training else "none"  # val: raw scores
@@ -196,6 +209,8 @@ class RolloutMixin:
         """Each prompt's greedy response (B rows: `sampling` with `do_sample` off, the same
         backend), scored by the reward sources and shaped by the rollout hooks as the samples are
         (the EOS trick treats both alike); no log-probs. ReMax's baseline, from `rollout_extras`."""
+        if self.environment is not None:
+            raise ValueError("a greedy baseline response is one turn: not available with an environment")
         prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
         ids, mask, has_eos, _ = self.generate(prompt_ids, prompt_mask, dataclasses.replace(self.sampling, do_sample=False))
         greedy = Rollout(prompt_ids, prompt_mask, ids, mask, has_eos, None, meta=dict(batch.meta))
@@ -235,7 +250,7 @@ class RolloutMixin:
     def rollout_stats(self, rollout: Rollout) -> dict[str, Tensor]:
         """Objective stats of a shaped rollout: scores, lengths, EOS; entropy, KL and RLHF reward
         when it has log-probs."""
-        mask = rollout.response_mask
+        mask = rollout.loss_mask  # the policy's tokens
         stats = {
             "objective/scores": rollout.scores.float().mean(),
             "response/length": mask.sum(dim=1).float().mean(),
@@ -262,6 +277,9 @@ class RolloutMixin:
         if experiment is None or not hasattr(experiment, "add_text") or not self.trainer.is_global_zero:
             return
         k = self.num_logged_completions
+        if self.trajectories(rollout) is not None:
+            self.log_conversations(rollout, experiment, k)
+            return
         texts = decode_responses(self.tokenizer, rollout.response_ids[:k], rollout.response_mask[:k])
         prompts = rollout.meta.get("prompt") or self.tokenizer.batch_decode(
             [ids[m].tolist() for ids, m in zip(rollout.prompt_ids[:k], rollout.prompt_mask[:k])]
@@ -292,3 +310,11 @@ def validation_rng(device: torch.device, step: int, batch_idx: int) -> Iterator[
 def repeat_meta(meta: dict[str, Sequence[Any]], repeats: int) -> dict[str, list[Any]]:
     """Each column's entries repeated `repeats` times in place (a prompt's copies contiguous)."""
     return {k: [v for v in values for _ in range(repeats)] for k, values in meta.items()}
+
+
+def policy_tokens_only(logps: Tensor | None, rollout: Rollout) -> Tensor | None:
+    """Per-token log-probs (N, R) with 0 off the policy's tokens (`Rollout.loss_mask`): a
+    multi-turn rollout scores its environment tokens as context only."""
+    if logps is None or rollout.action_mask is None:
+        return logps
+    return torch.where(rollout.loss_mask, logps, torch.zeros((), dtype=logps.dtype, device=logps.device))

@@ -20,6 +20,7 @@ from lit_rlhf.losses import truncated_importance_weights
 from lit_rlhf.types import Rollout
 
 LossResult = Union[tuple[Tensor, dict[str, Tensor]], Iterable[tuple[Tensor, dict[str, Tensor]]]]
+StepLoss = Callable[[int, int], tuple[Tensor, dict[str, Tensor]]]  # (micro, micros) -> (loss, stats): `step_loss`
 
 
 def loss_parts(result: LossResult, separate: bool = True) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
@@ -57,7 +58,7 @@ class UpdateLoopMixin:
         """The shared settings' problems (`PolicyModule`), then the update's split: `update_rows`
         of a rollout must divide into `num_minibatches` equal minibatches (else `run_updates`
         fails at the first step). A method adds its own to `super().check_config(...)`."""
-        problems = super().check_config(trainer, datamodule)
+        problems = super().check_config(trainer, datamodule) + self.environment_problems(trainer)
         batch_size = getattr(datamodule, "batch_size", None)
         if not batch_size:
             return problems
@@ -74,6 +75,20 @@ class UpdateLoopMixin:
         if cap is None or rollout.sampler_logps is None:
             return None
         return truncated_importance_weights(train_logps, rollout.sampler_logps[rows], rollout.response_mask[rows], cap)
+
+    def step_loss(self) -> StepLoss | None:
+        """A loss term of the next optimizer step that is not a function of the rollout's rows
+        (PPO-ptx's language-modelling loss on SFT rows), or None (the default: none).
+
+        `run_updates` calls it once per optimizer step, before that step's micro-batches, and then
+        calls what it returns, `(micro, micros) -> (loss, stats)`, for each micro-batch `micro` of
+        the step's `micros`: the loss is that micro-batch's share of the term, already normalised
+        over the whole step (`run_updates` does not weigh it again), and is added to the
+        micro-batch's first loss part, so it shares that part's backward pass (the policy's, for
+        PPO: each parameter still gets one gradient per backward pass, as `optimizer_in_backward`
+        needs, and under DDP every trained parameter is in each pass). Its stats are averaged
+        over the micro-batches with the loss's."""
+        return None
 
     def minibatches(self, n_rows: int, num_minibatches: int, shuffle: bool = True) -> Iterator[Tensor]:
         """Row indices of `num_minibatches` minibatches covering the rollout once."""
@@ -109,6 +124,9 @@ class UpdateLoopMixin:
           ranks and multiplied by the world size (data parallelism averages the ranks'
           gradients), so the loss is the token mean of the GLOBAL minibatch.
 
+        A method's term of every optimizer step that is not a function of the rollout's rows is
+        added through `step_loss` (PPO-ptx).
+
         Returns the stats averaged over all micro-batches, plus `policy/first_ratio_mean` from the
         first one (exactly 1: D7).
         """
@@ -126,19 +144,25 @@ class UpdateLoopMixin:
             for rows in self.minibatches(n_rows, num_minibatches, shuffle=epoch > 0):
                 micro = self.micro_batch_size or len(rows)
                 total = self.minibatch_weight(rows, row_weights)
+                extra = self.step_loss()  # a term of this optimizer step beyond the rollout's rows
+                micros = -(-len(rows) // micro)
 
                 def accumulate() -> bool:
                     """Forward and backward over the minibatch's micro-batches; False when a loss
                     is not finite (`on_nonfinite: skip`; `error` raises)."""
                     nonlocal count, first
-                    for start in range(0, len(rows), micro):
+                    for index, start in enumerate(range(0, len(rows), micro)):
                         micro_rows = rows[start: start + micro]
                         share = len(micro_rows) if row_weights is None else row_weights[micro_rows].sum()
                         stats: dict[str, Tensor] = {}
-                        for loss, part_stats in loss_parts(loss_fn(micro_rows), separate):
+                        for part, (loss, part_stats) in enumerate(loss_parts(loss_fn(micro_rows), separate)):
+                            loss = loss * (share / total)
+                            if part == 0 and extra is not None:  # the step's own term, in the first part's backward
+                                extra_loss, extra_stats = extra(index, micros)
+                                loss, part_stats = loss + extra_loss, {**part_stats, **extra_stats}
                             if not self.check_finite(loss=loss):
                                 return False
-                            self.manual_backward(loss * (share / total))
+                            self.manual_backward(loss)
                             stats.update(part_stats)
                         if not first:
                             first = {k: v.detach() for k, v in stats.items()}

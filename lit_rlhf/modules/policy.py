@@ -70,7 +70,8 @@ class PolicyModule(TrainingModule):
         frozen_placement: where frozen models (reference policy, reward model) live under a
             sharding strategy (DeepSpeed ZeRO-3): `partitioned` shards them across ranks with
             the trained weights (least memory; every forward all-gathers them), `whole` keeps a
-            full copy on every rank (no communication; the N+ paper's choice for its 6.9B runs).
+            full copy on every rank (no communication; the N+ paper, Detail 8, keeps them unsharded
+            under ZeRO-2 and offloads them to CPU, which this placement does not do).
             Without sharding both are the same. The DeepSpeed offload config also moves frozen
             weights to CPU when they are `partitioned`.
         logprob_chunk_size: log-probs are computed from the last hidden states, the output

@@ -148,10 +148,22 @@ class PPOModule(OnlineModule):
         full = torch.cat(chunks).float()  # (N, P+R)
         return full[:, -response_length - 1: -1]  # (N, R)
 
+    def turn_rewards(self, rollout: Rollout) -> Tensor | None:
+        """The environment's per-turn rewards (N, R) as they weigh in the score: times the
+        environment source's weight (`reward_weights`, the last source). None for a one-turn
+        rollout, and under `reward_normalization` (the source is then z-scored as a whole, so
+        the whole score goes on the last token)."""
+        if rollout.turn_rewards is None or self.reward_normalization != "none":
+            return None
+        weight = 1.0 if self.reward_weights is None else float(self.reward_weights[-1])
+        return rollout.turn_rewards.float() * weight
+
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        mask = rollout.response_mask  # (N, R)
-        # 1. per-token rewards: KL penalty everywhere, the score on the EOS token (D12)
-        shaped = ppo_rewards(rollout.scores, rollout.logps, rollout.ref_logps, mask, self.kl_coef, self.kl_estimator)
+        mask, attention = rollout.loss_mask, rollout.response_mask  # (N, R): the policy's tokens, every token
+        # 1. per-token rewards: KL penalty everywhere, the score on the EOS token (D12); a
+        # multi-turn episode's environment rewards on the turns that earned them
+        shaped = ppo_rewards(rollout.scores, rollout.logps, rollout.ref_logps, mask, self.kl_coef, self.kl_estimator,
+                             self.turn_rewards(rollout))
         # whitening moments over the global rollout, every rank's tokens (lit_rlhf.distributed)
         rewards = global_masked_whiten(shaped.rewards, mask, shift_mean=False) if self.whiten_rewards else shaped.rewards  # D24
         # 2. GAE, then advantage whitening over the whole rollout (D25)
@@ -167,7 +179,7 @@ class PPOModule(OnlineModule):
         def loss_fn(rows: Tensor) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.logprob_temperature,
+                attention[rows], self.logprob_temperature,
             )  # (n, R)
             tis = self.tis_weights(rollout, rows, rollout.logps[rows])  # (n, R): truncated IS, None when off
             adv = advantages[rows] if tis is None else advantages[rows] * tis  # w >= 0: weights each token's clipped term

@@ -77,14 +77,14 @@ class RejectionSamplingModule(OnlineModule):
         return problems
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        scores, mask = rollout.scores.float(), rollout.response_mask  # (N,), (N, R)
+        scores, mask, attention = rollout.scores.float(), rollout.loss_mask, rollout.response_mask  # (N,), (N, R) x2
         kept = rejection_sampling_mask(scores, self.repeats, self.selection, self.top_k).nonzero().flatten()  # (K,)
 
         def loss_fn(index: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             rows = kept[index]
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], 1.0, groups=rows // self.repeats,
+                attention[rows], 1.0, groups=rows // self.repeats,
             )  # (n, R) at temperature 1: SFT on the policy's own distribution
             loss = nll_loss(logps, mask[rows])
             return loss, {"policy/loss": loss.detach()}

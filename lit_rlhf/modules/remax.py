@@ -37,6 +37,8 @@ class ReMaxModule(OnlineModule):
             is a raw reward, reference, sampling, micro_batch_size, ...) and `PolicyModule`.
     """
 
+    supports_environment = False  # its baseline is a greedy response: one turn
+
     def __init__(self, num_generations: int = 1, kl_coef: float = 0.0, temperature: float = 1.0, **kwargs: Any) -> None:
         super().__init__(temperature=temperature, **kwargs)
         if num_generations < 1:

@@ -62,7 +62,7 @@ class RLOOModule(OnlineModule):
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         group = self.num_generations
-        mask = rollout.response_mask  # (N, R)
+        mask, attention = rollout.loss_mask, rollout.response_mask  # (N, R): the policy's tokens, every token
         ref_logps = rollout.ref_logps if self.kl_coef > 0 else None
         rewards, kl = rloo_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.kl_coef)  # (N,)
         advantages = rloo_advantages(rewards, group)  # (N,)
@@ -70,7 +70,7 @@ class RLOOModule(OnlineModule):
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.logprob_temperature, groups=rows // group,
+                attention[rows], self.logprob_temperature, groups=rows // group,
             )  # (n, R); a group's rows share one prompt computation
             loss = rloo_loss(logps, advantages[rows], mask[rows])
             return loss, {"policy/loss": loss.detach()}

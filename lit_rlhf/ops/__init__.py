@@ -10,7 +10,7 @@ from lit_rlhf.ops.logprobs import (
     token_logps_from_logits,
 )
 from lit_rlhf.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from lit_rlhf.ops.rl import gae, kl_penalty, last_true_index, place_at_last, truncate_after_eos
+from lit_rlhf.ops.rl import gae, kl_penalty, last_true_index, place_at_last, place_rewards, truncate_after_eos
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -24,6 +24,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "place_at_last",
+    "place_rewards",
     "position_ids_from_mask",
     "selective_log_softmax",
     "token_logps_from_logits",

@@ -31,8 +31,10 @@ def kl_penalty(logps: Tensor, ref_logps: Tensor, estimator: KLEstimator = "k1") 
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over the response tokens (Schulman et al. 2016, eq. 16).
 
-    rewards, values: (B, R); mask: (B, R) bool, True on response tokens (a prefix of each row).
-    delta_t = r_t + gamma * V_{t+1} - V_t, A_t = delta_t + gamma * lam * A_{t+1}, with V and A
+    rewards, values: (B, R); mask: (B, R) bool, True on the policy's tokens. Over the kept
+    tokens t < t' < ... of a row (a prefix for one turn; with holes where a multi-turn episode's
+    environment tokens lie, which are not actions and are skipped):
+    delta_t = r_t + gamma * V_{t'} - V_t, A_t = delta_t + gamma * lam * A_{t'}, with V and A
     taken as 0 past the last kept token. Returns (advantages, returns = advantages + values),
     both 0 where `mask` is False.
     """
@@ -41,13 +43,15 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     rewards = torch.where(mask, rewards, zeros)
     length = rewards.shape[1]
     advantages = torch.zeros_like(rewards)
-    last = torch.zeros_like(rewards[:, 0])
+    last = torch.zeros_like(rewards[:, 0])  # A of the next kept token
+    next_value = torch.zeros_like(last)  # V of the next kept token
     for t in reversed(range(length)):
-        next_value = values[:, t + 1] if t + 1 < length else torch.zeros_like(last)
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        last = delta + gamma * lam * last
-        last = torch.where(mask[:, t], last, torch.zeros_like(last))
-        advantages[:, t] = last
+        here = delta + gamma * lam * last
+        kept = mask[:, t]
+        advantages[:, t] = torch.where(kept, here, zeros)
+        last = torch.where(kept, here, last)  # a skipped token passes both on unchanged
+        next_value = torch.where(kept, values[:, t], next_value)
     returns = torch.where(mask, advantages + values, zeros)
     return advantages, returns
 
@@ -79,3 +83,13 @@ def place_at_last(scores: Tensor, mask: Tensor) -> Tensor:
     """A (B, T) tensor of zeros with `scores[b]` at the last True position of row b (D12)."""
     out = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
     return out.scatter(1, last_true_index(mask).unsqueeze(1), scores.unsqueeze(1))
+
+
+def place_rewards(scores: Tensor, mask: Tensor, turn_rewards: Tensor | None = None) -> Tensor:
+    """Per-token rewards (B, T) that sum to `scores` (B,) in each row: `turn_rewards` (B, T)
+    where given (a multi-turn episode's per-turn rewards, each on its turn's last token), and
+    the rest of the score, `scores - turn_rewards.sum(1)`, on the last True of `mask` (D12)."""
+    if turn_rewards is None:
+        return place_at_last(scores, mask)
+    turn_rewards = turn_rewards.to(scores.dtype)
+    return turn_rewards + place_at_last(scores - turn_rewards.sum(dim=1), mask)

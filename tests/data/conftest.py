@@ -81,13 +81,6 @@ def tldr_sft_row(k: int, post: str | None = None, summary: str | None = None) ->
             "post": post or f"First paragraph {k}.\n\nSecond paragraph {k}.", "summary": summary or f"Summary {k}."}
 
 
-@pytest.fixture(scope="session")
-def smollm2_tokenizer():
-    from lit_rlhf.models import load_tokenizer
-
-    return load_tokenizer("smollm2-135m-instruct")
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_datasets():
     import datasets

@@ -115,3 +115,24 @@ def test_drov_reaches_theorem1_optimum(tau, counts):
     assert torch.allclose(pi, pi_star, atol=1e-4), (pi, pi_star)
     assert torch.allclose(v, v_star, atol=1e-4), (v, v_star)
     assert out.objective.item() < 1e-8  # every residual r - V - tau log(pi/pi_ref) vanishes
+
+
+def test_batch_value_estimate_by_hand():
+    from lit_rlhf.losses import batch_value_estimate
+
+    # logratio = [-1 - -1.5, -2 - -1] = [0.5, -1]; tau = 2; r = [1, -1]
+    # r - tau * logratio = [1 - 1, -1 + 2] = [0, 1]: V = 0.5 for both rows
+    policy = torch.tensor([-1.0, -2.0], requires_grad=True)
+    values = batch_value_estimate(policy, torch.tensor([-1.5, -1.0]), torch.tensor([1.0, -1.0]), tau=2.0)
+    assert values.tolist() == [0.5, 0.5]
+    assert not values.requires_grad  # held fixed: no gradient into the policy through V
+    # it is the constant minimising the batch's L: residuals [0 - 0.5, 1 - 0.5] average to 0, and
+    # L = 1/2 mean(0.25, 0.25) = 0.125 is below L at V = 0.5 +- 0.1: 1/2 mean(0.36, 0.16) = 0.13
+    out = drov_loss(policy, torch.tensor([-1.5, -1.0]), values, torch.tensor([1.0, -1.0]), tau=2.0)
+    assert out.residuals.item() == pytest.approx(0.0)
+    assert out.objective.item() == pytest.approx(0.125)
+    for shift in (-0.1, 0.1):
+        other = drov_loss(policy, torch.tensor([-1.5, -1.0]), values + shift, torch.tensor([1.0, -1.0]), tau=2.0)
+        assert other.objective.item() == pytest.approx(0.13)
+    with pytest.raises(ValueError, match="tau"):
+        batch_value_estimate(policy, policy, policy, tau=0.0)

@@ -86,13 +86,56 @@ def test_kto_kl_estimate():
     assert raw.item() == pytest.approx(-0.5) and not raw.requires_grad
 
 
-def test_labels_from_rewards():
-    # mean of [1, 2, 3, 6] is 3: only 6 beats it (3 ties and is undesirable)
+def test_labels_from_rewards_leave_ties_unlabelled():
+    # mean of [1, 2, 3, 6] is 3: 6 is above it (desirable), 1 and 2 below (undesirable), 3 ties (no label)
     labels = labels_from_rewards(torch.tensor([1.0, 2.0, 3.0, 6.0]))
-    assert labels.dtype == torch.bool
-    assert labels.tolist() == [False, False, False, True]
-    assert labels_from_rewards(torch.tensor([-0.5, 0.5])).tolist() == [False, True]
-    assert labels_from_rewards(torch.full((3,), 2.0)).tolist() == [False, False, False]
+    assert labels.desirable.dtype == torch.bool and labels.tied.dtype == torch.bool
+    assert labels.desirable.tolist() == [False, False, False, True]
+    assert labels.tied.tolist() == [False, False, True, False]
+    assert labels.labelled.tolist() == [True, True, False, True]
+    assert labels_from_rewards(torch.tensor([-0.5, 0.5])).desirable.tolist() == [False, True]
+    assert not labels_from_rewards(torch.tensor([-0.5, 0.5])).tied.any()
+    # an all-equal batch is all tied, whatever the value: the float32 mean of seven 0.3s is below
+    # 0.3, so a plain `rewards > rewards.mean()` would call all seven desirable
+    sevens = torch.full((7,), 0.3)
+    assert (sevens > sevens.mean()).all()  # the rounding the exact comparison avoids
+    for rewards in (torch.full((3,), 2.0), sevens, torch.full((64,), 0.1), torch.zeros(5)):
+        labels = labels_from_rewards(rewards)
+        assert labels.tied.all() and not labels.desirable.any(), rewards
+    # a 0/1 reward: the mean 1/4 is never hit, so nothing ties
+    labels = labels_from_rewards(torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    assert labels.desirable.tolist() == [False, True, False, False] and not labels.tied.any()
+
+
+def test_kto_leaves_unlabelled_rows_out_of_the_loss_by_hand():
+    # r = [1, -1, 0]; row 2 unlabelled (tied); beta = 1, z0 = 0:
+    #   desirable row 0:   1 - sigmoid(1)  = 0.2689414
+    #   undesirable row 1: 1 - sigmoid(1)  = 0.2689414
+    #   row 2 (any label): left out, loss 0
+    # loss = (0.2689414 + 0.2689414) / 2 labelled rows = 0.2689414 (not / 3)
+    policy = torch.tensor([1.0, -1.0, 0.0], requires_grad=True)
+    out = kto_loss(policy, torch.zeros(3), torch.tensor([True, False, True]), kl=0.0, beta=1.0,
+                   labelled=torch.tensor([True, True, False]))
+    assert out.loss.item() == pytest.approx(1 - _sigmoid(1.0), abs=1e-6)
+    assert out.losses.tolist() == pytest.approx([1 - _sigmoid(1.0), 1 - _sigmoid(1.0), 0.0], abs=1e-6)
+    assert (out.num_desirable.item(), out.num_undesirable.item(), out.num_unlabelled.item()) == (1, 1, 1)
+    assert out.desirable_rewards.item() == pytest.approx(1.0)  # the unlabelled row is in no class mean
+    out.loss.backward()
+    assert policy.grad[2].item() == 0.0 and policy.grad[0].item() < 0 < policy.grad[1].item()
+    # every row labelled: the plain mean over the batch, as without `labelled`
+    full = kto_loss(torch.tensor([1.0, -1.0]), torch.zeros(2), torch.tensor([True, False]), kl=0.0, beta=1.0)
+    assert full.num_unlabelled.item() == 0 and full.loss.item() == pytest.approx(1 - _sigmoid(1.0), abs=1e-6)
+
+
+def test_kto_all_tied_batch_gives_zero_loss_and_exactly_zero_gradient():
+    policy = torch.tensor([0.5, -0.5, 2.0], requires_grad=True)
+    labels = labels_from_rewards(torch.full((3,), 0.3))
+    out = kto_loss(policy, torch.zeros(3), labels.desirable, kl=0.0, beta=5.0, labelled=labels.labelled)
+    assert out.loss.item() == 0.0 and torch.isfinite(out.loss)
+    assert (out.num_desirable.item(), out.num_undesirable.item(), out.num_unlabelled.item()) == (0, 0, 3)
+    assert out.desirable_rewards.item() == 0.0 and out.undesirable_rewards.item() == 0.0
+    out.loss.backward()  # still attached to the graph
+    assert policy.grad.tolist() == [0.0, 0.0, 0.0]
 
 
 def test_weight_ratio_by_hand():

@@ -70,8 +70,8 @@ def test_two_learning_rates_in_one_optimizer_and_separate_networks():
     assert DROVModule().hparams.lr == 1e-4 and DROVModule().hparams.value_lr == 1e-4  # the paper's defaults
 
 
-def test_shared_value_uses_the_policy_backbone(tiny_tokenizer):
-    module = DROVModule(value_model="shared", value_lr=5e-5)
+def test_shared_head_value_uses_the_policy_backbone(tiny_tokenizer):
+    module = DROVModule(value="shared_head", value_lr=5e-5)
     policy_ids = {id(p) for p in module.policy.parameters()}
     assert {id(p) for p in module.value.backbone.parameters()} <= policy_ids
     head_ids = {id(p) for p in module.value.head.parameters()}
@@ -87,14 +87,70 @@ def test_shared_value_uses_the_policy_backbone(tiny_tokenizer):
     assert module.value.head.weight.grad is not None
 
 
-def test_one_value_per_batch_ablation(tiny_tokenizer):
-    module = DROVModule(value_per="batch")
+def test_learned_scalar_value(tiny_tokenizer):
+    module = DROVModule(value="learned_scalar")
     assert module.value is None
     assert module.value_parameters() == [module.batch_value]
     values = module.values(single_batch(tiny_tokenizer))
     assert values.shape == (4,) and (values == values[0]).all()
-    with pytest.raises(ValueError, match="value_per='batch'"):
-        DROVModule(value_per="batch", value_model="shared")
+    with pytest.raises(ValueError, match="value_model names the checkpoint of value: network"):
+        DROVModule(value="learned_scalar", value_model="tiny-random-llama")
+    with pytest.raises(ValueError, match="unknown value"):
+        DROVModule(value="batch")
+
+
+def test_batch_estimate_value_is_the_batch_mean_of_r_minus_tau_logratio(tiny_tokenizer):
+    """The paper's single value: E_x[V(x)] from the batch, mean_b(r - tau log pi/pi_ref)."""
+    torch.manual_seed(0)
+    module = DROVModule(value="batch_estimate", tau=0.5)
+    assert module.value is None and module.batch_value is None and module.value_parameters() == []
+    assert [g["name"] for g in module.optimizer_param_groups()] == ["policy", "policy/no_decay"]
+    with torch.no_grad():  # move the policy off the reference so the log-ratios are not all 0
+        for p in module.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = single_batch(tiny_tokenizer)
+    loss, stats = module.compute_loss(batch)
+    with torch.no_grad():
+        policy = module.sequence_logps(module.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
+        ref = module.sequence_logps(module.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask),
+                                    batch.loss_mask)
+    expected = (REWARDS - 0.5 * (policy - ref)).mean()
+    assert (policy - ref).abs().max() > 1e-3
+    torch.testing.assert_close(stats["value/mean"], expected, atol=1e-5, rtol=0)
+    # the residuals r - V - tau * logratio of the batch then average to 0 exactly
+    assert abs(stats["objective/residuals"].item()) < 1e-5
+    with pytest.raises(ValueError, match="batch_estimate"):
+        module.values(batch)
+    loss.backward()  # the policy still learns; no value parameter exists to get a gradient
+    assert module.policy.model.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+def test_policy_logit_value_is_the_policys_logit_at_the_last_prompt_token(tiny_tokenizer):
+    """The paper's shared network: the policy's own logits as value outputs."""
+    module = DROVModule(value="policy_logit", value_lr=5e-5)
+    assert module.value_token_id == tiny_tokenizer.pad_token_id  # our default
+    assert module.value is None and module.value_parameters() == []
+    groups = module.optimizer_param_groups()
+    assert {g["name"] for g in groups} <= {"policy", "policy/no_decay"}
+    assert sum(len(g["params"]) for g in groups) == len([p for p in module.policy.parameters() if p.requires_grad])
+    batch = single_batch(tiny_tokenizer, extra_pad=3)
+    values = module.values(batch)
+    with torch.no_grad():
+        logits = module.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # (B, T, V)
+    expected = logits[torch.arange(4), batch.prompt_lengths - 1, tiny_tokenizer.pad_token_id]
+    torch.testing.assert_close(values.detach(), expected, atol=1e-5, rtol=0)
+    other = DROVModule(value="policy_logit", value_token_id=7)
+    torch.testing.assert_close(other.values(batch).detach(), logits[torch.arange(4), batch.prompt_lengths - 1, 7],
+                               atol=1e-5, rtol=0)
+    # the value loss trains the policy's own parameters (here: its output layer)
+    _, stats = module.compute_loss(batch)
+    out = module.values(batch)
+    (0.5 * (REWARDS - out) ** 2).mean().backward()
+    assert module.policy.get_output_embeddings().weight.grad[tiny_tokenizer.pad_token_id].abs().sum() > 0
+    with pytest.raises(ValueError, match="not a vocabulary id"):
+        DROVModule(value="policy_logit", value_token_id=10**9)
+    with pytest.raises(ValueError, match="value_token_id is read by value: policy_logit only"):
+        DROVModule(value="network", value_token_id=3)
 
 
 def test_bad_input_is_named(tiny_tokenizer):
@@ -102,13 +158,13 @@ def test_bad_input_is_named(tiny_tokenizer):
         DROVModule(tau=0.0)
     batch = single_batch(tiny_tokenizer)._replace(rewards=None)
     with pytest.raises(ValueError, match="rewards"):
-        DROVModule(value_per="batch").compute_loss(batch)
+        DROVModule(value="learned_scalar").compute_loss(batch)
 
 
-@pytest.mark.parametrize("value_per", ["example", "batch"])
-def test_a_few_steps_lower_the_loss(tiny_tokenizer, value_per):
+@pytest.mark.parametrize("value", ["network", "learned_scalar"])
+def test_a_few_steps_lower_the_loss(tiny_tokenizer, value):
     torch.manual_seed(0)
-    module = DROVModule(value_per=value_per, lr=1e-3, value_lr=1e-2)
+    module = DROVModule(value=value, lr=1e-3, value_lr=1e-2)
     batch = single_batch(tiny_tokenizer)
     optimizer = torch.optim.AdamW(module.optimizer_param_groups(), lr=module.hparams.lr)
     objectives = []

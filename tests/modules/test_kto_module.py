@@ -136,6 +136,13 @@ def test_desirable_flags_from_labels_rewards_and_pairs(tiny_tokenizer):
     assert KTOModule().desirable_flags(labelled).tolist() == [True, False, False, True]
     rewarded = single_batch(tiny_tokenizer, rewards=torch.tensor([0.5, -1.0, 2.0, 0.0]))  # mean 0.375
     assert KTOModule(labels_from="rewards").desirable_flags(rewarded).tolist() == [True, False, True, False]
+    tied = single_batch(tiny_tokenizer, rewards=torch.tensor([1.0, -1.0, 0.0, 0.0]))  # mean 0: rows 2, 3 tie
+    labels, all_tied = KTOModule(labels_from="rewards").row_labels(tied)
+    assert labels.desirable.tolist() == [True, False, False, False] and labels.tied.tolist() == [False, False, True, True]
+    assert not all_tied
+    _, stats = KTOModule(labels_from="rewards").compute_loss(tied)
+    assert (stats["data/num_desirable"], stats["data/num_undesirable"], stats["data/num_tied"]) == (1, 1, 2)
+    assert KTOModule(labels_from="rewards").row_labels(single_batch(tiny_tokenizer, rewards=torch.full((4,), 0.3)))[1]
     with pytest.raises(ValueError, match="no `labels`"):
         KTOModule().desirable_flags(rewarded)
     with pytest.raises(ValueError, match="no `rewards`"):
@@ -190,3 +197,27 @@ def test_a_single_prompt_batch_reuses_the_previous_z0(tiny_tokenizer):
     one_prompt = single_batch(tiny_tokenizer, [PROMPTS[0]] * 4, COMPLETIONS, labels=batch.labels)
     assert module.kl_reference_point(one_prompt).item() == pytest.approx(z0.item())  # 4 rows, one prompt
     assert KTOModule().kl_reference_point(one).item() == 0.0  # nothing seen yet
+
+
+def test_an_all_tied_batch_skips_the_step_and_is_counted(tiny_tokenizer, tmp_path):
+    import lightning as L
+
+    def fit(rewards):
+        torch.manual_seed(0)
+        module = KTOModule(labels_from="rewards", lr=1e-2, lr_scheduler="constant", weight_decay=0.1)
+        before = {k: v.clone() for k, v in module.policy.state_dict().items()}
+        batch = single_batch(tiny_tokenizer, rewards=rewards)
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False, log_every_n_steps=1,
+                            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+        trainer.fit(module, torch.utils.data.DataLoader([batch], batch_size=None))
+        moved = any(not torch.equal(before[k], v) for k, v in module.policy.state_dict().items())
+        return module, trainer, moved
+
+    module, trainer, moved = fit(torch.full((4,), 0.3))  # every reward equals the batch mean
+    assert module.tied_batches == 1 and trainer.global_step == 1
+    assert not moved  # no update at all (not even weight decay)
+    assert float(trainer.callback_metrics["train/data/tied_batches"]) == 1.0
+    assert float(trainer.callback_metrics["train/data/num_tied"]) == 4.0
+    module, trainer, moved = fit(torch.tensor([1.0, -1.0, 0.0, 0.0]))  # two rows labelled: a real step
+    assert module.tied_batches == 0 and moved
+    assert float(trainer.callback_metrics["train/data/num_tied"]) == 2.0

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from lit_rlhf.ops import gae, kl_penalty, last_true_index, place_at_last, truncate_after_eos
+from lit_rlhf.ops import gae, kl_penalty, last_true_index, place_at_last, place_rewards, truncate_after_eos
 
 
 def test_gae_by_hand_gamma1_lam095():
@@ -33,6 +33,37 @@ def test_gae_lambda1_is_monte_carlo():
     to_go = torch.tensor([[1.75, 1.25, 2.25, 0.25]])
     torch.testing.assert_close(ret, to_go)
     torch.testing.assert_close(adv, to_go - values)
+
+
+def test_gae_skips_environment_tokens_of_a_multi_turn_episode():
+    # policy tokens at 0, 1 | environment tokens at 2, 3 (junk rewards and values) | policy 4 | pad 5
+    # kept: r = [0, 0.5, ., ., 1], V = [0.5, 0.6, ., ., 0.8]; gamma = 1, lam = 0.95
+    #   t4: delta = 1 + 0 - 0.8 = 0.2;            A4 = 0.2
+    #   t1: delta = 0.5 + 0.8 - 0.6 = 0.7 (next kept value is V4); A1 = 0.7 + 0.95 * 0.2 = 0.89
+    #   t0: delta = 0 + 0.6 - 0.5 = 0.1;          A0 = 0.1 + 0.95 * 0.89 = 0.9455
+    #   returns A + V = [1.4455, 1.49, 0, 0, 1.0, 0]
+    rewards = torch.tensor([[0.0, 0.5, 9.0, 9.0, 1.0, 9.0]])
+    values = torch.tensor([[0.5, 0.6, 7.0, 7.0, 0.8, 7.0]])
+    mask = torch.tensor([[True, True, False, False, True, False]])
+    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=0.95)
+    torch.testing.assert_close(adv, torch.tensor([[0.9455, 0.89, 0.0, 0.0, 0.2, 0.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[1.4455, 1.49, 0.0, 0.0, 1.0, 0.0]]))
+    # the same as GAE over the policy's tokens alone, packed together
+    packed, _ = gae(rewards[:, [0, 1, 4]], values[:, [0, 1, 4]], torch.ones(1, 3, dtype=torch.bool), 1.0, 0.95)
+    torch.testing.assert_close(adv[:, [0, 1, 4]], packed)
+
+
+def test_place_rewards_keeps_turn_rewards_and_puts_the_rest_last():
+    # row 0: turn rewards -0.5 (col 1) and 0.25 (col 3), score 2 -> the last kept token (col 4)
+    # gets 2 - (-0.5 + 0.25) = 2.25; row 1: no turn reward -> the whole score on its last token
+    scores = torch.tensor([2.0, -1.0])
+    mask = torch.tensor([[True, True, False, True, True, False], [True, True, True, False, False, False]])
+    turns = torch.zeros(2, 6)
+    turns[0, 1], turns[0, 3] = -0.5, 0.25
+    out = place_rewards(scores, mask, turns)
+    assert out.tolist() == [[0.0, -0.5, 0.0, 0.25, 2.25, 0.0], [0.0, 0.0, -1.0, 0.0, 0.0, 0.0]]
+    torch.testing.assert_close(out.sum(dim=1), scores)
+    torch.testing.assert_close(place_rewards(scores, mask), place_at_last(scores, mask))
 
 
 def test_kl_estimators_by_hand():

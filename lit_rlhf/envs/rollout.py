@@ -1,0 +1,166 @@
+"""The multi-turn rollout: episodes run turn by turn, batched across episodes.
+
+`run_episodes` drives N environments at once (one per rollout row, a prompt's G copies each
+with its own instance):
+
+1. each environment is reset with its row and a seed drawn from torch's generator; its first
+   observation becomes the episode's prompt ids (`ChatFormat.prompt_ids`; None: the row's
+   prompt ids as the DataModule encoded them);
+2. each turn, the episodes still running are sampled together with the generation backend
+   (`generate`: the online module's, `hf` or `vllm`), each from its whole context (prompt and
+   every token so far, left padded), at most `max_new_tokens` new tokens and never past the
+   episode's token budget. The sampled ids are appended to the episode as they are; their text
+   is decoded for the environment only;
+3. the environment steps on the turn (`Environment.step`); its reward goes to the turn, and
+   unless it says done its observation is tokenized alone (`ChatFormat.observation_ids`) and
+   appended after the policy's tokens.
+
+An episode stops when the environment says done (`done`), after `max_turns` policy turns
+(`turn_limit`: the last turn's observation is not appended), when its next tokens would pass
+`max_episode_tokens` tokens after the prompt (`token_budget`: the sample is cut there, or an
+observation that does not leave room for one more policy token is not appended), or when a turn
+reaches `max_new_tokens` without EOS (`no_eos`: the turn never ended). Every stop but `done`
+marks the episode truncated.
+
+Exact resume: a rollout runs within one training step, and checkpoints are written between
+steps, so no episode is ever in flight at a checkpoint; environments are reset at the start of
+every episode. A resumed run restores torch's generators and the data position, so it draws the
+same prompts, the same environment seeds and the same tokens: the episodes are restarted
+deterministically rather than saved. This holds when the environment is a deterministic
+function of (row, seed, actions) and its tools of their arguments (a tool whose result depends
+on time or on a time limit being hit is not replayed exactly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from lit_rlhf.envs.base import Action, Environment, check_observation
+from lit_rlhf.envs.chat import ChatFormat
+from lit_rlhf.envs.trajectory import Trajectory
+
+# (prompt_ids (B, P) left padded, prompt_mask (B, P), sampling) -> (response_ids (B, R),
+# response_mask (B, R), has_eos (B,), sampler log-probs (B, R) or None), as `OnlineModule.generate`
+GenerateFn = Callable[..., tuple[Tensor, Tensor, Tensor, "Tensor | None"]]
+
+
+def left_pad(sequences: list[list[int]], pad_token_id: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
+    """Token id lists -> (ids (B, L), mask (B, L) bool), left padded (D5)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for i, s in enumerate(sequences):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = True
+    return ids.to(device), mask.to(device)
+
+
+def run_episodes(
+    envs: list[Environment],
+    rows: list[dict[str, Any]],
+    seeds: list[int],
+    row_prompt_ids: list[list[int]],
+    generate: GenerateFn,
+    chat: ChatFormat,
+    sampling,
+    max_turns: int,
+    max_episode_tokens: int,
+    device: torch.device | str = "cpu",
+) -> list[Trajectory]:
+    """Run one episode per environment (see the module docstring) -> their trajectories."""
+    tokenizer = chat.tokenizer
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    trajectories = []
+    for i, (env, row, seed) in enumerate(zip(envs, rows, seeds)):
+        observation = check_observation(env.reset(row, seed), f"{type(env).__name__}.reset (rollout row {i})")
+        prompt = list(row_prompt_ids[i]) if observation is None else chat.prompt_ids(observation)
+        if not prompt:
+            raise ValueError(f"{type(env).__name__}.reset gave an empty first prompt (rollout row {i})")
+        trajectories.append(Trajectory(prompt_ids=prompt))
+    active = list(range(len(envs)))
+    for turn_index in range(max_turns):
+        if not active:
+            break
+        # every running episode has room for at least one more token (an observation that
+        # leaves none ends its episode below)
+        budgets = [max_episode_tokens - len(trajectories[i].token_ids) for i in active]
+        turn_sampling = dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, max(budgets)))
+        ids, mask = left_pad([trajectories[i].prompt_ids + trajectories[i].token_ids for i in active], pad, device)
+        response_ids, response_mask, has_eos, sampler_logps = generate(ids, mask, turn_sampling)
+        still = []
+        for j, i in enumerate(active):
+            trajectory, budget = trajectories[i], budgets[j]
+            kept = response_ids[j][response_mask[j]].tolist()
+            logps = None if sampler_logps is None else sampler_logps[j][response_mask[j]].tolist()
+            ended = bool(has_eos[j])
+            if len(kept) > budget:  # past the episode's budget: cut, and the turn never ended
+                kept, logps, ended = kept[:budget], None if logps is None else logps[:budget], False
+            turn = trajectory.add_policy_tokens(kept, logps)
+            turn.text = tokenizer.decode(kept[:-1] if ended else kept, skip_special_tokens=False)
+            if not ended:
+                trajectory.truncated = True
+                trajectory.stop_reason = "token_budget" if len(trajectory.token_ids) >= max_episode_tokens else "no_eos"
+                continue
+            result = env_step(envs[i], Action(turn.text, tuple(kept)), i)
+            turn.reward, turn.tool_calls = float(result.reward), tuple(result.tool_calls)
+            if result.done:
+                trajectory.done, trajectory.stop_reason = True, "done"
+                continue
+            if turn_index == max_turns - 1:  # no turn left to read an observation
+                trajectory.truncated, trajectory.stop_reason = True, "turn_limit"
+                continue
+            observation = chat.observation_ids(result.observation)
+            if len(trajectory.token_ids) + len(observation) >= max_episode_tokens:
+                trajectory.truncated, trajectory.stop_reason = True, "token_budget"  # no room for a next turn
+                continue
+            trajectory.add_observation_tokens(observation)
+            turn.observation = chat.observation_text(result.observation)
+            still.append(i)
+        active = still
+    return trajectories
+
+
+def env_step(env: Environment, action: Action, row: int):
+    """`env.step(action)`, its observation checked; an environment that raises is a bug in the
+    environment (tool failures are observations, `lit_rlhf.envs.tools`), reported with the row."""
+    try:
+        result = env.step(action)
+    except Exception as err:
+        raise RuntimeError(f"{type(env).__name__}.step raised {type(err).__name__}: {err} on rollout row {row}, "
+                           f"after the policy's turn {action.text[-300:]!r}") from err
+    check_observation(result.observation, f"{type(env).__name__}.step (rollout row {row})")
+    return result
+
+
+def environment_stats(trajectories: list[Trajectory]) -> dict[str, Tensor]:
+    """What a researcher reads about a batch of episodes (names `rollout/...`): turns per
+    episode, the share that ended / were truncated, policy and environment tokens per episode,
+    the environment's return, and each tool's calls and errors per rollout
+    (`rollout/tool_calls/<tool>`, `rollout/tool_errors/<tool>`; `unparsed` counts malformed
+    calls, `unknown_tool` calls of a tool that does not exist), and their totals."""
+    n = max(len(trajectories), 1)
+    stats = {
+        "rollout/turns": sum(len(t.turns) for t in trajectories) / n,
+        "rollout/done_fraction": sum(t.done for t in trajectories) / n,
+        "rollout/truncated_fraction": sum(t.truncated for t in trajectories) / n,
+        "rollout/policy_tokens": sum(t.num_policy_tokens for t in trajectories) / n,
+        "rollout/env_tokens": sum(t.num_env_tokens for t in trajectories) / n,
+        "rollout/env_reward": sum(t.reward for t in trajectories) / n,
+    }
+    calls: dict[str, list[int]] = {}
+    for t in trajectories:
+        for call in t.tool_calls:  # a name the policy made up is not a metric of its own
+            name = {"parse": "unparsed", "unknown_tool": "unknown_tool"}.get(call.error or "", call.name)
+            counts = calls.setdefault(name, [0, 0])
+            counts[0] += 1
+            counts[1] += call.error is not None
+    for name, (made, failed) in sorted(calls.items()):
+        stats[f"rollout/tool_calls/{name}"] = made
+        stats[f"rollout/tool_errors/{name}"] = failed
+    stats["rollout/tool_calls"] = sum(c[0] for c in calls.values())
+    stats["rollout/tool_errors"] = sum(c[1] for c in calls.values())
+    return {k: torch.tensor(float(v)) for k, v in stats.items()}
