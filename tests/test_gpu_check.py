@@ -86,3 +86,19 @@ def test_the_logprob_check_passes_on_cpu_with_the_tiny_model():
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["ok fp32", "ok bf16 autocast"]
+
+
+def test_the_bf16_bound_is_counted_in_bf16_steps():
+    """`bf16_step(x)` is the distance from a bf16 number of magnitude x to the next one up."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_logprobs", REPO_ROOT / "scripts" / "gpu_check_logprobs.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    import torch
+
+    for magnitude in (0.3, 1.0, 5.0, 20.0, 31.9, 32.0, 100.0):
+        x = torch.tensor(magnitude, dtype=torch.bfloat16)
+        spacing = float(torch.nextafter(x, torch.tensor(float("inf"), dtype=torch.bfloat16)) - x)
+        assert script.bf16_step(float(x)) == spacing, magnitude
+    assert script.bf16_step(20.0) == 0.125  # a one-step flip of a logit in [16, 32): the 0.13 seen on an H200
