@@ -216,6 +216,11 @@ def overridden_config(config: dict, out: Path, data_dirs: dict[str, Path]) -> di
             judge = args.get("judge", {}).get("init_args", {})
             if "model_name" in judge:
                 judge["model_name"] = TINY
+    ptx = ((config.get("model", {}).get("init_args") or {}).get("ptx_data") or {}).get("init_args")
+    if ptx is not None:  # PPO-ptx's SFT rows: the real TL;DR rows (bundled ones as written), 2 a step
+        if not str(ptx.get("path", "")).startswith("bundled:"):
+            ptx.update(path=str(data_dirs["sft"]), name=None, train_split="train")
+        ptx["batch_size"] = 2
     for fn in (config.get("model", {}).get("init_args") or {}).get("reward_fns") or []:  # a judge as the reward
         judge = (fn.get("init_args", {}).get("judge") or {}).get("init_args", {}) if isinstance(fn, dict) else {}
         if "model_name" in judge:
@@ -275,6 +280,15 @@ def _is_online(class_path: str) -> bool:
     return issubclass(getattr(import_module(module), name), OnlineModule)
 
 
+def _is_ppo(class_path: str) -> bool:
+    from importlib import import_module
+
+    from lit_rlhf.modules import PPOModule
+
+    module, name = class_path.rsplit(".", 1)
+    return issubclass(getattr(import_module(module), name), PPOModule)
+
+
 def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = None, run: bool = True,
                extra_args: tuple[str, ...] = ()):
     config = _declared(recipe)
@@ -284,7 +298,7 @@ def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = N
     # mid-window (Lightning then steps early), so validate after every batch there
     batches = STEPS if accumulate == 1 else 1
     online = _is_online(config["model"]["class_path"])
-    if config["model"]["class_path"].endswith("PPOModule"):  # one rollout = ppo_epochs x num_minibatches steps
+    if _is_ppo(config["model"]["class_path"]):  # one rollout = ppo_epochs x num_minibatches steps
         batches = math.ceil(STEPS / (declared.get("ppo_epochs", 4) * declared.get("num_minibatches", 1)))
     elif online:  # GRPO, rejection sampling: num_iterations x num_minibatches steps per rollout (RLOO, ReMax: 1)
         batches = math.ceil(STEPS / (declared.get("num_iterations", 1) * declared.get("num_minibatches", 1)))

@@ -28,6 +28,7 @@ from lit_rlhf.modules import (
     OnlineDPOModule,
     ORPOModule,
     PPOModule,
+    PPOPtxModule,
     RejectionSamplingModule,
     ReMaxModule,
     RewardModule,
@@ -40,12 +41,14 @@ from tests.learning.tasks import (
     eos_bias,
     expected_letter_reward,
     labelled_rows,
+    length_rows,
     make_prompts,
     preference_rows,
     prompt_loader,
     scored_rows,
     sequence_logps,
     sft_rows,
+    token_nll,
 )
 
 MODEL = "tiny-random-llama"
@@ -267,21 +270,30 @@ ONLINE: dict[str, tuple[type, dict[str, Any], float | None]] = {
     "rejection_sampling": (RejectionSamplingModule, dict(selection="per_prompt"), None),
     # online DPO (Guo et al. 2024): 2 samples per prompt annotated by the reward, beta 0.1
     "online_dpo": (OnlineDPOModule, dict(beta=0.1), None),
+    # PPO-ptx (InstructGPT eq. 2): the PPO run above plus gamma x the NLL of 8 SFT rows a step
+    # (`tasks.LengthSFTDataModule`: digits by a rule of the prompt, drawn from the run's seed);
+    # gamma 0.03: at 0.1 and more the SFT term outweighs the reward here (tests/learning/README.md)
+    "ppo_ptx": (PPOPtxModule, dict(kl_coef=0.01, ppo_epochs=2, num_minibatches=1, ptx_coef=0.03), None),
 }
 
 # (prompts, generations per prompt) of the methods whose rollouts are not PROMPTS x GENERATIONS
 # (the same 32 sampled responses per rollout, except PPO)
-ROLLOUT_SHAPE: dict[type, tuple[int, int]] = {PPOModule: (PPO_PROMPTS, 1), ReMaxModule: (32, 1),
-                                              OnlineDPOModule: (16, 2)}
+ROLLOUT_SHAPE: dict[type, tuple[int, int]] = {PPOModule: (PPO_PROMPTS, 1), PPOPtxModule: (PPO_PROMPTS, 1),
+                                              ReMaxModule: (32, 1), OnlineDPOModule: (16, 2)}
 
 
 def run_online(name: str, seed: int) -> Measure:
-    """Expected LetterReward of the policy on held-out prompts before and after ROLLOUTS rollouts."""
+    """Expected LetterReward of the policy on held-out prompts before and after ROLLOUTS rollouts;
+    its companion: the mean NLL per completion token of held-out SFT rows of digits
+    (`length_rows`), which only PPO-ptx trains on (PPO's is PPO-ptx's with ptx_coef 0)."""
     cls, kwargs, bias = ONLINE[name]
     L.seed_everything(seed, verbose=False)
     prompts, generations = ROLLOUT_SHAPE.get(cls, (PROMPTS, GENERATIONS))
     tok = load_tokenizer(MODEL)
-    extra = {} if cls in (PPOModule, OnlineDPOModule) else {"num_generations": generations}
+    extra = {} if cls in (PPOModule, PPOPtxModule, OnlineDPOModule) else {"num_generations": generations}
+    if cls is PPOPtxModule:  # TRAIN_ROWS SFT rows drawn from the run's seed, BATCH a step
+        extra["ptx_data"] = {"class_path": "tests.learning.tasks.LengthSFTDataModule",
+                             "init_args": {"rows": TRAIN_ROWS, "seed": seed, "batch_size": BATCH}}
     module = cls(model=MODEL, reward_fns=[LetterReward(tok, LENGTH)], max_new_tokens=LENGTH, temperature=TEMPERATURE,
                  lr=1e-2, lr_scheduler="constant", total_episodes=ROLLOUTS * prompts * generations,
                  log_completions_every_n_steps=0, **extra, **kwargs)
@@ -290,9 +302,11 @@ def run_online(name: str, seed: int) -> Measure:
     held_out = make_prompts(EVAL_PROMPTS, HELD_OUT_SEED)
     train = [p for p in make_prompts(2 * prompts + EVAL_PROMPTS, seed) if p not in held_out][: 2 * prompts]
 
+    held_sft = SFTCollator(tok.pad_token_id)(length_rows(tok, HELD_OUT_ROWS, HELD_OUT_SEED))
+
     def expected() -> float:
         return expected_letter_reward(module.policy, tok, held_out, LENGTH, TEMPERATURE, EVAL_SAMPLES)
 
-    before = expected()
+    before, nll_before = expected(), token_nll(module.policy, held_sft)
     quiet_trainer(max_epochs=-1).fit(module, prompt_loader(tok, train, prompts))
-    return Measure(before, expected())
+    return Measure(before, expected(), nll_before, token_nll(module.policy, held_sft))

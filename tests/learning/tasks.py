@@ -5,7 +5,8 @@ byte-level tokenizer, one token per byte). Its initial next-token distribution i
 uniform over the 261 tokens, so the lowercase ASCII letters (`LETTERS`, 26 tokens) start with
 ~10% of the probability mass and any method that optimises "more letters" has room to move.
 
-- Offline data (`preference_rows`, `labelled_rows`, `scored_rows`, `sft_rows`): completions
+- Offline data (`preference_rows`, `labelled_rows`, `scored_rows`, `sft_rows`; `length_rows`, the
+  SFT rows of PPO-ptx, whose completions are digits): completions
   made of letters (the preferred / desirable / high-reward ones) against completions made of
   digits and punctuation (`OTHERS`); prompts and completions are drawn from a seeded generator
   and the held-out rows come from a different seed than the training rows, so a method is
@@ -24,10 +25,11 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
+import lightning as L
 import torch
 from torch import Tensor
 
-from lit_rlhf.data.collate import PromptCollator, pad_left
+from lit_rlhf.data.collate import PromptCollator, SFTCollator, pad_left
 from lit_rlhf.generation import SamplingConfig, generate_responses
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -106,6 +108,18 @@ def sft_rows(tokenizer, n: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+def length_rows(tokenizer, n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` prompt/completion rows whose completion is made of digits by a rule of the prompt: the
+    lengths of its words, in order (e.g. "the red cat?" -> " 333"). No letters: a policy trained
+    toward `LetterReward` moves away from them."""
+    eos = tokenizer.eos_token_id
+    rows = []
+    for prompt in make_prompts(n, seed):
+        completion = " " + "".join(str(len(word)) for word in prompt.rstrip("?:").split())
+        rows.append({"_prompt_ids": encode(tokenizer, prompt), "_completion_ids": encode(tokenizer, completion) + [eos]})
+    return rows
+
+
 def letter_fraction(text: str) -> float:
     text = text.strip()
     return sum(c in LETTERS for c in text) / len(text) if text else 0.0
@@ -167,6 +181,27 @@ def expected_letter_reward(policy, tokenizer, prompts: Sequence[str], length: in
         return float((letter_mass * response_mask).sum(dim=1).mean() / length)
     finally:
         policy.train(was_training)
+
+
+class LengthSFTDataModule(L.LightningDataModule):
+    """`length_rows` as a DataModule of `SFTBatch`: `rows` rows drawn from `seed`, `batch_size` a
+    batch (PPO-ptx's SFT data in the learning tests, named by `class_path`)."""
+
+    def __init__(self, tokenizer: Any = None, rows: int = 64, seed: int = 0, batch_size: int = 8) -> None:
+        super().__init__()
+        self.tokenizer, self.rows, self.seed, self.batch_size = tokenizer, rows, seed, batch_size
+
+    def train_dataloader(self):
+        from torch.utils.data import DataLoader
+
+        return DataLoader(length_rows(self.tokenizer, self.rows, self.seed), batch_size=self.batch_size,
+                          collate_fn=SFTCollator(self.tokenizer.pad_token_id))
+
+
+def token_nll(model, batch) -> float:
+    """Mean NLL per completion token (EOS included) of the rows of an `SFTBatch`."""
+    return float(-sequence_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask).sum()
+                 / batch.loss_mask[:, 1:].sum())
 
 
 def prompt_loader(tokenizer, prompts: Sequence[str], batch_size: int):

@@ -36,8 +36,8 @@ def scalar_tags(log_dir: Path) -> tuple[set[str], set[str]]:
     return scalars, texts
 
 
-def run_config(config: Path, tmp_path: Path, reward_model: Path, data_path: str, extra: list[str] = ()) -> None:
-    main([
+def run_config(config: Path, tmp_path: Path, reward_model: Path, data_path: str, extra: list[str] = ()):
+    return main([
         "fit", "--config", str(config),
         "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32",
         "--trainer.default_root_dir", str(tmp_path),
@@ -62,3 +62,22 @@ def test_tldr_ppo_config_fits(tmp_path, exported_reward_model):
                 "train/value/vpred", "train/eos_trick/penalized", "train/rewards/reward_model", "val/objective/scores"):
         assert tag in scalars, (tag, sorted(scalars))
     assert any("completions" in t for t in texts), texts
+
+
+def test_tldr_ppo_ptx_config_fits(tmp_path, exported_reward_model):
+    """configs/tldr/ppo_ptx.yaml: its SFT stream on the bundled TL;DR SFT rows (given as the whole
+    `ptx_data` mapping, as on a command line), one SFT batch per optimizer step, `train/loss/ptx`
+    logged."""
+    import json
+
+    ptx_data = {"class_path": "lit_rlhf.data.TLDRSFTDataModule",
+                "init_args": {"path": "bundled:tldr_sft", "max_prompt_length": 512, "max_completion_length": 53,
+                              "batch_size": 3, "limit": 8}}
+    cli = run_config(CONFIGS / "tldr" / "ppo_ptx.yaml", tmp_path, exported_reward_model, "bundled:tldr_sft",
+                     ["--data.init_args.batch_size=4", "--data.init_args.eval_batch_size=2",
+                      "--model.init_args.ptx_data", json.dumps(ptx_data)])
+    assert (tmp_path / "export" / "config.json").is_file()
+    scalars, _ = scalar_tags(tmp_path / "tb")
+    for tag in ("train/loss/ptx", "train/policy/loss", "train/value/loss", "train/objective/scores"):
+        assert tag in scalars, (tag, sorted(scalars))
+    assert cli.trainer.global_step == cli.model.ptx_batches == 8  # 2 rollouts x 4 PPO epochs

@@ -32,6 +32,7 @@ from lit_rlhf.modules import (
     OnlineDPOModule,
     ORPOModule,
     PPOModule,
+    PPOPtxModule,
     RejectionSamplingModule,
     ReMaxModule,
     RewardModule,
@@ -47,6 +48,9 @@ ONLINE = dict(reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=4, l
               log_completions_every_n_steps=0)
 LORA = {"r": 4, "alpha": 8}
 PROMPTS = dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)  # 3 batches per epoch
+PTX_DATA = {"class_path": "lit_rlhf.data.TLDRSFTDataModule",
+            "init_args": {"path": "bundled:tldr_sft", "train_split": "validation", "max_prompt_length": 96,
+                          "max_completion_length": 256, "limit": 5, "batch_size": 2}}
 
 
 
@@ -80,6 +84,10 @@ CASES = {
     "rejection_sampling": (RejectionSamplingModule, dict(num_generations=2, num_iterations=2, **ONLINE), 2,
                            TLDRPromptDataModule, dict(PROMPTS)),
     "online_dpo": (OnlineDPOModule, dict(beta=0.1, **ONLINE), 1, TLDRPromptDataModule, dict(PROMPTS)),
+    # PPO-ptx: one SFT batch per optimizer step from its own stream (5 rows read 2 at a time, so
+    # batches straddle its reshuffled passes); the stream's counter is checkpointed
+    "ppo_ptx": (PPOPtxModule, dict(ppo_epochs=2, num_minibatches=2, ptx_coef=1.0, ptx_data=PTX_DATA, **ONLINE), 4,
+                TLDRPromptDataModule, dict(PROMPTS)),
     # LoRA: adapters on one frozen base (PPO: policy and value adapters; the reference is the base)
     "dpo_lora": (DPOModule, dict(lr=1e-2, beta=0.5, lora=LORA), 1, TLDRPreferenceDataModule,
                  dict(path="bundled:tldr_comparisons", **TLDR)),
@@ -184,6 +192,8 @@ def test_resume_is_exact(name, tmp_path):
         kl = [cb for cb in resumed_trainer.callbacks if isinstance(cb, KLControlCallback)][0]
         kl_straight = [cb for cb in straight_trainer.callbacks if isinstance(cb, KLControlCallback)][0]
         assert kl.kl_coef == kl_straight.kl_coef != (0.05 if name == "ppo" else 0.04)
+    if name == "ppo_ptx":  # one SFT batch per optimizer step, the stream resumed where it stopped
+        assert resumed.ptx_batches == straight.ptx_batches == N * 4
     if name == "grpo_dynamic":  # the refill stream was used, and resumed where it stopped
         assert resumed.refill_batches == straight.refill_batches > 0
         assert resumed.episodes == straight.episodes > N * 2 * 2
