@@ -52,7 +52,8 @@ class DROVModule(PolicyModule):
       no temperature). The value loss then trains the policy's parameters at the policy's `lr`
       (there is no value parameter of its own, so `value_lr` is unused). Which logit carries the
       value is our choice: by default the PAD token's (D3: PAD is never a completion token, so
-      its logit is the one the policy's likelihood of real completions leans on least).
+      no training target asks for its probability; moving its logit still changes the softmax
+      normaliser of every completion token, the coupling this ablation is about).
     - `learned_scalar` (ours): one learnable scalar for all prompts, trained at `value_lr`.
     - `shared_head` (ours): a D11 scalar head on the policy's backbone (with `lora`, on the
       policy adapter); the value loss also moves the backbone; the head trains at `value_lr`.
