@@ -1,0 +1,162 @@
+"""Did training make the policy better at a multi-turn environment? Two policies on the same held-out rows.
+
+    python -m lit_rlhf.compare_env_policies \\
+        --config configs/envs/arithmetic_calculator_grpo.yaml \\
+        --before smollm2-135m-instruct --after outputs/envs/arithmetic_calculator_grpo/policy \\
+        --split test --num_rows 100 --output outputs/envs/arithmetic_calculator_grpo/results.json
+
+The environment, its reward functions and the episode settings (`max_turns`,
+`max_episode_tokens`, `max_new_tokens`) are read from the training recipe's `model.init_args`,
+the rows from its `data` section with `--split` as the test split (the recipe never trains or
+validates on it), so the evaluation runs exactly the episodes training ran, on rows it never
+saw. Each policy plays one greedy episode per row (`lit_rlhf.evaluation.episodes`): the comparison
+is deterministic and paired row by row. Reported, each with its 95% interval
+(`lit_rlhf.evaluation.paired`):
+
+- every reward source (`rewards`; with `MathAnswerReward` its mean is the accuracy): its mean
+  before and after and their paired difference (Student t), with the exact sign test's p-value;
+- `tool_use`: the share of episodes with at least one tool call that ran without error, and the
+  mean number of failed calls, before and after, paired;
+- `win_rate`: how often the trained policy's episode scores higher than the starting policy's on
+  the first reward function, ties as half.
+
+The JSON result (`--output`) holds the settings, the date, the machine and its load, the summary
+and one row per problem (both conversations, their rewards and tool calls) for re-analysis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, proportion, sign_test
+
+
+def recipe_settings(config_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the model's init_args, the data section) of a training recipe YAML, checked."""
+    config = yaml.safe_load(Path(config_path).read_text())
+    try:
+        model, data = config["model"]["init_args"], config["data"]
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{config_path}: a recipe has model.init_args and data sections ({err} missing)") from err
+    if not model.get("environment"):
+        raise ValueError(f"{config_path}: model.init_args has no environment: this compares environment episodes "
+                         "(single-turn policies: python -m lit_rlhf.compare_policies)")
+    return model, data
+
+
+def instantiate(environment: Any, reward_fns: Any) -> tuple[Any, list[Callable]]:
+    """The environment and reward functions from their YAML form, resolved as the CLI does."""
+    from jsonargparse import ArgumentParser
+
+    from lit_rlhf.envs.base import Environment
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--environment", type=Environment)
+    parser.add_argument("--reward_fns", type=Optional[list[Callable]], default=None)
+    config = parser.parse_object({"environment": environment, "reward_fns": reward_fns})
+    init = parser.instantiate_classes(config)
+    return init.environment, list(init.reward_fns or [])
+
+
+def heldout_rows(data: dict[str, Any], tokenizer: Any, split: str, num_rows: int) -> list[dict[str, Any]]:
+    """The first `num_rows` rows of `split` as the recipe's DataModule formats them (its columns,
+    without the token ids)."""
+    from lit_rlhf.compare_policies import _data_class
+
+    args = {k: v for k, v in dict(data.get("init_args") or {}).items()
+            if k not in ("tokenizer", "train_split", "val_split", "test_split")}
+    dm = _data_class(data["class_path"])(**args, tokenizer=tokenizer, train_split=None, val_split=None,
+                                         test_split=split)
+    ds = dm.dataset("test")
+    n = len(ds) if num_rows <= 0 else min(num_rows, len(ds))
+    columns = [c for c in ds.column_names if not c.startswith("_")]
+    return [{c: ds[i][c] for c in columns} for i in range(n)]
+
+
+def summarise(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
+    """The paired figures of two policies' records on the same rows (see the module docstring)."""
+    out: dict[str, Any] = {"rewards": {}}
+    for name in before[0]["rewards"]:
+        b = [r["rewards"][name] for r in before]
+        a = [r["rewards"][name] for r in after]
+        out["rewards"][name] = {"difference": paired_difference(b, a).as_dict(),
+                                "sign_test": sign_test([y - x for x, y in zip(b, a)])._asdict()}
+    used = {role: [float(r["tool_calls"] > r["tool_errors"]) for r in records]
+            for role, records in (("before", before), ("after", after))}
+    errors = {role: [float(r["tool_errors"]) for r in records] for role, records in (("before", before), ("after", after))}
+    out["tool_use"] = {
+        "episodes_with_a_working_call": {role: proportion(sum(v), len(v)).as_dict() for role, v in used.items()},
+        "difference": paired_difference(used["before"], used["after"]).as_dict(),
+        "failed_calls_per_episode": {role: sum(v) / len(v) for role, v in errors.items()},
+        "failed_calls_difference": paired_difference(errors["before"], errors["after"]).as_dict(),
+        "turns_per_episode": {role: sum(r["turns"] for r in records) / len(records)
+                              for role, records in (("before", before), ("after", after))},
+    }
+    first = next(iter(before[0]["rewards"]))
+    out["win_rate"] = {"on": first, **paired_win_rate([r["rewards"][first] for r in before],
+                                                      [r["rewards"][first] for r in after]).as_dict()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="the training recipe (its environment, rewards and data)")
+    parser.add_argument("--before", required=True, help="the starting policy: model name, exported dir or .ckpt")
+    parser.add_argument("--after", required=True, help="the trained policy, like --before")
+    parser.add_argument("--split", default="test", help="held-out split of the recipe's data")
+    parser.add_argument("--num_rows", type=int, default=100, help="first rows of the split (0: all)")
+    parser.add_argument("--batch_size", type=int, default=25, help="episodes run together")
+    parser.add_argument("--output", default=None, help="write the JSON result here")
+    args = parser.parse_args(argv)
+
+    from lit_rlhf.compare_policies import machine
+    from lit_rlhf.evaluation.episodes import evaluate_episodes
+    from lit_rlhf.judge_policy import load_policy
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    model_args, data = recipe_settings(args.config)
+    environment, reward_fns = instantiate(model_args["environment"], model_args.get("reward_fns"))
+    episode = {"max_turns": int(model_args.get("max_turns", 1)),
+               "max_episode_tokens": model_args.get("max_episode_tokens"),
+               "max_new_tokens": int(model_args.get("max_new_tokens", 53))}
+    records: dict[str, list[dict[str, Any]]] = {}
+    timings: dict[str, float] = {}
+    rows = None
+    for role in ("before", "after"):
+        clock = time.perf_counter()
+        model, tokenizer = load_policy(getattr(args, role))
+        if rows is None:
+            rows = heldout_rows(data, tokenizer, args.split, args.num_rows)
+        records[role] = evaluate_episodes(model, tokenizer, environment, rows, reward_fns,
+                                          batch_size=args.batch_size, **episode)
+        timings[role] = round(time.perf_counter() - clock, 1)
+        del model
+    environment.close()
+    result: dict[str, Any] = {
+        "created": started.isoformat(timespec="seconds"),
+        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
+        "machine": machine(),
+        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+        "settings": {**vars(args), **episode, "num_rows_used": len(rows)},
+        **summarise(records["before"], records["after"]),
+        "timings": timings,
+        "samples": [{"row": rows[i], "before": records["before"][i], "after": records["after"][i]}
+                    for i in range(len(rows))],
+    }
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    main()
