@@ -69,11 +69,11 @@ def instantiate(environment: Any, reward_fns: Any) -> tuple[Any, list[Callable]]
 def heldout_rows(data: dict[str, Any], tokenizer: Any, split: str, num_rows: int) -> list[dict[str, Any]]:
     """The first `num_rows` rows of `split` as the recipe's DataModule formats them (its columns,
     without the token ids)."""
-    from lit_rlhf.compare_policies import _data_class
+    from lit_rlhf.compare_policies import import_class
 
     args = {k: v for k, v in dict(data.get("init_args") or {}).items()
             if k not in ("tokenizer", "train_split", "val_split", "test_split")}
-    dm = _data_class(data["class_path"])(**args, tokenizer=tokenizer, train_split=None, val_split=None,
+    dm = import_class(data["class_path"])(**args, tokenizer=tokenizer, train_split=None, val_split=None,
                                          test_split=split)
     ds = dm.dataset("test")
     n = len(ds) if num_rows <= 0 else min(num_rows, len(ds))

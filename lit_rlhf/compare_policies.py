@@ -109,7 +109,7 @@ def heldout_pairs(reward_model: torch.nn.Module, tokenizer: Any, path: str, spli
     where they hold the gold); "none"."""
     if gold not in PAIR_GOLDS:
         raise ValueError(f"gold must be one of {PAIR_GOLDS}, got {gold!r}")
-    dm = _data_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split)
+    dm = import_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split)
     ds = dm.dataset("val")
     prompts = [list(map(int, p)) for p in ds["_prompt_ids"]]
     chosen, rejected = reward_scores(reward_model, tokenizer.pad_token_id, prompts, ds["_chosen_ids"],
@@ -140,7 +140,8 @@ def gold_of_pairs(rows: Any, gold: str) -> list[tuple[float, float]]:
     return out
 
 
-def _data_class(dotted: str) -> Any:
+def import_class(dotted: str) -> Any:
+    """The class at a dotted path (`lit_rlhf.data.TLDRPromptDataModule`)."""
     import importlib
 
     module_name, _, class_name = dotted.rpartition(".")
