@@ -171,6 +171,7 @@ DATA_KIND = {
     "UltraFeedbackPreferenceDataModule": "binarized", "UltraFeedbackPromptDataModule": "binarized",
     "UltraFeedbackSingleDataModule": "openbmb",
     "QADataModule": None,  # only bundled / hub question-answer data: see `_data_args`
+    "DemonstrationDataModule": None,  # question-answer data played as episodes (lit_rlhf.envs.demonstrations)
 }
 
 
@@ -229,13 +230,13 @@ def overridden_config(config: dict, out: Path, data_dirs: dict[str, Path]) -> di
 
 
 def _data_args(config: dict, data_dirs: dict[str, Path], batch_size: int) -> list[str]:
-    from lit_rlhf import data as data_module
+    from importlib import import_module
 
     data = config["data"]
-    cls_name = data["class_path"].rsplit(".", 1)[-1]
+    module, cls_name = data["class_path"].rsplit(".", 1)
     kind = DATA_KIND[cls_name]
     declared = data.get("init_args") or {}
-    defaults = inspect.signature(getattr(data_module, cls_name).__init__).parameters
+    defaults = inspect.signature(getattr(import_module(module), cls_name).__init__).parameters
     args = [f"--data.init_args.batch_size={batch_size}", f"--data.init_args.eval_batch_size={batch_size}"]
     if str(declared.get("path", "")).startswith("bundled:keyfact_chat"):  # ~330 byte-level tokens a post
         args += ["--data.init_args.max_prompt_length=512"]

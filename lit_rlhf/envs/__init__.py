@@ -10,8 +10,11 @@
 - `openenv`: `OpenEnvEnvironment`, an OpenEnv (`openenv-core`) environment run in-process;
 - `chat`: observations as token ids appended after the sampled ones (`ChatFormat`);
 - `trajectory` and `rollout`: the typed multi-turn trajectory and the batched episode loop
-  that the online modules call (they import torch; this package's other modules do not, so a
-  tool worker process starts without it).
+  that the online modules call;
+- `demonstrations`: demonstrated episodes as SFT data (`DemonstrationDataModule`), the stage
+  that teaches an environment's format before RL.
+`trajectory`, `rollout` and `demonstrations` import torch and are not imported here; this
+package's other modules do not, so a tool worker process starts without it.
 """
 
 from lit_rlhf.envs.base import Action, Environment, Message, Observation, StepResult, ToolCall
