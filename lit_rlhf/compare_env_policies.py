@@ -62,7 +62,8 @@ def instantiate(environment: Any, reward_fns: Any) -> tuple[Any, list[Callable]]
     parser.add_argument("--environment", type=Environment)
     parser.add_argument("--reward_fns", type=Optional[list[Callable]], default=None)
     config = parser.parse_object({"environment": environment, "reward_fns": reward_fns})
-    init = parser.instantiate_classes(config)
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49: instantiate
+    init = instantiate(config)
     return init.environment, list(init.reward_fns or [])
 
 
