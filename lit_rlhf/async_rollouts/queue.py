@@ -75,8 +75,9 @@ class GeneratedBatch:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def state(self) -> dict[str, Any]:
-        """Plain tensors and numbers, for a checkpoint (`from_state` reads it back)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Plain tensors and numbers, for a checkpoint (`from_state` reads it back); the wall time
+        is a measurement of this run, not state."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seconds"}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "GeneratedBatch":

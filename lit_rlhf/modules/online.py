@@ -47,8 +47,12 @@ reshuffled each epoch, D21). Without it, `trainer.max_steps` counts optimizer st
 A method's settings are attributes (`lit_rlhf.modules.settings`); its update's split is checked
 at start-up from `num_minibatches` and `update_rows` (`online_update`).
 
+With `max_staleness` set, step 1 runs ahead of the learner in a producer with its own copy of the
+policy, and the training step takes its responses from a versioned queue
+(`online_async.AsyncRolloutMixin`); steps 2-5 are the same.
+
 Where the code is: steps 1-4 and validation sampling are `online_rollout.RolloutMixin`, step
-5's loop is `online_update.UpdateLoopMixin`; this file holds `OnlineModule` itself (its
+5's loop is `online_update.UpdateLoopMixin`, asynchronous rollouts `online_async`; this file holds `OnlineModule` itself (its
 arguments, what a method defines, the Lightning hooks: the training step, episode budget,
 schedule length, checkpointed counters).
 """
@@ -67,6 +71,7 @@ from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.modules.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.modules.online_async import AsyncRolloutMixin, effective_tis_cap
 from lit_rlhf.modules.online_rollout import RolloutMixin, repeat_meta, validation_rng
 from lit_rlhf.modules.online_update import UpdateLoopMixin
 from lit_rlhf.rewards import RewardNormalization
@@ -75,7 +80,7 @@ from lit_rlhf.types import PromptBatch, Rollout
 __all__ = ["OnlineModule", "RolloutMixin", "UpdateLoopMixin", "repeat_meta", "validation_rng"]
 
 
-class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
+class OnlineModule(AsyncRolloutMixin, RolloutMixin, UpdateLoopMixin, PolicyModule):
     """Base of PPO and GRPO: generation, reward sources, the rollout hook, the update loop.
 
     Args:
@@ -123,8 +128,15 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         vllm_kwargs: keyword arguments of the vLLM engine (`VLLMEngine.from_policy`:
             `max_model_len`, `gpu_memory_utilization`, ... passed to `vllm.LLM`).
         tis_cap: truncated importance sampling (`losses.tis`): GRPO's and PPO's policy-gradient
-            term of each token is weighted by min(pi_train / pi_sampler, tis_cap); None = off.
-            Needs `generation_backend: vllm` (with `hf` the sampler is the trainer).
+            term of each token is weighted by min(pi_train / pi_sampler, tis_cap). None = off,
+            except with `max_staleness` > 0, where it is `ASYNC_TIS_CAP` (2); 0 = off. Needs a
+            sampler other than the trainer: `generation_backend: vllm` or `max_staleness`.
+        max_staleness: None (default) = synchronous rollouts, sampled inside the training step.
+            An int s >= 0 = asynchronous rollouts: a producer samples each prompt batch ahead of
+            the learner with the policy s versions (rollouts) back, at most s + 1 batches in
+            flight (`online_async`); 0 is the synchronous run, bitwise.
+        async_timeout: seconds the learner waits for a batch of asynchronous rollouts (and a
+            checkpoint for the batches it holds) before it raises.
         **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
     """
 
@@ -153,6 +165,8 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         generation_backend: Literal["hf", "vllm"] = "hf",
         vllm_kwargs: dict[str, Any] | None = None,
         tis_cap: float | None = None,
+        max_staleness: int | None = None,
+        async_timeout: float = 600.0,
         **kwargs: Any,
     ) -> None:
         if generation_backend not in ("hf", "vllm"):
@@ -162,9 +176,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         if not scoring_temperature > 0:
             raise ValueError(f"logprob_temperature must be > 0 or null (= temperature), got {logprob_temperature}")
         super().__init__(**kwargs)
-        if tis_cap is not None and (generation_backend != "vllm" or tis_cap <= 0):
-            raise ValueError(f"tis_cap (got {tis_cap}) must be > 0 and needs generation_backend 'vllm' "
-                             f"(got {generation_backend!r}): with 'hf' the sampler is the trainer")
+        tis_cap = effective_tis_cap(tis_cap, generation_backend, max_staleness, async_timeout)
         if tis_cap is not None and scoring_temperature != temperature:
             raise ValueError(f"tis_cap weights tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
                              f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")
@@ -202,6 +214,7 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         self.lr_schedule_per, self.total_episodes = lr_schedule_per, total_episodes
         self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
         self.generation_backend, self.vllm_kwargs, self.tis_cap = generation_backend, dict(vllm_kwargs or {}), tis_cap
+        self.max_staleness, self.async_timeout = max_staleness, float(async_timeout)
         self.logprob_temperature_setting = logprob_temperature  # read as `logprob_temperature` (RolloutMixin)
         if reward_model is not None:
             self.add_frozen("reward_model", self.load_reward_source(reward_model))
@@ -302,6 +315,8 @@ class OnlineModule(RolloutMixin, UpdateLoopMixin, PolicyModule):
         stats["perf/tokens_per_sec"] = rollout.attention_mask.sum().float() / max(updated - started, 1e-9)
         stats["data/padding_fraction"] = torch.tensor(padding_fraction(rollout))  # prompt and response PAD
         stats["objective/episodes"] = torch.tensor(float(self.episodes))
+        if "time/rollout_wait" in stats:  # the share of the step the learner waited for its batch
+            stats["perf/trainer_idle_fraction"] = stats["time/rollout_wait"] / max(updated - started, 1e-9)
         self.log_stats("train", stats, prog_bar=("objective/scores", "objective/kl"))
         every = self.log_completions_every_n_steps
         if every and (self.rollouts - 1) % every == 0:
