@@ -121,12 +121,14 @@ class OnlineModule(AsyncRolloutMixin, RolloutMixin, UpdateLoopMixin, PolicyModul
         generation_backend: who samples the rollouts: `hf` (our KV-cache sampler, the
             reference) or `vllm` (a vLLM engine colocated in this process, holding a copy of the
             policy's weights, reloaded after every optimizer step: `lit_rlhf.generation.vllm`;
-            with `lora`, the base with the policy adapter merged).
+            with `lora`, the base with the policy adapter merged), or `vllm_server` (a vLLM engine in
+            its own process, for asynchronous rollouts: needs `max_staleness`; `online_async`).
             Either way the update's log-probs are the trainer's; with `vllm` the sampler's own
             are logged against them (`rollout/sampler_logprob_diff`, mean and max of
             |log pi_train - log pi_sampler| over the response tokens).
         vllm_kwargs: keyword arguments of the vLLM engine (`VLLMEngine.from_policy`:
-            `max_model_len`, `gpu_memory_utilization`, ... passed to `vllm.LLM`).
+            `max_model_len`, `gpu_memory_utilization`, ... passed to `vllm.LLM`; for a server the
+            trainer starts, its command-line flags: `lit_rlhf.generation.server.server_command`).
         tis_cap: truncated importance sampling (`losses.tis`): GRPO's and PPO's policy-gradient
             term of each token is weighted by min(pi_train / pi_sampler, tis_cap). None = off,
             except with `max_staleness` > 0, where it is `ASYNC_TIS_CAP` (2); 0 = off. Needs a
@@ -136,7 +138,13 @@ class OnlineModule(AsyncRolloutMixin, RolloutMixin, UpdateLoopMixin, PolicyModul
             the learner with the policy s versions (rollouts) back, at most s + 1 batches in
             flight (`online_async`); 0 is the synchronous run, bitwise.
         async_timeout: seconds the learner waits for a batch of asynchronous rollouts (and a
-            checkpoint for the batches it holds) before it raises.
+            checkpoint for the batches it holds), a vLLM server takes to start and any call to
+            it takes, before it raises.
+        server_url: `generation_backend: vllm_server`: the running server to sample from
+            (`python -m lit_rlhf.generation.server`); None = the trainer starts one.
+        weight_transfer: how a `vllm_server` gets full weights: `file` (a safetensors file stamped
+            with its version: one machine or a shared disk) or `nccl` (GPUs: vLLM's NCCL weight
+            transfer, `lit_rlhf.generation.server_nccl`); a LoRA adapter always goes as a file.
         **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
     """
 
@@ -162,21 +170,26 @@ class OnlineModule(AsyncRolloutMixin, RolloutMixin, UpdateLoopMixin, PolicyModul
         total_episodes: int | None = None,
         log_completions_every_n_steps: int = 50,
         num_logged_completions: int = 4,
-        generation_backend: Literal["hf", "vllm"] = "hf",
+        generation_backend: Literal["hf", "vllm", "vllm_server"] = "hf",
         vllm_kwargs: dict[str, Any] | None = None,
         tis_cap: float | None = None,
         max_staleness: int | None = None,
         async_timeout: float = 600.0,
+        server_url: str | None = None,
+        weight_transfer: Literal["file", "nccl"] = "file",
         **kwargs: Any,
     ) -> None:
-        if generation_backend not in ("hf", "vllm"):
-            raise ValueError(f"generation_backend must be 'hf' or 'vllm', got {generation_backend!r}")
+        if generation_backend not in ("hf", "vllm", "vllm_server"):
+            raise ValueError(f"generation_backend must be 'hf', 'vllm' or 'vllm_server', got {generation_backend!r}")
         # a new name: the argument itself stays as given (hparams record the init args)
         scoring_temperature = temperature if logprob_temperature is None else float(logprob_temperature)
         if not scoring_temperature > 0:
             raise ValueError(f"logprob_temperature must be > 0 or null (= temperature), got {logprob_temperature}")
         super().__init__(**kwargs)
         tis_cap = effective_tis_cap(tis_cap, generation_backend, max_staleness, async_timeout)
+        if generation_backend == "vllm_server" and max_staleness is None:
+            raise ValueError("generation_backend 'vllm_server' samples asynchronous rollouts: set max_staleness "
+                             "(0 = in lockstep with the learner)")
         if tis_cap is not None and scoring_temperature != temperature:
             raise ValueError(f"tis_cap weights tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
                              f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")
@@ -214,7 +227,10 @@ class OnlineModule(AsyncRolloutMixin, RolloutMixin, UpdateLoopMixin, PolicyModul
         self.lr_schedule_per, self.total_episodes = lr_schedule_per, total_episodes
         self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
         self.generation_backend, self.vllm_kwargs, self.tis_cap = generation_backend, dict(vllm_kwargs or {}), tis_cap
-        self.max_staleness, self.async_timeout = max_staleness, float(async_timeout)
+        self.max_staleness, self.async_timeout, self.server_url = max_staleness, float(async_timeout), server_url
+        if weight_transfer not in ("file", "nccl"):
+            raise ValueError(f"weight_transfer must be 'file' or 'nccl', got {weight_transfer!r}")
+        self.weight_transfer = weight_transfer
         self.logprob_temperature_setting = logprob_temperature  # read as `logprob_temperature` (RolloutMixin)
         if reward_model is not None:
             self.add_frozen("reward_model", self.load_reward_source(reward_model))

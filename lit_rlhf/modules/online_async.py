@@ -32,15 +32,24 @@ takes were sampled for those prompts.
   training step spent waiting for the batch), `train/time/rollout_wait` and
   `train/time/rollout_sampling` (the producer's seconds for the batch).
 
+**Where it samples** (`generation_backend`): `hf`, our sampler on a copy of the policy in a
+thread of this process (`LocalSampler`); `vllm_server`, a vLLM engine in its own process
+(`lit_rlhf.generation.server`): started here from the policy as it is at the start of the fit
+and stopped at its end, or the one at `server_url` (`python -m lit_rlhf.generation.server`), the
+producer pushing each version to it (`ServerSampler`; LoRA: the adapter only). Validation samples
+with the trainer's own policy (`hf`) in both cases.
+
 Limits: one process (no DDP yet), GRPO and PPO (the methods with truncated importance sampling),
-no dynamic sampling, `generation_backend: hf`, and a train loader whose order is a function of
-(seed, epoch) (`lit_rlhf.async_rollouts.prompts`).
+no dynamic sampling, and a train loader whose order is a function of (seed, epoch)
+(`lit_rlhf.async_rollouts.prompts`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -117,7 +126,13 @@ class AsyncRolloutMixin:
     """None: synchronous rollouts (sampled in the training step). An int s >= 0: asynchronous,
     every consumed sample at most s policy versions old."""
     async_timeout: float = 600.0
-    """Seconds the learner waits for a batch (and a checkpoint for the batches it must hold)."""
+    """Seconds the learner waits for a batch (and a checkpoint for the batches it must hold), a
+    vLLM server takes to start, and any one call to it."""
+    server_url: str | None = None
+    """`generation_backend: vllm_server`: the server to sample from; None = start one."""
+    weight_transfer: str = "file"
+    """`generation_backend: vllm_server`: how full weights reach the server: `file` (a stamped
+    safetensors file: one machine, or a shared disk) or `nccl` (GPUs, `generation.server_nccl`)."""
     _async: AsyncRollouts | None = None
     _async_restored: dict[str, Any] | None = None
 
@@ -139,9 +154,9 @@ class AsyncRolloutMixin:
         if getattr(self, "dynamic_sampling", False):
             problems.append("max_staleness: dynamic sampling draws extra prompts inside the step; it is not "
                             "available with asynchronous rollouts")
-        if self.generation_backend != "hf":
-            problems.append(f"max_staleness: asynchronous rollouts sample with generation_backend 'hf', got "
-                            f"{self.generation_backend!r}")
+        if self.generation_backend not in ("hf", "vllm_server"):
+            problems.append(f"max_staleness: asynchronous rollouts sample with generation_backend 'hf' or "
+                            f"'vllm_server', got {self.generation_backend!r}")
         if trainer is not None and trainer.world_size > 1:
             problems.append(f"max_staleness: asynchronous rollouts run on one process, the trainer has "
                             f"{trainer.world_size}")
@@ -203,9 +218,48 @@ class AsyncRolloutMixin:
         queue.restore(batches)
         schedule = PromptSchedule(trainer.train_dataloader, trainer.num_training_batches)
         sync = InMemoryWeightSync()
-        sampler = LocalSampler(copy.deepcopy(self.policy), sync, self.sampling, self.repeats,
-                               self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, s, self.async_timeout)
+        if self.generation_backend == "vllm_server":
+            sampler = self.server_sampler(sync)
+        else:
+            sampler = LocalSampler(copy.deepcopy(self.policy), sync, self.sampling, self.repeats,
+                                   self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, s, self.async_timeout)
         self._async = AsyncRollouts(queue, RolloutProducer(queue, schedule, sampler).start(), sync)
+
+    def server_sampler(self, sync: WeightSync):
+        """The producer's sampler on a vLLM server: the one at `server_url`, or one started here
+        from the policy as it is now (its frozen base for LoRA), stopped with the producer."""
+        from lit_rlhf.async_rollouts.server_sampler import ServerSampler, save_server_model
+        from lit_rlhf.generation.server import ServerClient, VLLMServer
+        from lit_rlhf.models import adapters
+
+        lora = self.policy.peft_config[adapters.POLICY] if self.lora_config is not None else None
+        nccl = self.weight_transfer == "nccl" and lora is None  # a LoRA adapter goes as a file
+        owned = None
+        if self.server_url:
+            server = VLLMServer(self.server_url)
+            model = ServerClient(server, "", timeout=self.async_timeout).request("GET", "/v1/models")["data"][0]["id"]
+        else:
+            workdir = tempfile.TemporaryDirectory(prefix="lit_rlhf_server_model_")
+            save_server_model(self.policy, self.tokenizer, Path(workdir.name))
+            trainer = self.trainer
+            log_path = Path(trainer.log_dir or trainer.default_root_dir) / "vllm_server.log"
+            # the policy's dtype (vLLM would serve a float32 model in bfloat16 on CPU) and length
+            engine_args = {"dtype": str(next(self.policy.parameters()).dtype).removeprefix("torch."),
+                           "max_model_len": min(int(getattr(self.policy.config, "max_position_embeddings", 2048)), 4096),
+                           **self.vllm_kwargs}
+            server = owned = VLLMServer.start(workdir.name, log_path, startup_timeout=self.async_timeout,
+                                              lora_rank=None if lora is None else int(lora.r), nccl=nccl,
+                                              **engine_args)
+            server.workdir = workdir  # removed with the server object
+            model = workdir.name
+        client = ServerClient(server, model, timeout=self.async_timeout)
+        sender = None
+        if nccl:
+            from lit_rlhf.generation.server_nccl import NCCLWeightSender
+
+            sender = NCCLWeightSender(client, timeout=self.async_timeout)
+        return ServerSampler(client, sync, self.sampling, self.repeats, self.tokenizer.eos_token_id,
+                             self.tokenizer.pad_token_id, int(self.max_staleness), lora, owned, nccl_sender=sender)
 
     def stop_async_rollouts(self) -> None:
         running, self._async = self._async, None

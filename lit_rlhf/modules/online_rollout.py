@@ -117,7 +117,7 @@ class RolloutMixin:
         engine is built on first use and gets the policy's weights whenever an optimizer step
         changed them since its last sync; each row's seed comes from torch's generator."""
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        if self.generation_backend == "hf":
+        if self.generation_backend in ("hf", "vllm_server"):  # a server samples training batches only (online_async)
             return (*generate_responses(self.policy, prompt_ids, prompt_mask, sampling, eos, pad,
                                         synced_gpus=self._synced_gpus), None)
         return self.vllm_engine().generate(prompt_ids, prompt_mask, sampling, eos, pad)
