@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
-from lit_rlhf.generation.weight_sync import WeightSyncError, WeightSyncTimeout, WeightVersionError
+from lit_rlhf.generation.weight_sync import WeightSyncTimeout, WeightVersionError
 
 log = logging.getLogger(__name__)
 

@@ -52,14 +52,13 @@ policy, and the training step takes its responses from a versioned queue
 (`online_async.AsyncRolloutMixin`); steps 2-5 are the same.
 
 Where the code is: steps 1-4 and validation sampling are `online_rollout.RolloutMixin`, step
-5's loop is `online_update.UpdateLoopMixin`, asynchronous rollouts `online_async`; this file holds `OnlineModule` itself (its
-arguments, what a method defines, the Lightning hooks: the training step, episode budget,
-schedule length, checkpointed counters).
+5's loop is `online_update.UpdateLoopMixin`, asynchronous rollouts `online_async`, the episode
+budget, schedule length and checkpointed counters `online_budget`; this file holds
+`OnlineModule` itself (its arguments, what a method defines, the training step).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable, Literal
 
@@ -69,9 +68,9 @@ from torch import Tensor
 
 from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import SamplingConfig
-from lit_rlhf.modules.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.modules.online_async import AsyncRolloutMixin, effective_tis_cap
+from lit_rlhf.modules.online_budget import EpisodeBudgetMixin
 from lit_rlhf.modules.online_rollout import RolloutMixin, repeat_meta, validation_rng
 from lit_rlhf.modules.online_update import UpdateLoopMixin
 from lit_rlhf.rewards import RewardNormalization
@@ -80,7 +79,7 @@ from lit_rlhf.types import PromptBatch, Rollout
 __all__ = ["OnlineModule", "RolloutMixin", "UpdateLoopMixin", "repeat_meta", "validation_rng"]
 
 
-class OnlineModule(AsyncRolloutMixin, RolloutMixin, UpdateLoopMixin, PolicyModule):
+class OnlineModule(AsyncRolloutMixin, RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin, PolicyModule):
     """Base of PPO and GRPO: generation, reward sources, the rollout hook, the update loop.
 
     Args:
@@ -340,62 +339,3 @@ class OnlineModule(AsyncRolloutMixin, RolloutMixin, UpdateLoopMixin, PolicyModul
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         pass  # tokens/s and the padding fraction are logged by training_step (prompt + response tokens)
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_end(outputs, batch, batch_idx)  # bookkeeping (tokens/s is logged in training_step)
-        if self.budget_reached():
-            self.trainer.should_stop = True
-
-    def budget_reached(self) -> str:
-        """Why the episode budget stops the run ("" while it does not)."""
-        total = self.total_episodes
-        if total and self.episodes >= total:
-            return f"total_episodes={total} reached ({self.episodes} episodes sampled)"
-        return ""
-
-
-    # ------------------------------------------------------------------------------------------
-    # schedule length and checkpointed counters
-    # ------------------------------------------------------------------------------------------
-
-    def prompts_per_rollout(self) -> int:
-        """Prompts per rollout on one rank: the prompt DataModule's (or loader's) batch size."""
-        trainer = self.trainer
-        dm = getattr(trainer, "datamodule", None)
-        size = getattr(dm, "batch_size", None) or (getattr(dm, "hparams", None) or {}).get("batch_size")
-        if not size:
-            trainer.fit_loop.setup_data()  # builds the train dataloader (a no-op once built)
-            size = getattr(trainer.train_dataloader, "batch_size", None)
-        if not size:
-            raise ValueError("cannot tell the prompt batch size: give the DataModule a `batch_size`")
-        return int(size)
-
-    def num_schedule_steps(self) -> int:
-        """Scheduler steps of the fit: optimizer steps, or rollouts with `lr_schedule_per: rollout`."""
-        steps = self.num_training_steps()
-        if self.lr_schedule_per == "rollout":
-            return math.ceil(steps / self.updates_per_rollout())
-        return steps
-
-    def episodes_per_rollout(self) -> int:
-        return self.prompts_per_rollout() * self.repeats * max(1, self.trainer.world_size)
-
-    def num_training_steps(self) -> int:
-        """Optimizer steps of the fit: from `total_episodes`, else `max_steps`, else epochs."""
-        per_rollout = self.updates_per_rollout()
-        total = self.total_episodes
-        if total:
-            return math.ceil(total / self.episodes_per_rollout()) * per_rollout
-        if self.trainer.max_steps and self.trainer.max_steps > 0:
-            return int(self.trainer.max_steps)
-        return super().num_training_steps() * per_rollout
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[CHECKPOINT_KEY].update({"episodes": self.episodes, "rollouts": self.rollouts})
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        info = checkpoint.get(CHECKPOINT_KEY, {})
-        self.episodes = int(info.get("episodes", 0))
-        self.rollouts = int(info.get("rollouts", 0))
