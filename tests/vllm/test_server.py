@@ -73,7 +73,7 @@ def test_wrong_and_slow_weight_transfers_are_named_errors(server, vllm_model_dir
     assert client.weight_version() == "3"
     slow = ServerClient(server, vllm_model_dir, timeout=0.001, retries=2)
     started = time.perf_counter()
-    with pytest.raises(WeightSyncTimeout, match="within 0.0 s \\(2 tries\\)"):
+    with pytest.raises(WeightSyncTimeout, match="within 0.0 s"):  # the server's deadline or the client's
         slow.load_weights_file(files.path(3), 3)
     assert time.perf_counter() - started < 30
 
