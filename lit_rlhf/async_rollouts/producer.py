@@ -75,15 +75,17 @@ class LocalSampler(Sampler):
         sampling: how responses are drawn; `repeats` responses per prompt.
         eos_token_id, pad_token_id: the tokenizer's (D3, D23).
         max_staleness: 0 draws from torch's global generator, > 0 from a generator per batch.
-        transfer_timeout: seconds a published version may take to arrive.
+
+    The versions come from the learner in this process: the wait for one ends when it is
+    published or when the producer is stopped (the learner's own waits have deadlines).
     """
 
     def __init__(self, model: nn.Module, sync: WeightSync, sampling: SamplingConfig, repeats: int,
-                 eos_token_id: int, pad_token_id: int, max_staleness: int, transfer_timeout: float = 600.0) -> None:
+                 eos_token_id: int, pad_token_id: int, max_staleness: int) -> None:
         self.model = model.eval().requires_grad_(False)
         self.sync, self.sampling, self.repeats = sync, sampling, repeats
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
-        self.max_staleness, self.transfer_timeout = max_staleness, transfer_timeout
+        self.max_staleness = max_staleness
         self.version = None
 
     def prepare(self, version: int, stop: threading.Event) -> bool:

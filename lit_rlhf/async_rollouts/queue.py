@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -72,7 +72,6 @@ class GeneratedBatch:
     sampler_logps: Tensor  # (N, R) float32, 0 where the mask is False
     versions: Tensor  # (N,) int64
     seconds: float = 0.0  # sampling wall time
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def state(self) -> dict[str, Any]:
         """Plain tensors and numbers, for a checkpoint (`from_state` reads it back); the wall time

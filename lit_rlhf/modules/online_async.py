@@ -23,8 +23,9 @@ takes were sampled for those prompts.
   version k, which it could not regenerate (`RolloutQueue.checkpoint_batches`: the save waits for
   the producer to finish them); the batches that need version k or newer are sampled again after
   the resume, the same tokens (their random streams are functions of the seed and the batch
-  index). The data order is the fit loop's own (`ResumableSampler`). A resumed run is the
-  uninterrupted one, bitwise.
+  index). The data order is the fit loop's own (`ResumableSampler`). With the `hf` sampler a
+  resumed run is the uninterrupted one, bitwise (tested); a vLLM server resamples as exactly as
+  its engine is deterministic with concurrent requests.
 - **Logs**: `train/async/staleness_mean` and `staleness_max` (versions behind, over the batch's
   rows); `train/rollout/sampler_logprob_diff(_max)`, the gap between the sampler's log-probs and
   the learner's (staleness included); and, depending on timing, `train/perf/queue_depth` (finished
@@ -222,7 +223,7 @@ class AsyncRolloutMixin:
             sampler = self.server_sampler(sync)
         else:
             sampler = LocalSampler(copy.deepcopy(self.policy), sync, self.sampling, self.repeats,
-                                   self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, s, self.async_timeout)
+                                   self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, s)
         self._async = AsyncRollouts(queue, RolloutProducer(queue, schedule, sampler).start(), sync)
 
     def server_sampler(self, sync: WeightSync):
