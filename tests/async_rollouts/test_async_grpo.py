@@ -1,13 +1,16 @@
-"""Asynchronous GRPO on the tiny model (`tests/resume/harness.py`: 4 rollouts of 2 prompts x 2
+"""Asynchronous GRPO on the tiny model (`tests/resume/harness.py`: rollouts of 2 prompts x 2
 responses, KL control): `max_staleness: 0` is the synchronous run bitwise; an asynchronous run
-stopped at seeded-random moments (SIGTERM, SIGKILL) and resumed is the uninterrupted one bitwise,
-every prompt trained on exactly as often; a failing producer is a clear error in the learner."""
+stopped at seeded-random moments (SIGTERM at a learner hook or from the producer thread,
+SIGKILL) and resumed is the uninterrupted one bitwise, every prompt trained on once per epoch; a
+failing producer is a clear error in the learner."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,13 +26,37 @@ ASYNC_ONLY = ("async/", "sampler_logprob_diff")  # logged by asynchronous runs o
 
 
 class PromptCounter(Callback):
-    """The dataset rows of every trained batch, by batch number (1-based over the whole fit)."""
+    """The dataset rows of every trained batch, by batch number (1-based over the whole fit), with its epoch."""
 
     def __init__(self) -> None:
-        self.rows: dict[int, list[int]] = {}
+        self.rows: dict[int, tuple[int, list[int]]] = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.rows[trainer.fit_loop.total_batch_idx + 1] = list(batch.meta["index"])
+        self.rows[trainer.fit_loop.total_batch_idx + 1] = (trainer.current_epoch, list(batch.meta["index"]))
+
+
+class ProducerSigterm:
+    """SIGTERM to this process from the producer thread as it starts sampling the `n`-th batch of
+    the run: a moment inside the producer's work, wherever the learner then is (a resumed run's
+    first batch is sampled while the learner waits for it, a later one while it trains)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls, self.hook = n, 0, f"producer batch #{n}"
+
+    def __enter__(self):
+        original, interrupt = LocalSampler.sample, self
+
+        def sample(sampler, index, version, prompts):
+            interrupt.calls += 1
+            if interrupt.calls == interrupt.n:
+                os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread, the learner's
+            return original(sampler, index, version, prompts)
+
+        self._original, LocalSampler.sample = original, sample
+        return self
+
+    def __exit__(self, *exc):
+        LocalSampler.sample = self._original
 
 
 def test_max_staleness_0_is_the_synchronous_run_bitwise(tmp_path):
@@ -49,35 +76,45 @@ def test_max_staleness_0_is_the_synchronous_run_bitwise(tmp_path):
 
 
 def test_async_run_resumes_exactly_from_any_moment_with_every_prompt_once(tmp_path):
-    setup = Setup("grpo", module_args={"max_staleness": 2})
+    """6 rollouts of 2 prompts (2 epochs of the 6 prompts), every batch 2 versions old: stopped
+    three times at moments drawn from a fixed seed (a SIGTERM at a learner hook, a SIGTERM from
+    the producer thread mid-work, a SIGKILL) and resumed each time from `last.ckpt`, the run ends
+    bitwise equal to the uninterrupted one, and every prompt is trained on exactly once per epoch."""
+    setup = Setup("grpo", max_steps=6, module_args={"max_staleness": 2})
     counter = PromptCounter()
     straight = fit(setup, tmp_path / "straight", extra_callbacks=(counter,))
     assert straight.module.tis_cap == 2.0  # stale samples: truncated importance sampling by default
     metrics = straight.recorder.metrics
-    assert [metrics[k]["train/async/staleness_max"] for k in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 2.0]
+    assert [metrics[k]["train/async/staleness_max"] for k in range(1, 7)] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert all(metrics[k]["train/rollout/sampler_logprob_diff_max"] < 1.0 for k in range(1, 7))
     # the moments: drawn once from a fixed seed, so a failure names them
-    rng = random.Random(10)  # SIGTERM at the 2nd on_rollout_scores, SIGKILL in the 1st on_save_checkpoint
+    rng = random.Random(10)
     hooks = ["on_rollout_scores", "on_after_backward", "on_train_batch_end", "on_save_checkpoint"]
-    # SIGTERM in the first run (one of its first 3 calls of the hook), then SIGKILL in the resumed
-    # run (its first call: it has only the steps the first one left)
-    moments = [Interrupt(rng.choice(hooks), rng.randint(1, 3), signal.SIGTERM), Interrupt(rng.choice(hooks), 1, None)]
+    moments = [Interrupt(rng.choice(hooks), rng.randint(1, 2), signal.SIGTERM), ProducerSigterm(rng.randint(1, 2)),
+               Interrupt(rng.choice(hooks), 1, None)]  # None: SIGKILL (nothing saved on the way out)
     root, last = tmp_path / "split", tmp_path / "split" / "checkpoints" / "last.ckpt"
     runs, counters = [], []
-    for interrupt in [*moments, None]:
+    for moment in [*moments, None]:
         counters.append(PromptCounter())
-        run = fit(setup, root, interrupt, str(last) if last.exists() else None, extra_callbacks=(counters[-1],))
-        if interrupt is not None:
-            assert run.killed or run.exit_code is not None, f"{interrupt.hook} #{interrupt.n} did not stop the run"
+        resume = str(last) if last.exists() else None
+        if isinstance(moment, ProducerSigterm):
+            with moment:
+                run = fit(setup, root, None, resume, extra_callbacks=(counters[-1],))
+        else:
+            run = fit(setup, root, moment, resume, extra_callbacks=(counters[-1],))
+        if moment is not None:
+            assert run.killed or run.exit_code is not None, f"{moment.hook} #{moment.n} did not stop the run"
         runs.append(run)
     assert_same_run(straight, runs[:-1], runs[-1], tmp_path / "straight", root)
-    # every prompt trained on as often as in the straight run: a later run re-trains only the
-    # batches an earlier one lost with its checkpoint, and nothing else
-    merged: dict[int, list[int]] = {}
+    # a later run re-trains only the batches an earlier one lost with its checkpoint (SIGKILL), so
+    # the batches of the checkpointed history are the straight run's, batch for batch
+    merged: dict[int, tuple[int, list[int]]] = {}
     for c in counters:
         merged.update(c.rows)
     assert merged == counter.rows
-    trained = sorted(i for rows in merged.values() for i in rows)
-    assert len(trained) == 4 * 2 and trained == sorted(i for rows in counter.rows.values() for i in rows)
+    trained = Counter((epoch, i) for epoch, rows in merged.values() for i in rows)
+    assert sorted(trained) == [(epoch, i) for epoch in (0, 1) for i in range(6)]  # no prompt lost
+    assert set(trained.values()) == {1}  # none trained twice
 
 
 def test_a_failing_producer_stops_the_fit_with_its_error(tmp_path, monkeypatch):

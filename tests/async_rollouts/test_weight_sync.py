@@ -68,12 +68,15 @@ def test_file_sync_between_two_processes(tmp_path):
         import time, torch
         from lit_rlhf.generation.weight_sync import FileWeightSync
         sync = FileWeightSync({str(tmp_path)!r}, keep=3)
+        print("imported", flush=True)
         for v in range(3):
             sync.publish(v, {{"w": torch.full((4, 4), float(v))}})
             time.sleep(0.2)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
+        # the deadlines are for the transfers, not for the other process's imports (slow on a busy machine)
+        assert proc.stdout.readline().strip() == "imported"
         sync = FileWeightSync(tmp_path, keep=3)
         for v in range(3):
             assert torch.equal(sync.fetch(v, timeout=120)["w"], torch.full((4, 4), float(v)))
