@@ -85,3 +85,16 @@ def test_logprobs_bench_measures_dense_and_chunked_side_by_side(tmp_path):
         assert dense["time_s"] > 0 and chunked["step_peak_rss_mb"] > 0 and dense["scored_tokens"] == 2 * 12
         assert abs(dense["loss"] - chunked["loss"]) < 1e-5  # the same log-probs
     assert (tmp_path / "lp.json").exists()
+
+
+def test_async_bench_runs_sync_and_async_on_the_tiny_model(tmp_path):
+    from benchmarks import bench_async
+
+    results = bench_async.main(["--model", "tiny-random-llama", "--rollouts", "3", "--generations", "2",
+                                "--new-tokens", "4", "--prompt-tokens", "128", "--modes", "sync", "async_hf",
+                                "--json", str(tmp_path / "out.json")])
+    assert [r["mode"] for r in results] == ["sync", "async_hf"]
+    for r in results:
+        assert r["samples_per_s"] > 0 and 0 <= r["trainer_idle_fraction"] <= 1 and len(r["step_durations_s"]) == 2
+    assert results[0]["staleness_max"] == 0.0 and results[1]["staleness_max"] == 1.0
+    assert (tmp_path / "out.json").exists()

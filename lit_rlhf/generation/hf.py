@@ -32,20 +32,32 @@ def generate_responses(
     eos_token_id: int,
     pad_token_id: int,
     synced_gpus: bool = False,
-) -> tuple[Tensor, Tensor, Tensor]:
+    generator: torch.Generator | None = None,
+    return_logps: bool = False,
+) -> tuple[Tensor, ...]:
     """Sample responses for left-padded prompts (B, P).
 
     Returns (response_ids (B, R), response_mask (B, R) bool, has_eos (B,) bool) with R =
-    `config.max_new_tokens`, cut after the first EOS and PAD-filled (D23).
+    `config.max_new_tokens`, cut after the first EOS and PAD-filled (D23). `generator`: the
+    random stream the tokens are drawn from (default torch's global one). `return_logps`: a
+    fourth tensor, the sampler's log-prob of each kept token (B, R) float32 (0 where the mask is
+    False), as a separate engine reports them (`sample_tokens`).
     """
     check_prompts(prompt_mask, eos_token_id, pad_token_id)
     was_training = model.training
     model.eval()
     try:
-        responses = sample_tokens(model, prompt_ids, prompt_mask, config, eos_token_id, pad_token_id, synced_gpus)
+        sampled = sample_tokens(model, prompt_ids, prompt_mask, config, eos_token_id, pad_token_id, synced_gpus,
+                                generator=generator, return_logps=return_logps)
     finally:
         model.train(was_training)
-    return finish_responses(responses, config.max_new_tokens, eos_token_id, pad_token_id)
+    responses, logps = sampled if return_logps else (sampled, None)
+    finished = finish_responses(responses, config.max_new_tokens, eos_token_id, pad_token_id)
+    if logps is None:
+        return finished
+    missing = config.max_new_tokens - logps.shape[1]
+    logps = torch.nn.functional.pad(logps, (0, missing)) if missing > 0 else logps
+    return (*finished, torch.where(finished[1], logps, torch.zeros((), dtype=logps.dtype)))
 
 
 def filter_logits(scores: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -88,7 +100,9 @@ def sample_tokens(
     eos_token_id: int,
     pad_token_id: int,
     synced_gpus: bool = False,
-) -> Tensor:
+    generator: torch.Generator | None = None,
+    return_logps: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Up to `max_new_tokens` new tokens (B, R' <= R) after left-padded prompts, with a KV cache.
 
     A lean sampling loop: one prefill forward (logits of the last position only; rows with the
@@ -101,6 +115,12 @@ def sample_tokens(
     there would make the sampling distribution differ from the one the log-probs score), and
     with less work per token than `generate`'s general machinery (no logits processors, stopping
     criteria or mask rebuilding without padding).
+
+    `generator` is the random stream of the draws (default torch's global one: the same tokens
+    as a generator in the same state). With `return_logps`, also the log-prob (B, R') float32 of
+    each drawn token under the distribution it was drawn from (temperature, top-k and top-p
+    applied: vLLM's `processed_logprobs`; the greedy argmax's under the raw logits), the
+    sampler's side of an off-policy correction (`lit_rlhf.losses.tis`).
     """
     from transformers import DynamicCache
 
@@ -129,15 +149,19 @@ def sample_tokens(
     position = positions[:, -1:]  # (B, 1)
     unfinished = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)  # (B,)
     tokens: list[Tensor] = []
+    logps: list[Tensor] = []
     done = False
     while True:
         if not done:
             logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)  # (B, V)
             if config.do_sample:
                 scores = filter_logits(logits, config.temperature, config.top_k, config.top_p)
-                next_tokens = torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)  # (B,)
+                next_tokens = torch.multinomial(scores.softmax(dim=-1), num_samples=1, generator=generator).squeeze(1)  # (B,)
             else:
+                scores = logits
                 next_tokens = logits.argmax(dim=-1)
+            if return_logps:
+                logps.append(scores.log_softmax(dim=-1).gather(1, next_tokens[:, None]).squeeze(1))  # (B,)
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad_token_id))
             tokens.append(next_tokens)
             unfinished &= next_tokens != eos_token_id
@@ -152,6 +176,8 @@ def sample_tokens(
         position = position + 1
         out = model(input_ids=last, attention_mask=None if unpadded else attention_mask, position_ids=position,
                     past_key_values=cache, use_cache=True)
+    if return_logps:
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
     return torch.stack(tokens, dim=1)
 
 

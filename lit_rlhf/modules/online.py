@@ -42,10 +42,15 @@ schedule (`total_episodes`: `online_episodes`).
 A method's settings are attributes (`lit_rlhf.modules.settings`); its update's split is checked
 at start-up from `num_minibatches` and `update_rows` (`online_update`).
 
+With `max_staleness` set, step 1 runs ahead of the learner in a producer with its own copy of the
+policy, and the training step takes its responses from a versioned queue
+(`online_async.AsyncRolloutMixin`); steps 2-5 are the same.
+
 Where the code is: steps 1-4 and validation sampling are `online_rollout.RolloutMixin`, step
-5's loop is `online_update.UpdateLoopMixin`, the episode budget, schedule length and
-checkpointed counters `online_episodes.EpisodeBudgetMixin`; this file holds `OnlineModule`
-itself (its arguments, what a method defines, the training step).
+5's loop is `online_update.UpdateLoopMixin`, multi-turn episodes `online_env`, asynchronous
+rollouts `online_async`, the episode budget, schedule length and checkpointed counters
+`online_episodes`; this file holds `OnlineModule` itself (its arguments, what a method defines,
+the training step).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.envs.base import Environment
+from lit_rlhf.modules.online_async import AsyncRolloutMixin
 from lit_rlhf.modules.online_env import EnvironmentMixin
 from lit_rlhf.modules.online_episodes import EpisodeBudgetMixin
 from lit_rlhf.modules.online_rollout import RolloutMixin, repeat_meta, validation_rng
@@ -71,7 +77,8 @@ from lit_rlhf.types import PromptBatch, Rollout
 __all__ = ["EpisodeBudgetMixin", "OnlineModule", "RolloutMixin", "UpdateLoopMixin", "repeat_meta", "validation_rng"]
 
 
-class OnlineModule(EnvironmentMixin, RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin, PolicyModule):
+class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin,
+                   PolicyModule):
     """Base of PPO and GRPO: generation, reward sources, the rollout hook, the update loop.
 
     Args:
@@ -112,25 +119,40 @@ class OnlineModule(EnvironmentMixin, RolloutMixin, UpdateLoopMixin, EpisodeBudge
         generation_backend: who samples the rollouts: `hf` (our KV-cache sampler, the
             reference) or `vllm` (a vLLM engine colocated in this process, holding a copy of the
             policy's weights, reloaded after every optimizer step: `lit_rlhf.generation.vllm`;
-            with `lora`, the base with the policy adapter merged).
+            with `lora`, the base with the policy adapter merged), or `vllm_server` (a vLLM engine in
+            its own process, for asynchronous rollouts: needs `max_staleness`; `online_async`).
             Either way the update's log-probs are the trainer's; with `vllm` the sampler's own
             are logged against them (`rollout/sampler_logprob_diff`, mean and max of
             |log pi_train - log pi_sampler| over the response tokens).
         vllm_kwargs: keyword arguments of the vLLM engine (`VLLMEngine.from_policy`:
-            `max_model_len`, `gpu_memory_utilization`, ... passed to `vllm.LLM`).
+            `max_model_len`, `gpu_memory_utilization`, ... passed to `vllm.LLM`; for a server the
+            trainer starts, its command-line flags: `lit_rlhf.generation.server.server_command`).
         tis_cap: truncated importance sampling (`losses.tis`): GRPO's and PPO's policy-gradient
-            term of each token is weighted by min(pi_train / pi_sampler, tis_cap); None = off.
-            Needs `generation_backend: vllm` (with `hf` the sampler is the trainer).
+            term of each token is weighted by min(pi_train / pi_sampler, tis_cap). None = off,
+            except with `max_staleness` > 0, where it is `ASYNC_TIS_CAP` (2); 0 = off. Needs a
+            sampler other than the trainer: `generation_backend: vllm` or `max_staleness`.
         environment: a `lit_rlhf.envs.Environment` (e.g. `lit_rlhf.envs.ToolEnvironment` with
             tools): each rollout row is then a multi-turn episode instead of one response
             (`lit_rlhf.modules.online_env`); the environment's return is the reward source
             `environment`, after the others (count it in `reward_weights`). None = one response
-            per row.
+            per row. Synchronous rollouts only.
         max_turns: policy turns per episode at most (with an environment); `max_new_tokens`
             bounds each turn.
         max_episode_tokens: tokens after the first prompt per episode at most, the policy's and
             the environment's (the rollout's response width R); None = `max_turns *
             max_new_tokens`. An episode that would pass it is truncated (`has_eos` False).
+        max_staleness: None (default) = synchronous rollouts, sampled inside the training step.
+            An int s >= 0 = asynchronous rollouts: a producer samples each prompt batch ahead of
+            the learner with the policy s versions (rollouts) back, at most s + 1 batches in
+            flight (`online_async`); 0 is the synchronous run, bitwise.
+        async_timeout: seconds the learner waits for a batch of asynchronous rollouts (and a
+            checkpoint for the batches it holds), a vLLM server takes to start and any call to
+            it takes, before it raises.
+        server_url: `generation_backend: vllm_server`: the running server to sample from
+            (`python -m lit_rlhf.generation.server`); None = the trainer starts one.
+        weight_transfer: how a `vllm_server` gets full weights: `file` (a safetensors file stamped
+            with its version: one machine or a shared disk) or `nccl` (GPUs: vLLM's NCCL weight
+            transfer, `lit_rlhf.generation.server_nccl`); a LoRA adapter always goes as a file.
         **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
     """
 
@@ -156,24 +178,26 @@ class OnlineModule(EnvironmentMixin, RolloutMixin, UpdateLoopMixin, EpisodeBudge
         total_episodes: int | None = None,
         log_completions_every_n_steps: int = 50,
         num_logged_completions: int = 4,
-        generation_backend: Literal["hf", "vllm"] = "hf",
+        generation_backend: Literal["hf", "vllm", "vllm_server"] = "hf",
         vllm_kwargs: dict[str, Any] | None = None,
         tis_cap: float | None = None,
         environment: Environment | None = None,
         max_turns: int = 1,
         max_episode_tokens: int | None = None,
+        max_staleness: int | None = None,
+        async_timeout: float = 600.0,
+        server_url: str | None = None,
+        weight_transfer: Literal["file", "nccl"] = "file",
         **kwargs: Any,
     ) -> None:
-        if generation_backend not in ("hf", "vllm"):
-            raise ValueError(f"generation_backend must be 'hf' or 'vllm', got {generation_backend!r}")
+        if generation_backend not in ("hf", "vllm", "vllm_server"):
+            raise ValueError(f"generation_backend must be 'hf', 'vllm' or 'vllm_server', got {generation_backend!r}")
         # a new name: the argument itself stays as given (hparams record the init args)
         scoring_temperature = temperature if logprob_temperature is None else float(logprob_temperature)
         if not scoring_temperature > 0:
             raise ValueError(f"logprob_temperature must be > 0 or null (= temperature), got {logprob_temperature}")
         super().__init__(**kwargs)
-        if tis_cap is not None and (generation_backend != "vllm" or tis_cap <= 0):
-            raise ValueError(f"tis_cap (got {tis_cap}) must be > 0 and needs generation_backend 'vllm' "
-                             f"(got {generation_backend!r}): with 'hf' the sampler is the trainer")
+        tis_cap = self.init_async(max_staleness, async_timeout, server_url, weight_transfer, generation_backend, tis_cap)
         if tis_cap is not None and scoring_temperature != temperature:
             raise ValueError(f"tis_cap weights tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
                              f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")
@@ -313,6 +337,8 @@ class OnlineModule(EnvironmentMixin, RolloutMixin, UpdateLoopMixin, EpisodeBudge
         stats["perf/tokens_per_sec"] = rollout.attention_mask.sum().float() / max(updated - started, 1e-9)
         stats["data/padding_fraction"] = torch.tensor(padding_fraction(rollout))  # prompt and response PAD
         stats["objective/episodes"] = torch.tensor(float(self.episodes))
+        if "time/rollout_wait" in stats:  # the share of the step the learner waited for its batch
+            stats["perf/trainer_idle_fraction"] = stats["time/rollout_wait"] / max(updated - started, 1e-9)
         self.log_stats("train", stats, prog_bar=("objective/scores", "objective/kl"))
         every = self.log_completions_every_n_steps
         if every and (self.rollouts - 1) % every == 0:

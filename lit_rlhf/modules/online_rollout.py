@@ -52,11 +52,15 @@ class RolloutMixin:
         return needs_synced_gpus(self._trainer)
 
     def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True,
-                     sampling: SamplingConfig | None = None) -> tuple[Rollout, dict[str, Tensor]]:
+                     sampling: SamplingConfig | None = None,
+                     responses: tuple[Tensor, Tensor, Tensor, Tensor | None] | None = None,
+                     ) -> tuple[Rollout, dict[str, Tensor]]:
         """Generate, score once (old/reference log-probs, values) and reward, without grad.
 
-        `with_logps=False` leaves `rollout.logps` None (the update computes them). `sampling`
-        (default `self.sampling`) is how the responses are drawn; log-probs are at
+        `with_logps=False` leaves `rollout.logps` None (the update computes them). `responses`:
+        responses already sampled for the repeated prompts, (response_ids, response_mask,
+        has_eos, sampler_logps) as `generate` returns them (asynchronous rollouts); None =
+        sample them now. `sampling` (default `self.sampling`) is how the responses are drawn; log-probs are at
         `logprob_temperature`. Returns the rollout (N = B * repeats rows, each prompt's copies contiguous) with its
         combined, unshaped scores, and each reward source's (N,) rewards by name.
         """
@@ -66,7 +70,11 @@ class RolloutMixin:
             prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)  # (B*G, P)
             prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
             meta = repeat_meta(meta, repeats)
-        if self.environment is not None:  # multi-turn episodes (`lit_rlhf.modules.online_env`)
+        if responses is not None:  # sampled already (asynchronous rollouts, one turn per row)
+            response_ids, response_mask, has_eos, sampler_logps = responses
+            rollout = Rollout(prompt_ids, prompt_mask, response_ids, response_mask, has_eos, None, meta=meta,
+                              sampler_logps=sampler_logps)
+        elif self.environment is not None:  # multi-turn episodes (`lit_rlhf.modules.online_env`)
             rollout = self.episode_rollout(batch, meta, repeats, sampling or self.sampling)
         else:
             response_ids, response_mask, has_eos, sampler_logps = self.generate(prompt_ids, prompt_mask,
@@ -118,7 +126,7 @@ class RolloutMixin:
         engine is built on first use and gets the policy's weights whenever an optimizer step
         changed them since its last sync; each row's seed comes from torch's generator."""
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        if self.generation_backend == "hf":
+        if self.generation_backend in ("hf", "vllm_server"):  # a server samples training batches only (online_async)
             return (*generate_responses(self.policy, prompt_ids, prompt_mask, sampling, eos, pad,
                                         synced_gpus=self._synced_gpus), None)
         return self.vllm_engine().generate(prompt_ids, prompt_mask, sampling, eos, pad)
@@ -184,15 +192,25 @@ class RolloutMixin:
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
         """The shaped rollout a training step optimises on (`training_rollout`). Returns (rollout,
         each source's rewards, sampling stats to log). A method may sample more than one batch of
-        prompts here (GRPO's dynamic sampling calls `training_rollout` once per round)."""
+        prompts here (GRPO's dynamic sampling calls `training_rollout` once per round). With
+        asynchronous rollouts the responses come from the producer's queue (`take_generated`)."""
+        if self.asynchronous:
+            generated, stats = self.take_generated(batch)
+            responses = (generated.response_ids, generated.response_mask, generated.has_eos, generated.sampler_logps)
+            rollout, per_source = self.training_rollout(batch, responses)
+            return rollout, per_source, stats
         rollout, per_source = self.training_rollout(batch)
         return rollout, per_source, {}
 
-    def training_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor]]:
+    def training_rollout(self, batch: PromptBatch,
+                         responses: tuple[Tensor, Tensor, Tensor, Tensor | None] | None = None,
+                         ) -> tuple[Rollout, dict[str, Tensor]]:
         """One round of a training step's sampling: `make_rollout` (`repeats` responses per
-        prompt, log-probs only when `needs_rollout_logps`), the method's per-row extras
-        (`rollout_extras`, checked by `Rollout.with_extras`), then the rollout hooks."""
-        rollout, per_source = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
+        prompt, log-probs only when `needs_rollout_logps`; `responses` when they were sampled
+        already), the method's per-row extras (`rollout_extras`, checked by `Rollout.with_extras`),
+        then the rollout hooks."""
+        rollout, per_source = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps,
+                                                responses=responses)
         extras = self.rollout_extras(batch, rollout)
         if extras:
             rollout = rollout.with_extras(**extras)

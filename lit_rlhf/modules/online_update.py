@@ -58,7 +58,7 @@ class UpdateLoopMixin:
         """The shared settings' problems (`PolicyModule`), then the update's split: `update_rows`
         of a rollout must divide into `num_minibatches` equal minibatches (else `run_updates`
         fails at the first step). A method adds its own to `super().check_config(...)`."""
-        problems = super().check_config(trainer, datamodule) + self.environment_problems(trainer)
+        problems = super().check_config(trainer, datamodule) + self.environment_problems(trainer) + self.async_problems(trainer)
         batch_size = getattr(datamodule, "batch_size", None)
         if not batch_size:
             return problems

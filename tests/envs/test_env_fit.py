@@ -85,3 +85,13 @@ def test_resume_mid_step_is_exact(tmp_path, eos_prone_model):
     a, b = checkpoint_values(straight / "checkpoints" / "last.ckpt"), checkpoint_values(split / "checkpoints" / "last.ckpt")
     assert a.keys() == b.keys() and a["global_step"] == 2
     assert not [k for k in a if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])]
+
+
+def test_asynchronous_rollouts_refuse_an_environment_at_start_up(tmp_path, eos_prone_model):
+    """Asynchronous rollouts sample one response per prompt ahead of the learner; an episode runs
+    synchronously, so the combination is a configuration error before any sampling."""
+    from lit_rlhf.checks import ConfigError
+
+    with pytest.raises(ConfigError, match="multi-turn episodes .environment. run synchronously"):
+        fit(tmp_path, eos_prone_model, max_staleness=1)
+    assert not (tmp_path / "checkpoints").exists()

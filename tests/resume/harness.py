@@ -125,7 +125,8 @@ class Setup:
     trainer_args: dict[str, Any] = field(default_factory=dict)
 
 
-def fit(setup: Setup, root: Path, interrupt: Callback | None = None, ckpt_path: str | None = None) -> Run:
+def fit(setup: Setup, root: Path, interrupt: Callback | None = None, ckpt_path: str | None = None,
+        extra_callbacks: tuple[Callback, ...] = ()) -> Run:
     module_cls, module_args, steps_per_batch, dm_cls, dm_args = CASES[setup.name]
     L.seed_everything(0)
     module = module_cls(model="tiny-random-llama", **{**module_args, **setup.module_args})
@@ -139,6 +140,7 @@ def fit(setup: Setup, root: Path, interrupt: Callback | None = None, ckpt_path: 
     callbacks += [recorder, PreemptionCheckpoint()]
     if interrupt is not None:
         callbacks.append(interrupt)
+    callbacks += list(extra_callbacks)
     callbacks.append(ModelCheckpoint(dirpath=root / "checkpoints", save_last=True, save_top_k=0,
                                      every_n_train_steps=setup.every_n_train_steps,
                                      save_on_train_epoch_end=setup.save_on_train_epoch_end))

@@ -1,0 +1,115 @@
+"""Asynchronous GRPO and PPO on a real vLLM server process (`generation_backend: vllm_server`):
+through `main.py fit`, staleness and the sampler/trainer log-prob gap logged, a LoRA policy's
+adapter served as a LoRA model; weight-sync failures (wrong version, slow, server killed) are
+clear errors within their deadlines. One server per module (a CPU server starts in ~1 min)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from lightning.pytorch.callbacks import Callback
+
+from lit_rlhf.async_rollouts import ProducerFailed
+from lit_rlhf.generation.server import ServerClient, VLLMServer
+from lit_rlhf.generation.weight_sync import FileWeightSync, WeightSyncTimeout, WeightVersionError
+from tests.modules.test_ppo_cli import CONFIGS, exported_reward_model, run_config  # noqa: F401
+
+SERVER = dict(dtype="float32", max_model_len=256, lora_rank=8)
+
+
+@pytest.fixture(scope="module")
+def server(vllm_model_dir, tmp_path_factory):
+    started = VLLMServer.start(vllm_model_dir, tmp_path_factory.mktemp("server") / "vllm_server.log",
+                               startup_timeout=900, **SERVER)
+    yield started
+    started.stop()
+
+
+def tb_scalars(log_dir) -> dict[str, list[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, list[float]] = {}
+    for events in log_dir.rglob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, []).extend(e.value for e in acc.Scalars(tag))
+    return out
+
+
+@pytest.mark.parametrize("method", ["grpo", "ppo_lora"])
+def test_async_fit_on_the_server_through_the_cli(method, server, vllm_model_dir, exported_reward_model, tmp_path):
+    """GRPO (full weights: a stamped file per version) and LoRA PPO (the policy adapter only)."""
+    config = CONFIGS / "tldr" / f"{method}.yaml"
+    extra = ["--data.init_args.batch_size=2", "--data.init_args.eval_batch_size=2",
+             f"--model.init_args.model={vllm_model_dir}", "--model.init_args.generation_backend=vllm_server",
+             f"--model.init_args.server_url={server.url}", "--model.init_args.max_staleness=1",
+             "--model.init_args.temperature=1.0", "--trainer.logger.init_args.version=run"]
+    extra += (["--model.init_args.num_generations=2"] if method == "grpo" else
+              ["--model.init_args.ppo_epochs=1", "--model.init_args.lora={\"r\": 4, \"alpha\": 8}"])  # the server serves rank <= 8
+    run_config(config, tmp_path, exported_reward_model, "bundled:tldr_sft", extra)
+    scalars = tb_scalars(tmp_path / "tb")
+    staleness = scalars["train/async/staleness_max"]  # batches 0 and 1 on version 0, then k on k - 1
+    assert staleness[0] == 0.0 and set(staleness[1:]) == {1.0} and len(staleness) >= 2, staleness
+    gap = scalars["train/rollout/sampler_logprob_diff_max"]
+    assert gap[0] < 1e-3, gap  # the server holds the learner's weights at step 1: only the kernels differ
+    assert "train/perf/trainer_idle_fraction" in scalars and "val/objective/scores" in scalars
+    assert (tmp_path / "export" / "config.json").is_file()
+
+
+def test_wrong_and_slow_weight_transfers_are_named_errors(server, vllm_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    client = ServerClient(server, vllm_model_dir, timeout=120)
+    weights = load_file(os.path.join(vllm_model_dir, "model.safetensors"))
+    files = FileWeightSync(tmp_path)
+    files.publish(3, weights)
+    with pytest.raises(WeightVersionError, match="stamped version 3"):
+        client.load_weights_file(files.path(3), 4)
+    client.load_weights_file(files.path(3), 3)
+    assert client.weight_version() == "3"
+    slow = ServerClient(server, vllm_model_dir, timeout=0.001, retries=2)
+    started = time.perf_counter()
+    with pytest.raises(WeightSyncTimeout, match="within 0.0 s"):  # the server's deadline or the client's
+        slow.load_weights_file(files.path(3), 3)
+    assert time.perf_counter() - started < 30
+
+
+class KillServer(Callback):
+    """SIGKILL the module's own vLLM server after the first training batch."""
+
+    process = None
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        if trainer.global_step == 1:
+            self.process = pl_module._async.producer.sampler.owned_server.process
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def test_a_server_the_trainer_starts_is_stopped_and_its_death_is_a_clear_error(vllm_model_dir, tmp_path):
+    """Without server_url the trainer starts the server; killed mid-run, the next step raises the
+    server's exit (not a hang), and nothing of it is left running."""
+    import lightning as L
+
+    from lit_rlhf.data import TLDRPromptDataModule
+    from lit_rlhf.modules import GRPOModule
+    from lit_rlhf.rewards import CharacterFractionReward
+
+    L.seed_everything(0)
+    module = GRPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward("abcdefghijklmnopqrstuvwxyz")],
+                        num_generations=2, max_new_tokens=4, kl_coef=0.0, log_completions_every_n_steps=0,
+                        generation_backend="vllm_server", max_staleness=0, async_timeout=900,
+                        vllm_kwargs={"max_model_len": 256})
+    dm = TLDRPromptDataModule(tokenizer=vllm_model_dir, path="bundled:tldr_sft", max_prompt_length=96, limit=6,
+                              batch_size=2, val_split=None, test_split=None)
+    kill = KillServer()
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[kill],
+                        default_root_dir=tmp_path)
+    with pytest.raises(ProducerFailed, match="exited with code -9"):
+        trainer.fit(module, datamodule=dm)
+    assert (tmp_path / "vllm_server.log").is_file()
+    assert module._async is None and kill.process.poll() is not None  # the producer stopped, the server gone
