@@ -1,17 +1,23 @@
 """Fit several methods one after the other under one strategy, in every rank; write JSON results.
 
-    python tests/distributed/run_methods.py --strategy ddp --methods sft,dpo --out DIR   # per rank (launch.py)
+    python tests/distributed/run_methods.py --strategy ddp --methods sft,dpo,dpo:lora --out DIR   # per rank (launch.py)
 
-For each method: a fit of a few optimizer steps on the tiny model, then per rank the logged
+Each entry of `--methods` is a job `method[:option]`, its results under that name: `dpo:lora`
+builds the module with a small LoRA config (adapters on one frozen base), `grpo:whole` with
+`frozen_placement: whole`. One launch runs every job of a strategy: the process start-up
+(imports, process group, DeepSpeed) is most of a launch's cost on a CPU.
+
+For each job: a fit of a few optimizer steps on the tiny model, then per rank the logged
 metrics, a fingerprint of the trained parameters before and after (equal on every rank when the
 gradients were reduced across ranks), and for online methods the response lengths each rank
 generated. `--uneven_lengths` makes rank r sample 3 + 5 r tokens (ZeRO-3 regression: ranks that
-stop generating at different steps need `synced_gpus=True`). `--checkpoint dpo` also saves a
-checkpoint (a ZeRO directory under DeepSpeed), resumes from it for one more step, and reports
-the resumed global step. `--grad_probe` saves DPO's full (ZeRO-3: gathered) gradients of the
-output layer and the embedding at the first optimizer step, then fits one more DPO step with the
-dense log-prob path (`logprob_chunk_size: null`) and saves its gradients alike. `--lora` builds
-every module with a small LoRA config (adapters on one frozen base).
+stop generating at different steps need `synced_gpus=True`). `--checkpoint dpo,dpo:lora` also
+saves a checkpoint of those jobs (a ZeRO directory under DeepSpeed), resumes from it for one
+more step, and reports the resumed global step. `--grad_probe` saves the `dpo` job's full
+(ZeRO-3: gathered) gradients of the output layer and the embedding at the first optimizer step,
+then fits one more DPO step from the same start with the dense log-prob path
+(`logprob_chunk_size: null`) and one with shared prompts (`shared_prompt: true`), saving their
+gradients alike and the weights' fingerprint after that step.
 """
 
 from __future__ import annotations
@@ -73,30 +79,42 @@ class GradProbe(L.Callback):
         torch.save(out, self.path)
 
 
+JOB_OPTIONS = {"lora": {"lora": {"r": 4, "alpha": 8}}, "whole": {"frozen_placement": "whole"}}
+
+
+def parse_job(job: str) -> tuple[str, dict]:
+    """`method[:option]` -> (method, the module overrides of the option)."""
+    method, _, option = job.partition(":")
+    if option and option not in JOB_OPTIONS:
+        raise ValueError(f"unknown job option {option!r} in {job!r}: one of {sorted(JOB_OPTIONS)}")
+    return method, dict(JOB_OPTIONS.get(option, {}))
+
+
 def grad_probe_paths(root: Path, rank: int) -> dict[str, str]:
-    return {kind: str(root / f"dpo_{kind}_grads_rank{rank}.pt") for kind in ("chunked", "dense")}
+    return {kind: str(root / f"dpo_{kind}_grads_rank{rank}.pt") for kind in ("chunked", "dense", "shared")}
 
 
-def fit_one(method: str, args, root: Path) -> dict:
+def fit_one(job: str, args, root: Path) -> dict:
     rank, size = W.world()
+    method, options = parse_job(job)
     L.seed_everything(1 + rank)  # different sampling per rank, as in a real run
     batch = BATCH[method]
     online = method in ("ppo", "grpo")
     # online: one rollout (B prompts x G x world size episodes); its updates are the optimizer steps
     overrides = {"total_episodes": batch * (2 if method == "grpo" else 1) * size} if online else {}
-    if args.frozen_placement:
-        overrides["frozen_placement"] = args.frozen_placement
-    module = W.build_module(method, **overrides)
+    module = W.build_module(method, **overrides, **options)
     if args.uneven_lengths and method in ("ppo", "grpo"):
         module.sampling = dataclasses.replace(module.sampling, max_new_tokens=3 + 5 * rank)
     zero3 = args.strategy == "zero3"
     before = W.fingerprint(module)
     record, probe = W.RecordMetrics(), LengthProbe()
-    extra = [GradProbe(Path(grad_probe_paths(root, rank)["chunked"]))] if (args.grad_probe and method == "dpo") else []
+    probing = args.grad_probe and job == "dpo"
+    extra = [GradProbe(Path(grad_probe_paths(root, rank)["chunked"]))] if probing else []
+    run_dir = root / job.replace(":", "_")
     if online:
-        trainer = W.trainer_for(args.strategy, root / method, max_steps=-1, max_epochs=1, callbacks=[record, probe])
+        trainer = W.trainer_for(args.strategy, run_dir, max_steps=-1, max_epochs=1, callbacks=[record, probe])
     else:
-        trainer = W.trainer_for(args.strategy, root / method, max_steps=2, callbacks=[record, *extra])
+        trainer = W.trainer_for(args.strategy, run_dir, max_steps=2, callbacks=[record, *extra])
     started = time.perf_counter()
     trainer.fit(module, W.loader(method, module.tokenizer, batch))
     result = {
@@ -111,39 +129,44 @@ def fit_one(method: str, args, root: Path) -> dict:
                             else all(hasattr(p, "ds_id") for p in module.ref_model.parameters())),
         "attention": getattr(getattr(getattr(module, "policy", None), "config", None), "_attn_implementation", None),
     }
-    if method == args.checkpoint:
-        result["resume"] = save_and_resume(method, args, root, trainer)
-    if extra:
-        result["grad_probe"] = dense_grad_probe(method, args, root)
+    if job in args.checkpoint.split(","):
+        result["resume"] = save_and_resume(job, args, root, trainer)
+    if probing:
+        result["grad_probe"] = grad_probe_paths(root, rank)
+        for kind, overrides in (("dense", {"logprob_chunk_size": None}), ("shared", {"shared_prompt": True})):
+            result[f"{kind}_after"] = one_probed_step(method, kind, overrides, args, root)
     return result
 
 
-def dense_grad_probe(method: str, args, root: Path) -> dict[str, str]:
-    """One step of `method` from the same start with the dense log-prob path, gradients saved."""
+def one_probed_step(method: str, kind: str, overrides: dict, args, root: Path) -> float:
+    """One step of `method` from the same start with `overrides`, its gradients saved (GradProbe);
+    returns the weights' fingerprint after the step."""
     rank, _ = W.world()
-    paths = grad_probe_paths(root, rank)
     L.seed_everything(1 + rank)
-    module = W.build_module(method, logprob_chunk_size=None)
-    trainer = W.trainer_for(args.strategy, root / f"{method}_dense", max_steps=1, callbacks=[GradProbe(Path(paths["dense"]))])
+    module = W.build_module(method, **overrides)
+    probe = GradProbe(Path(grad_probe_paths(root, rank)[kind]))
+    trainer = W.trainer_for(args.strategy, root / f"{method}_{kind}", max_steps=1, callbacks=[probe])
     trainer.fit(module, W.loader(method, module.tokenizer, BATCH[method]))
-    return paths
+    return W.fingerprint(module, zero3=args.strategy == "zero3")
 
 
-def save_and_resume(method: str, args, root: Path, trainer) -> dict:
+def save_and_resume(job: str, args, root: Path, trainer) -> dict:
     """Save a checkpoint (a directory under DeepSpeed), resume from it in a new Trainer for one step."""
     rank, _ = W.world()
-    ckpt = root / f"{method}.ckpt"
+    method, options = parse_job(job)
+    name = job.replace(":", "_")
+    ckpt = root / f"{name}.ckpt"
     trainer.save_checkpoint(ckpt)
     L.seed_everything(1 + rank)
-    module = W.build_module(method)
+    module = W.build_module(method, **options)
     record = W.RecordMetrics()
-    resumed = W.trainer_for(args.strategy, root / f"{method}_resumed", max_steps=trainer.global_step + 1, callbacks=[record])
+    resumed = W.trainer_for(args.strategy, root / f"{name}_resumed", max_steps=trainer.global_step + 1, callbacks=[record])
     resumed.fit(module, W.loader(method, module.tokenizer, BATCH[method]), ckpt_path=str(ckpt))
     resumed_after = W.fingerprint(module, zero3=args.strategy == "zero3")
     # the same number of steps without interruption: resuming must land on the same weights
     L.seed_everything(1 + rank)
-    module = W.build_module(method)
-    straight = W.trainer_for(args.strategy, root / f"{method}_straight", max_steps=trainer.global_step + 1)
+    module = W.build_module(method, **options)
+    straight = W.trainer_for(args.strategy, root / f"{name}_straight", max_steps=trainer.global_step + 1)
     straight.fit(module, W.loader(method, module.tokenizer, BATCH[method]))
     return {
         "ckpt": str(ckpt), "is_dir": ckpt.is_dir(), "global_step": resumed.global_step, "metrics": record.steps,
@@ -154,27 +177,25 @@ def save_and_resume(method: str, args, root: Path, trainer) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", required=True, choices=["ddp", "zero2", "zero3"])
-    parser.add_argument("--methods", required=True)
+    parser.add_argument("--methods", required=True, help="comma-separated jobs: method[:lora|:whole]")
     parser.add_argument("--uneven_lengths", action="store_true")
-    parser.add_argument("--checkpoint", default="")
+    parser.add_argument("--checkpoint", default="", help="comma-separated jobs to checkpoint and resume")
     parser.add_argument("--grad_probe", action="store_true")
-    parser.add_argument("--frozen_placement", default="", choices=["", "partitioned", "whole"])
     # manual check of the regression: generation WITHOUT synced_gpus (crashes on gloo, hangs on NCCL)
     parser.add_argument("--force_unsynced", action="store_true")
-    parser.add_argument("--lora", action="store_true")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.lora:  # every module this script builds (fit, resume, dense probe) trains LoRA adapters
-        build = W.build_module
-        W.build_module = lambda method, **overrides: build(method, **{"lora": {"r": 4, "alpha": 8}, **overrides})
     if args.force_unsynced:
         from lit_rlhf.modules.online import OnlineModule
 
         OnlineModule._synced_gpus = property(lambda self: False)
+    jobs = args.methods.split(",")
+    for job in jobs:
+        parse_job(job)  # a typo fails before any fit
     results = {}
-    for method in args.methods.split(","):
-        results[method] = fit_one(method, args, args.out / "runs")
+    for job in jobs:
+        results[job] = fit_one(job, args, args.out / "runs")
     W.write_result(args.out, results)
 
 

@@ -16,6 +16,7 @@ rank); use `sequence_mean` or `constant_normalizer` when this matters.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,30 @@ WEIGHT_ATOL = 1e-4
 LOSS_ATOL = 1e-5
 
 
+def one_process(methods: str, global_batch: int, out: Path) -> list[dict]:
+    """run_equivalence.py's single-process run, in this process (a launch of one more interpreter
+    would cost more than the two tiny fits): the same row-seeded sampling, on one thread."""
+    from lit_rlhf.modules import online_rollout
+    from tests.distributed import run_equivalence, workloads
+
+    args = argparse.Namespace(methods=methods, global_batch=global_batch, out=out)
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(workloads, "_WORLD", (0, 1))
+        patch.setattr(online_rollout, "generate_responses", run_equivalence.row_seeded_generation(online_rollout.generate_responses))
+        torch.set_num_threads(1)
+        try:
+            return [{method: run_equivalence.run(method, args, "single") for method in methods.split(",")}]
+        finally:
+            torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     single, double = tmp_path_factory.mktemp("one_process"), tmp_path_factory.mktemp("two_processes")
     args = ["--methods", "dpo,grpo", "--global_batch", "4"]
-    return (launch(SCRIPT, args, 1, single, timeout=300), single), (launch(SCRIPT, args, 2, double, timeout=300), double)
+    two = launch(SCRIPT, args, 2, double, timeout=300)
+    return (one_process("dpo,grpo", 4, single), single), (two, double)
 
 
 @pytest.mark.parametrize("method", ["dpo", "grpo"])

@@ -3,21 +3,17 @@
 PPO (policy + value model) and its two parameter groups train in ONE DeepSpeed engine; the
 online modules hand `max_grad_norm` to the engine (Lightning's clip_gradients is a no-op under
 DeepSpeed). The first DeepSpeed run on a machine compiles a small op (~50 s, cached after).
+The launch (the `zero2_run` fixture of conftest.py) also runs the LoRA jobs of test_lora.py.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tests.distributed.checks import check_method_results
-from tests.distributed.launch import launch
-
-SCRIPT = Path(__file__).with_name("run_methods.py")
-METHODS = ("dpo", "ppo", "grpo")
+from tests.distributed.conftest import DEEPSPEED_METHODS as METHODS
 
 
-def test_dpo_ppo_grpo_train_under_deepspeed_zero2(tmp_path):
-    results = launch(SCRIPT, ["--strategy", "zero2", "--methods", ",".join(METHODS)], 2, tmp_path, timeout=400)
+def test_dpo_ppo_grpo_train_under_deepspeed_zero2(zero2_run):
+    results = zero2_run
     check_method_results(results, METHODS, "CPUDeepSpeedStrategy")
     for method in ("ppo", "grpo"):
         for res in (results[0][method], results[1][method]):

@@ -13,12 +13,13 @@ row), then `lit_rlhf.export` (the `python -m lit_rlhf.export <dir> <out>` entry)
 transformers loads the result with the trained weights.
 
 Log-probs: the chunked path (the default) gives DPO the same gradients as the dense logits with
-the output layer's weight partitioned (gathered by ZeRO-3's hooks around the output layer).
+the output layer's weight partitioned (gathered by ZeRO-3's hooks around the output layer), and
+so do shared prompts (each prompt once, its responses attending to it).
+
+All of it, and the LoRA jobs of test_lora.py, is one launch: the `zero3_run` fixture of conftest.py.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,21 +28,11 @@ from transformers import AutoModelForCausalLM
 from lit_rlhf.export import main as export_main
 
 from tests.distributed.checks import check_method_results
-from tests.distributed.launch import launch
-
-SCRIPT = Path(__file__).with_name("run_methods.py")
-METHODS = ("dpo", "ppo", "grpo")
+from tests.distributed.conftest import DEEPSPEED_METHODS as METHODS
 
 
-@pytest.fixture(scope="module")
-def zero3_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("zero3")
-    args = ["--strategy", "zero3", "--methods", ",".join(METHODS), "--uneven_lengths", "--checkpoint", "dpo", "--grad_probe"]
-    return launch(SCRIPT, args, 2, out, timeout=400), out
-
-
-def test_dpo_ppo_grpo_train_under_zero3_with_uneven_generation_lengths(zero3_results):
-    results, _ = zero3_results
+def test_dpo_ppo_grpo_train_under_zero3_with_uneven_generation_lengths(zero3_run):
+    results = zero3_run
     check_method_results(results, METHODS, "CPUDeepSpeedStrategy")
     for method in ("ppo", "grpo"):
         rank0, rank1 = results[0][method], results[1][method]
@@ -50,8 +41,8 @@ def test_dpo_ppo_grpo_train_under_zero3_with_uneven_generation_lengths(zero3_res
         assert rank0["lengths"][0] <= 3 < rank1["lengths"][0] <= 8, (rank0["lengths"], rank1["lengths"])
 
 
-def test_chunked_logprobs_give_the_dense_gradients_with_the_output_layer_partitioned(zero3_results):
-    results, _ = zero3_results
+def test_chunked_logprobs_give_the_dense_gradients_with_the_output_layer_partitioned(zero3_run):
+    results = zero3_run
     for rank in (0, 1):
         paths = results[rank]["dpo"]["grad_probe"]
         chunked, dense = torch.load(paths["chunked"]), torch.load(paths["dense"])
@@ -62,8 +53,23 @@ def test_chunked_logprobs_give_the_dense_gradients_with_the_output_layer_partiti
             torch.testing.assert_close(chunked[name].view(-1), dense[name].view(-1), atol=1e-5, rtol=1e-5, msg=name)
 
 
-def test_zero3_checkpoint_resumes_and_exports_to_hugging_face(zero3_results, tmp_path):
-    results, _ = zero3_results
+def test_shared_prompts_give_the_padded_gradients_and_weights(zero3_run):
+    # one DPO step from the same start, padded rows (the chunked probe) and shared prompts; the
+    # weights after it against the dense padded step's
+    for rank in (0, 1):
+        dpo = zero3_run[rank]["dpo"]
+        padded, shared = torch.load(dpo["grad_probe"]["chunked"]), torch.load(dpo["grad_probe"]["shared"])
+        for name in ("lm_head", "embed"):
+            for grads in (padded, shared):
+                assert grads[f"{name}_local_numel"] < grads[f"{name}_full_numel"]  # really partitioned
+            assert bool(padded[name].ne(0).any())
+            torch.testing.assert_close(shared[name], padded[name], atol=1e-5, rtol=1e-4, msg=name)
+        assert dpo["shared_after"] != pytest.approx(dpo["before"], rel=1e-7, abs=0)  # the step moved the weights
+        assert abs(dpo["shared_after"] - dpo["dense_after"]) < 1e-4 * max(1.0, abs(dpo["dense_after"]))
+
+
+def test_zero3_checkpoint_resumes_and_exports_to_hugging_face(zero3_run, tmp_path):
+    results = zero3_run
     dpo = results[0]["dpo"]
     resume = dpo["resume"]
     assert resume["is_dir"], "a ZeRO-3 checkpoint is a directory of shards"
@@ -83,15 +89,13 @@ def test_zero3_checkpoint_resumes_and_exports_to_hugging_face(zero3_results, tmp
     assert torch.isfinite(model(ids).logits).all()
 
 
-def test_frozen_models_are_partitioned_by_default_and_whole_on_request(zero3_results, tmp_path):
-    results, _ = zero3_results
+def test_frozen_models_are_partitioned_by_default_and_whole_on_request(zero3_run):
     for rank in (0, 1):
-        assert results[rank]["grpo"]["policy_partitioned"] and results[rank]["grpo"]["ref_partitioned"]
+        assert zero3_run[rank]["grpo"]["policy_partitioned"] and zero3_run[rank]["grpo"]["ref_partitioned"]
     # `frozen_placement: whole`: the reference stays a full copy on every rank, the policy is sharded
-    whole = launch(SCRIPT, ["--strategy", "zero3", "--methods", "grpo", "--uneven_lengths",
-                            "--frozen_placement", "whole"], 2, tmp_path, timeout=300)
-    check_method_results(whole, ("grpo",), "CPUDeepSpeedStrategy")
+    check_method_results(zero3_run, ("grpo:whole",), "CPUDeepSpeedStrategy")
     for rank in (0, 1):
-        assert whole[rank]["grpo"]["policy_partitioned"] is True
-        assert whole[rank]["grpo"]["ref_partitioned"] is False
-        assert whole[rank]["grpo"]["synced"] == [True]
+        whole = zero3_run[rank]["grpo:whole"]
+        assert whole["policy_partitioned"] is True
+        assert whole["ref_partitioned"] is False
+        assert whole["synced"] == [True]

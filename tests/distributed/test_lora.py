@@ -6,40 +6,36 @@ with the same adapters. Under DDP the same launch also fits DRO-V (policy and va
 one base, each its own learning rate) and the reward model (a reward adapter and its head). Under
 ZeRO-3 the ranks generate responses of different lengths (`synced_gpus`), and DPO's ZeRO-3
 checkpoint directory resumes to the weights of a straight run.
+
+The LoRA jobs (`dpo:lora`, ...) run in each strategy's one launch (conftest.py's `ddp_run`,
+`zero2_run`, `zero3_run`), after the plain jobs of test_ddp.py, test_zero2.py and test_zero3.py.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
 from tests.distributed.checks import check_method_results
-from tests.distributed.launch import launch
+from tests.distributed.conftest import lora_jobs
 
-SCRIPT = Path(__file__).resolve().parents[1] / "distributed" / "run_methods.py"
-METHODS = ("dpo", "ppo")
-DDP_METHODS = METHODS + ("drov", "reward")  # one launch: the process start-up is most of the cost
 STRATEGY = {"ddp": "DDPStrategy", "zero2": "CPUDeepSpeedStrategy", "zero3": "CPUDeepSpeedStrategy"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(STRATEGY))
-def test_lora_trains_under_data_parallel_strategies(strategy, tmp_path):
-    methods = DDP_METHODS if strategy == "ddp" else METHODS
-    args = ["--strategy", strategy, "--methods", ",".join(methods), "--lora"]
-    if strategy == "zero3":
-        args += ["--uneven_lengths", "--checkpoint", "dpo"]
-    results = launch(SCRIPT, args, 2, tmp_path, timeout=500)
-    check_method_results(results, methods, STRATEGY[strategy])
+def test_lora_trains_under_data_parallel_strategies(strategy, request):
+    results = request.getfixturevalue(f"{strategy}_run")
+    jobs = lora_jobs(strategy)
+    check_method_results(results, jobs, STRATEGY[strategy])
     if strategy == "ddp":  # DRO-V's value adapter trained next to the policy adapter, on every rank
         for rank in (0, 1):
-            steps = results[rank]["drov"]["metrics"]
+            steps = results[rank]["drov:lora"]["metrics"]
             assert all(math.isfinite(step["train/value/loss"]) for step in steps), (rank, steps)
     if strategy == "zero3":
         for rank in (0, 1):
-            resume = results[rank]["dpo"]["resume"]
+            resume = results[rank]["dpo:lora"]["resume"]
             assert resume["is_dir"] and resume["global_step"] == 3
             assert resume["after"] == pytest.approx(resume["straight_after"], rel=1e-9, abs=1e-9)
-            assert results[rank]["ppo"]["synced"] == [True]
+            assert results[rank]["ppo:lora"]["synced"] == [True]
