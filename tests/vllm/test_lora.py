@@ -15,8 +15,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_rlhf.generation import SamplingConfig, generate_responses, sequence_token_logps
-from lit_rlhf.generation.vllm import save_merged_checkpoint, with_packed_siblings
 from lit_rlhf.generation.vllm_process import live_in_process_engines
+from lit_rlhf.generation.vllm_weights import save_merged_checkpoint, with_packed_siblings
 from lit_rlhf.judges import Judgement, PairwiseJudge
 from lit_rlhf.models import adapters, load_causal_lm, load_tokenizer, scalar_adapters
 from lit_rlhf.modules import PPOModule

@@ -1,6 +1,7 @@
-"""ReMax, rejection sampling and online DPO sample with the vLLM engine (`generation_backend:
-vllm`): they train, and ReMax's greedy baselines decoded by the engine are the policy's greedy
-responses as the hf sampler decodes them."""
+"""ReMax, rejection sampling, online DPO and PPO-ptx sample with the vLLM engine
+(`generation_backend: vllm`): they train (PPO-ptx with its SFT term at every step), and ReMax's
+greedy baselines decoded by the engine are the policy's greedy responses as the hf sampler decodes
+them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from lit_rlhf.generation import SamplingConfig, generate_responses
-from lit_rlhf.modules import OnlineDPOModule, RejectionSamplingModule, ReMaxModule
+from lit_rlhf.modules import OnlineDPOModule, PPOPtxModule, RejectionSamplingModule, ReMaxModule
 from lit_rlhf.rewards import CharacterFractionReward
+from tests.resume.test_resume import PTX_DATA
 from tests.vllm.conftest import attach
 from tests.vllm.test_fit import LETTERS, prompt_loader
 
@@ -18,6 +20,8 @@ METHODS = {
     "remax": (ReMaxModule, dict(num_generations=2), [8, 4]),  # per rollout: the samples, then the greedy rows
     "rejection_sampling": (RejectionSamplingModule, dict(num_generations=2), [8]),
     "online_dpo": (OnlineDPOModule, dict(), [8]),
+    # one PPO epoch: the 2 optimizer steps are 2 rollouts; an SFT batch joins each step
+    "ppo_ptx": (PPOPtxModule, dict(ptx_data=PTX_DATA, ptx_coef=1.0, ppo_epochs=1), [4]),
 }
 
 
@@ -50,6 +54,8 @@ def test_new_online_methods_sample_with_the_engine(name, vllm_model_dir, engine)
         engine.generate = generate
     assert calls == rows * 2  # every response of both rollouts came from the engine
     assert any(not torch.equal(v, initial[k]) for k, v in module.policy.state_dict().items())
+    if name == "ppo_ptx":  # the SFT stream gave one batch to each optimizer step
+        assert module.ptx_batches == 2
     if name == "remax":  # the engine's greedy decode of the initial policy is hf's
         greedy = shaped.rollouts[0]
         policy = cls(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)]).policy
