@@ -375,8 +375,12 @@ def test_recipe_runs(recipe, tmp_path, data_dirs):
 # the LoRA step: the *_lora.yaml recipes (DPO, GRPO, PPO, reward) run above as they are; every
 # other method runs its quickstart recipe again with a small LoRA config
 LORA_METHODS_WITH_RECIPE = {_declared(p)["model"]["class_path"] for p in RECIPES if "lora" in p.name}
+# trained with LoRA, adapter by adapter, in tests/lora/test_lora_new_methods.py
+LORA_METHODS_TESTED_APART = {"lit_rlhf.modules.ReMaxModule", "lit_rlhf.modules.RejectionSamplingModule",
+                             "lit_rlhf.modules.OnlineDPOModule", "lit_rlhf.modules.PPOPtxModule"}
 LORA_STEP = [p for p in sorted((CONFIGS / "quickstart").glob("*.yaml"))
-             if _declared(p).get("model") and _declared(p)["model"]["class_path"] not in LORA_METHODS_WITH_RECIPE]
+             if _declared(p).get("model")
+             and _declared(p)["model"]["class_path"] not in LORA_METHODS_WITH_RECIPE | LORA_METHODS_TESTED_APART]
 
 
 @pytest.mark.parametrize("recipe", LORA_STEP, ids=_name)
