@@ -113,7 +113,7 @@ def test_sigterm_during_dpo_reference_precompute(tmp_path, tmp_path_factory):
 
 
 # backward passes per optimizer step: PPO's policy and value terms run one each (run_updates' loss parts)
-BACKWARDS_PER_STEP = {"ppo": 2, "ppo_lora": 2}
+BACKWARDS_PER_STEP = {"ppo": 2, "ppo_lora": 2, "ppo_ptx": 2}  # PPO-ptx: its SFT term joins the policy part
 
 
 @pytest.mark.parametrize("name", list(CASES))
