@@ -21,7 +21,7 @@ class WeightReceiver:
         """Load the weights of `path` (a safetensors file stamped `version`); returns the version."""
         from safetensors import safe_open
 
-        from lit_rlhf.generation.vllm import _reprocess_embeddings
+        from lit_rlhf.generation.vllm_weights import reprocess_embeddings
         from lit_rlhf.generation.weight_sync import VERSION_KEY
 
         with safe_open(path, framework="pt") as f:
@@ -30,7 +30,7 @@ class WeightReceiver:
                 raise ValueError(f"{path} is stamped version {stamped}, the trainer asked to load version {version}")
             weights = [(name, f.get_tensor(name)) for name in f.keys()]
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-        _reprocess_embeddings(self.model_runner.get_model())
+        reprocess_embeddings(self.model_runner.get_model())
         self.lit_rlhf_weight_version = str(version)
         return str(version)
 
