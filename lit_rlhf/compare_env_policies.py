@@ -62,8 +62,8 @@ def instantiate(environment: Any, reward_fns: Any) -> tuple[Any, list[Callable]]
     parser.add_argument("--environment", type=Environment)
     parser.add_argument("--reward_fns", type=Optional[list[Callable]], default=None)
     config = parser.parse_object({"environment": environment, "reward_fns": reward_fns})
-    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49: instantiate
-    init = instantiate(config)
+    build = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49: instantiate
+    init = build(config)
     return init.environment, list(init.reward_fns or [])
 
 
