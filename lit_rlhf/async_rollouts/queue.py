@@ -187,19 +187,24 @@ class RolloutQueue:
         deadline = started + timeout
         with self._cond:
             depth = len(self._ready)
-            while index not in self._ready:
-                if self._error is not None:
-                    raise ProducerFailed(f"the rollout producer failed before batch {index} was ready "
-                                         f"({self.producer_state}): {self._error!r}") from self._error
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    raise RolloutTimeout(f"batch {index} was not ready after {timeout:.0f} s (the producer is "
-                                         f"{self.producer_state}); raise async_timeout if sampling one batch takes longer")
-                self._cond.wait(min(left, 1.0))
+            self._wait_for(lambda: index in self._ready, deadline, f"before batch {index} was ready",
+                           f"batch {index} was not ready after {timeout:.0f} s",
+                           "; raise async_timeout if sampling one batch takes longer")
             batch = self._ready.pop(index)
             self.next_index = index + 1
             self._cond.notify_all()  # admits the next batch
         return batch, depth, time.perf_counter() - started
+
+    def _wait_for(self, done, deadline: float, failed_before: str, timed_out: str, hint: str = "") -> None:
+        """With the lock held: wait until `done()`; a failed producer or the deadline raise."""
+        while not done():
+            if self._error is not None:
+                raise ProducerFailed(f"the rollout producer failed {failed_before} ({self.producer_state}): "
+                                     f"{self._error!r}") from self._error
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise RolloutTimeout(f"{timed_out} (the producer is {self.producer_state}){hint}")
+            self._cond.wait(min(left, 1.0))
 
     def checkpoint_batches(self, timeout: float) -> list[GeneratedBatch]:
         """The batches a checkpoint must hold: every one scheduled after the learner's position
@@ -213,15 +218,9 @@ class RolloutQueue:
                 if self.version_of(i) < self.next_index]
         deadline = time.perf_counter() + timeout
         with self._cond:
-            while not all(i in self._ready for i in want):
-                if self._error is not None:
-                    raise ProducerFailed(f"the rollout producer failed before the checkpoint's batches {want} were "
-                                         f"ready ({self.producer_state}): {self._error!r}") from self._error
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    raise RolloutTimeout(f"checkpoint: batches {want} not all sampled after {timeout:.0f} s (the "
-                                         f"producer is {self.producer_state})")
-                self._cond.wait(min(left, 1.0))
+            self._wait_for(lambda: all(i in self._ready for i in want), deadline,
+                           f"before the checkpoint's batches {want} were ready",
+                           f"checkpoint: batches {want} not all sampled after {timeout:.0f} s")
             return [self._ready[i] for i in want]
 
     def restore(self, batches: list[GeneratedBatch]) -> None:
