@@ -153,6 +153,9 @@ class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoop
         weight_transfer: how a `vllm_server` gets full weights: `file` (a safetensors file stamped
             with its version: one machine or a shared disk) or `nccl` (GPUs: vLLM's NCCL weight
             transfer, `lit_rlhf.generation.server_nccl`); a LoRA adapter always goes as a file.
+        server_concurrency: completion requests kept in flight on a `vllm_server` (its engine
+            batches them); 1 runs them one at a time, so a row's numerics never depend on its
+            batch-mates and a resumed run is the uninterrupted one bitwise (tested).
         **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
     """
 
@@ -188,6 +191,7 @@ class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoop
         async_timeout: float = 600.0,
         server_url: str | None = None,
         weight_transfer: Literal["file", "nccl"] = "file",
+        server_concurrency: int = 64,
         **kwargs: Any,
     ) -> None:
         if generation_backend not in ("hf", "vllm", "vllm_server"):
@@ -197,7 +201,8 @@ class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoop
         if not scoring_temperature > 0:
             raise ValueError(f"logprob_temperature must be > 0 or null (= temperature), got {logprob_temperature}")
         super().__init__(**kwargs)
-        tis_cap = self.init_async(max_staleness, async_timeout, server_url, weight_transfer, generation_backend, tis_cap)
+        tis_cap = self.init_async(max_staleness, async_timeout, server_url, weight_transfer, generation_backend, tis_cap,
+                                  server_concurrency)
         if tis_cap is not None and scoring_temperature != temperature:
             raise ValueError(f"tis_cap weights tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
                              f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")

@@ -24,8 +24,10 @@ takes were sampled for those prompts.
   the producer to finish them); the batches that need version k or newer are sampled again after
   the resume, the same tokens (their random streams are functions of the seed and the batch
   index). The data order is the fit loop's own (`ResumableSampler`). With the `hf` sampler a
-  resumed run is the uninterrupted one, bitwise (tested); a vLLM server resamples as exactly as
-  its engine is deterministic with concurrent requests.
+  resumed run is the uninterrupted one, bitwise (tested). A vLLM server batches concurrent
+  requests as they arrive, and a row's log-probs change in their last bits with its batch-mates
+  (its tokens too, where two are nearly tied): with `server_concurrency: 1` each request runs
+  alone and a resumed run is bitwise the uninterrupted one (tested on CPU).
 - **Logs**: `train/async/staleness_mean` and `staleness_max` (versions behind, over the batch's
   rows); `train/rollout/sampler_logprob_diff(_max)`, the gap between the sampler's log-probs and
   the learner's (staleness included); and, depending on timing, `train/perf/queue_depth` (finished
@@ -138,7 +140,8 @@ class AsyncRolloutMixin:
     _async_restored: dict[str, Any] | None = None
 
     def init_async(self, max_staleness: int | None, async_timeout: float, server_url: str | None,
-                   weight_transfer: str, generation_backend: str, tis_cap: float | None) -> float | None:
+                   weight_transfer: str, generation_backend: str, tis_cap: float | None,
+                   server_concurrency: int = 64) -> float | None:
         """In `__init__`: check and keep the asynchronous settings (`OnlineModule`'s arguments);
         returns the `tis_cap` the update uses (`effective_tis_cap`)."""
         tis_cap = effective_tis_cap(tis_cap, generation_backend, max_staleness, async_timeout)
@@ -147,8 +150,11 @@ class AsyncRolloutMixin:
                              "(0 = in lockstep with the learner)")
         if weight_transfer not in ("file", "nccl"):
             raise ValueError(f"weight_transfer must be 'file' or 'nccl', got {weight_transfer!r}")
+        if int(server_concurrency) < 1:
+            raise ValueError(f"server_concurrency must be >= 1, got {server_concurrency}")
         self.max_staleness, self.async_timeout = max_staleness, float(async_timeout)
         self.server_url, self.weight_transfer = server_url, weight_transfer
+        self.server_concurrency = int(server_concurrency)
         return tis_cap
 
     @property
@@ -267,7 +273,7 @@ class AsyncRolloutMixin:
                                               **engine_args)
             server.workdir = workdir  # removed with the server object
             model = workdir.name
-        client = ServerClient(server, model, timeout=self.async_timeout)
+        client = ServerClient(server, model, timeout=self.async_timeout, max_concurrency=self.server_concurrency)
         sender = None
         if nccl:
             from lit_rlhf.generation.server_nccl import NCCLWeightSender

@@ -123,15 +123,16 @@ class Setup:
     module_args: dict[str, Any] = field(default_factory=dict)
     dm_args: dict[str, Any] = field(default_factory=dict)
     trainer_args: dict[str, Any] = field(default_factory=dict)
+    model: str = "tiny-random-llama"  # a name or a saved model's directory (its tokenizer with it)
 
 
 def fit(setup: Setup, root: Path, interrupt: Callback | None = None, ckpt_path: str | None = None,
         extra_callbacks: tuple[Callback, ...] = ()) -> Run:
     module_cls, module_args, steps_per_batch, dm_cls, dm_args = CASES[setup.name]
     L.seed_everything(0)
-    module = module_cls(model="tiny-random-llama", **{**module_args, **setup.module_args})
+    module = module_cls(model=setup.model, **{**module_args, **setup.module_args})
     with_val = bool(setup.val_every or setup.sanity)
-    dm = dm_cls(tokenizer="tiny-random-llama", val_split="validation" if with_val else None, test_split=None,
+    dm = dm_cls(tokenizer=setup.model, val_split="validation" if with_val else None, test_split=None,
                 **{**dm_args, **setup.dm_args})
     recorder = Recorder()
     callbacks: list[Callback] = []
