@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -106,13 +107,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    from lit_rlhf.compare_policies import machine
+
+    started, load_before = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), os.getloadavg()
     results = []
     for mode in args.modes:
         result = run_mode(mode, args)
         results.append(result)
         print(json.dumps({k: v for k, v in result.items() if k != "step_durations_s"}), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "created": started, "machine": machine(),
+                                               "load_before": load_before, "results": results}, indent=1))
     return results
 
 
