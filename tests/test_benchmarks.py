@@ -4,6 +4,7 @@ in process and without TRL, and reports what the issue asks for; the report arit
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 
@@ -23,7 +24,8 @@ def test_script_runs_one_measured_step(name, tmp_path):
     assert ours["tokens_per_s"] > 0 and ours["peak_rss_mb"] > 0
     assert ours["overhead_ratio"]["median"] > 0 and ours["bare_parts_s"]  # bare work timed on the same batch
     assert "ours_over_trl" not in result
-    assert (tmp_path / "out.json").exists()
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert saved["created"] and saved["machine"]["cpus"] and len(saved["load_before"]) == 3
     if name in ("grpo", "ppo"):
         assert ours["generation_time_s"]["n"] == 1 and ours["update_time_s"]["median"] > 0
         assert ours["completions_per_s"] > 0
@@ -97,4 +99,5 @@ def test_async_bench_runs_sync_and_async_on_the_tiny_model(tmp_path):
     for r in results:
         assert r["samples_per_s"] > 0 and 0 <= r["trainer_idle_fraction"] <= 1 and len(r["step_durations_s"]) == 2
     assert results[0]["staleness_max"] == 0.0 and results[1]["staleness_max"] == 1.0
-    assert (tmp_path / "out.json").exists()
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert saved["created"] and saved["machine"]["cpus"] and len(saved["load_before"]) == 3
