@@ -2,7 +2,8 @@
 
     python -m lit_rlhf.compare_env_policies \\
         --config configs/envs/arithmetic_calculator_grpo.yaml \\
-        --before smollm2-135m-instruct --after outputs/envs/arithmetic_calculator_grpo/policy \\
+        --before outputs/envs/arithmetic_calculator_coldstart/policy \\
+        --after outputs/envs/arithmetic_calculator_grpo/policy \\
         --split test --num_rows 100 --output outputs/envs/arithmetic_calculator_grpo/results.json
 
 The environment, its reward functions and the episode settings (`max_turns`,
