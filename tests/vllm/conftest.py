@@ -39,7 +39,7 @@ def vllm_model_dir(tmp_path_factory):
     tokenizer = load_tokenizer("tiny-random-llama")
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,  # as SmolLM2: the tied output layer must follow syncs
     )
@@ -60,7 +60,7 @@ def engine(vllm_model_dir):
 
     tokenizer = load_tokenizer(vllm_model_dir)
     policy = load_causal_lm(vllm_model_dir, tokenizer, dtype="float32")
-    return VLLMEngine.from_policy(policy, tokenizer, max_model_len=256)
+    return VLLMEngine.from_policy(policy, tokenizer, max_model_len=1024)  # the calculator's system prompt: ~660 tokens
 
 
 def attach(module, engine):
