@@ -1,5 +1,6 @@
-"""`main.py fit --config` with a multi-turn environment: GRPO and PPO on the tiny model, and an
-exact resume after a SIGTERM in the middle of a training step."""
+"""`main.py fit --config` with a multi-turn environment: GRPO and PPO on the tiny model (a
+turn-taking environment and the calculator tool environment), and an exact resume after a
+SIGTERM in the middle of a training step."""
 
 from __future__ import annotations
 
@@ -66,6 +67,25 @@ def test_fit_on_a_multi_turn_environment(method, tmp_path, eos_prone_model):
     assert any(t.startswith("train/conversations") for t in texts), texts
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 2
+
+
+TOOLS = {"class_path": "lit_rlhf.envs.ToolEnvironment",
+         "init_args": {"tools": ["lit_rlhf.envs.calculator"], "prompt_column": "prompt", "timeout": 2.0,
+                       "system_prompt": "Use the calculator.", "error_reward": -0.1}}
+
+
+@pytest.mark.parametrize("method", ["grpo", "ppo"])
+def test_fit_on_the_calculator_tool_environment(method, tmp_path, eos_prone_model):
+    """The shipped recipe's shape: the calculator tool, MathAnswerReward, plain-text questions the
+    environment renders with the tool's schema (vLLM: tests/vllm/test_env.py)."""
+    fit(tmp_path, eos_prone_model, "--data.init_args.chat=false", "--data.init_args.prompt_template={question}",
+        method=method, environment=TOOLS, reward_fns=[{"class_path": "lit_rlhf.rewards.MathAnswerReward"}])
+    scalars, texts = scalar_tags(tmp_path / "tb")
+    for tag in ("train/rollout/turns", "train/rollout/tool_calls", "train/rollout/tool_errors",
+                "train/rewards/MathAnswerReward", "train/rewards/environment", "train/policy/clipfrac"):
+        assert tag in scalars, (tag, sorted(scalars))
+    assert any(t.startswith("train/conversations") for t in texts), texts
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
 
 
 def test_resume_mid_step_is_exact(tmp_path, eos_prone_model):

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lit_rlhf.modules import GRPOModule
 from tests.envs.conftest import make_eos_prone
-from tests.envs.test_env_fit import config
+from tests.envs.test_env_fit import TOOLS, config
 from tests.helpers import write_config
 from tests.vllm.test_server import tb_scalars
 from tests.envs.turn_envs import CountingEnv
@@ -68,11 +68,6 @@ def eos_prone_vllm_model(vllm_model_dir, tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-TOOLS = {"class_path": "lit_rlhf.envs.ToolEnvironment",
-         "init_args": {"tools": ["lit_rlhf.envs.calculator"], "prompt_column": "prompt", "timeout": 2.0,
-                       "system_prompt": "Use the calculator.", "error_reward": -0.1}}
 
 
 @pytest.mark.parametrize("method", ["grpo", "ppo"])
