@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import json
 import math
@@ -324,16 +325,24 @@ def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = N
     return main(args, run=run)
 
 
+@functools.cache
+def _fresh_tiny() -> tuple[dict, dict]:
+    """The tiny model's initial weights (a fixed seed: the same for every recipe), loaded once:
+    (causal LM state dict, backbone state dict); read only."""
+    tokenizer = models.load_tokenizer(TINY)
+    fresh = models.load_causal_lm(TINY, tokenizer)
+    return fresh.state_dict(), models.backbone_of(fresh).state_dict()
+
+
 def trained_and_initial(module) -> tuple[dict, dict]:
     if getattr(module, "lora_config", None) is not None:  # LoRA: the trained adapters' B, which start at 0
         peft_model = getattr(module, "reward_peft", None) or module.policy
         trained = {n: p.detach() for n, p in peft_model.named_parameters() if p.requires_grad and "lora_B" in n}
         return trained, {n: torch.zeros_like(p) for n, p in trained.items()}
-    tokenizer = models.load_tokenizer(TINY)
-    fresh = models.load_causal_lm(TINY, tokenizer)
+    lm, backbone = _fresh_tiny()
     if hasattr(module, "policy"):
-        return module.policy.state_dict(), fresh.state_dict()
-    return module.reward_model.backbone.state_dict(), models.backbone_of(fresh).state_dict()
+        return module.policy.state_dict(), lm
+    return module.reward_model.backbone.state_dict(), backbone
 
 
 def assert_trained(cli, tmp_path: Path) -> None:
