@@ -35,6 +35,17 @@ class PromptCounter(Callback):
         self.rows[trainer.fit_loop.total_batch_idx + 1] = (trainer.current_epoch, list(batch.meta["index"]))
 
 
+def trained_prompts(counters: list[PromptCounter], straight: PromptCounter) -> Counter:
+    """How often each (epoch, row) was trained on over the interrupted runs and the final one. A
+    later run re-trains only the batches an earlier one lost with its checkpoint (SIGKILL), so the
+    batches of the checkpointed history must be the straight run's, batch for batch."""
+    merged: dict[int, tuple[int, list[int]]] = {}
+    for c in counters:
+        merged.update(c.rows)
+    assert merged == straight.rows
+    return Counter((epoch, i) for epoch, rows in merged.values() for i in rows)
+
+
 class ProducerSigterm:
     """SIGTERM to this process from the producer thread as it starts sampling the `n`-th batch of
     the run: a moment inside the producer's work, wherever the learner then is (a resumed run's
@@ -106,13 +117,7 @@ def test_async_run_resumes_exactly_from_any_moment_with_every_prompt_once(tmp_pa
             assert run.killed or run.exit_code is not None, f"{moment.hook} #{moment.n} did not stop the run"
         runs.append(run)
     assert_same_run(straight, runs[:-1], runs[-1], tmp_path / "straight", root)
-    # a later run re-trains only the batches an earlier one lost with its checkpoint (SIGKILL), so
-    # the batches of the checkpointed history are the straight run's, batch for batch
-    merged: dict[int, tuple[int, list[int]]] = {}
-    for c in counters:
-        merged.update(c.rows)
-    assert merged == counter.rows
-    trained = Counter((epoch, i) for epoch, rows in merged.values() for i in rows)
+    trained = trained_prompts(counters, counter)
     assert sorted(trained) == [(epoch, i) for epoch in (0, 1) for i in range(6)]  # no prompt lost
     assert set(trained.values()) == {1}  # none trained twice
 

@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import time
-from collections import Counter
 
 import pytest
 from lightning.pytorch.callbacks import Callback
@@ -17,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lit_rlhf.async_rollouts import ProducerFailed
 from lit_rlhf.generation.server import ServerClient, VLLMServer
 from lit_rlhf.generation.weight_sync import FileWeightSync, WeightSyncTimeout, WeightVersionError
-from tests.async_rollouts.test_async_grpo import PromptCounter
+from tests.async_rollouts.test_async_grpo import PromptCounter, trained_prompts
 from tests.modules.test_ppo_cli import CONFIGS, exported_reward_model, run_config  # noqa: F401
 from tests.resume.harness import Interrupt, Setup, assert_same_run, fit
 
@@ -96,11 +95,7 @@ def test_async_run_on_the_server_resumes_exactly_with_every_prompt_once(server, 
         assert moment is None or run.killed or run.exit_code is not None, f"{moment.hook} #{moment.n} did not stop the run"
         runs.append(run)
     assert_same_run(straight, runs[:-1], runs[-1], tmp_path / "straight", root)
-    merged: dict[int, tuple[int, list[int]]] = {}
-    for c in counters:
-        merged.update(c.rows)
-    assert merged == counter.rows
-    trained = Counter((epoch, i) for epoch, rows in merged.values() for i in rows)
+    trained = trained_prompts(counters, counter)
     assert set(trained.values()) == {1} and {i for epoch, i in trained if epoch == 0} == set(range(6))
 
 
