@@ -43,6 +43,9 @@ ULTRAFEEDBACK_BINARIZED: Schema = {
 }
 """`HuggingFaceH4/ultrafeedback_binarized` (splits `train_prefs`, `test_prefs`, ...)."""
 
+ULTRAFEEDBACK_SFT: Schema = {"prompt": str, "prompt_id": str, "messages": _MESSAGES}
+"""The SFT splits of `HuggingFaceH4/ultrafeedback_binarized` (`train_sft`, `test_sft`): one conversation per row."""
+
 _RATING = {"Rating": str, "Rationale": str}
 _TYPED_RATING = {"Rating": str, "Rationale": str, "Type": [str], "Rationale For Rating": str}
 ULTRAFEEDBACK: Schema = {

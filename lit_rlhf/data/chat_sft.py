@@ -1,0 +1,102 @@
+"""Chat SFT: conversations whose last message is the assistant's answer -> `SFTBatch`.
+
+The SFT splits of `HuggingFaceH4/ultrafeedback_binarized` (`train_sft`, `test_sft`; the Zephyr
+recipe's SFT data has the same `messages` column), and any rows with a `messages` list of
+`{role, content}` ending with an assistant message (the bundled `keyfact_chat` `*_sft` splits).
+
+Formatting is the chat DataModules' (`lit_rlhf.data.ultrafeedback`): prompt = the chat template
+of every message but the last with `add_generation_prompt=True`; completion = the template's
+continuation (the answer and its turn end) followed by EOS, so prompt + completion is exactly
+what the online DataModule's prompt is followed by when the policy answers it. Chat prompts are
+not truncated: one over `max_prompt_length` tokens is a bad row, and so is an answer over
+`max_completion_length` tokens (EOS included) unless `truncate_completions=True`. The loss is on
+the completion tokens only (`SFTModule`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lit_rlhf.data import schema as schemas
+from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
+from lit_rlhf.data.formatting import chat_prompt_and_completion, require_messages
+from lit_rlhf.data.packing import PackedSFTCollator, sft_collator
+from lit_rlhf.data.collate import SFTCollator
+from lit_rlhf.data.processing import TRUNCATED
+from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts
+from lit_rlhf.data.ultrafeedback import _IDS, _INT, _STR, ULTRAFEEDBACK_BINARIZED_HUB, _ChatFormatter, _no_template_check
+
+
+class ChatSFTFormatter(_ChatFormatter):
+    """A row with `messages` -> chat prompt ids + answer ids (EOS last)."""
+
+    consumed = ("messages", "chosen", "rejected", "prompt")
+
+    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions, passthrough):
+        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
+        self.passthrough = passthrough
+
+    def features(self) -> dict[str, Any]:
+        return {"prompt": _STR, "reference": _STR, "_prompt_ids": _IDS, "_completion_ids": _IDS,
+                "_prompt_len": _INT, "_completion_len": _INT, TRUNCATED: _INT}
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        messages = require_messages(row.get("messages"), "messages")
+        prompt, answer = chat_prompt_and_completion(self.tokenizer, messages)
+        prompt_ids = self.prompt_ids(prompt, "messages")
+        completion_ids, truncated = self.completion_ids(answer, "messages")
+        return [{"prompt": prompt, "reference": answer, "_prompt_ids": prompt_ids, "_completion_ids": completion_ids,
+                 "_prompt_len": len(prompt_ids), "_completion_len": len(completion_ids), TRUNCATED: truncated}]
+
+
+class ChatSFTDataModule(_ReferenceTexts, RLHFDataModule):
+    """Chat SFT rows (`messages`) -> `SFTBatch` (right padded, D5) or, with `packing: true`,
+    `PackedSFTBatch` (see `TLDRSFTDataModule`). Metadata: "prompt", "reference" (the answer) and
+    the other scalar source columns (e.g. `prompt_id`)."""
+
+    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+    raw_schema = schemas.ULTRAFEEDBACK_SFT
+    schema_name = "chat SFT (messages)"
+
+    def __init__(
+        self,
+        path: str = ULTRAFEEDBACK_BINARIZED_HUB,
+        tokenizer: Any = None,
+        name: str | None = None,
+        train_split: str | None = "train_sft",
+        val_split: str | None = "test_sft",
+        test_split: str | None = None,
+        split_map: dict[str, str] | None = None,
+        data_files: dict[str, Any] | str | None = None,
+        max_prompt_length: int = 512,
+        max_completion_length: int = 1024,
+        truncate_completions: bool = False,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        num_proc: int | None = None,
+        seed: int = 0,
+        on_bad_rows: BadRowPolicy = "error",
+        limit: int | None = None,
+        packing: bool = False,
+        pack_length: int | None = None,
+    ):
+        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
+                         test_split=test_split, split_map=split_map, data_files=data_files,
+                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+        if pack_length is not None and pack_length < 1:
+            raise ValueError(f"pack_length must be >= 1 or null (one row per batch), got {pack_length}")
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+        self.packing = packing
+        self.pack_length = pack_length
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def _formatter(self, role: str) -> Formatter:
+        _no_template_check(self)
+        return ChatSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
+                                self.truncate_completions, _passthrough(self, role, ChatSFTFormatter.consumed))
+
+    def _collator(self, role: str) -> SFTCollator | PackedSFTCollator:
+        return sft_collator(self.tokenizer.pad_token_id, self.packing, self.pack_length)
