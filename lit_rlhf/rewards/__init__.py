@@ -26,10 +26,13 @@ Modules:
   punishment);
 - `judge`: `PairwiseJudgeReward`, a pairwise judge (`lit_rlhf.judges`: local LM, chat API,
   reward model) as a reward: each sample's win rate against its prompt's other samples;
+- `gold`: `KeyFactRecallReward`, the key-fact gold (`lit_rlhf.judges.keyfact`) as a reward: the
+  positive control of a synthetic-gold experiment, or (weight 0) the gold logged beside the proxy;
 - `examples`: `CharacterFractionReward`, `ReferenceMatchReward` (small, for tests).
 """
 
 from lit_rlhf.rewards.examples import CharacterFractionReward, ReferenceMatchReward
+from lit_rlhf.rewards.gold import KeyFactRecallReward
 from lit_rlhf.rewards.judge import PairwiseJudgeReward
 from lit_rlhf.rewards.math_answer import MathAnswerReward, answers_match, final_answer_text, parse_answer
 from lit_rlhf.rewards.shaping import FormatReward, OverlongPenalty
@@ -48,6 +51,7 @@ from lit_rlhf.rewards.sources import (
 __all__ = [
     "CharacterFractionReward",
     "FormatReward",
+    "KeyFactRecallReward",
     "MathAnswerReward",
     "OverlongPenalty",
     "PairwiseJudgeReward",

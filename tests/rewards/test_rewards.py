@@ -119,3 +119,17 @@ def test_rewards_normalised_separately_before_the_sum():
     assert combine_rewards({"a": correct}, None).tolist() == correct.tolist()  # none: unchanged
     with pytest.raises(ValueError, match="group_size"):
         normalize_reward(correct, "group", group_size=3)
+
+
+def test_keyfact_recall_reward_is_the_gold_recall_by_hand():
+    from lit_rlhf.rewards import KeyFactRecallReward, function_name
+
+    fn = KeyFactRecallReward()
+    ref = "Roommate drums after midnight, I can't sleep."  # content words: roommate drum midnight can't->can t? sleep
+    got = fn(["p"] * 3, [ref, "My roommate drums a lot.", "Nothing relevant here."], reference=[ref] * 3)
+    # content(ref) = {roommate, drum, midnight, t, sleep} ("can" is a stop word, "'" splits "can't");
+    # "My roommate drums a lot." has {roommate, drum, lot}: 2 of 5
+    assert got == [1.0, pytest.approx(2 / 5), 0.0]
+    assert function_name(fn) == "keyfact_recall"
+    with pytest.raises(KeyError, match="reference"):
+        fn(["p"], ["x"], other=["y"])
