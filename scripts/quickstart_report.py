@@ -22,15 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-
-def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    if not run_dir.is_dir():
-        return {}
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+from lit_rlhf.evaluation.logs import read_scalars as scalars
 
 
 def series(values: dict[str, list[tuple[int, float]]], tag: str) -> list[float]:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from lit_rlhf.compare_policies import machine  # noqa: E402
-from quickstart_report import scalars  # noqa: E402
+from lit_rlhf.evaluation.logs import read_scalars as scalars  # noqa: E402
 from render_results import RECIPES  # noqa: E402
 
 def log_dir(config: dict) -> Path:
