@@ -104,18 +104,25 @@ class LocalLMJudge(RandomOrderJudge):
         )
 
     def _load(self) -> None:
-        from lit_rlhf.models import load_causal_lm, load_tokenizer
+        from lit_rlhf.models import load_causal_lm
 
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.model_name)
+        tokenizer = self.tokenizer()
         if self._model is None:
-            self._model = load_causal_lm(self.model_name, self._tokenizer, dtype=self.dtype)
+            self._model = load_causal_lm(self.model_name, tokenizer, dtype=self.dtype)
         self._model.to(self.device).eval()
-        self._verdict_ids = verdict_token_ids(self._tokenizer)
+        self._verdict_ids = verdict_token_ids(tokenizer)
+
+    def tokenizer(self) -> Any:
+        """The judge's tokenizer (loaded on first use: the prompt is formatted with its chat template)."""
+        if self._tokenizer is None:
+            from lit_rlhf.models import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.model_name)
+        return self._tokenizer
 
     def judge_prompt(self, prompt: str, first: str, second: str) -> str:
         """The full text the judge model reads, ending where the verdict letter goes."""
-        tok = self._tokenizer
+        tok = self.tokenizer()
         messages = self.template.messages(prompt, first, second)
         if getattr(tok, "chat_template", None):
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

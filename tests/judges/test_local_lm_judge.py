@@ -89,3 +89,11 @@ def test_smollm2_judge_on_two_items():
         assert j.winner in ("a", "b") and j.error is None
         p_a, p_b = probs(j.raw)
         assert p_a + p_b > 0.05  # the forced "Preferred:" makes a verdict letter likely
+
+
+def test_the_prompt_has_the_chat_template_before_the_first_verdict():
+    """A fresh judge formats its prompt with its tokenizer's chat template (loaded on demand, the
+    model not), whatever ran before it."""
+    fresh = LocalLMJudge("tiny-random-llama")
+    assert fresh.judge_prompt("the post", "first", "second").startswith("<|im_start|>user\nWhich of the following summaries")
+    assert fresh._model is None
