@@ -1,0 +1,187 @@
+"""The N+ pipeline in miniature, measured by a programmatic gold it never sees.
+
+    python -m experiments.nplus_gold.run --profile full --out outputs/nplus_gold
+
+SmolLM2-135M-Instruct and the bundled `keyfact_chat` posts, whose preference pairs are the
+starting policy's own answers labelled by the key-fact gold through Bradley-Terry noise (Gao et
+al. 2023's synthetic-gold set-up; `lit_rlhf/data/bundled/make_keyfact_chat.py`). Stages
+(`stages/*.yaml`, each run as `main.py fit --config` would, with the library's modules):
+
+1. `sft`: SFT on the reference answers (N+: every later stage starts from the SFT policy);
+2. `reward`: the proxy reward model, from the SFT model, on 160 gold-labelled pairs (D15 normalised);
+3. `dpo`: DPO from SFT on the same pairs; `ppo`, `grpo`: online RL from SFT against the proxy,
+   the gold logged on every rollout with weight 0 (never optimised);
+4. `grpo_gold`: the positive control, GRPO with the gold itself as the reward;
+5. `grpo_past_kl`: GRPO pushed past its KL budget (almost no penalty, three times the episodes),
+   saved every 9 rollouts.
+
+Then `evaluate.py` answers the held-out test posts greedily with every policy (the start, SFT,
+each arm, each snapshot) and scores each answer by the proxy and the gold; `report.py` writes
+`results.json` (every interval and decision), `samples.json` (every answer and score),
+`results.md` and `gold_vs_kl.png`. Every budget knob is in `budget.yaml`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+STAGES_DIR = HERE / "stages"
+STAGES = ("sft", "reward", "dpo", "ppo", "grpo", "grpo_gold", "grpo_past_kl")
+BASE_MODEL = "smollm2-135m-instruct"  # the stage YAMLs' model; a profile may swap it
+PLACEHOLDER = "outputs/nplus_gold"  # the stage YAMLs' output root; rewritten to --out
+
+
+def load_budget(profile: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The knobs of one profile of `budget.yaml`, with `overrides` (unknown keys refused)."""
+    profiles = yaml.safe_load((HERE / "budget.yaml").read_text())
+    if profile not in profiles:
+        raise ValueError(f"unknown profile {profile!r}; budget.yaml has {sorted(profiles)}")
+    budget = copy.deepcopy(profiles[profile])
+    for key, value in (overrides or {}).items():
+        if key not in budget:
+            raise ValueError(f"unknown budget knob {key!r}; known: {sorted(budget)}")
+        budget[key] = value
+    unknown = set(budget["stage_overrides"]) - set(STAGES)
+    if unknown:
+        raise ValueError(f"stage_overrides names unknown stages {sorted(unknown)}; stages: {STAGES}")
+    return budget
+
+
+def _rewrite(value: Any, out: Path, model: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _rewrite(v, out, model) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rewrite(v, out, model) for v in value]
+    if isinstance(value, str) and value.startswith(PLACEHOLDER):
+        return str(out) + value[len(PLACEHOLDER):]
+    if value == BASE_MODEL:
+        return model
+    return value
+
+
+def set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
+    """config[a][b][2][c] = value for key "a.b.2.c" (a list index where the node is a list)."""
+    *path, last = key.split(".")
+    node: Any = config
+    for part in path:
+        node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def stage_config(stage: str, budget: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The stage's YAML with its outputs under `out`, the profile's model and seed, and its overrides."""
+    config = _rewrite(yaml.safe_load((STAGES_DIR / f"{stage}.yaml").read_text()), out, budget["model"])
+    config["seed_everything"] = budget["seed"]
+    for key, value in (budget["stage_overrides"].get(stage) or {}).items():
+        set_dotted(config, key, value)
+    return config
+
+
+def export_dir(config: dict[str, Any]) -> Path:
+    return Path(config["model"]["init_args"]["export_dir"])
+
+
+def log_dir(config: dict[str, Any]) -> Path:
+    args = config["trainer"]["logger"]["init_args"]
+    return Path(args["save_dir"]) / args["name"] / str(args.get("version") or "")
+
+
+def run_stage(stage: str, config: dict[str, Any], out: Path, log) -> float:
+    """Fit one stage through the CLI (in this process); returns its wall seconds."""
+    from callbacks import default_callbacks
+    from lit_rlhf.cli import main as cli_main
+
+    path = out / "configs" / f"{stage}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    log(f"== {stage}: main.py fit --config {path}")
+    start = time.perf_counter()
+    cli_main(["fit", "--config", str(path)], run=True, default_callbacks=default_callbacks)  # as main.py
+    seconds = time.perf_counter() - start
+    log(f"   {stage} done in {seconds:.0f} s")
+    return seconds
+
+
+def snapshots(config: dict[str, Any]) -> list[Path]:
+    """The weight-only checkpoints of a stage's snapshot callback, in step order."""
+    for cb in config["trainer"].get("callbacks") or []:
+        args = cb.get("init_args") or {}
+        if cb["class_path"].endswith("ModelCheckpoint") and args.get("every_n_train_steps"):
+            found = list(Path(args["dirpath"]).glob("step*.ckpt"))
+            return sorted(found, key=lambda p: int(p.stem[len("step"):]))
+    return []
+
+
+def run(profile: str = "full", out: str | Path = "outputs/nplus_gold", overrides: dict[str, Any] | None = None,
+        skip_done: bool = False, log=print) -> dict[str, Any]:
+    from experiments.nplus_gold import evaluate, report
+
+    budget = load_budget(profile, overrides)
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    torch.set_num_threads(budget["threads"])
+    started = time.time()
+    record_path = out / "stages.json"
+    records: dict[str, Any] = json.loads(record_path.read_text()) if skip_done and record_path.is_file() else {}
+    configs = {stage: stage_config(stage, budget, out) for stage in STAGES}
+    for stage in STAGES:
+        if skip_done and stage in records and (export_dir(configs[stage]) / "config.json").is_file():
+            log(f"== {stage}: done before ({export_dir(configs[stage])}), kept")
+            continue
+        records[stage] = {"seconds": round(run_stage(stage, configs[stage], out, log), 1)}
+        record_path.write_text(json.dumps(records, indent=1) + "\n")
+        if budget["collect_garbage"]:
+            gc.collect()
+    policies = {"start": budget["model"], **{s: str(export_dir(configs[s])) for s in STAGES if s != "reward"}}
+    past = snapshots(configs["grpo_past_kl"])
+    policies.pop("grpo_past_kl")
+    policies.update({f"grpo_past_kl@{p.stem[len('step'):]}": str(p) for p in past})
+    log(f"== evaluation of {len(policies)} policies on {budget['eval_prompts']} held-out posts")
+    evaluation = evaluate.evaluate(policies, str(export_dir(configs["reward"])), budget, log=log)
+    curves = {s: evaluate.training_curves(log_dir(configs[s])) for s in ("ppo", "grpo", "grpo_gold", "grpo_past_kl")}
+    results = report.build(budget, profile, records, evaluation, curves, started=started)
+    report.write(results, evaluation, out)
+    log(f"== wrote {out / 'results.json'}, results.md, samples.json, gold_vs_kl.png "
+        f"({(time.time() - started) / 60:.1f} min)")
+    return results
+
+
+def _value(text: str) -> Any:
+    return yaml.safe_load(text)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default="full", help="a profile of budget.yaml (full, smoke)")
+    parser.add_argument("--out", default="outputs/nplus_gold")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override budget knobs (YAML values)")
+    parser.add_argument("--skip_done", action="store_true",
+                        help="keep the stages a previous run in --out finished (their export exists)")
+    args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
+        overrides[key] = _value(value)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return run(args.profile, args.out, overrides, args.skip_done)
+
+
+if __name__ == "__main__":
+    main()
