@@ -15,6 +15,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Under pytest-xdist (the README's `-n 2`) each worker owns its share of the cores: torch in the
+# worker, and in every process a test starts (OMP_NUM_THREADS is inherited), runs at most that many
+# threads, whatever a test asks for. Two workers that each spin two OpenMP threads on two cores
+# run several times slower than one thread each.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    import torch
+
+    THREAD_SHARE = max(1, (os.cpu_count() or 1) // _WORKERS)
+    os.environ["OMP_NUM_THREADS"] = str(THREAD_SHARE)
+    _set_num_threads = torch.set_num_threads
+
+    def _capped_set_num_threads(n: int) -> None:
+        _set_num_threads(min(int(n), THREAD_SHARE))
+
+    torch.set_num_threads = _capped_set_num_threads
+    _set_num_threads(THREAD_SHARE)
+
 
 @pytest.fixture()
 def one_thread():
@@ -72,3 +90,15 @@ def project_loggers_propagate():
         logger.handlers[:] = [h for h in logger.handlers if not getattr(h, "_lit_rlhf", False)]
         logger.propagate = True
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command) the vLLM tests share one
+    worker: they share one engine per session (tests/vllm/conftest.py), so one worker builds it
+    once. They are collected first, so that worker starts on them while the other takes the rest,
+    instead of running them alone at the end."""
+    vllm_dir = str(Path(__file__).resolve().parent / "vllm")
+    vllm = [item for item in items if str(item.fspath).startswith(vllm_dir)]
+    for item in vllm:
+        item.add_marker(pytest.mark.xdist_group("vllm"))
+    items[:] = vllm + [item for item in items if not str(item.fspath).startswith(vllm_dir)]
