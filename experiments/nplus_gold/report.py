@@ -179,14 +179,15 @@ def figure(results: dict[str, Any], path: Path) -> None:
     fig = Figure(figsize=(11, 6.5))
     grid = fig.add_gridspec(2, 2)
     gold_ax, proxy_ax, len_ax = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[:, 1])
+    colours = {name: f"C{i}" for i, name in enumerate(results["training_curves"])}  # one colour per run, both panels
     for name, c in results["training_curves"].items():
         points = [(math.sqrt(max(k, 0.0)), g, p) for k, g, p in zip(c["kl"], c["gold"], c["proxy"]) if k is not None]
         if not points:
             continue
-        x = [pt[0] for pt in points]
-        gold_ax.plot(x, [pt[1] for pt in points], "o-", ms=3, label=name)
+        x = [pt[0] for pt in points]  # each rollout's mean over its samples: noisy, so points, not a line
+        gold_ax.plot(x, [pt[1] for pt in points], "o", ms=4, alpha=0.7, color=colours[name], label=name)
         if any(pt[2] is not None for pt in points):
-            proxy_ax.plot(x, [pt[2] for pt in points], "o-", ms=3, label=name)
+            proxy_ax.plot(x, [pt[2] for pt in points], "o", ms=4, alpha=0.7, color=colours[name], label=name)
     snaps = {k: v for k, v in results["policies"].items() if k.startswith("grpo_past_kl@")}
     curve = results["training_curves"].get("grpo_past_kl") or {"step": [], "kl": []}
     kl_at = dict(zip(curve["step"], curve["kl"]))
@@ -194,11 +195,13 @@ def figure(results: dict[str, Any], path: Path) -> None:
         step = int(name.split("@")[1])
         kl = kl_at.get(step - 1, kl_at.get(step))
         if kl is not None:
-            gold_ax.plot([math.sqrt(max(kl, 0.0))], [s["gold"]], "k*", ms=9)
-            proxy_ax.plot([math.sqrt(max(kl, 0.0))], [s["proxy"]], "k*", ms=9)
+            for ax, value in ((gold_ax, s["gold"]), (proxy_ax, s["proxy"])):
+                ax.plot([math.sqrt(max(kl, 0.0))], [value], "k*", ms=10)
+                ax.annotate(f"@{step}", (math.sqrt(max(kl, 0.0)), value), textcoords="offset points", xytext=(4, 4), fontsize=7)
     gold_ax.set_ylabel("gold (key-fact recall)")
     proxy_ax.set_ylabel("proxy (reward model)")
-    proxy_ax.set_xlabel("sqrt(KL to the SFT policy), training rollouts; * held-out snapshots")
+    proxy_ax.set_xlabel("sqrt(KL to the SFT policy) of each training rollout; * held-out snapshots of grpo_past_kl")
+    proxy_ax.legend(fontsize=7)
     gold_ax.legend(fontsize=7)
     for name, s in results["policies"].items():
         buckets = [b for b in s["win_rate_vs_reference_by_length"] if b["n"]]
