@@ -44,6 +44,7 @@ import yaml
 
 from experiments.dro_single_trajectory import exact, report, task
 from experiments.dro_single_trajectory.triplets import TripletDataModule, read_triplets, reward_statistics, write_triplets
+from experiments.overrides import parse_set
 from lit_rlhf import models
 from lit_rlhf.types import SingleBatch
 
@@ -330,13 +331,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--arms", nargs="*", default=None, help="arm names (default: every arms/*.yaml)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override budget knobs")
     args = parser.parse_args(argv)
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key] = yaml.safe_load(value)
-    return run(args.profile, args.out, args.arms, overrides)
+    return run(args.profile, args.out, args.arms, parse_set(args.set))
 
 
 if __name__ == "__main__":

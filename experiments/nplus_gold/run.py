@@ -34,6 +34,8 @@ from typing import Any, Sequence
 
 import yaml
 
+from experiments.overrides import parse_set
+
 HERE = Path(__file__).resolve().parent
 STAGES_DIR = HERE / "stages"
 STAGES = ("sft", "reward", "dpo", "ppo", "grpo", "grpo_gold", "grpo_past_kl")
@@ -161,10 +163,6 @@ def run(profile: str = "full", out: str | Path = "outputs/nplus_gold", overrides
     return results
 
 
-def _value(text: str) -> Any:
-    return yaml.safe_load(text)
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="full", help="a profile of budget.yaml (full, smoke)")
@@ -173,14 +171,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--skip_done", action="store_true",
                         help="keep the stages a previous run in --out finished (their export exists)")
     args = parser.parse_args(argv)
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set wants KEY=VALUE, got {item!r}")
-        overrides[key] = _value(value)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return run(args.profile, args.out, overrides, args.skip_done)
+    return run(args.profile, args.out, parse_set(args.set), args.skip_done)
 
 
 if __name__ == "__main__":

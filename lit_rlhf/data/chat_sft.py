@@ -20,10 +20,8 @@ from typing import Any
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
 from lit_rlhf.data.formatting import chat_prompt_and_completion, require_messages
-from lit_rlhf.data.packing import PackedSFTCollator, sft_collator
-from lit_rlhf.data.collate import SFTCollator
 from lit_rlhf.data.processing import TRUNCATED
-from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts
+from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts, _SFTExamples
 from lit_rlhf.data.ultrafeedback import _IDS, _INT, _STR, ULTRAFEEDBACK_BINARIZED_HUB, _ChatFormatter, _no_template_check
 
 
@@ -49,7 +47,7 @@ class ChatSFTFormatter(_ChatFormatter):
                  "_prompt_len": len(prompt_ids), "_completion_len": len(completion_ids), TRUNCATED: truncated}]
 
 
-class ChatSFTDataModule(_ReferenceTexts, RLHFDataModule):
+class ChatSFTDataModule(_SFTExamples, _ReferenceTexts, RLHFDataModule):
     """Chat SFT rows (`messages`) -> `SFTBatch` (right padded, D5) or, with `packing: true`,
     `PackedSFTBatch` (see `TLDRSFTDataModule`). Metadata: "prompt", "reference" (the answer) and
     the other scalar source columns (e.g. `prompt_id`)."""
@@ -85,18 +83,10 @@ class ChatSFTDataModule(_ReferenceTexts, RLHFDataModule):
                          test_split=test_split, split_map=split_map, data_files=data_files,
                          max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
                          num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
-        if pack_length is not None and pack_length < 1:
-            raise ValueError(f"pack_length must be >= 1 or null (one row per batch), got {pack_length}")
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
-        self.packing = packing
-        self.pack_length = pack_length
+        self.set_sft_options(max_completion_length, truncate_completions, packing, pack_length)
         self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
         return ChatSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
                                 self.truncate_completions, _passthrough(self, role, ChatSFTFormatter.consumed))
-
-    def _collator(self, role: str) -> SFTCollator | PackedSFTCollator:
-        return sft_collator(self.tokenizer.pad_token_id, self.packing, self.pack_length)

@@ -247,7 +247,23 @@ class _ReferenceTexts:
         return list(prompts), list(references)
 
 
-class TLDRSFTDataModule(_ReferenceTexts, RLHFDataModule):
+class _SFTExamples:
+    """What the SFT DataModules share: the completion cap, packing, and their collator."""
+
+    def set_sft_options(self, max_completion_length: int, truncate_completions: bool, packing: bool,
+                        pack_length: int | None) -> None:
+        if pack_length is not None and pack_length < 1:
+            raise ValueError(f"pack_length must be >= 1 or null (one row per batch), got {pack_length}")
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+        self.packing = packing
+        self.pack_length = pack_length
+
+    def _collator(self, role: str) -> SFTCollator | PackedSFTCollator:
+        return sft_collator(self.tokenizer.pad_token_id, self.packing, self.pack_length)
+
+
+class TLDRSFTDataModule(_SFTExamples, _ReferenceTexts, RLHFDataModule):
     """TL;DR SFT: (D2 query, D3 reference summary) -> `SFTBatch` (right padded, D5), or with
     `packing: true` -> `PackedSFTBatch` (the same examples per batch, packed end to end without
     padding into rows of at most `pack_length` tokens; null: one row per batch; see
@@ -288,20 +304,12 @@ class TLDRSFTDataModule(_ReferenceTexts, RLHFDataModule):
                          test_split=test_split, split_map=split_map, data_files=data_files,
                          max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
                          num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
-        if pack_length is not None and pack_length < 1:
-            raise ValueError(f"pack_length must be >= 1 or null (one row per batch), got {pack_length}")
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
-        self.packing = packing
-        self.pack_length = pack_length
+        self.set_sft_options(max_completion_length, truncate_completions, packing, pack_length)
         self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
         return TLDRSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
                                 self.truncate_completions, _passthrough(self, role, TLDRSFTFormatter.consumed))
-
-    def _collator(self, role: str) -> SFTCollator | PackedSFTCollator:
-        return sft_collator(self.tokenizer.pad_token_id, self.packing, self.pack_length)
 
 
 class TLDRPromptDataModule(_ReferenceTexts, RLHFDataModule):
