@@ -110,8 +110,17 @@ class SingleBatch(NamedTuple):
     rewards: Tensor | None = None  # (B,) float, normalised reward when the data has one
     labels: Tensor | None = None  # (B,) bool, True = desirable, when the data has one
     meta: dict[str, list[Any]] = {}
+    prompt_groups: Tensor | None = None  # (B,) long, equal ids = the same prompt tokens (the collator's)
 
     to = _move
+
+    @property
+    def sharing(self) -> "PromptSharing | None":
+        """Rows with the same prompt (`prompt_groups`), for the shared-prompt forward; None when
+        the batch does not say."""
+        if self.prompt_groups is None:
+            return None
+        return PromptSharing(self.prompt_lengths, self.prompt_groups)
 
 
 class PromptBatch(NamedTuple):

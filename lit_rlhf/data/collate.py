@@ -111,6 +111,13 @@ class PreferenceCollator:
         return PreferenceBatch(ids, attn, loss_mask, prompt_lengths, margin, collect_meta(examples))
 
 
+def prompt_groups(prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+    """(B,) long: one id per distinct prompt (by its tokens), numbered in order of first
+    appearance, so rows with equal ids share their prompt (`SingleBatch.sharing`)."""
+    ids: dict[tuple[int, ...], int] = {}
+    return torch.tensor([ids.setdefault(tuple(p), len(ids)) for p in prompts], dtype=torch.long)
+
+
 class SingleCollator:
     """Examples with `_prompt_ids`, `_completion_ids`, `_reward` and/or `_label` -> `SingleBatch`.
 
@@ -144,7 +151,8 @@ class SingleCollator:
                 labels = raw > self.label_threshold
             else:
                 labels = torch.tensor([bool(ex["_label"]) for ex in examples], dtype=torch.bool)
-        return SingleBatch(ids, attn, loss_mask, prompt_lengths, rewards, labels, collect_meta(examples))
+        groups = prompt_groups([ex["_prompt_ids"] for ex in examples])
+        return SingleBatch(ids, attn, loss_mask, prompt_lengths, rewards, labels, collect_meta(examples), groups)
 
 
 class PromptCollator:

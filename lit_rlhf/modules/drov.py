@@ -31,12 +31,28 @@ def last_prompt_index(prompt_lengths: Tensor) -> Tensor:
     return prompt_lengths.long() - 1
 
 
+def distinct_prompts(prompt_groups: Tensor | None, size: int) -> tuple[Tensor, Tensor]:
+    """(rows, inverse): the first row of each prompt group (K,) and each row's place among them
+    (B,), so V(x) is computed once per prompt and `values[inverse]` gives every row its own.
+    Without groups every row is its own prompt."""
+    if prompt_groups is None:
+        every = torch.arange(size)
+        return every, every
+    _, inverse = torch.unique(prompt_groups.cpu(), return_inverse=True)  # (B,) in 0..K-1
+    order = torch.arange(size)
+    rows = torch.full((int(inverse.max()) + 1,), size, dtype=torch.long).scatter_reduce(0, inverse, order, "amin")
+    device = prompt_groups.device
+    return rows.to(device), inverse.to(device)
+
+
 class DROVModule(PolicyModule):
     """DRO-V on `SingleBatch`es (prompt, completion, normalised scalar reward `rewards`).
 
     L = 1/2 E[(r(x,y) - V(x) - tau * log(pi(y|x)/pi_ref(y|x)))^2] (`docs/ARCHITECTURE.md` section 2). V(x) is read
     at the last prompt token (index `prompt_lengths - 1` of the right-padded rows), so it sees the
-    prompt only: one value per example. Only the prompt columns go through the value network.
+    prompt only: one value per example. Only the prompt columns go through the value network,
+    once per distinct prompt of the batch (`SingleBatch.prompt_groups`); rows that share a prompt
+    also share its forward in the policy and the reference (`lit_rlhf.ops.shared_prompt`).
 
     The value's form (`value`); the first is DRO-V, the next two the paper's ablations (Sec. 3.2,
     Fig. 5), the last two variants of ours:
@@ -161,12 +177,13 @@ class DROVModule(PolicyModule):
                              "(losses.batch_value_estimate), not from the prompts")
         if self.batch_value is not None:
             return self.batch_value.expand(batch.input_ids.shape[0])  # (B,) one scalar for the batch
-        index = last_prompt_index(batch.prompt_lengths)  # (B,)
+        rows, inverse = distinct_prompts(batch.prompt_groups, batch.input_ids.shape[0])  # (K,), (B,)
+        index = last_prompt_index(batch.prompt_lengths[rows])  # (K,)
         width = int(index.max()) + 1  # right padding: prompts fill columns [0, prompt_length)
-        ids, mask = batch.input_ids[:, :width], batch.attention_mask[:, :width]
+        ids, mask = batch.input_ids[rows, :width], batch.attention_mask[rows, :width]
         if self.value_form == "policy_logit":
-            return self.policy_logit_values(ids, mask, index)
-        return self.value.score(ids, mask, index=index)  # (B,)
+            return self.policy_logit_values(ids, mask, index)[inverse]  # (B,)
+        return self.value.score(ids, mask, index=index)[inverse]  # (B,)
 
     def policy_logit_values(self, input_ids: Tensor, attention_mask: Tensor, index: Tensor) -> Tensor:
         """The policy's logit of `value_token_id` at column `index` of each row: (B,).
@@ -200,8 +217,11 @@ class DROVModule(PolicyModule):
             raise TypeError(f"DROVModule needs a SingleBatch with scalar rewards, got {type(batch).__name__}")
         if batch.rewards is None:
             raise ValueError("DROVModule needs scalar `rewards` in the batch (single-trajectory data with a reward column)")
-        policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
-        ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
+        sharing = batch.sharing  # rows of one prompt: the prompt computed once (None: every row apart)
+        policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                       sharing=sharing), batch.loss_mask)
+        ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                    sharing=sharing), batch.loss_mask)
         if self.value_form == "batch_estimate":
             values = batch_value_estimate(policy.float(), ref.float(), batch.rewards.float(), self.tau)  # (B,)
         else:

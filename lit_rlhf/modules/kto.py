@@ -44,7 +44,7 @@ from lit_rlhf.losses import (
 )
 from lit_rlhf.modules.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
-from lit_rlhf.types import PreferenceBatch, SingleBatch
+from lit_rlhf.types import PreferenceBatch, PromptSharing, SingleBatch
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +233,12 @@ class KTOModule(PolicyModule):
         `row_labels` says which rows have no label)."""
         return self.row_labels(batch)[0].desirable
 
+    @staticmethod
+    def prompt_sharing(batch: SingleBatch | PreferenceBatch) -> PromptSharing | None:
+        """The rows of a `SingleBatch` that share a prompt (its collator's `prompt_groups`), for
+        the shared-prompt forward; None (every row apart) for a `PreferenceBatch`."""
+        return batch.sharing if isinstance(batch, SingleBatch) else None
+
     @torch.no_grad()
     def kl_estimate(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
         """The raw KL estimate: mean log pi/pi_ref of the batch's mismatched sequences over all
@@ -258,8 +264,9 @@ class KTOModule(PolicyModule):
             batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths, self.tokenizer.pad_token_id,
             partners,
         )  # (N, T')
-        policy = self.sequence_logps(self.policy_logps(ids, keep, scored), scored)  # (N,)
-        ref = self.sequence_logps(self.frozen_logps("ref_model", ids, keep, scored), scored)  # (N,)
+        sharing = self.prompt_sharing(batch)  # row i keeps its prompt (only the completion moved)
+        policy = self.sequence_logps(self.policy_logps(ids, keep, scored, sharing=sharing), scored)  # (N,)
+        ref = self.sequence_logps(self.frozen_logps("ref_model", ids, keep, scored, sharing=sharing), scored)  # (N,)
         if distributed_run:
             policy, ref = self.all_gather(policy).flatten(), self.all_gather(ref).flatten()  # (W*N,)
         raw = kto_kl_estimate(policy, ref, clamp=False)
@@ -277,8 +284,11 @@ class KTOModule(PolicyModule):
         `labels`: the batch's `row_labels` when the caller already has them."""
         labels = self.row_labels(batch)[0] if labels is None else labels  # (N,) each
         kl_raw = self.kl_estimate(batch)  # (), unclamped; kto_loss clamps it at 0 (z0)
-        policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
-        ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask), batch.loss_mask)
+        sharing = self.prompt_sharing(batch)
+        policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                       sharing=sharing), batch.loss_mask)
+        ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                    sharing=sharing), batch.loss_mask)
         out = kto_loss(policy, ref, labels.desirable, kl_raw, self.beta, self.desirable_weight, self.undesirable_weight,
                        labelled=labels.labelled)
         desirable = labels.desirable

@@ -175,3 +175,66 @@ def test_a_few_steps_lower_the_loss(tiny_tokenizer, value):
         loss.backward()
         optimizer.step()
     assert objectives[-1] < 0.8 * objectives[0], objectives
+
+
+def grouped_batch(tokenizer, rewards=(1.0, -1.0, 0.5, -0.5, 0.2, -0.2)):
+    """Two prompts with three completions each, interleaved, through the library's collator
+    (which numbers the prompt groups)."""
+    from lit_rlhf.data.collate import SingleCollator
+
+    prompts = ["Q: 1+1?\nA:", "Say hi."]
+    completions = [" 2", " hi", " two", " hi there", " 3", " hello"]
+    examples = []
+    for i, (completion, reward) in enumerate(zip(completions, rewards)):
+        examples.append({"_prompt_ids": tokenizer(prompts[i % 2], add_special_tokens=False)["input_ids"],
+                         "_completion_ids": tokenizer(completion, add_special_tokens=False)["input_ids"]
+                         + [tokenizer.eos_token_id], "_reward": reward})
+    return SingleCollator(tokenizer.pad_token_id, reward_mean=0.0, reward_std=1.0)(examples)
+
+
+@pytest.mark.parametrize("value", ["network", "policy_logit", "batch_estimate"])
+def test_rows_sharing_a_prompt_share_its_forward_with_the_same_loss_and_gradients(tiny_tokenizer, value):
+    torch.manual_seed(0)
+    module = DROVModule(value=value)
+    if module.value is not None:
+        with torch.no_grad():  # a head that reads more than 0 (D11 starts it at 0)
+            for p in module.value.head.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    batch = grouped_batch(tiny_tokenizer)
+    assert batch.prompt_groups.tolist() == [0, 1, 0, 1, 0, 1]
+    assert batch.sharing is not None and batch._replace(prompt_groups=None).sharing is None
+    results = []
+    for b in (batch, batch._replace(prompt_groups=None)):  # shared forward, then every row apart
+        module.zero_grad()
+        loss, _ = module.compute_loss(b)
+        loss.backward()
+        grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
+        results.append((loss.detach(), grads))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
+    assert len(results[0][1]) == len(results[1][1]) > 0
+    for shared, apart in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(shared, apart, atol=1e-5, rtol=1e-4)
+
+
+def test_the_value_network_runs_once_per_distinct_prompt(tiny_tokenizer):
+    module = DROVModule(value="network")
+    with torch.no_grad():  # the fresh head reads 0 everywhere (D11): give the prompts values of their own
+        for p in module.value.head.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    batch = grouped_batch(tiny_tokenizer)
+    seen = []
+    score = module.value.score
+    module.value.score = lambda ids, mask, index: (seen.append(ids.shape[0]), score(ids, mask, index=index))[1]
+    values = module.values(batch)
+    assert seen == [2]  # two prompts, six rows
+    assert values.shape == (6,)
+    torch.testing.assert_close(values[0::2], values[0].expand(3))  # one V(x) per prompt
+    torch.testing.assert_close(values[1::2], values[1].expand(3))
+    assert abs(float(values[0] - values[1])) > 1e-3
+    with torch.no_grad():  # each row's own V(x), read at its last prompt token
+        every_position = module.value(batch.input_ids, batch.attention_mask)  # (B, T)
+    torch.testing.assert_close(values, every_position[torch.arange(6), batch.prompt_lengths - 1], atol=1e-5, rtol=0)
+    seen.clear()
+    apart = module.values(batch._replace(prompt_groups=None))
+    assert seen == [6]
+    torch.testing.assert_close(apart, values, atol=1e-5, rtol=0)

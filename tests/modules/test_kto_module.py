@@ -110,8 +110,8 @@ def test_z0_is_the_detached_clamped_mean_mismatched_logratio(tiny_tokenizer, ref
     perturb(module.policy)
     frozen_logps = module.frozen_logps
 
-    def shifted(name, input_ids, attention_mask, loss_mask, temperature=1.0):
-        return frozen_logps(name, input_ids, attention_mask, loss_mask, temperature) + ref_shift * loss_mask
+    def shifted(name, input_ids, attention_mask, loss_mask, temperature=1.0, sharing=None):
+        return frozen_logps(name, input_ids, attention_mask, loss_mask, temperature, sharing) + ref_shift * loss_mask
 
     module.frozen_logps = shifted
     batch = single_batch(tiny_tokenizer, labels=torch.tensor([True, False, True, False]))
@@ -221,3 +221,23 @@ def test_an_all_tied_batch_skips_the_step_and_is_counted(tiny_tokenizer, tmp_pat
     module, trainer, moved = fit(torch.tensor([1.0, -1.0, 0.0, 0.0]))  # two rows labelled: a real step
     assert module.tied_batches == 0 and moved
     assert float(trainer.callback_metrics["train/data/num_tied"]) == 2.0
+
+
+def test_rows_sharing_a_prompt_share_its_forward_with_the_same_loss(tiny_tokenizer):
+    """The collator numbers the prompts; the loss and the KL estimate are the same with the
+    shared-prompt forward as with every row apart."""
+    from lit_rlhf.data.collate import SingleCollator
+
+    prompts, completions = ["Q: 1+1?\nA:", "Say hi."], [" 2", " hi", " two", " hi there"]
+    examples = [{"_prompt_ids": tokens(tiny_tokenizer, prompts[i % 2], c)[0],
+                 "_completion_ids": tokens(tiny_tokenizer, prompts[i % 2], c)[1], "_reward": r}
+                for i, (c, r) in enumerate(zip(completions, [1.0, -1.0, -0.5, 0.5]))]
+    batch = SingleCollator(tiny_tokenizer.pad_token_id, reward_mean=0.0, reward_std=1.0)(examples)
+    assert batch.prompt_groups.tolist() == [0, 1, 0, 1]
+    module = KTOModule(labels_from="rewards")
+    perturb(module.policy)  # the policy away from the reference, so the estimate is not 0
+    shared, shared_stats = module.compute_loss(batch)
+    apart, apart_stats = module.compute_loss(batch._replace(prompt_groups=None))
+    torch.testing.assert_close(shared, apart, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared_stats["objective/kl_raw"], apart_stats["objective/kl_raw"], atol=1e-5, rtol=1e-5)
+    assert float(shared_stats["objective/kl_raw"]) != 0.0
