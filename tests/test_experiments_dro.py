@@ -256,3 +256,24 @@ def test_driver_end_to_end_on_a_tiny_model(tmp_path):
     assert "| start (no training) |" in table and "| optimum pi*" in table
     png = (out / "reward_vs_kl.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_single_batches_hold_whole_prompts_shuffled_each_epoch(tmp_path, tiny_tokenizer):
+    """`single` mode: every batch is the draws of whole prompts (so the prompt forward is shared),
+    the prompts reshuffled each epoch; a draw count that does not divide the batch is refused."""
+    rows = [{"prompt_index": p, "sample_index": j, "prompt": f"p{p}", "completion": str(j), "reward": float(p + j),
+             "prompt_ids": [5, 6, p + 7], "completion_ids": [j + 20]} for p in range(6) for j in range(2)]
+    path = write_triplets(tmp_path / "t.jsonl", rows)
+    data = TripletDataModule(path, "single", tiny_tokenizer.pad_token_id, batch_size=4, seed=0)
+    loader = data.train_dataloader()
+    epochs = [[b.meta["prompt"] for b in loader] for _ in range(2)]
+    for batches in epochs:
+        assert len(batches) == 3
+        for prompts in batches:
+            assert len(prompts) == 4 and all(prompts.count(p) == 2 for p in prompts)  # two whole prompts
+        assert sorted(p for b in batches for p in b) == sorted(r["prompt"] for r in rows)
+    assert epochs[0] != epochs[1]
+    batch = next(iter(loader))
+    assert batch.prompt_groups.tolist() == [0, 0, 1, 1]
+    with pytest.raises(ValueError, match="dividing"):
+        TripletDataModule(path, "single", tiny_tokenizer.pad_token_id, batch_size=3)

@@ -42,8 +42,10 @@ def next_token_logprobs(model: torch.nn.Module, rows: Sequence[dict[str, Any]], 
             input_ids[i, :len(row)] = torch.tensor(row)
             mask[i, :len(row)] = True
         last = torch.tensor([len(row) - 1 for row in ids])
-        logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device), logits_to_keep=0).logits
-        out.append(torch.log_softmax(logits[torch.arange(len(ids)), last.to(device)].double(), dim=-1).cpu())
+        columns, row_column = torch.unique(last, return_inverse=True)  # the output layer on these columns only
+        logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                       logits_to_keep=columns.to(device)).logits  # (b, K, V)
+        out.append(torch.log_softmax(logits[torch.arange(len(ids)), row_column.to(device)].double(), dim=-1).cpu())
     model.train(was_training)
     return torch.cat(out)
 

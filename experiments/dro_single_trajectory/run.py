@@ -119,13 +119,28 @@ def module_class(path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # Llama's linears
+
+
+def lora_spec(budget: dict[str, Any]) -> dict[str, Any] | None:
+    """The `lora` argument of every arm's module from the budget's `lora` knob ({r, alpha,
+    layers}; null = full fine-tuning): adapters on every linear layer of the listed blocks only,
+    so the frozen blocks below them need no backward pass."""
+    spec = budget.get("lora")
+    if spec is None:
+        return None
+    return {"class_path": "peft.LoraConfig",
+            "init_args": {"r": int(spec["r"]), "lora_alpha": float(spec["alpha"]), "lora_dropout": 0.0,
+                          "target_modules": LORA_TARGETS, "layers_to_transform": list(spec["layers"])}}
+
+
 def build_module(arm: dict[str, Any], params: dict[str, Any], budget: dict[str, Any]):
     """The arm's module with `params` (the lr goes to every `lr_args` name, the rest as they are)."""
     kwargs = dict(arm.get("init_args") or {})
     kwargs.update({key: params["lr"] for key in arm["lr_args"]})
     kwargs.update({k: v for k, v in params.items() if k != "lr"})
     return module_class(arm["module"])(model=budget["model"], warmup_steps=budget["warmup_steps"],
-                                       lr_scheduler="constant", **kwargs)
+                                       lr_scheduler="constant", lora=lora_spec(budget), **kwargs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,7 +176,7 @@ def evaluate(logp: torch.Tensor, start_logp: torch.Tensor, rewards: torch.Tensor
 
 @torch.no_grad()
 def value_fit(module, rows: Sequence[dict[str, Any]], logp: torch.Tensor, start_logp: torch.Tensor,
-              normalised: torch.Tensor) -> float | None:
+              normalised: torch.Tensor, batch_size: int = 64) -> float | None:
     """R^2 of the module's V(x) on `rows` against its exact target for the trained policy,
     V_pi(x) = E_{y ~ start}[r_norm - tau (log pi - log pi_start)] (the data are the start's
     draws; the minimiser of the DRO loss over V(x) for this pi). None for a module without a
@@ -169,16 +184,19 @@ def value_fit(module, rows: Sequence[dict[str, Any]], logp: torch.Tensor, start_
     if getattr(module, "value_form", None) in (None, "batch_estimate"):
         return None
     target = (start_logp.exp() * (normalised - module.tau * (logp - start_logp))).sum(-1)  # (P,)
-    ids = [list(r["_prompt_ids"]) for r in rows]
-    width = max(map(len, ids))
-    input_ids = torch.full((len(ids), width), module.tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.bool)
-    for i, row in enumerate(ids):
-        input_ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = True
-    batch = SingleBatch(input_ids, mask, torch.zeros_like(mask), torch.tensor([len(r) for r in ids]))
     module.eval()
-    values = module.values(batch).double()
+    values = []
+    for first in range(0, len(rows), batch_size):
+        ids = [list(r["_prompt_ids"]) for r in rows[first:first + batch_size]]
+        width = max(map(len, ids))
+        input_ids = torch.full((len(ids), width), module.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.bool)
+        for i, row in enumerate(ids):
+            input_ids[i, :len(row)] = torch.tensor(row)
+            mask[i, :len(row)] = True
+        batch = SingleBatch(input_ids, mask, torch.zeros_like(mask), torch.tensor([len(r) for r in ids]))
+        values.append(module.values(batch).double())
+    values = torch.cat(values)
     spread = float(target.var(correction=0))
     return 1.0 - float(((values - target) ** 2).mean()) / spread if spread > 0 else None
 
@@ -233,7 +251,7 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
     rows = {role: task.prompt_rows(tokenizer, split[role]) for role in ("train", "val", "test")}
     rewards = {role: task.reward_matrix(rows[role], values, token_rewards) for role in rows}
     pad = tokenizer.pad_token_id
-    start_logp = {role: exact.next_token_logprobs(start, rows[role], pad) for role in rows}
+    start_logp = {role: exact.next_token_logprobs(start, rows[role], pad, budget["eval_batch_size"]) for role in rows}
     triplets = draw_triplets(rows["train"], start_logp["train"], rewards["train"], budget["samples_per_prompt"],
                              budget["data_seed"], tokenizer)
     path = write_triplets(out / "triplets.jsonl", triplets)
@@ -258,7 +276,7 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
         for params in settings_grid(arm, budget["sweep"]):
             t0 = time.perf_counter()
             module, _ = train(arm, params, budget["sweep_seed"], path, budget)
-            val = exact.expected_reward(exact.next_token_logprobs(module.policy, rows["val"], pad), rewards["val"])
+            val = exact.expected_reward(exact.next_token_logprobs(module.policy, rows["val"], pad, budget["eval_batch_size"]), rewards["val"])
             seconds["sweep"] += time.perf_counter() - t0
             sweep.append({"params": params, "val_expected_reward": float(val.mean())})
             log(f"sweep {name} {params}: validation expected reward {float(val.mean()):.4f}")
@@ -272,9 +290,9 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
             module, steps = train(arm, params, seed, path, budget)
             seconds["training"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            logp = exact.next_token_logprobs(module.policy, rows["test"], pad)
+            logp = exact.next_token_logprobs(module.policy, rows["test"], pad, budget["eval_batch_size"])
             held = evaluate(logp, start_logp["test"], rewards["test"])
-            r2 = value_fit(module, rows["test"], logp, start_logp["test"], normalised_test)
+            r2 = value_fit(module, rows["test"], logp, start_logp["test"], normalised_test, budget["eval_batch_size"])
             seconds["evaluation"] += time.perf_counter() - t0
             runs.append({"seed": seed, "steps": steps, "value_r2": r2, **held})
             log(f"{name} {params} seed {seed}: expected reward {sum(held['expected_reward']) / len(logp):.4f}, "

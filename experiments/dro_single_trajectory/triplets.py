@@ -7,7 +7,10 @@ collators:
 
 - `single` -> `SingleBatch` with rewards normalised to mean 0 / variance 1 over the training
   triplets (DRO paper, Sec. 4; as `UltraFeedbackSingleDataModule`): DRO-V, and KTO with
-  `labels_from: rewards` (desirable = reward above the batch mean);
+  `labels_from: rewards` (desirable = reward above the batch mean). A batch holds whole
+  prompts: the draws of `batch_size / samples_per_prompt` shuffled prompts, so each prompt's
+  forward is shared by its draws (`SingleBatch.sharing`; the same log-probs and gradients as
+  one row at a time, for a quarter of the tokens at 4 draws per prompt);
 - `pairs` -> `PreferenceBatch`: per prompt, its best- and worst-rewarded completions (first in
   sampling order on ties); a prompt whose completions all score the same gives no pair (DPO);
 - `sft` -> `SFTBatch`: the completions whose reward is above the training mean (the
@@ -82,6 +85,14 @@ def _by_prompt(triplets: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, A
     return groups
 
 
+def _by_prompt_rows(triplets: Sequence[dict[str, Any]]) -> dict[Any, list[int]]:
+    """The row numbers of each prompt's triplets, prompts in order of first appearance."""
+    groups: dict[Any, list[int]] = {}
+    for row, t in enumerate(triplets):
+        groups.setdefault(t["prompt_index"], []).append(row)
+    return groups
+
+
 def examples_for(triplets: Sequence[dict[str, Any]], mode: Mode, stats: dict[str, float]) -> list[dict[str, Any]]:
     """The collator examples of one mode (see the module docstring)."""
     def meta(t):
@@ -108,6 +119,26 @@ def examples_for(triplets: Sequence[dict[str, Any]], mode: Mode, stats: dict[str
     raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
 
 
+class PromptBatchSampler:
+    """Batches of whole prompt groups: each epoch shuffles the groups (with `generator`, which
+    carries on across epochs as a DataLoader's does) and yields the rows of
+    `prompts_per_batch` groups at a time; an incomplete last batch is dropped."""
+
+    def __init__(self, groups: Sequence[Sequence[int]], prompts_per_batch: int, generator: torch.Generator):
+        if prompts_per_batch < 1:
+            raise ValueError(f"prompts_per_batch must be >= 1, got {prompts_per_batch}")
+        self.groups, self.prompts_per_batch, self.generator = [list(g) for g in groups], prompts_per_batch, generator
+
+    def __len__(self) -> int:
+        return len(self.groups) // self.prompts_per_batch
+
+    def __iter__(self):
+        order = torch.randperm(len(self.groups), generator=self.generator).tolist()
+        for b in range(len(self)):
+            chosen = order[b * self.prompts_per_batch:(b + 1) * self.prompts_per_batch]
+            yield [row for g in chosen for row in self.groups[g]]
+
+
 class TripletDataModule(L.LightningDataModule):
     """A triplet JSONL -> shuffled training batches of one `mode` (`single`, `pairs`, `sft`).
 
@@ -118,7 +149,9 @@ class TripletDataModule(L.LightningDataModule):
         batch_size: sequences per batch; `pairs` batches hold `batch_size // 2` pairs, so every
             mode trains on the same number of sequences per step.
         seed: the shuffling seed.
-    Incomplete last batches are dropped (KTO's KL estimate needs at least two rows).
+    Incomplete last batches are dropped (KTO's KL estimate needs at least two rows). In `single`
+    mode every prompt must have the same number of draws, dividing `batch_size` (whole prompts
+    per batch, `PromptBatchSampler`).
     """
 
     def __init__(self, path: str | Path, mode: Mode, pad_token_id: int, batch_size: int = 8, seed: int = 0):
@@ -135,8 +168,14 @@ class TripletDataModule(L.LightningDataModule):
         if len(self.examples) < self.batch_size:
             raise ValueError(f"{self.path} gives {len(self.examples)} {mode} example(s), fewer than one batch "
                              f"of {self.batch_size}: sample more prompts or completions")
+        self.prompt_groups: list[list[int]] | None = None
         if mode == "single":
             self.collator = SingleCollator(pad_token_id, self.reward_stats["mean"], self.reward_stats["std"])
+            self.prompt_groups = list(_by_prompt_rows(triplets).values())
+            sizes = {len(g) for g in self.prompt_groups}
+            if len(sizes) != 1 or self.batch_size % next(iter(sizes)):
+                raise ValueError(f"{self.path}: draws per prompt {sorted(sizes)} must be one number dividing "
+                                 f"batch_size {self.batch_size} (batches hold whole prompts)")
         elif mode == "pairs":
             self.collator = PreferenceCollator(pad_token_id)
         else:
@@ -147,5 +186,9 @@ class TripletDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
+        if self.prompt_groups is not None:
+            per_prompt = len(self.prompt_groups[0])
+            sampler = PromptBatchSampler(self.prompt_groups, self.batch_size // per_prompt, generator)
+            return DataLoader(self.examples, batch_sampler=sampler, collate_fn=self.collator)
         return DataLoader(self.examples, batch_size=self.batch_size, shuffle=True, drop_last=True,
                           collate_fn=self.collator, generator=generator)
