@@ -97,6 +97,7 @@ def test_budget_and_arms_refuse_unknown_names():
         driver.load_arms(["drov", "ppo"])
     assert set(driver.load_arms()) == {"drov", "drov_single_value", "drov_shared_network", "kto", "dpo",
                                        "sft_rejection"}
+    assert list(driver.load_arms(["drov", "drov_value_first"])) == ["drov", "drov_value_first"]  # optional: by name
 
 
 
@@ -203,9 +204,10 @@ def dense_rewards(values, answer):
 
 def test_driver_end_to_end_on_a_tiny_model(tmp_path):
     out = tmp_path / "out"
-    results = driver.run("smoke", out, token_rewards=dense_rewards, log=lambda _: None)
+    names = list(driver.load_arms()) + ["drov_value_first"]  # every default arm and the optional one
+    results = driver.run("smoke", out, arms=names, token_rewards=dense_rewards, log=lambda _: None)
     budget = results["budget"]
-    arms = driver.load_arms()
+    arms = driver.load_arms(names)
 
     # the triplets: k exact draws per training prompt, scored by the reward
     triplets = read_triplets(out / "triplets.jsonl")
@@ -218,7 +220,8 @@ def test_driver_end_to_end_on_a_tiny_model(tmp_path):
     examples = results["data"]["examples_per_mode"]
     for name, row in results["arms"].items():
         per_step = budget["batch_size"] // 2 if arms[name]["data"] == "pairs" else budget["batch_size"]
-        assert row["steps"] == budget["epochs"] * (examples[arms[name]["data"]] // per_step)
+        value_first = arms[name].get("value_first_epochs", 0)  # value-only passes before the joint ones
+        assert row["steps"] == (budget["epochs"] + value_first) * (examples[arms[name]["data"]] // per_step)
         assert row["params"] == driver.settings_grid(arms[name], sweep=False)[0]
         assert [r["seed"] for r in row["per_seed"]] == budget["seeds"]
         cells = [row[k] for k in ("expected_reward", "greedy_reward", "kl", "win_rate_vs_start")]
@@ -232,11 +235,12 @@ def test_driver_end_to_end_on_a_tiny_model(tmp_path):
         for key in ("expected_reward", "greedy_reward", "win_rate_vs_start"):  # in [0, 1]
             assert 0.0 <= row[key]["low"] <= row[key]["high"] <= 1.0
         assert row["kl"]["low"] >= 0.0  # an exact KL is never negative
-        r2 = [r["value_r2"] for r in row["per_seed"]]
-        if name in ("drov", "drov_shared_network"):  # a per-prompt value: its fit is measured
-            assert all(r is not None and math.isfinite(r) for r in r2)
-        else:
-            assert r2 == [None] * len(budget["seeds"])
+        for key in ("value_r2", "value_r2_train"):  # held-out and training prompts
+            r2 = [r[key] for r in row["per_seed"]]
+            if name in ("drov", "drov_shared_network", "drov_value_first"):  # a per-prompt value: its fit is measured
+                assert all(r is not None and math.isfinite(r) for r in r2)
+            else:
+                assert r2 == [None] * len(budget["seeds"])
     assert results["start"]["versus_drov"] == results["arms"]["drov"]["versus_start"]
     assert results["start"]["win_rate_vs_start"]["mean"] == pytest.approx(0.5)  # against itself: all ties, half
     assert results["optimum"]["kl"] > 0 and results["optimum"]["expected_reward"] > results["start"]["expected_reward"]["mean"]

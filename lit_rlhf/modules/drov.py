@@ -82,6 +82,11 @@ class DROVModule(PolicyModule):
         value_model: the value network's initial checkpoint (`value: network` only).
         value_token_id: the vocabulary id whose logit is V(x) (`value: policy_logit` only);
             `None` = the tokenizer's PAD id.
+        value_warmup_steps: the first this many optimizer steps fit V alone (the policy's
+            log-probs are computed without grad, so the policy gets no gradient and AdamW
+            leaves it unchanged); the joint steps follow, so V starts them fitted to the data rather
+            than at its fresh head's 0. 0 (default): joint from the first step. Only for a value
+            with parameters of its own (`network`, `learned_scalar`).
         ref_model: reference policy name; `None` = a frozen copy of the initial policy.
         **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
             `gradient_checkpointing` applies to a separate value network as to the policy.
@@ -97,6 +102,7 @@ class DROVModule(PolicyModule):
         value: ValueForm = "network",
         value_model: str | None = None,
         value_token_id: int | None = None,
+        value_warmup_steps: int = 0,
         ref_model: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -112,7 +118,13 @@ class DROVModule(PolicyModule):
                              f"value_model={value_model!r}")
         if value != "policy_logit" and value_token_id is not None:
             raise ValueError(f"value_token_id is read by value: policy_logit only; got value={value!r}")
+        if value_warmup_steps < 0:
+            raise ValueError(f"value_warmup_steps must be >= 0, got {value_warmup_steps}")
+        if value_warmup_steps and value not in ("network", "learned_scalar"):
+            raise ValueError(f"value_warmup_steps fits a value with parameters of its own first (value: network or "
+                             f"learned_scalar); value={value!r} has none apart from the policy's")
         self.tau = tau
+        self.value_warmup_steps = int(value_warmup_steps)
         self.value_form = value
         self.value_lr, self.value_model_name = value_lr, value_model
         self.value: models.ScalarHeadModel | None = None
@@ -218,8 +230,10 @@ class DROVModule(PolicyModule):
         if batch.rewards is None:
             raise ValueError("DROVModule needs scalar `rewards` in the batch (single-trajectory data with a reward column)")
         sharing = batch.sharing  # rows of one prompt: the prompt computed once (None: every row apart)
-        policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                                       sharing=sharing), batch.loss_mask)
+        value_only = self.fitting_value_only()  # value warm-up: the policy gets no gradient
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not value_only):
+            policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                           sharing=sharing), batch.loss_mask)
         ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask,
                                                     sharing=sharing), batch.loss_mask)
         if self.value_form == "batch_estimate":
@@ -236,8 +250,13 @@ class DROVModule(PolicyModule):
             "objective/advantages": out.advantages,
             "objective/residuals": out.residuals,
             "rewards/mean": batch.rewards.float().mean(),
+            "value/fitting_only": torch.tensor(float(value_only)),
         }
         return out.loss, stats
+
+    def fitting_value_only(self) -> bool:
+        """True during the value warm-up (`value_warmup_steps`) of a training run."""
+        return self.training and self._trainer is not None and self.trainer.global_step < self.value_warmup_steps
 
     def training_step(self, batch: SingleBatch, batch_idx: int) -> Tensor | None:
         loss, stats = self.compute_loss(batch)

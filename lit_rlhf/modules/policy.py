@@ -78,11 +78,12 @@ class PolicyModule(TrainingModule):
             layer applied to this many scored tokens at a time (recomputed in backward), so the
             (B, T, V) logits never exist; same values and gradients as the dense path. `null`:
             the dense logits. Models with a final logit transform use the dense path (warned).
-        shared_prompt: rows that share a prompt (a preference pair, a GRPO/RLOO group) are
-            packed into one row `[prompt, completion_1, ..., completion_k]` with a block mask,
-            so the prompt is computed once (`lit_rlhf.ops.shared_prompt`); same log-probs and
-            gradients as the padded rows. Models whose attention takes no 4D mask
-            (`flash_attention_2`) use the padded rows (warned). `false`: always the padded rows.
+        shared_prompt: rows that share a prompt (a preference pair, a GRPO/RLOO group, the
+            rows of one prompt in a `SingleBatch`) are packed into one row
+            `[prompt, completion_1, ..., completion_k]` with a block mask, so the prompt is
+            computed once (`lit_rlhf.ops.shared_prompt`); same log-probs and gradients as the
+            padded rows. Models whose attention takes no 4D mask (`flash_attention_2`) use the
+            padded rows (warned). `false`: always the padded rows.
         lora: train LoRA adapters on a frozen base instead of the weights (`peft`): a
             `peft.LoraConfig` by `class_path`/`init_args`, or the short spec `r`, `alpha`,
             `dropout`, `target_modules`, `modules_to_save` (`lit_rlhf.models.adapters.lora_config`).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+
+import pytest
 from pathlib import Path
 
 from lit_rlhf.cli import main
@@ -36,3 +38,39 @@ def test_fit_on_bundled_ultrafeedback_with_two_learning_rates(tmp_path):
         assert key in metrics and math.isfinite(float(metrics[key])), key
     # the value network moved away from its D11 initialisation and is saved with the module
     assert any(k.startswith("value.") for k in module.state_dict())
+
+
+def test_value_warmup_fits_the_value_alone_first(tmp_path):
+    """value_warmup_steps=2: the policy is unchanged through the first 2 steps while V moves;
+    from step 3 on both move."""
+    import lightning as L
+    import torch
+
+    from lit_rlhf.modules.drov import DROVModule
+    from tests.modules.test_drov_module import grouped_batch
+
+    class Record(L.Callback):
+        def __init__(self):
+            self.policy, self.value = [], []
+
+        def on_train_batch_end(self, trainer, module, *args):
+            self.policy.append(torch.cat([p.detach().flatten().clone() for p in module.policy.parameters()]))
+            self.value.append(torch.cat([p.detach().flatten().clone() for p in module.value.parameters()]))
+
+    torch.manual_seed(0)
+    module = DROVModule(lr=1e-2, value_lr=1e-2, warmup_steps=0, value_warmup_steps=2)
+    before_policy = torch.cat([p.detach().flatten().clone() for p in module.policy.parameters()])
+    before_value = torch.cat([p.detach().flatten().clone() for p in module.value.parameters()])
+    batch = grouped_batch(module.tokenizer)
+    record = Record()
+    trainer = L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[record],
+                        default_root_dir=tmp_path)
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader([batch] * 4, batch_size=None))
+    assert trainer.global_step == 4
+    assert torch.equal(record.policy[0], before_policy) and torch.equal(record.policy[1], before_policy)
+    assert not torch.equal(record.value[0], before_value) and not torch.equal(record.value[1], record.value[0])
+    assert not torch.equal(record.policy[2], before_policy)  # joint steps from the third on
+    assert not torch.equal(record.policy[3], record.policy[2])
+    with pytest.raises(ValueError, match="parameters of its own"):
+        DROVModule(value="policy_logit", value_warmup_steps=2)
