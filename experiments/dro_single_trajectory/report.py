@@ -74,7 +74,7 @@ def markdown_table(results: dict[str, Any]) -> str:
     ref = REFERENCE_ARM
     lines = [
         f"| arm | chosen on validation | steps | expected reward | greedy reward | KL to start | {ref} - arm, "
-        f"expected reward (sign test p) | {ref} win rate vs arm | value R^2 |",
+        f"expected reward (sign test p) | {ref} win rate vs arm | value R^2 held-out (training prompts) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     start, optimum = results["start"], results["optimum"]
@@ -87,7 +87,10 @@ def markdown_table(results: dict[str, Any]) -> str:
         diff = "-" if versus is None else (f"{_fmt(versus['expected_reward'], True)} "
                                            f"(p={versus['expected_reward']['sign_test']['p_value']:.2g})")
         r2 = [r["value_r2"] for r in row["per_seed"] if r.get("value_r2") is not None]
+        r2_train = [r["value_r2_train"] for r in row["per_seed"] if r.get("value_r2_train") is not None]
         r2_text = f"{sum(r2) / len(r2):.2f}" if r2 else "-"
+        if r2_train:
+            r2_text += f" ({sum(r2_train) / len(r2_train):.2f})"
         lines.append(f"| {name} | {_params(row['params'])} | {row['steps']} | {_fmt(row['expected_reward'])} | "
                      f"{_fmt(row['greedy_reward'])} | {_fmt(row['kl'])} | {diff} | "
                      f"{_fmt(versus and versus['win_rate'])} | {r2_text} |")
@@ -103,7 +106,8 @@ def markdown_table(results: dict[str, Any]) -> str:
         f"{b['samples_per_prompt']} draws from the start), mean reward {d['reward_mean']:.3f}; every arm "
         f"{b['epochs']} pass(es) over its data in batches of {b['batch_size']} sequences; model {b['model']}. "
         f"pi* is the KL-regularised optimum of the normalised rewards (Theorem 1). Value R^2: 1 - MSE(V(x), "
-        f"V_pi(x)) / Var(V_pi(x)) on the held-out prompts, V_pi(x) = E_start[r - tau log pi/pi_start] exactly."
+        f"V_pi(x)) / Var(V_pi(x)) on the held-out prompts (in brackets: on the training prompts), mean over seeds, "
+        f"V_pi(x) = E_start[r - tau log pi/pi_start] exactly."
     )]
     m = results["machine"]
     lines.append(f"Measured {results['date']} on {m['platform']} ({m['threads']} torch threads; Python {m['python']}, "

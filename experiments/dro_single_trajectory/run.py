@@ -80,9 +80,12 @@ def load_budget(profile: str, overrides: dict[str, Any] | None = None) -> dict[s
 
 
 def load_arms(names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-    """The arm configs of `arms/` (all, or `names`), by name; DRO-V first."""
+    """The arm configs of `arms/` (`names`, or every arm not marked `optional: true`), by name;
+    DRO-V first."""
     available = {p.stem: p for p in sorted(ARMS_DIR.glob("*.yaml"))}
-    names = list(names) if names else sorted(available, key=lambda n: (n != REFERENCE_ARM, n))
+    if not names:
+        names = [n for n in sorted(available, key=lambda n: (n != REFERENCE_ARM, n))
+                 if not yaml.safe_load(available[n].read_text()).get("optional", False)]
     unknown = [n for n in names if n not in available]
     if unknown:
         raise ValueError(f"unknown arm(s) {unknown}; arms/ has {sorted(available)}")
@@ -134,9 +137,10 @@ def lora_spec(budget: dict[str, Any]) -> dict[str, Any] | None:
                           "target_modules": LORA_TARGETS, "layers_to_transform": list(spec["layers"])}}
 
 
-def build_module(arm: dict[str, Any], params: dict[str, Any], budget: dict[str, Any]):
-    """The arm's module with `params` (the lr goes to every `lr_args` name, the rest as they are)."""
-    kwargs = dict(arm.get("init_args") or {})
+def build_module(arm: dict[str, Any], params: dict[str, Any], budget: dict[str, Any], **extra: Any):
+    """The arm's module with `params` (the lr goes to every `lr_args` name, the rest as they are)
+    and any `extra` constructor arguments."""
+    kwargs = dict(arm.get("init_args") or {}) | extra
     kwargs.update({key: params["lr"] for key in arm["lr_args"]})
     kwargs.update({k: v for k, v in params.items() if k != "lr"})
     return module_class(arm["module"])(model=budget["model"], warmup_steps=budget["warmup_steps"],
@@ -148,12 +152,20 @@ def build_module(arm: dict[str, Any], params: dict[str, Any], budget: dict[str, 
 # --------------------------------------------------------------------------------------------
 
 def train(arm: dict[str, Any], params: dict[str, Any], seed: int, triplets: Path, budget: dict[str, Any]):
-    """One run: `epochs` passes over the arm's data. Returns (module, optimizer steps)."""
+    """One run: `epochs` passes over the arm's data (after `value_first_epochs` passes that fit
+    DRO-V's value alone, for an arm that asks for them). Returns (module, optimizer steps)."""
+    value_first = int(arm.get("value_first_epochs", 0))
+    extra = {}
+    if value_first:  # value-only passes first: their steps, counted on the arm's own batches
+        pad = models.load_tokenizer(budget["model"]).pad_token_id
+        per_epoch = len(TripletDataModule(triplets, arm["data"], pad, budget["batch_size"], seed=seed).train_dataloader())
+        extra["value_warmup_steps"] = value_first * per_epoch
     L.seed_everything(seed, verbose=False)
-    module = build_module(arm, params, budget)
+    module = build_module(arm, params, budget, **extra)
     data = TripletDataModule(triplets, arm["data"], module.tokenizer.pad_token_id, budget["batch_size"], seed=seed)
-    expected = budget["epochs"] * (len(data.examples) // data.batch_size)
-    trainer = L.Trainer(accelerator="cpu", devices=1, precision="32", max_epochs=budget["epochs"], max_steps=-1,
+    epochs = budget["epochs"] + value_first
+    expected = epochs * (len(data.examples) // data.batch_size)
+    trainer = L.Trainer(accelerator="cpu", devices=1, precision="32", max_epochs=epochs, max_steps=-1,
                         gradient_clip_val=budget["max_grad_norm"], logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                         num_sanity_val_steps=0, log_every_n_steps=1)
@@ -264,6 +276,7 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
         examples[arm["data"]] = len(data.examples)
     log(f"training examples per data mode: {examples}")
     normalised_test = (rewards["test"] - stats["mean"]) / stats["std"]
+    normalised_train = (rewards["train"] - stats["mean"]) / stats["std"]
     optimum_logp = exact.regularised_optimum(start_logp["test"], normalised_test, budget["optimum_tau"])
     start_eval = evaluate(start_logp["test"], start_logp["test"], rewards["test"])
     del start
@@ -293,8 +306,13 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
             logp = exact.next_token_logprobs(module.policy, rows["test"], pad, budget["eval_batch_size"])
             held = evaluate(logp, start_logp["test"], rewards["test"])
             r2 = value_fit(module, rows["test"], logp, start_logp["test"], normalised_test, budget["eval_batch_size"])
+            r2_train = None
+            if r2 is not None:  # the same fit on the prompts V was trained on: does V learn at all?
+                train_logp = exact.next_token_logprobs(module.policy, rows["train"], pad, budget["eval_batch_size"])
+                r2_train = value_fit(module, rows["train"], train_logp, start_logp["train"], normalised_train,
+                                     budget["eval_batch_size"])
             seconds["evaluation"] += time.perf_counter() - t0
-            runs.append({"seed": seed, "steps": steps, "value_r2": r2, **held})
+            runs.append({"seed": seed, "steps": steps, "value_r2": r2, "value_r2_train": r2_train, **held})
             log(f"{name} {params} seed {seed}: expected reward {sum(held['expected_reward']) / len(logp):.4f}, "
                 f"KL {sum(held['kl']) / len(logp):.4f}, value R^2 {r2}")
             del module, logp
@@ -309,7 +327,7 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
     for name, arm in per_arm.items():
         row = {"params": arm["params"], "sweep": arm["sweep"], "steps": arm["runs"][0]["steps"],
                **report.arm_statistics(arm["runs"], resamples, boot_seed),
-               "per_seed": [{k: r[k] for k in ("seed", "steps", "value_r2")} | {
+               "per_seed": [{k: r.get(k) for k in ("seed", "steps", "value_r2", "value_r2_train")} | {
                    k: sum(r[k]) / len(r[k]) for k in ("expected_reward", "greedy_reward", "kl")} for r in arm["runs"]],
                "versus_start": report.comparison(arm["runs"], [start_eval], resamples, boot_seed)}
         if name != REFERENCE_ARM:
