@@ -12,7 +12,8 @@
 3. Arms (`arms/*.yaml`), every one on data derived from the same triplets and given the same
    number of passes over it (`epochs`): DRO-V, its two ablations in the paper's forms, the
    paper's KTO (unweighted, labels from the batch mean, ties unlabelled) with its temperature
-   swept, DPO on best-vs-worst pairs, SFT on the above-mean completions. Each arm's settings
+   swept, DPO on best-vs-worst pairs, SFT on the above-mean completions (and, by name only, the
+   optional `drov_value_first`: V fitted alone for a pass before DRO-V's). Each arm's settings
    (its `sweep` grid: the lr, and KTO's beta) are chosen by the validation prompts' exact
    expected reward, trained with `sweep_seed`; the chosen settings are then trained once per
    reported seed (`seeds`, never `sweep_seed`).
