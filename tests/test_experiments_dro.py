@@ -281,3 +281,16 @@ def test_single_batches_hold_whole_prompts_shuffled_each_epoch(tmp_path, tiny_to
     assert batch.prompt_groups.tolist() == [0, 0, 1, 1]
     with pytest.raises(ValueError, match="dividing"):
         TripletDataModule(path, "single", tiny_tokenizer.pad_token_id, batch_size=3)
+
+
+def test_sample_mean_fit_is_the_r_squared_of_the_memorised_draws():
+    from experiments.dro_single_trajectory.measures import sample_mean_fit
+
+    start_logp = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64))
+    normalised = torch.tensor([[1.0, -1.0], [0.5, 0.5]], dtype=torch.float64)  # start's V(x): 0 and 0.5
+    triplets = [{"prompt_index": 0, "reward": 3.0}, {"prompt_index": 0, "reward": 3.0},
+                {"prompt_index": 1, "reward": 2.0}]  # raw; normalised with mean 1, std 2: 1, 1 and 0.5
+    # per-prompt means (1, 0.5) against (0, 0.5): MSE 0.5, Var 0.0625 -> R^2 = 1 - 8 = -7
+    assert sample_mean_fit(triplets, start_logp, normalised, mean=1.0, std=2.0) == pytest.approx(-7.0)
+    with pytest.raises(ValueError, match="1 training prompts have no triplet"):
+        sample_mean_fit(triplets[:2], start_logp, normalised, mean=1.0, std=2.0)

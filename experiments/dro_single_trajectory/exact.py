@@ -22,6 +22,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from lit_rlhf.data.collate import pad_right
+
 
 @torch.no_grad()
 def next_token_logprobs(model: torch.nn.Module, rows: Sequence[dict[str, Any]], pad_token_id: int,
@@ -35,12 +37,7 @@ def next_token_logprobs(model: torch.nn.Module, rows: Sequence[dict[str, Any]], 
     out = []
     for start in range(0, len(rows), batch_size):
         ids = [list(r["_prompt_ids"]) for r in rows[start:start + batch_size]]
-        width = max(map(len, ids))
-        input_ids = torch.full((len(ids), width), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(ids), width), dtype=torch.bool)
-        for i, row in enumerate(ids):
-            input_ids[i, :len(row)] = torch.tensor(row)
-            mask[i, :len(row)] = True
+        input_ids, mask = pad_right(ids, pad_token_id)
         last = torch.tensor([len(row) - 1 for row in ids])
         columns, row_column = torch.unique(last, return_inverse=True)  # the output layer on these columns only
         logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device),

@@ -109,6 +109,10 @@ def markdown_table(results: dict[str, Any]) -> str:
         f"V_pi(x)) / Var(V_pi(x)) on the held-out prompts (in brackets: on the training prompts), mean over seeds, "
         f"V_pi(x) = E_start[r - tau log pi/pi_start] exactly."
     )]
+    if d.get("sample_mean_value_r2_train") is not None:
+        lines[-1] += (f" For scale: the per-prompt mean of the {b['samples_per_prompt']} draws (the V of a value that "
+                      f"memorised its training data) has R^2 {d['sample_mean_value_r2_train']:.2f} on the training "
+                      f"prompts against the start's V(x).")
     m = results["machine"]
     lines.append(f"Measured {results['date']} on {m['platform']} ({m['threads']} torch threads; Python {m['python']}, "
                  f"torch {m['torch']}, lightning {m['lightning']}); {results['seconds']['total'] / 60:.1f} min in all.")

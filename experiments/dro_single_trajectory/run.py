@@ -44,10 +44,11 @@ import torch
 import yaml
 
 from experiments.dro_single_trajectory import exact, report, task
-from experiments.dro_single_trajectory.triplets import TripletDataModule, read_triplets, reward_statistics, write_triplets
+from experiments.dro_single_trajectory.measures import evaluate, sample_mean_fit, value_fit
+from experiments.dro_single_trajectory.triplets import (TripletDataModule, draw_triplets, read_triplets,
+                                                       reward_statistics, write_triplets)
 from experiments.overrides import parse_set
 from lit_rlhf import models
-from lit_rlhf.types import SingleBatch
 
 HERE = Path(__file__).resolve().parent
 ARMS_DIR = HERE / "arms"
@@ -176,58 +177,6 @@ def train(arm: dict[str, Any], params: dict[str, Any], seed: int, triplets: Path
     return module, trainer.global_step
 
 
-def evaluate(logp: torch.Tensor, start_logp: torch.Tensor, rewards: torch.Tensor) -> dict[str, Any]:
-    """Per prompt, exactly: expected and greedy reward, KL to the start, the reward-level masses
-    (for win rates) and the win rate against the start."""
-    levels = exact.level_masses(logp, rewards)
-    return {"expected_reward": exact.expected_reward(logp, rewards).tolist(),
-            "greedy_reward": exact.greedy_reward(logp, rewards).tolist(),
-            "kl": exact.kl(logp, start_logp).tolist(),
-            "levels": levels.tolist(),
-            "win_rate_vs_start": exact.win_rate_of_levels(levels, exact.level_masses(start_logp, rewards)).tolist()}
-
-
-@torch.no_grad()
-def value_fit(module, rows: Sequence[dict[str, Any]], logp: torch.Tensor, start_logp: torch.Tensor,
-              normalised: torch.Tensor, batch_size: int = 64) -> float | None:
-    """R^2 of the module's V(x) on `rows` against its exact target for the trained policy,
-    V_pi(x) = E_{y ~ start}[r_norm - tau (log pi - log pi_start)] (the data are the start's
-    draws; the minimiser of the DRO loss over V(x) for this pi). None for a module without a
-    per-prompt value (not DRO-V, or `batch_estimate`)."""
-    if getattr(module, "value_form", None) in (None, "batch_estimate"):
-        return None
-    target = (start_logp.exp() * (normalised - module.tau * (logp - start_logp))).sum(-1)  # (P,)
-    module.eval()
-    values = []
-    for first in range(0, len(rows), batch_size):
-        ids = [list(r["_prompt_ids"]) for r in rows[first:first + batch_size]]
-        width = max(map(len, ids))
-        input_ids = torch.full((len(ids), width), module.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(ids), width), dtype=torch.bool)
-        for i, row in enumerate(ids):
-            input_ids[i, :len(row)] = torch.tensor(row)
-            mask[i, :len(row)] = True
-        batch = SingleBatch(input_ids, mask, torch.zeros_like(mask), torch.tensor([len(r) for r in ids]))
-        values.append(module.values(batch).double())
-    values = torch.cat(values)
-    spread = float(target.var(correction=0))
-    return 1.0 - float(((values - target) ** 2).mean()) / spread if spread > 0 else None
-
-
-def draw_triplets(rows: Sequence[dict[str, Any]], logp: torch.Tensor, rewards: torch.Tensor, k: int, seed: int,
-                  tokenizer: Any) -> list[dict[str, Any]]:
-    """k exact draws per training prompt from the start, scored: the triplets."""
-    tokens = exact.sample(logp, k, seed)  # (P, k)
-    triplets = []
-    for p, (row, draws) in enumerate(zip(rows, tokens.tolist())):
-        for j, token in enumerate(draws):
-            triplets.append({"prompt_index": p, "sample_index": j, "prompt": row["prompt"],
-                             "reference": str(row["answer"]), "completion": tokenizer.decode([token]),
-                             "reward": float(rewards[p, token]), "has_eos": False,
-                             "prompt_ids": list(row["_prompt_ids"]), "completion_ids": [int(token)]})
-    return triplets
-
-
 # --------------------------------------------------------------------------------------------
 # the experiment
 # --------------------------------------------------------------------------------------------
@@ -278,6 +227,7 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
     log(f"training examples per data mode: {examples}")
     normalised_test = (rewards["test"] - stats["mean"]) / stats["std"]
     normalised_train = (rewards["train"] - stats["mean"]) / stats["std"]
+    memorised_r2 = sample_mean_fit(read_triplets(path), start_logp["train"], normalised_train, stats["mean"], stats["std"])
     optimum_logp = exact.regularised_optimum(start_logp["test"], normalised_test, budget["optimum_tau"])
     start_eval = evaluate(start_logp["test"], start_logp["test"], rewards["test"])
     del start
@@ -346,7 +296,7 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
     results = {
         "budget": budget, "profile": profile,
         "data": {"triplets": len(triplets), "examples_per_mode": examples, "reward_mean": stats["mean"],
-                 "reward_std": stats["std"], "train_prompts": len(rows["train"]), "val_prompts": len(rows["val"]),
+                 "reward_std": stats["std"], "sample_mean_value_r2_train": memorised_r2, "train_prompts": len(rows["train"]), "val_prompts": len(rows["val"]),
                  "test_prompts": len(rows["test"])},
         "start": start_row, "optimum": optimum, "arms": table, "seconds": seconds,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,

@@ -1,6 +1,6 @@
 """Single-trajectory data for the DRO replication: (prompt, completion, exact reward) triplets.
 
-`write_triplets` / `read_triplets` keep the triplets (drawn by `run.draw_triplets`) as JSONL
+`write_triplets` / `read_triplets` keep the triplets (`draw_triplets`: exact draws from the start) as JSONL
 (one triplet a line, with the token ids, so training sees exactly the drawn tokens).
 `TripletDataModule` turns the file into the batch type each method trains on, with the library's
 collators:
@@ -28,6 +28,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from experiments.dro_single_trajectory import exact
 from lit_rlhf.data.collate import PreferenceCollator, SFTCollator, SingleCollator
 
 Mode = Literal["single", "pairs", "sft"]
@@ -41,6 +42,20 @@ def write_triplets(path: str | Path, triplets: Sequence[dict[str, Any]]) -> Path
         for t in triplets:
             f.write(json.dumps(t) + "\n")
     return path
+
+
+def draw_triplets(rows: Sequence[dict[str, Any]], logp: torch.Tensor, rewards: torch.Tensor, k: int, seed: int,
+                  tokenizer: Any) -> list[dict[str, Any]]:
+    """k exact draws per training prompt from the start, scored: the triplets."""
+    tokens = exact.sample(logp, k, seed)  # (P, k)
+    triplets = []
+    for p, (row, draws) in enumerate(zip(rows, tokens.tolist())):
+        for j, token in enumerate(draws):
+            triplets.append({"prompt_index": p, "sample_index": j, "prompt": row["prompt"],
+                             "reference": str(row["answer"]), "completion": tokenizer.decode([token]),
+                             "reward": float(rewards[p, token]), "has_eos": False,
+                             "prompt_ids": list(row["_prompt_ids"]), "completion_ids": [int(token)]})
+    return triplets
 
 
 REQUIRED = ("prompt_index", "prompt", "completion", "reward", "prompt_ids", "completion_ids")

@@ -22,6 +22,8 @@ from lit_rlhf.types import SingleBatch
 
 ValueForm = Literal["network", "batch_estimate", "policy_logit", "learned_scalar", "shared_head"]
 VALUE_FORMS = ("network", "batch_estimate", "policy_logit", "learned_scalar", "shared_head")
+HeadInit = Literal["zero", "d11"]
+HEAD_INITS = ("zero", "d11")
 
 
 def last_prompt_index(prompt_lengths: Tensor) -> Tensor:
@@ -82,6 +84,13 @@ class DROVModule(PolicyModule):
         value_model: the value network's initial checkpoint (`value: network` only).
         value_token_id: the vocabulary id whose logit is V(x) (`value: policy_logit` only);
             `None` = the tokenizer's PAD id.
+        value_head_init: how a fresh value head starts (`network` without `value_model`, and
+            `shared_head`): `zero` (ours, the default) gives weight and bias 0, so V(x) starts at
+            0, the mean of the normalised rewards, for every prompt; `d11` is the reward head's
+            N(0, 1/sqrt(d_model + 1)) (D11), whose V(x) starts at a random value per prompt of
+            about the hidden state's RMS (on SmolLM2-135M ~2 reward standard deviations, against
+            an expected-reward spread across prompts of ~0.4: the value spends its steps
+            unlearning it). A `value_model`'s head is its own.
         value_warmup_steps: the first this many optimizer steps fit V alone (the policy's
             log-probs are computed without grad, so the policy gets no gradient and AdamW
             leaves it unchanged); the joint steps follow, so V starts them fitted to the data rather
@@ -102,6 +111,7 @@ class DROVModule(PolicyModule):
         value: ValueForm = "network",
         value_model: str | None = None,
         value_token_id: int | None = None,
+        value_head_init: HeadInit = "zero",
         value_warmup_steps: int = 0,
         ref_model: str | None = None,
         **kwargs: Any,
@@ -118,6 +128,8 @@ class DROVModule(PolicyModule):
                              f"value_model={value_model!r}")
         if value != "policy_logit" and value_token_id is not None:
             raise ValueError(f"value_token_id is read by value: policy_logit only; got value={value!r}")
+        if value_head_init not in HEAD_INITS:
+            raise ValueError(f"unknown value_head_init {value_head_init!r}; expected one of {HEAD_INITS}")
         if value_warmup_steps < 0:
             raise ValueError(f"value_warmup_steps must be >= 0, got {value_warmup_steps}")
         if value_warmup_steps and value not in ("network", "learned_scalar"):
@@ -151,6 +163,11 @@ class DROVModule(PolicyModule):
             self.value.requires_grad_(True)
             if self.lora_config is not None:  # another base: a value adapter on its own frozen body
                 scalar_adapters.lora_on_scalar(self.value, self.lora_config, adapters.VALUE)
+        if value_head_init == "zero" and value in ("network", "shared_head") and value_model is None:
+            with torch.no_grad():  # a fresh head: V(x) = 0 for every prompt at the start
+                self.value.head.weight.zero_()
+                if self.value.head.bias is not None:
+                    self.value.head.bias.zero_()
         if self.gradient_checkpointing and value == "network":
             self.value.gradient_checkpointing_enable()  # trained like the policy: checkpointed too
         self.load_reference(ref_model, self.model_dtype)

@@ -32,7 +32,7 @@ def single_batch(tokenizer, prompts=PROMPTS, completions=COMPLETIONS, rewards=RE
 
 
 def test_value_is_read_at_the_last_prompt_token(tiny_tokenizer):
-    module = DROVModule()
+    module = DROVModule(value_head_init="d11")  # a head that reads more than 0
     batch = single_batch(tiny_tokenizer, extra_pad=4)  # right padded, prompts of different lengths
     assert len(set(batch.prompt_lengths.tolist())) > 1
     assert last_prompt_index(batch.prompt_lengths).tolist() == (batch.prompt_lengths - 1).tolist()
@@ -151,6 +151,28 @@ def test_policy_logit_value_is_the_policys_logit_at_the_last_prompt_token(tiny_t
         DROVModule(value="policy_logit", value_token_id=10**9)
     with pytest.raises(ValueError, match="value_token_id is read by value: policy_logit only"):
         DROVModule(value="network", value_token_id=3)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"value": "shared_head"}, {"lora": {"r": 2, "alpha": 4}}])
+def test_a_fresh_value_head_starts_at_zero_and_learns(tiny_tokenizer, kwargs):
+    torch.manual_seed(0)
+    batch = single_batch(tiny_tokenizer)
+    module = DROVModule(lr=1e-3, value_lr=1e-2, **kwargs)
+    assert (module.values(batch) == 0).all()  # V(x) = 0, the normalised rewards' mean, for every prompt
+    optimizer = torch.optim.AdamW(module.optimizer_param_groups(), lr=module.hparams.lr)
+    for _ in range(3):  # the zero head blocks the body's gradient for one step only
+        loss, _ = module.compute_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    values = module.values(batch)
+    assert values.detach().std() > 1e-4, values  # per-prompt values, not one bias for all
+    d11 = DROVModule(value_head_init="d11", **kwargs)
+    weight = d11.value.head.weight
+    assert d11.values(batch).abs().min() > 0
+    assert abs(float(weight.std()) - (weight.shape[1] + 1) ** -0.5) < 0.3 * (weight.shape[1] + 1) ** -0.5  # D11
+    with pytest.raises(ValueError, match="unknown value_head_init"):
+        DROVModule(value_head_init="normal")
 
 
 def test_bad_input_is_named(tiny_tokenizer):
