@@ -10,6 +10,7 @@ from lit_rlhf.ops.logprobs import (
     token_logps_from_logits,
 )
 from lit_rlhf.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from lit_rlhf.ops.mismatch import mismatch_partners, mismatched_sequences
 from lit_rlhf.ops.rl import gae, kl_penalty, last_true_index, place_at_last, place_rewards, truncate_after_eos
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mismatch_partners",
+    "mismatched_sequences",
     "place_at_last",
     "place_rewards",
     "position_ids_from_mask",
