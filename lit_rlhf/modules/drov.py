@@ -88,9 +88,9 @@ class DROVModule(PolicyModule):
             `shared_head`): `zero` (ours, the default) gives weight and bias 0, so V(x) starts at
             0, the mean of the normalised rewards, for every prompt; `d11` is the reward head's
             N(0, 1/sqrt(d_model + 1)) (D11), whose V(x) starts at a random value per prompt of
-            about the hidden state's RMS (on SmolLM2-135M ~2 reward standard deviations, against
-            an expected-reward spread across prompts of ~0.4: the value spends its steps
-            unlearning it). A `value_model`'s head is its own.
+            about the hidden state's RMS, in units of normalised reward: on a model whose hidden
+            states are large the value first spends its steps unlearning that (the DRO
+            miniature in `experiments/README.md`). A `value_model`'s head is its own.
         value_warmup_steps: the first this many optimizer steps fit V alone (the policy's
             log-probs are computed without grad, so the policy gets no gradient and AdamW
             leaves it unchanged); the joint steps follow, so V starts them fitted to the data rather
