@@ -296,8 +296,8 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
     results = {
         "budget": budget, "profile": profile,
         "data": {"triplets": len(triplets), "examples_per_mode": examples, "reward_mean": stats["mean"],
-                 "reward_std": stats["std"], "sample_mean_value_r2_train": memorised_r2, "train_prompts": len(rows["train"]), "val_prompts": len(rows["val"]),
-                 "test_prompts": len(rows["test"])},
+                 "reward_std": stats["std"], "sample_mean_value_r2_train": memorised_r2,
+                 "train_prompts": len(rows["train"]), "val_prompts": len(rows["val"]), "test_prompts": len(rows["test"])},
         "start": start_row, "optimum": optimum, "arms": table, "seconds": seconds,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
                     "lightning": L.__version__, "threads": torch.get_num_threads()},

@@ -1,7 +1,7 @@
 """Single-trajectory data for the DRO replication: (prompt, completion, exact reward) triplets.
 
-`write_triplets` / `read_triplets` keep the triplets (`draw_triplets`: exact draws from the start) as JSONL
-(one triplet a line, with the token ids, so training sees exactly the drawn tokens).
+`draw_triplets` draws them exactly from the start; `write_triplets` / `read_triplets` keep them
+as JSONL (one triplet a line, with the token ids, so training sees exactly the drawn tokens).
 `TripletDataModule` turns the file into the batch type each method trains on, with the library's
 collators:
 
