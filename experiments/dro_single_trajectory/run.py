@@ -156,15 +156,14 @@ def build_module(arm: dict[str, Any], params: dict[str, Any], budget: dict[str, 
 def train(arm: dict[str, Any], params: dict[str, Any], seed: int, triplets: Path, budget: dict[str, Any]):
     """One run: `epochs` passes over the arm's data (after `value_first_epochs` passes that fit
     DRO-V's value alone, for an arm that asks for them). Returns (module, optimizer steps)."""
+    pad = models.load_tokenizer(budget["model"]).pad_token_id
+    data = TripletDataModule(triplets, arm["data"], pad, budget["batch_size"], seed=seed)  # its own generator
     value_first = int(arm.get("value_first_epochs", 0))
     extra = {}
     if value_first:  # value-only passes first: their steps, counted on the arm's own batches
-        pad = models.load_tokenizer(budget["model"]).pad_token_id
-        per_epoch = len(TripletDataModule(triplets, arm["data"], pad, budget["batch_size"], seed=seed).train_dataloader())
-        extra["value_warmup_steps"] = value_first * per_epoch
+        extra["value_warmup_steps"] = value_first * len(data.train_dataloader())
     L.seed_everything(seed, verbose=False)
     module = build_module(arm, params, budget, **extra)
-    data = TripletDataModule(triplets, arm["data"], module.tokenizer.pad_token_id, budget["batch_size"], seed=seed)
     epochs = budget["epochs"] + value_first
     expected = epochs * (len(data.examples) // data.batch_size)
     trainer = L.Trainer(accelerator="cpu", devices=1, precision="32", max_epochs=epochs, max_steps=-1,

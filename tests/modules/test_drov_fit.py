@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from lit_rlhf.cli import main
 
@@ -36,7 +36,7 @@ def test_fit_on_bundled_ultrafeedback_with_two_learning_rates(tmp_path):
     for key in ("train/loss", "train/policy/loss", "train/value/loss", "train/value/mean", "train/objective/logratio",
                 "train/rewards/mean", "train/objective/dro"):
         assert key in metrics and math.isfinite(float(metrics[key])), key
-    # the value network moved away from its D11 initialisation and is saved with the module
+    # the value network is saved with the module
     assert any(k.startswith("value.") for k in module.state_dict())
 
 
