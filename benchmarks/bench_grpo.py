@@ -63,7 +63,8 @@ def response_token_logps(model, ids: torch.Tensor, response_length: int) -> torc
 
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.generation import SamplingConfig, sample_tokens
-    from lit_rlhf.modules import GRPOModule, online_rollout
+    from lit_rlhf.modules import GRPOModule
+    from lit_rlhf.online import sources as online_rollout
 
     group = cfg.extra["generations"]
     module = GRPOModule(

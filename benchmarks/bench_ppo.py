@@ -127,7 +127,8 @@ def response_token_logps(model, ids: torch.Tensor, response_length: int) -> torc
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf import models
     from lit_rlhf.generation import SamplingConfig, sample_tokens
-    from lit_rlhf.modules import PPOModule, online_rollout
+    from lit_rlhf.modules import PPOModule
+    from lit_rlhf.online import sources as online_rollout
 
     epochs = cfg.extra["ppo_epochs"]
     with reward_model_dir(cfg, models.load_tokenizer(cfg.model)) as reward_dir:

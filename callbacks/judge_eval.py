@@ -43,6 +43,7 @@ from lit_rlhf.evaluation import (
 )
 from lit_rlhf.judges import PairwiseJudge
 from lit_rlhf.models import adapters
+from lit_rlhf.online import VLLMSampler
 
 log = logging.getLogger(__name__)
 
@@ -289,9 +290,10 @@ class JudgeEvalCallback(Callback):
     def _generate(self, trainer: Trainer, model: torch.nn.Module, tokenizer: Any, prompts: EvalPrompts,
                   synced: bool) -> list[str]:
         module = trainer.lightning_module
-        engine = None  # the policy on a module with generation_backend: vllm samples with its engine
-        if model is getattr(module, "policy", None) and getattr(module, "hparams", {}).get("generation_backend") == "vllm":
-            engine = module.vllm_engine()
+        engine = None  # the policy of a module that samples with a colocated vLLM engine samples with it
+        source = getattr(module, "rollout_source", None)
+        if model is getattr(module, "policy", None) and isinstance(source, VLLMSampler):
+            engine = source.synced_engine(module)
         with trainer.precision_plugin.forward_context(), _sampler(model) as sampler:
             return generate_completions(sampler, tokenizer, prompts.prompt_ids, self.sampling, self.batch_size,
                                         synced_gpus=synced, seed=self.seed, engine=engine)

@@ -53,11 +53,11 @@ class BeatGreedySFTModule(OnlineModule):
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         kept = rollout.scores.float() > rollout.extras["greedy_scores"] + self.margin  # (N,)
-        mask = rollout.response_mask & kept[:, None]  # (N, R) the kept responses' tokens
+        mask = rollout.loss_mask & kept[:, None]  # (N, R) the kept responses' own tokens
 
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
             logps = self.response_token_logps(self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows],
-                                              rollout.response_ids[rows], rollout.response_mask[rows],
+                                              rollout.response_ids[rows], rollout.response_attention_mask[rows],
                                               self.logprob_temperature)  # (n, R)
             loss = nll_loss(logps, mask[rows])
             return loss, {"policy/loss": loss.detach()}

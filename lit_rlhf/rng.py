@@ -12,15 +12,17 @@ differently in a straight and a resumed run.
 The data order does not depend on these states: it is a function of (seed, epoch) and the
 trainer's progress (`lit_rlhf.data.base.ResumableSampler`). Neither does evaluation: the online
 methods' validation samples from generators seeded from (seed, step, batch) and restores the
-training state afterwards (`lit_rlhf.modules.online.validation_rng`), the judge callback from its
+training state afterwards (`validation_rng`), the judge callback from its
 own seed, so a checkpoint written before a validation resumes to the same training randomness
 whether or not the resumed run repeats that validation.
 """
 
 from __future__ import annotations
 
+import os
 import random
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -93,3 +95,16 @@ def pending_state(checkpoint: dict[str, Any], trainer: Any = None) -> dict[str, 
         return None
     rank = getattr(trainer, "global_rank", 0) if trainer is not None else 0
     return states[rank % len(states)]
+
+
+@contextmanager
+def validation_rng(device: torch.device, step: int, batch_idx: int) -> Iterator[None]:
+    """Fork the torch generators (CPU, and `device` when it is a GPU) and seed them from the run's
+    seed (`PL_GLOBAL_SEED`, set by `seed_everything`), `step` and `batch_idx`; the global state
+    is restored on exit."""
+    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+    fork = torch.random.fork_rng(devices=[device], device_type="cuda") if device.type == "cuda" else \
+        torch.random.fork_rng(devices=[])
+    with fork:
+        torch.manual_seed((seed * 1_000_003 + step * 10_007 + batch_idx) % (2**63))
+        yield

@@ -136,10 +136,13 @@ class PromptBatch(NamedTuple):
 class Rollout(NamedTuple):
     """Everything one round of generation produced. Immutable: shaping returns a new one.
 
-    `response_ids` are cut after the first EOS and PAD-filled (D23); `response_mask` is True up
-    to and including the first EOS (or on all R tokens when there is none). A multi-turn rollout
-    (`lit_rlhf.envs.rollout`) holds each episode after its first prompt instead, with the
-    policy's tokens marked by `action_mask`: methods train on `loss_mask`.
+    `response_ids` are cut after the first EOS and PAD-filled (D23). Two masks, one for each job:
+    `loss_mask` (a property) marks the tokens a method trains on, the policy's own sampled tokens;
+    `response_attention_mask` is the response's attention mask, every real token, the
+    environment's observations included in a multi-turn rollout (`lit_rlhf.online.environment`,
+    whose `action_mask` marks the policy's tokens). Losses, KLs and advantages use `loss_mask`;
+    `response_attention_mask` only feeds the model's attention. For one turn the two are equal:
+    True up to and including the first EOS (or on all R tokens when there is none).
 
     `extras` is the method's own per-row data, carried from the rollout to the update
     (`OnlineModule.rollout_extras` adds it): name -> tensor whose leading dimension is the
@@ -153,7 +156,7 @@ class Rollout(NamedTuple):
     prompt_ids: Tensor  # (B, P) left padded
     prompt_mask: Tensor  # (B, P) bool
     response_ids: Tensor  # (B, R)
-    response_mask: Tensor  # (B, R) bool
+    response_attention_mask: Tensor  # (B, R) bool: attention only; train on `loss_mask`
     has_eos: Tensor  # (B,) bool
     # (B, R) policy log-probs at sampling time (temperature applied), 0 on pad. None when the
     # rollout did not compute them: an on-policy update computes its own (GRPO with one pass over
@@ -167,7 +170,7 @@ class Rollout(NamedTuple):
     sampler_logps: Tensor | None = None  # (B, R) the sampling engine's log-probs (vLLM backend), else None
     extras: dict[str, Tensor] = {}  # the method's per-row data: name -> (B, ...) tensor
     # multi-turn episodes (`lit_rlhf.envs`): the response is everything after the first prompt,
-    # the policy's turns and the environment's observations; `response_mask` is then the
+    # the policy's turns and the environment's observations; `response_attention_mask` is then the
     # attention mask of the response (every real token) and `action_mask` (B, R) bool marks the
     # policy's own tokens, the ones every loss, KL and advantage is on (`loss_mask`); None = every
     # response token is the policy's (one turn). `turn_rewards` (B, R): each turn's environment
@@ -177,9 +180,17 @@ class Rollout(NamedTuple):
 
     @property
     def loss_mask(self) -> Tensor:  # (B, R) bool
-        """The tokens the policy is trained on: its own sampled tokens (`response_mask`, and
-        `action_mask` when the rollout has environment tokens)."""
-        return self.response_mask if self.action_mask is None else self.response_mask & self.action_mask
+        """The tokens the policy is trained on: its own sampled tokens (the response's real tokens,
+        and of those only `action_mask`'s when the rollout has environment tokens)."""
+        mask = self.response_attention_mask
+        return mask if self.action_mask is None else mask & self.action_mask
+
+    def on_policy_tokens(self, per_token: Tensor | None) -> Tensor | None:
+        """Per-token values (N, R) with 0 off the policy's tokens (`loss_mask`): a multi-turn
+        rollout scores its environment tokens as context only."""
+        if per_token is None or self.action_mask is None:
+            return per_token
+        return torch.where(self.loss_mask, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
 
     @property
     def input_ids(self) -> Tensor:  # (B, P+R)
@@ -187,7 +198,7 @@ class Rollout(NamedTuple):
 
     @property
     def attention_mask(self) -> Tensor:  # (B, P+R)
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        return torch.cat([self.prompt_mask, self.response_attention_mask], dim=1)
 
     @property
     def num_rows(self) -> int:

@@ -188,8 +188,8 @@ class BestOfTwo(OnlineModule):
         def loss_fn(rows):
             picked = best[rows]
             logps = self.response_token_logps(self.policy, rollout.prompt_ids[picked], rollout.prompt_mask[picked],
-                                              rollout.response_ids[picked], rollout.response_mask[picked])
-            loss = -(logps * rollout.response_mask[picked]).sum(dim=1).mean()
+                                              rollout.response_ids[picked], rollout.response_attention_mask[picked])
+            loss = -(logps * rollout.response_attention_mask[picked]).sum(dim=1).mean()
             return loss, {"policy/loss": loss.detach()}
 
         return rollout, self.run_updates(len(best), 1, self.num_minibatches, loss_fn)

@@ -95,6 +95,7 @@ class GRPOModule(OnlineModule):
     """
 
     supports_tis = True
+    accepts_environment = True
 
     def __init__(
         self,
@@ -125,7 +126,7 @@ class GRPOModule(OnlineModule):
         if importance_sampling == "sequence" and advantage.startswith("reinforce_pp"):
             raise ValueError("importance_sampling 'sequence' (GSPO) needs one advantage per sequence; "
                              f"advantage {advantage!r} gives one per token")
-        if importance_sampling == "sequence" and kwargs.get("tis_cap") is not None:
+        if importance_sampling == "sequence" and getattr(kwargs.get("rollout"), "tis_cap", None) is not None:
             raise ValueError("tis_cap weights tokens; importance_sampling 'sequence' (GSPO) has one ratio per "
                              "sequence: use importance_sampling 'token' with tis_cap")
         if max_sampling_rounds < 1:
@@ -178,7 +179,7 @@ class GRPOModule(OnlineModule):
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         group = self.num_generations
         scores = rollout.scores.float()  # (B*G,)
-        mask, attention = rollout.loss_mask, rollout.response_mask  # (B*G, R): the policy's tokens, every token
+        mask, attention = rollout.loss_mask, rollout.response_attention_mask  # (B*G, R): the policy's tokens, every token
         token_advantages = None
         if self._reinforce_pp:  # per-token, normalised over every rank's tokens
             token_advantages = reinforce_pp_advantages(

@@ -1,60 +1,36 @@
-"""Shared plumbing of the online methods (PPO, GRPO): rollouts, reward sources, the rollout hook.
+"""`OnlineModule`: the base of the methods that sample their own training data (PPO, GRPO and its
+family, RLOO, ReMax, rejection sampling, online DPO).
 
-One training step of an online method is one rollout followed by several optimizer steps:
+One training step is one rollout, then the method's update:
 
-1. **generate** (`make_rollout`): the PromptBatch's left-padded prompts (each repeated
-   `repeats` times, GRPO's G) are sampled with the `SamplingConfig` built from the init args
-   (temperature, top-k, top-p, `max_new_tokens` new tokens), with the KV cache, without grad,
-   in eval mode; responses are cut after the first EOS and PAD-filled (D23). Under sharded
-   strategies every rank keeps generating until all are done (`needs_synced_gpus`).
-2. **score once**: the policy's log-probs of the sampled tokens under `logprob_temperature` (the
-   sampling temperature unless set apart)
-   (`logps`, the "old" log-probs; skipped when the update is on-policy, `needs_rollout_logps`,
-   since the update's own forward pass gives the same numbers), the reference's (`ref_logps`, when a reference is used) and,
-   for PPO, the values, all without grad and in micro-batches of `micro_batch_size` rows.
-3. **reward** (`score_rollout`): every reward source (a reward model read at the EOS token,
-   D12, and/or reward functions `(prompts, completions, **batch_columns) -> rewards`) is
-   evaluated and combined with `reward_weights` into `rollout.scores`.
-4. **shape** (`apply_rollout_hooks`): the rollout hook. For each callback in
-   `trainer.callbacks` **in list order** (the order of the config's `trainer.callbacks`) that
-   defines it, the module calls
+1. **sample**: the rollout source (`rollout`, a `lit_rlhf.online` object: `HFSampler` by default,
+   `VLLMSampler`, `AsyncRollouts`, `EnvironmentRollouts`) gives `repeats` responses per prompt
+   (a prompt's copies contiguous), `max_new_tokens` each, cut after the first EOS and PAD-filled
+   (D23);
+2. **score once**, without grad, in micro-batches of `micro_batch_size` rows: the policy's
+   log-probs of the sampled tokens (the "old" ones; skipped when the update is on-policy,
+   `needs_rollout_logps`), the reference's (when there is one), PPO's values; all at
+   `logprob_temperature` (the sampling temperature unless set apart: one temperature, D-temp);
+3. **reward**: every reward source (`lit_rlhf.online.scoring`), then the method's own per-row
+   data (`rollout_extras`), then the callbacks' rollout hook (`lit_rlhf.online.hooks`);
+4. **update** (the method's `update`): passes over minibatches of whole groups, one optimizer step
+   each (`run_updates`, `lit_rlhf.online.update`); then `on_rollout_end` for the callbacks.
 
-       rollout = callback.on_rollout_scores(trainer, pl_module, rollout)  # -> Rollout
+A non-finite score, value, loss or gradient never reaches the weights (`check_finite`). A run is
+measured in episodes (sampled responses), which also size the learning-rate schedule
+(`total_episodes`, `lit_rlhf.online.budget`).
 
-   A hook returns a new `Rollout` (it is immutable: `rollout.with_scores(new_scores)`) with
-   scores of the same shape; it may also just observe. Before the hooks, a method adds its own
-   per-row data (`rollout_extras` -> `rollout.extras`); a method whose extras are responses of
-   their own (ReMax's greedy baselines, `greedy_rollout`) passes those through the hooks too,
-   so they are shaped as the samples are. `callbacks.EOSTrickCallback` (D23) uses
-   it; `callbacks.KLControlCallback` observes `on_rollout_end` instead (step 5).
-5. **update** (`update`, per method): manual optimization over minibatches of the rollout with
-   gradient accumulation over micro-batches, gradient clipping (`max_grad_norm`) and one
-   learning-rate scheduler step per optimizer step (`run_updates`). It returns the rollout
-   (with `logps` filled if it computed them) and its stats; then every callback that defines
-   `on_rollout_end(trainer, pl_module, rollout) -> None` observes the final rollout (the KL
-   controller measures the rollout's KL there). A non-finite score,
-   value, loss or gradient never reaches the weights: it raises an error naming the step, or
-   skips the optimizer step with `on_nonfinite: skip` (`PolicyModule.check_finite`).
-
-A run is measured in **episodes** (sampled responses), which also size the learning-rate
-schedule (`total_episodes`: `online_episodes`).
-
-A method's settings are attributes (`lit_rlhf.modules.settings`); its update's split is checked
-at start-up from `num_minibatches` and `update_rows` (`online_update`).
-
-With `max_staleness` set, step 1 runs ahead of the learner in a producer with its own copy of the
-policy, and the training step takes its responses from a versioned queue
-(`online_async.AsyncRolloutMixin`); steps 2-5 are the same.
-
-Where the code is: steps 1-4 and validation sampling are `online_rollout.RolloutMixin`, step
-5's loop is `online_update.UpdateLoopMixin`, multi-turn episodes `online_env`, asynchronous
-rollouts `online_async`, the episode budget, schedule length and checkpointed counters
-`online_episodes`; this file holds `OnlineModule` itself (its arguments, what a method defines,
-the training step).
+**What a method defines** (each documented below): `update`; and where it differs from the
+default, `repeats`, `updates_per_rollout`, `needs_rollout_logps`, `rollout_values`,
+`rollout_extras`, `step_loss`, `update_rows`, `check_config`, the attributes `supports_tis` (its
+loss applies the sampler correction `tis_weights`), `accepts_environment` (its maths is one
+trajectory per row: it may run episodes) and `whole_groups` (its loss reads a group at once),
+and `kl_coef` through `init_kl`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Literal
 
@@ -62,105 +38,79 @@ import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
-from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.generation import SamplingConfig
+from lit_rlhf.modules.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
-from lit_rlhf.envs.base import Environment
-from lit_rlhf.modules.online_async import AsyncRolloutMixin
-from lit_rlhf.modules.online_env import EnvironmentMixin
-from lit_rlhf.modules.online_episodes import EpisodeBudgetMixin
-from lit_rlhf.modules.online_rollout import RolloutMixin, repeat_meta, validation_rng
-from lit_rlhf.modules.online_update import UpdateLoopMixin
+from lit_rlhf.online import budget, hooks, scoring, update
+from lit_rlhf.online.async_source import SourceGuard
+from lit_rlhf.online.environment import episode_stats, log_conversations
+from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource
+from lit_rlhf.online.moved import refuse_moved_settings
+from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import RewardNormalization
+from lit_rlhf.rng import validation_rng
+from lit_rlhf.data.packing import padding_fraction
 from lit_rlhf.types import PromptBatch, Rollout
 
-__all__ = ["EpisodeBudgetMixin", "OnlineModule", "RolloutMixin", "UpdateLoopMixin", "repeat_meta", "validation_rng"]
+SOURCE_KEY = "rollout_source"
 
 
-class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoopMixin, EpisodeBudgetMixin,
-                   PolicyModule):
-    """Base of PPO and GRPO: generation, reward sources, the rollout hook, the update loop.
+class OnlineModule(PolicyModule):
+    """Base of the online methods (see the module docstring).
 
     Args:
         reward_model: a reward model: a `RewardModule` checkpoint or an exported
-            `AutoModelForSequenceClassification` directory (frozen, read at EOS, D12). It must
-            share the policy's tokenizer.
+            `AutoModelForSequenceClassification` directory (frozen, read at EOS, D12), sharing the
+            policy's tokenizer.
         reward_fns: reward functions `(prompts, completions, **batch_columns) -> rewards` (see
             `lit_rlhf.rewards`); in YAML a dotted function path or `{class_path, init_args}`.
-        reward_weights: one weight per reward source, the reward model first, then
-            `reward_fns` in order (default 1 each); the score is their weighted sum.
-        reward_normalization: how each source is normalised before the weighted sum: `none`,
-            `group` (z-score within each prompt's G completions, GDPO's decoupled
-            normalisation) or `batch` (z-score over the rollout); `rewards.normalize_reward`.
+        reward_weights: one weight per reward source, the reward model first, then `reward_fns`
+            in order, then an environment's return (default 1 each); the score is their sum.
+        reward_normalization: each source normalised before the weighted sum: `none`, `group`
+            (z-score within a prompt's responses, GDPO) or `batch` (over the rollout).
         ref_model: the frozen reference policy; None = a frozen copy of the initial policy.
         max_new_tokens: response length R: exactly this many tokens are sampled (D23).
-        temperature: sampling temperature (`lit_rlhf.ops.apply_temperature`). 1.0 here (the
-            policy's own distribution); each method declares its paper's default (PPO 0.7, GRPO
-            and RLOO 1.0). Also the log-prob temperature unless `logprob_temperature` is set.
+        temperature: sampling temperature (`lit_rlhf.ops.apply_temperature`); each method
+            declares its paper's (PPO 0.7, GRPO and RLOO 1.0). Also the log-prob temperature
+            unless `logprob_temperature` is set.
         top_k: top-k sampling (0 = off).
         top_p: nucleus sampling (1.0 = off).
-        val_temperature: sampling temperature of the validation responses; None = `temperature`.
-            The N+ paper evaluates its TL;DR policies at 0.01 (near greedy). Validation log-probs
-            (the KL) stay at `logprob_temperature`, the distribution the KL penalty regularises.
+        val_temperature: sampling temperature of the validation responses; None = `temperature`
+            (the N+ paper evaluates at 0.01). Validation log-probs stay at `logprob_temperature`.
         logprob_temperature: the temperature of every log-prob the method trains on (old, new,
-            reference: ratios, KL, loss); None = `temperature`, the distribution sampled (N+). Set
-            it apart to train another one, e.g. a DPO loss at 1.0 on responses sampled at 0.7.
-        micro_batch_size: rows per forward pass, for scoring the rollout and for gradient
-            accumulation in the update; None = a whole minibatch at once.
+            reference); None = `temperature`. Set apart to train another distribution (a DPO
+            loss at 1.0 on responses sampled at 0.7).
+        micro_batch_size: rows per forward pass, in scoring and in the update (whole groups
+            where the loss reads groups); None = a whole minibatch at once.
         max_grad_norm: gradient clipping norm (0 or None = off).
-        lr_schedule_per: `optimizer_step` (the schedule advances after every optimizer step) or
-            `rollout` (once per rollout, constant over its updates, as the N+ reference code
-            anneals: `lr * (1 - (update - 1) / num_updates)`); warmup then counts rollouts.
-        total_episodes: stop after this many sampled responses (over all ranks), and size the
-            learning-rate schedule from it; None = `trainer.max_steps` decides.
+        lr_schedule_per: `optimizer_step`, or `rollout` (constant over a rollout's updates, as the
+            N+ reference code anneals); warmup then counts rollouts.
+        total_episodes: stop after this many sampled responses (all ranks) and size the schedule
+            from it; None = `trainer.max_steps` decides.
         log_completions_every_n_steps: log sample completions as TensorBoard text every this
             many rollouts (0 = never).
         num_logged_completions: how many completions each such log shows.
-        generation_backend: who samples the rollouts: `hf` (our KV-cache sampler, the
-            reference) or `vllm` (a vLLM engine colocated in this process, holding a copy of the
-            policy's weights, reloaded after every optimizer step: `lit_rlhf.generation.vllm`;
-            with `lora`, the base with the policy adapter merged), or `vllm_server` (a vLLM engine in
-            its own process, for asynchronous rollouts: needs `max_staleness`; `online_async`).
-            Either way the update's log-probs are the trainer's; with `vllm` the sampler's own
-            are logged against them (`rollout/sampler_logprob_diff`, mean and max of
-            |log pi_train - log pi_sampler| over the response tokens).
-        vllm_kwargs: keyword arguments of the vLLM engine (`VLLMEngine.from_policy`:
-            `max_model_len`, `gpu_memory_utilization`, ... passed to `vllm.LLM`; for a server the
-            trainer starts, its command-line flags: `lit_rlhf.generation.server.server_command`).
-        tis_cap: truncated importance sampling (`losses.tis`): GRPO's and PPO's policy-gradient
-            term of each token is weighted by min(pi_train / pi_sampler, tis_cap). None = off,
-            except with `max_staleness` > 0, where it is `ASYNC_TIS_CAP` (2); 0 = off. Needs a
-            sampler other than the trainer: `generation_backend: vllm` or `max_staleness`.
-        environment: a `lit_rlhf.envs.Environment` (e.g. `lit_rlhf.envs.ToolEnvironment` with
-            tools): each rollout row is then a multi-turn episode instead of one response
-            (`lit_rlhf.modules.online_env`); the environment's return is the reward source
-            `environment`, after the others (count it in `reward_weights`). None = one response
-            per row. Synchronous rollouts only.
-        max_turns: policy turns per episode at most (with an environment); `max_new_tokens`
-            bounds each turn.
-        max_episode_tokens: tokens after the first prompt per episode at most, the policy's and
-            the environment's (the rollout's response width R); None = `max_turns *
-            max_new_tokens`. An episode that would pass it is truncated (`has_eos` False).
-        max_staleness: None (default) = synchronous rollouts, sampled inside the training step.
-            An int s >= 0 = asynchronous rollouts: a producer samples each prompt batch ahead of
-            the learner with the policy s versions (rollouts) back, at most s + 1 batches in
-            flight (`online_async`); 0 is the synchronous run, bitwise.
-        async_timeout: seconds the learner waits for a batch of asynchronous rollouts (and a
-            checkpoint for the batches it holds), a vLLM server takes to start and any call to
-            it takes, before it raises.
-        server_url: `generation_backend: vllm_server`: the running server to sample from
-            (`python -m lit_rlhf.generation.server`); None = the trainer starts one.
-        weight_transfer: how a `vllm_server` gets full weights: `file` (a safetensors file stamped
-            with its version: one machine or a shared disk) or `nccl` (GPUs: vLLM's NCCL weight
-            transfer, `lit_rlhf.generation.server_nccl`); a LoRA adapter always goes as a file.
-        server_concurrency: completion requests kept in flight on a `vllm_server` (its engine
-            batches them); 1 runs them one at a time, so a row's numerics never depend on its
-            batch-mates and a resumed run is the uninterrupted one bitwise (tested).
+        rollout: where the responses come from (`lit_rlhf.online`): `HFSampler` (default, our
+            sampler in this process), `VLLMSampler` (a colocated vLLM engine), `AsyncRollouts`
+            (a producer ahead of the learner, on a thread or a vLLM server) or
+            `EnvironmentRollouts` (multi-turn episodes; for methods that accept them).
         **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
     """
 
     batch_types = (PromptBatch,)
-    supports_tis = False  # whether the update applies `tis_cap` (GRPO, PPO)
+    supports_tis = False
+    """The update weighs the policy-gradient term by `tis_weights` (GRPO, PPO): it may train on
+    samples from another engine or an older policy (`VLLMSampler(tis_cap=...)`, `AsyncRollouts`)."""
+    accepts_environment = False
+    """The method's maths is one trajectory per row, so a row may be an episode with environment
+    tokens (GRPO, PPO, RLOO, rejection sampling); any other refuses `EnvironmentRollouts`."""
+    whole_groups = False
+    """The loss reads a whole group at once (a pair loss): micro-batches hold whole groups."""
+    num_minibatches: int = 1
+    """Minibatches of each pass over the rollout, one optimizer step each (`run_updates`)."""
+    kl_coef: float = 0.0
+    """The KL coefficient, one name for every method; `KLControlCallback` moves it (`set_kl_coef`).
+    What it weighs is the method's (its docstring says: a KL in the loss or in the reward)."""
 
     def __init__(
         self,
@@ -181,67 +131,54 @@ class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoop
         total_episodes: int | None = None,
         log_completions_every_n_steps: int = 50,
         num_logged_completions: int = 4,
-        generation_backend: Literal["hf", "vllm", "vllm_server"] = "hf",
-        vllm_kwargs: dict[str, Any] | None = None,
-        tis_cap: float | None = None,
-        environment: Environment | None = None,
-        max_turns: int = 1,
-        max_episode_tokens: int | None = None,
-        max_staleness: int | None = None,
-        async_timeout: float = 600.0,
-        server_url: str | None = None,
-        weight_transfer: Literal["file", "nccl"] = "file",
-        server_concurrency: int = 64,
+        rollout: RolloutSource | None = None,
         **kwargs: Any,
     ) -> None:
-        if generation_backend not in ("hf", "vllm", "vllm_server"):
-            raise ValueError(f"generation_backend must be 'hf', 'vllm' or 'vllm_server', got {generation_backend!r}")
-        # a new name: the argument itself stays as given (hparams record the init args)
+        refuse_moved_settings(type(self).__name__, kwargs)
+        source = HFSampler() if rollout is None else rollout
+        if not isinstance(source, RolloutSource):
+            raise TypeError(f"rollout must be a lit_rlhf.online rollout source, got {type(source).__name__}")
+        if source.multi_turn and not self.accepts_environment:
+            raise ValueError(f"{type(self).__name__} does not run environments (EnvironmentRollouts): its loss is not "
+                             "one trajectory per row; GRPO, PPO, RLOO and rejection sampling do")
+        if source.tis_cap is not None and not self.supports_tis:
+            raise ValueError(f"{type(self).__name__} has no truncated importance sampling (tis_cap): GRPO and PPO do")
         scoring_temperature = temperature if logprob_temperature is None else float(logprob_temperature)
         if not scoring_temperature > 0:
             raise ValueError(f"logprob_temperature must be > 0 or null (= temperature), got {logprob_temperature}")
-        super().__init__(**kwargs)
-        tis_cap = self.init_async(max_staleness, async_timeout, server_url, weight_transfer, generation_backend, tis_cap,
-                                  server_concurrency)
-        if tis_cap is not None and scoring_temperature != temperature:
-            raise ValueError(f"tis_cap weights tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
+        if source.tis_cap is not None and scoring_temperature != temperature:
+            raise ValueError(f"tis_cap weighs tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
                              f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")
-        if tis_cap is not None and not self.supports_tis:
-            raise ValueError(f"{type(self).__name__} has no truncated importance sampling: tis_cap is for GRPO and PPO")
-        self._vllm_engine = None  # built on the first rollout (generation_backend: vllm)
-        self.automatic_optimization = False
-        self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
-        self.val_sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=val_temperature or temperature,
-                                           top_k=top_k, top_p=top_p)
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
         if lr_schedule_per not in ("optimizer_step", "rollout"):
             raise ValueError(f"lr_schedule_per must be 'optimizer_step' or 'rollout', got {lr_schedule_per!r}")
         if total_episodes is not None and total_episodes < 1:
             raise ValueError(f"total_episodes must be >= 1 or None, got {total_episodes}")
-        self.reward_fns = list(reward_fns or [])
-        for fn in self.reward_fns:
-            if not callable(fn):
-                raise TypeError(f"reward_fns entries must be callables, got {fn!r}")
-        if reward_model is None and not self.reward_fns and environment is None:
-            raise ValueError("no reward source: set reward_model and/or reward_fns (or an environment)")
-        n_sources = int(reward_model is not None) + len(self.reward_fns) + int(environment is not None)
-        if reward_weights is not None and len(reward_weights) != n_sources:
-            raise ValueError(
-                f"reward_weights has {len(reward_weights)} entries for {n_sources} reward sources "
-                "(the reward model first, then reward_fns in order, then the environment)"
-            )
-        self.init_environment(environment, max_turns, max_episode_tokens, max_new_tokens)
         if reward_normalization not in ("none", "group", "batch"):
             raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {reward_normalization!r}")
-        # the settings, read at run time (`lit_rlhf.modules.settings`)
+        self.reward_fns = list(reward_fns or [])
+        if any(not callable(fn) for fn in self.reward_fns):
+            raise TypeError(f"reward_fns entries must be callables, got {self.reward_fns!r}")
+        n_sources = int(reward_model is not None) + len(self.reward_fns) + int(source.multi_turn)
+        if n_sources == 0:
+            raise ValueError("no reward source: set reward_model and/or reward_fns (or run an environment)")
+        if reward_weights is not None and len(reward_weights) != n_sources:
+            raise ValueError(f"reward_weights has {len(reward_weights)} entries for {n_sources} reward sources "
+                             "(the reward model first, then reward_fns in order, then the environment)")
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+        self.rollout_source = source
+        self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        self.val_sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=val_temperature or temperature,
+                                           top_k=top_k, top_p=top_p)
+        # the settings, read at run time (`lit_rlhf.training.settings`)
         self.reward_model_name, self.ref_model_name = reward_model, ref_model
         self.reward_weights, self.reward_normalization = reward_weights, reward_normalization
         self.micro_batch_size, self.max_grad_norm = micro_batch_size, max_grad_norm
         self.lr_schedule_per, self.total_episodes = lr_schedule_per, total_episodes
         self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
-        self.generation_backend, self.vllm_kwargs, self.tis_cap = generation_backend, dict(vllm_kwargs or {}), tis_cap
-        self.logprob_temperature_setting = logprob_temperature  # read as `logprob_temperature` (RolloutMixin)
+        self.logprob_temperature = scoring_temperature
         if reward_model is not None:
             self.add_frozen("reward_model", self.load_reward_source(reward_model))
         self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints
@@ -253,13 +190,8 @@ class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoop
 
     @property
     def repeats(self) -> int:
-        """Responses sampled per prompt (GRPO's G)."""
+        """Responses sampled per prompt (GRPO's G), contiguous: the group of the update."""
         return 1
-
-    kl_coef: float = 0.0
-    """The coefficient of the KL to the reference, one name for every method (the papers' beta:
-    Ziegler et al. 2019 and N+ for PPO, DeepSeekMath for GRPO, Ahmadian et al. 2024 for RLOO). A
-    method sets it from its `kl_coef` argument; `KLControlCallback` moves it with `set_kl_coef`."""
 
     def init_kl(self, kl_coef: float) -> None:
         """In `__init__`: the reference model only when the KL coefficient is > 0, then the coefficient."""
@@ -268,9 +200,7 @@ class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoop
         self.set_kl_coef(kl_coef)
 
     def set_kl_coef(self, value: float) -> None:
-        """Set the KL coefficient (>= 0): the hook through which `callbacks.KLControlCallback`
-        controls it. A coefficient > 0 needs the reference model, which a method with `kl_coef` 0
-        never loaded."""
+        """Set the KL coefficient (>= 0; > 0 needs the reference model a `kl_coef` 0 never loaded)."""
         value = float(value)
         if not value >= 0:
             raise ValueError(f"kl_coef must be >= 0, got {value}")
@@ -280,44 +210,45 @@ class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoop
         self.kl_coef = value
 
     def updates_per_rollout(self) -> int:
-        """Optimizer steps the method's `update` takes on each rollout (the number of
-        `run_updates` minibatch steps: passes x minibatches; PPO `ppo_epochs * num_minibatches`,
-        GRPO `num_iterations * num_minibatches`). The schedule's length, the episode budget and
-        the progress bar's rollout count are derived from it, so a method whose update takes
-        another number of steps must say so here. Default 1: one on-policy step per rollout
-        (RLOO, ReMax, online DPO)."""
+        """Optimizer steps `update` takes per rollout (passes x minibatches); the schedule, the
+        episode budget and the progress bar derive from it. Default 1 (RLOO, ReMax, online DPO)."""
         return 1
+
+    @property
+    def needs_rollout_logps(self) -> bool:
+        """Whether the rollout carries the policy's sampling-time log-probs (`rollout.logps`, a
+        forward pass over all rows). False when the update is on-policy and computes them itself,
+        or never uses them; `rollout.logps` is then None (no entropy/KL stats from the rollout)."""
+        return True
 
     def rollout_values(self, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor | None:
         """Values (N, R) of the rollout's states (PPO); None when the method has no critic."""
         return None
 
-    @property
-    def needs_rollout_logps(self) -> bool:
-        """Whether the rollout must carry the policy's sampling-time log-probs (`rollout.logps`)
-        before the update: a forward pass over all N rows. False when the update is on-policy
-        and computes them in its own forward pass (GRPO with one pass over one minibatch), or
-        when the method never uses them (rejection sampling: an NLL on the kept rows). Without
-        them the rollout's `logps` stays None, and the entropy and KL stats, and adaptive KL
-        control, are not available."""
-        return True
+    def rollout_extras(self, batch: PromptBatch, rollout: Rollout) -> dict[str, Tensor]:
+        """The method's own per-row data, computed at rollout time before the hooks: name ->
+        tensor with one row per response (ReMax: its greedy baseline's reward). The update reads
+        `rollout.extras[name]`."""
+        return {}
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        """Optimise on one shaped rollout (its per-row extras in `rollout.extras`); returns the
-        rollout (with `logps` filled in if the update computed them for every row, else as it
-        came) and the stats to log (names `group/name`)."""
+        """Optimise on one shaped rollout; returns the rollout (with `logps` filled in if the update
+        computed them for every row) and the stats to log (names `group/name`)."""
         raise NotImplementedError
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        # Under DeepSpeed the engine clips inside its step and Lightning's `clip_gradients` does
-        # nothing: hand it `max_grad_norm` (read when the engine is built, after this hook).
-        strategy = self._trainer.strategy if self._trainer is not None else None
-        if isinstance(strategy, DeepSpeedStrategy) and self.max_grad_norm:
-            strategy.config.setdefault("gradient_clipping", float(self.max_grad_norm))
+    def step_loss(self) -> update.StepLoss | None:
+        """A term of every optimizer step that is not a function of the rollout's rows (PPO-ptx's
+        NLL on SFT rows), called once per step: `(micro, micros) -> (loss, stats)`, the loss that
+        micro-batch's share, normalised over the step; None = none (`lit_rlhf.online.update`)."""
+        return None
+
+    def update_rows(self, prompts: int) -> int:
+        """The rows `update` splits into `num_minibatches` for `prompts` prompts on one rank
+        (best-of-N trains on fewer than it samples): checked at start-up."""
+        return prompts * self.repeats
 
     # ------------------------------------------------------------------------------------------
-    # the training step
+    # the training step and the validation step
     # ------------------------------------------------------------------------------------------
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
@@ -326,15 +257,15 @@ class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoop
         generated = time.perf_counter()
         rollout, stats = self.update(rollout)
         if self.lr_schedule_per == "rollout":
-            self.step_lr_schedule()
+            update.step_lr_schedule(self)
         updated = time.perf_counter()
-        self.notify_rollout_end(rollout)
+        hooks.notify_rollout_end(self._trainer, self, rollout)
 
-        n = rollout.response_ids.shape[0]
         self.rollouts += 1
-        self.episodes += n * max(1, self._trainer.world_size if self._trainer else 1)
-        stats.update(self.rollout_stats(rollout))
-        stats.update(self.episode_stats(rollout))
+        self.episodes += rollout.num_rows * max(1, self._trainer.world_size if self._trainer else 1)
+        same_temperature = self.logprob_temperature == self.sampling.temperature  # sampler logps comparable
+        stats.update(scoring.rollout_stats(rollout, self.kl_coef, same_temperature))
+        stats.update(episode_stats(rollout))
         stats.update(sampling_stats)
         stats.update({f"rewards/{name}": r.float().mean() for name, r in per_source.items()})
         stats["time/generation"] = torch.tensor(generated - started)
@@ -349,5 +280,177 @@ class OnlineModule(AsyncRolloutMixin, EnvironmentMixin, RolloutMixin, UpdateLoop
         if every and (self.rollouts - 1) % every == 0:
             self.log_completions(rollout)
 
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        """One response per prompt (`val_sampling`): its unshaped scores, lengths, EOS fraction
+        and, with a reference, the KL. Sampled from generators seeded from (seed, step, batch), so
+        training randomness never depends on whether validation ran (`lit_rlhf.rng`)."""
+        with validation_rng(self.device, self.global_step, batch_idx):
+            with_logps = getattr(self, "ref_model", None) is not None  # for the KL only
+            rollout, _ = self.make_rollout(batch, 1, with_logps=with_logps, sampling=self.val_sampling)
+        stats = {
+            "objective/scores": rollout.scores.float().mean(),
+            "response/length": rollout.loss_mask.sum(dim=1).float().mean(),
+            "response/eos_fraction": rollout.has_eos.float().mean(),
+        }
+        if rollout.ref_logps is not None and rollout.logps is not None:
+            stats["objective/kl"] = masked_sum(rollout.logps - rollout.ref_logps, rollout.loss_mask, dim=1).mean()
+        stats.update(episode_stats(rollout))
+        self.log_stats("val", stats, batch_size=rollout.num_rows)
+
+    # ------------------------------------------------------------------------------------------
+    # the rollout
+    # ------------------------------------------------------------------------------------------
+
+    def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
+        """The shaped rollout a training step optimises on -> (rollout, each source's rewards,
+        sampling stats). A method may sample more than once here (DAPO's dynamic sampling)."""
+        rollout, per_source, stats = self.training_rollout(batch, with_stats=True)
+        return rollout, per_source, stats
+
+    def training_rollout(self, batch: PromptBatch, with_stats: bool = False):
+        """One round of a training step's sampling: `make_rollout` (`repeats` responses per prompt,
+        log-probs when `needs_rollout_logps`), the method's `rollout_extras`, the rollout hooks.
+        Returns (rollout, per-source rewards), and the sampling stats with `with_stats`."""
+        rollout, per_source, stats = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps,
+                                                       with_stats=True)
+        extras = self.rollout_extras(batch, rollout)
+        if extras:
+            rollout = rollout.with_extras(**extras)
+        rollout = hooks.apply_rollout_hooks(self._trainer, self, rollout)
+        return (rollout, per_source, stats) if with_stats else (rollout, per_source)
+
+    def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True,
+                     sampling: SamplingConfig | None = None, with_stats: bool = False):
+        """Sample (the rollout source), score once (old and reference log-probs, values) and reward,
+        without grad -> (rollout with its unshaped scores, each source's (N,) rewards), and the
+        source's stats with `with_stats`. `sampling` None: the training sampling, else validation."""
+        source = self.rollout_source
+        rollout, stats = source.sample(self, batch, repeats, sampling or self.sampling, training=sampling is None)
+        # a prompt's copies share one prompt computation (`shared_prompt`)
+        groups = torch.arange(rollout.num_rows, device=rollout.prompt_ids.device) // repeats if repeats > 1 else None
+        args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_attention_mask)
+        micro, temperature, ref = self.micro_batch_size, self.logprob_temperature, getattr(self, "ref_model", None)
+        with torch.no_grad():
+            logps = self.response_token_logps(self.policy, *args, temperature, micro, groups) if with_logps else None
+            ref_logps = None if ref is None else self.response_token_logps(ref, *args, temperature, micro, groups)
+            rollout = rollout._replace(logps=rollout.on_policy_tokens(logps), ref_logps=rollout.on_policy_tokens(ref_logps))
+            values = self.rollout_values(rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1])
+        rollout = rollout._replace(values=values)
+        scores, per_source = scoring.score_rollout(self, rollout, repeats)
+        self.check_finite(batch, scores=scores, values=values)
+        rollout = rollout.with_scores(scores)
+        return (rollout, per_source, stats) if with_stats else (rollout, per_source)
+
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
+        """One response per row with the rollout source's sampler, one turn."""
+        return self.rollout_source.generate(self, prompt_ids, prompt_mask, sampling)
+
+    def greedy_rollout(self, batch: PromptBatch) -> Rollout:
+        """Each prompt's greedy response (B rows, `do_sample` off, the same sampler), scored and
+        shaped by the rollout hooks as the samples are; no log-probs. ReMax's baseline."""
+        prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
+        ids, mask, has_eos, _ = self.generate(prompt_ids, prompt_mask, dataclasses.replace(self.sampling, do_sample=False))
+        rollout = Rollout(prompt_ids, prompt_mask, ids, mask, has_eos, None, meta=dict(batch.meta))
+        scores, _ = scoring.score_rollout(self, rollout)
+        self.check_finite(batch, scores=scores)
+        return hooks.apply_rollout_hooks(self._trainer, self, rollout.with_scores(scores))
+
+    # ------------------------------------------------------------------------------------------
+    # the update
+    # ------------------------------------------------------------------------------------------
+
+    def run_updates(self, n_rows: int, epochs: int, num_minibatches: int, loss_fn: Callable[[Tensor], Any],
+                    row_weights: Tensor | None = None, group_size: int | None = None) -> dict[str, Tensor]:
+        """`epochs` passes over minibatches of whole groups, one optimizer step each, gradients
+        accumulated exactly over micro-batches (`lit_rlhf.online.update.run_updates`)."""
+        return update.run_updates(self, n_rows, epochs, num_minibatches, loss_fn, row_weights, group_size)
+
+    def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor) -> Tensor | None:
+        """Truncated importance weights (n, R) of `rows` (the source's `tis_cap`), None when off.
+        `train_logps`: the trainer's log-probs of those rows at sampling time."""
+        from lit_rlhf.losses import truncated_importance_weights
+
+        cap = self.rollout_source.tis_cap
+        if cap is None or rollout.sampler_logps is None:
+            return None
+        return truncated_importance_weights(train_logps, rollout.sampler_logps[rows], rollout.loss_mask[rows], cap)
+
+    # ------------------------------------------------------------------------------------------
+    # Lightning hooks: checks, the source's life, the budget, checkpoints
+    # ------------------------------------------------------------------------------------------
+
+    def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
+        """The shared problems, the source's, then the update's split: `update_rows` of a rollout
+        must divide into `num_minibatches` minibatches of whole groups."""
+        from lit_rlhf import checks
+
+        problems = super().check_config(trainer, datamodule) + self.rollout_source.problems(self, trainer)
+        batch_size = getattr(datamodule, "batch_size", None)
+        if not batch_size:
+            return problems
+        rows, repeats = self.update_rows(batch_size), self.repeats
+        sampled = f"batch_size ({batch_size}) x num_generations ({repeats})" if repeats > 1 else f"batch_size ({batch_size})"
+        what = (f"a rollout has {sampled} = {rows} rows" if rows == batch_size * repeats
+                else f"{type(self).__name__} updates on {rows} rows of each rollout ({sampled} sampled)")
+        return problems + checks.split_problem(rows, self.num_minibatches, what)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        trainer = self._trainer
+        # under DeepSpeed the engine clips inside its step: hand it `max_grad_norm`
+        if trainer is not None and isinstance(trainer.strategy, DeepSpeedStrategy) and self.max_grad_norm:
+            trainer.strategy.config.setdefault("gradient_clipping", float(self.max_grad_norm))
+        if stage == "fit" and trainer is not None and not any(isinstance(c, SourceGuard) for c in trainer.callbacks):
+            trainer.callbacks.append(SourceGuard())  # stops the source if the fit fails
+
+    def on_train_start(self) -> None:
+        super().on_train_start()  # the random states first (a producer at max_staleness 0 draws from them)
+        self.rollout_source.start(self)
+
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self.rollout_source.stop()  # after the callbacks' on_train_end (the last checkpoint)
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        pass  # tokens/s and the padding fraction are logged by training_step (prompt + response tokens)
+        pass  # tokens/s and the padding fraction are the rollout's, logged by training_step
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_end(outputs, batch, batch_idx)
+        if budget.budget_reached(self):
+            self.trainer.should_stop = True
+
+    def num_training_steps(self) -> int:
+        """Optimizer steps of the fit (`lit_rlhf.online.budget`): from `total_episodes`, else
+        `max_steps`, else the epochs' batches times `updates_per_rollout()`."""
+        by_budget = self.total_episodes or (self.trainer.max_steps and self.trainer.max_steps > 0)
+        return budget.training_steps(self, 0 if by_budget else super().num_training_steps())
+
+    def num_schedule_steps(self) -> int:
+        return budget.schedule_steps(self, self.num_training_steps())
+
+    def episodes_per_rollout(self) -> int:
+        return budget.episodes_per_rollout(self)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[CHECKPOINT_KEY].update({"episodes": self.episodes, "rollouts": self.rollouts})
+        state = self.rollout_source.state_dict()
+        if state is not None:
+            checkpoint[CHECKPOINT_KEY][SOURCE_KEY] = state
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        info = checkpoint.get(CHECKPOINT_KEY, {})
+        self.episodes, self.rollouts = int(info.get("episodes", 0)), int(info.get("rollouts", 0))
+        self.rollout_source.load_state_dict(info.get(SOURCE_KEY))
+
+    def log_completions(self, rollout: Rollout) -> None:
+        """Sample completions (or episodes) as a TensorBoard text table on rank 0."""
+        experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
+        if experiment is None or not hasattr(experiment, "add_text") or not self.trainer.is_global_zero:
+            return
+        k = self.num_logged_completions
+        if rollout.meta.get("trajectory") is not None:
+            log_conversations(rollout, self.tokenizer, experiment, k, self.global_step)
+        else:
+            experiment.add_text("train/completions", scoring.completions_table(rollout, self.tokenizer, k), self.global_step)

@@ -40,12 +40,12 @@ class OnlineDPOModule(OnlineModule):
         **kwargs: `OnlineModule` (reward sources, reference, sampling, ...) and `PolicyModule`.
     """
 
-    supports_environment = False  # a pairwise loss over two responses of a prompt, judged as texts: one turn
+    whole_groups = True  # a pair loss: every micro-batch holds whole pairs (its two rows)
 
     def __init__(self, beta: float = 0.1, loss_type: DPOLossType = "sigmoid", temperature: float = 1.0,
                  **kwargs: Any) -> None:
         # DPO's objective is on the policy's own distribution: log-probs at 1 whatever the sampling
-        # temperature (pinned: `lit_rlhf.modules.settings`)
+        # temperature (pinned: `lit_rlhf.training.settings`)
         super().__init__(temperature=temperature, logprob_temperature=1.0, **kwargs)
         if beta <= 0 or loss_type not in ("sigmoid", "ipo", "hinge"):
             raise ValueError(f"beta must be > 0 and loss_type sigmoid, ipo or hinge; got {beta}, {loss_type!r}")
@@ -61,29 +61,31 @@ class OnlineDPOModule(OnlineModule):
         return False  # the update's own forward pass gives the policy's log-probs
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        scores, mask = rollout.scores.float().view(-1, 2), rollout.response_mask  # (B, 2), (2B, R)
-        first_wins = (scores[:, 0] > scores[:, 1]).long()  # (B,)
-        base = torch.arange(0, mask.shape[0], 2, device=mask.device)
-        chosen, rejected = base + 1 - first_wins, base + first_wins  # (B,) rows
+        scores, mask, attention = rollout.scores.float().view(-1, 2), rollout.loss_mask, rollout.response_attention_mask
         annotated = (scores[:, 0] != scores[:, 1]).float()  # (B,) ties are left out
         ref = masked_sum(rollout.ref_logps, mask, dim=1)  # (2B,) at temperature 1
 
-        def loss_fn(pairs: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-            rows = torch.cat([chosen[pairs], rejected[pairs]])  # (2n,) a pair's rows share their prompt
+        def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            # `rows`: whole pairs (`whole_groups`), a pair's two rows side by side and sharing their prompt
             per_token = self.response_token_logps(
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                mask[rows], self.logprob_temperature, groups=rows // 2,
+                attention[rows], self.logprob_temperature, groups=rows // 2,
             )  # (2n, R)
-            logps, keep = masked_sum(per_token, mask[rows], dim=1), annotated[pairs].bool().repeat(2)  # (2n,)
+            logps, pairs = masked_sum(per_token, mask[rows], dim=1).view(-1, 2), rows[0::2] // 2  # (n, 2), (n,)
+            first_wins = scores[pairs, 0] > scores[pairs, 1]  # (n,)
+            keep = annotated[pairs].bool()
             if not keep.any():
                 return logps.sum() * 0.0, {}  # no annotated pair here: no gradient, no stats
-            n = len(pairs)
-            out = dpo_loss(logps[:n][keep[:n]], logps[n:][keep[n:]], ref[rows][:n][keep[:n]], ref[rows][n:][keep[n:]],
-                           self.beta, self.loss_type)
+            wins = first_wins.long()
+            order = torch.stack([1 - wins, wins], dim=1)  # (n, 2): the columns of chosen, rejected
+            policy = logps.gather(1, order)[keep]  # (k, 2)
+            reference = ref.view(-1, 2)[pairs].gather(1, order)[keep]
+            out = dpo_loss(policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1], self.beta, self.loss_type)
             return out.loss, {"loss/dpo": out.loss.detach(), "rewards/chosen": out.chosen_rewards.mean(),
                               "rewards/rejected": out.rejected_rewards.mean(), "rewards/margins": out.margins.mean(),
                               "rewards/accuracies": out.accuracies}
 
-        stats = self.run_updates(base.numel(), 1, 1, loss_fn, row_weights=annotated)  # a mean over annotated pairs
+        # a mean over annotated pairs: each row weighs half its pair's 0/1 annotation
+        stats = self.run_updates(mask.shape[0], 1, 1, loss_fn, row_weights=annotated.repeat_interleave(2) / 2)
         stats["pairs/tie_fraction"] = 1.0 - annotated.mean()
         return rollout, stats

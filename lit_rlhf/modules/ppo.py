@@ -79,6 +79,7 @@ class PPOModule(OnlineModule):
     """
 
     supports_tis = True
+    accepts_environment = True
 
     def __init__(
         self,
@@ -159,7 +160,7 @@ class PPOModule(OnlineModule):
         return rollout.turn_rewards.float() * weight
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        mask, attention = rollout.loss_mask, rollout.response_mask  # (N, R): the policy's tokens, every token
+        mask, attention = rollout.loss_mask, rollout.response_attention_mask  # (N, R): the policy's tokens, every token
         # 1. per-token rewards: KL penalty everywhere, the score on the EOS token (D12); a
         # multi-turn episode's environment rewards on the turns that earned them
         shaped = ppo_rewards(rollout.scores, rollout.logps, rollout.ref_logps, mask, self.kl_coef, self.kl_estimator,

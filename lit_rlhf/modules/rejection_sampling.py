@@ -43,6 +43,8 @@ class RejectionSamplingModule(OnlineModule):
         **kwargs: `OnlineModule` (reward sources, sampling, micro_batch_size, ...), `PolicyModule`.
     """
 
+    accepts_environment = True  # one trajectory per row: a row may be an episode
+
     def __init__(self, num_generations: int = 4, selection: Literal["per_prompt", "top_k"] = "per_prompt",
                  top_k: int | None = None, num_iterations: int = 1, num_minibatches: int = 1,
                  temperature: float = 1.0, **kwargs: Any) -> None:
@@ -77,7 +79,7 @@ class RejectionSamplingModule(OnlineModule):
         return problems
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        scores, mask, attention = rollout.scores.float(), rollout.loss_mask, rollout.response_mask  # (N,), (N, R) x2
+        scores, mask, attention = rollout.scores.float(), rollout.loss_mask, rollout.response_attention_mask  # (N,), (N, R) x2
         kept = rejection_sampling_mask(scores, self.repeats, self.selection, self.top_k).nonzero().flatten()  # (K,)
 
         def loss_fn(index: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
@@ -90,7 +92,8 @@ class RejectionSamplingModule(OnlineModule):
             return loss, {"policy/loss": loss.detach()}
 
         tokens = mask[kept].sum(dim=1).float()  # (K,) a token mean over each whole minibatch
-        stats = self.run_updates(kept.numel(), self.num_iterations, self.num_minibatches, loss_fn, row_weights=tokens)
+        stats = self.run_updates(kept.numel(), self.num_iterations, self.num_minibatches, loss_fn, row_weights=tokens,
+                                 group_size=1)  # the kept rows, picked one by one
         stats["rewards/kept"] = scores[kept].mean()
         stats["rewards/kept_gain"] = scores[kept].mean() - scores.mean()
         return rollout, stats

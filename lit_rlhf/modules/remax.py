@@ -37,8 +37,6 @@ class ReMaxModule(OnlineModule):
             is a raw reward, reference, sampling, micro_batch_size, ...) and `PolicyModule`.
     """
 
-    supports_environment = False  # its baseline is a greedy response: one turn
-
     def __init__(self, num_generations: int = 1, kl_coef: float = 0.0, temperature: float = 1.0, **kwargs: Any) -> None:
         super().__init__(temperature=temperature, **kwargs)
         if num_generations < 1:
@@ -61,7 +59,7 @@ class ReMaxModule(OnlineModule):
         return {"greedy_scores": greedy.scores.float().repeat_interleave(self.repeats)}  # (B*k,)
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        group, mask = self.repeats, rollout.response_mask  # (N, R)
+        group, mask = self.repeats, rollout.loss_mask  # (N, R)
         ref_logps = rollout.ref_logps if self.kl_coef > 0 else None
         rewards, _ = rloo_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.kl_coef)  # (N,)
         advantages = remax_advantages(rewards, rollout.extras["greedy_scores"])  # (N,)

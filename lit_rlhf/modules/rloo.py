@@ -46,6 +46,8 @@ class RLOOModule(OnlineModule):
             max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
     """
 
+    accepts_environment = True  # one trajectory per row: a row may be an episode
+
     def __init__(self, num_generations: int = 4, kl_coef: float = 0.05, temperature: float = 1.0, **kwargs: Any) -> None:
         super().__init__(temperature=temperature, **kwargs)
         if num_generations < 2:
@@ -62,7 +64,7 @@ class RLOOModule(OnlineModule):
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         group = self.num_generations
-        mask, attention = rollout.loss_mask, rollout.response_mask  # (N, R): the policy's tokens, every token
+        mask, attention = rollout.loss_mask, rollout.response_attention_mask  # (N, R): the policy's tokens, every token
         ref_logps = rollout.ref_logps if self.kl_coef > 0 else None
         rewards, kl = rloo_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.kl_coef)  # (N,)
         advantages = rloo_advantages(rewards, group)  # (N,)

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lit_rlhf.async_rollouts import LocalSampler, ProducerFailed
+from lit_rlhf.online import AsyncRollouts
 from tests.resume.harness import Interrupt, Setup, assert_same_run, checkpoint_values, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -72,10 +73,10 @@ class ProducerSigterm:
 
 def test_max_staleness_0_is_the_synchronous_run_bitwise(tmp_path):
     sync = fit(Setup("grpo"), tmp_path / "sync")
-    lockstep = fit(Setup("grpo", module_args={"max_staleness": 0}), tmp_path / "async")
-    assert lockstep.module.tis_cap is None  # no stale sample: no correction by default
+    lockstep = fit(Setup("grpo", module_args={"rollout": AsyncRollouts(max_staleness=0)}), tmp_path / "async")
+    assert lockstep.module.rollout_source.tis_cap is None  # no stale sample: no correction by default
     a, b = (checkpoint_values(p / "checkpoints" / "last.ckpt") for p in (tmp_path / "sync", tmp_path / "async"))
-    b = {k: v for k, v in b.items() if "async_rollouts" not in k}
+    b = {k: v for k, v in b.items() if "rollout_source" not in k}
     assert a.keys() == b.keys()
     assert not [k for k in a if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])]
     assert sorted(sync.recorder.metrics) == sorted(lockstep.recorder.metrics) == [1, 2, 3, 4]
@@ -91,10 +92,10 @@ def test_async_run_resumes_exactly_from_any_moment_with_every_prompt_once(tmp_pa
     three times at moments drawn from a fixed seed (a SIGTERM at a learner hook, a SIGTERM from
     the producer thread mid-work, a SIGKILL) and resumed each time from `last.ckpt`, the run ends
     bitwise equal to the uninterrupted one, and every prompt is trained on exactly once per epoch."""
-    setup = Setup("grpo", max_steps=6, module_args={"max_staleness": 2})
+    setup = Setup("grpo", max_steps=6, module_args={"rollout": AsyncRollouts(max_staleness=2)})
     counter = PromptCounter()
     straight = fit(setup, tmp_path / "straight", extra_callbacks=(counter,))
-    assert straight.module.tis_cap == 2.0  # stale samples: truncated importance sampling by default
+    assert straight.module.rollout_source.tis_cap == 2.0  # stale samples: truncated importance sampling by default
     metrics = straight.recorder.metrics
     assert [metrics[k]["train/async/staleness_max"] for k in range(1, 7)] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
     assert all(metrics[k]["train/rollout/sampler_logprob_diff_max"] < 1.0 for k in range(1, 7))
@@ -132,7 +133,7 @@ def test_a_failing_producer_stops_the_fit_with_its_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(LocalSampler, "sample", broken)
     with pytest.raises(ProducerFailed, match="sampler exploded"):
-        fit(Setup("grpo", module_args={"max_staleness": 1}), Path(tmp_path))
+        fit(Setup("grpo", module_args={"rollout": AsyncRollouts(max_staleness=1)}), Path(tmp_path))
     assert not [t for t in threading.enumerate() if t.name == "lit_rlhf-rollout-producer"]  # stopped, not left behind
 
 
@@ -157,7 +158,7 @@ def test_async_grpo_with_stale_samples_raises_the_reward(tmp_path):
     module = GRPOModule(
         model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=4,
         max_new_tokens=8, lr=1e-3, lr_scheduler="constant", kl_coef=0.01, num_iterations=2, total_episodes=16 * 30,
-        max_staleness=2, log_completions_every_n_steps=0,
+        rollout=AsyncRollouts(max_staleness=2), log_completions_every_n_steps=0,
     )
     tok = module.tokenizer
     rows = [{"_prompt_ids": tok(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in PROMPTS]

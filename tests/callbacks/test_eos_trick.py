@@ -13,7 +13,7 @@ def _rollout(scores, has_eos):
     n = len(scores)
     return Rollout(
         prompt_ids=torch.zeros(n, 2, dtype=torch.long), prompt_mask=torch.ones(n, 2, dtype=torch.bool),
-        response_ids=torch.zeros(n, 3, dtype=torch.long), response_mask=torch.ones(n, 3, dtype=torch.bool),
+        response_ids=torch.zeros(n, 3, dtype=torch.long), response_attention_mask=torch.ones(n, 3, dtype=torch.bool),
         has_eos=torch.tensor(has_eos), logps=torch.zeros(n, 3), scores=torch.tensor(scores),
     )
 

@@ -46,7 +46,7 @@ def _rollout(logps, ref_logps, mask):
     n, r = logps.shape
     return Rollout(
         prompt_ids=torch.zeros(n, 2, dtype=torch.long), prompt_mask=torch.ones(n, 2, dtype=torch.bool),
-        response_ids=torch.zeros(n, r, dtype=torch.long), response_mask=mask, has_eos=torch.ones(n, dtype=torch.bool),
+        response_ids=torch.zeros(n, r, dtype=torch.long), response_attention_mask=mask, has_eos=torch.ones(n, dtype=torch.bool),
         logps=logps, ref_logps=ref_logps, scores=torch.zeros(n),
     )
 

@@ -80,7 +80,7 @@ def test_padding_fraction():
     rollout = Rollout(prompt_ids=torch.zeros(2, 3, dtype=torch.long),
                       prompt_mask=torch.tensor([[False, True, True], [True, True, True]]),
                       response_ids=torch.zeros(2, 2, dtype=torch.long),
-                      response_mask=torch.tensor([[True, False], [True, True]]), has_eos=torch.ones(2, dtype=torch.bool),
+                      response_attention_mask=torch.tensor([[True, False], [True, True]]), has_eos=torch.ones(2, dtype=torch.bool),
                       logps=None)
     assert padding_fraction(rollout) == pytest.approx(2 / 10)  # prompt and response padding both count
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
-from lit_rlhf.modules import online_rollout  # noqa: E402
+from lit_rlhf.online import sources as online_rollout  # noqa: E402
 from tests.distributed import workloads as W  # noqa: E402
 
 GROUP = 2

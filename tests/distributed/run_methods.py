@@ -46,7 +46,7 @@ class LengthProbe(L.Callback):
         self.synced: list[bool] = []
 
     def on_rollout_scores(self, trainer, pl_module, rollout):
-        self.lengths.append(int(rollout.response_mask.sum(dim=1).max()))
+        self.lengths.append(int(rollout.response_attention_mask.sum(dim=1).max()))
         self.synced.append(bool(pl_module._synced_gpus))
         return rollout
 

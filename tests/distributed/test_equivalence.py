@@ -34,7 +34,7 @@ LOSS_ATOL = 1e-5
 def one_process(methods: str, global_batch: int, out: Path) -> list[dict]:
     """run_equivalence.py's single-process run, in this process (a launch of one more interpreter
     would cost more than the two tiny fits): the same row-seeded sampling, on one thread."""
-    from lit_rlhf.modules import online_rollout
+    from lit_rlhf.online import sources as online_rollout
     from tests.distributed import run_equivalence, workloads
 
     args = argparse.Namespace(methods=methods, global_batch=global_batch, out=out)

@@ -15,6 +15,8 @@ from tests.resume.harness import checkpoint_values
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+COUNTING = {"class_path": "tests.envs.turn_envs.CountingEnv", "init_args": {"turns": 3, "reward_scale": 1.0}}
+
 
 def config(root, model, method: str = "grpo", max_steps: int = 2, signal_marker=None, **module_args) -> dict:
     callbacks = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
@@ -23,10 +25,13 @@ def config(root, model, method: str = "grpo", max_steps: int = 2, signal_marker=
     if signal_marker is not None:  # SIGTERM in the backward pass of the first training step
         callbacks.append({"class_path": "tests.helpers.SignalOnce", "init_args": {"marker": str(signal_marker),
                                                                                   "step": 0}})
-    common = dict(model=str(model), max_new_tokens=6, max_turns=3, max_episode_tokens=128, micro_batch_size=2,
+    environment = module_args.pop("environment", COUNTING)
+    rollout = {"class_path": "lit_rlhf.online.EnvironmentRollouts",
+               "init_args": {"environment": environment, "max_turns": 3, "max_episode_tokens": 128,
+                             **module_args.pop("rollout_args", {})}}
+    common = dict(model=str(model), max_new_tokens=6, rollout=rollout, micro_batch_size=2,
                   lr=1e-3, lr_scheduler="constant", log_completions_every_n_steps=1,
-                  environment={"class_path": "tests.envs.turn_envs.CountingEnv",
-                               "init_args": {"turns": 3, "reward_scale": 1.0}})
+                  )
     if method == "grpo":
         model_cfg = {"class_path": "lit_rlhf.modules.GRPOModule",
                      "init_args": {**common, "num_generations": 2, "kl_coef": 0.04, **module_args}}
@@ -107,11 +112,20 @@ def test_resume_mid_step_is_exact(tmp_path, eos_prone_model):
     assert not [k for k in a if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])]
 
 
-def test_asynchronous_rollouts_refuse_an_environment_at_start_up(tmp_path, eos_prone_model):
-    """Asynchronous rollouts sample one response per prompt ahead of the learner; an episode runs
-    synchronously, so the combination is a configuration error before any sampling."""
-    from lit_rlhf.checks import ConfigError
+def test_an_environment_samples_in_the_step_and_a_method_must_opt_in(tmp_path, eos_prone_model):
+    """Episodes run inside the training step: an asynchronous sampler is refused for their turns,
+    before any sampling; and a method whose loss is not one trajectory per row (online DPO, ReMax)
+    refuses the environment source at construction, in one line."""
+    from lit_rlhf.envs import ToolEnvironment
+    from lit_rlhf.modules import OnlineDPOModule, ReMaxModule
+    from lit_rlhf.online import AsyncRollouts, EnvironmentRollouts
+    from tests.envs.turn_envs import CountingEnv
 
-    with pytest.raises(ConfigError, match="multi-turn episodes .environment. run synchronously"):
-        fit(tmp_path, eos_prone_model, max_staleness=1)
+    with pytest.raises(ValueError, match="its sampler must be HFSampler or VLLMSampler"):
+        fit(tmp_path, eos_prone_model, rollout_args={"sampler": {"class_path": "lit_rlhf.online.AsyncRollouts"}})
     assert not (tmp_path / "checkpoints").exists()
+    with pytest.raises(ValueError, match="its sampler must be HFSampler or VLLMSampler"):
+        EnvironmentRollouts(CountingEnv(turns=3), sampler=AsyncRollouts(max_staleness=1))
+    for cls in (OnlineDPOModule, ReMaxModule):
+        with pytest.raises(ValueError, match=f"{cls.__name__} does not run environments"):
+            cls(model="tiny-random-llama", rollout=EnvironmentRollouts(ToolEnvironment([])))

@@ -31,11 +31,11 @@ class ReferenceProbe(L.Callback):
         self.policy_gap: list[float] = []
 
     def on_rollout_end(self, trainer, pl_module, rollout) -> None:
-        args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_mask)
+        args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_attention_mask)
         groups = torch.arange(rollout.prompt_ids.shape[0]) // pl_module.repeats
         with torch.no_grad():
             bare = pl_module.response_token_logps(self.base, *args, pl_module.sampling.temperature, None, groups)
-        mask = rollout.response_mask
+        mask = rollout.response_attention_mask
         self.ref_error.append(float((rollout.ref_logps - bare)[mask].abs().max()))
         self.policy_gap.append(float((rollout.logps - rollout.ref_logps)[mask].abs().max()))
 

@@ -41,7 +41,7 @@ def test_a_judge_annotates_the_pairs_and_log_probs_are_at_temperature_1():
     # the policy starts as the reference: every implicit reward is 0, the DPO loss log 2
     assert metrics["train/loss/dpo"] == pytest.approx(math.log(2), abs=1e-5)
     # the reference log-probs are at temperature 1, not the sampling temperature 0.7
-    args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_mask)
+    args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_attention_mask)
     with torch.no_grad():
         at_1 = module.response_token_logps(module.ref_model, *args, 1.0)
         at_07 = module.response_token_logps(module.ref_model, *args, 0.7)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from lightning import Callback
 
-import lit_rlhf.modules.online_rollout as online_rollout
+import lit_rlhf.online.sources as online_rollout
 from lit_rlhf.modules import GRPOModule
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.modules.test_grpo import prompt_loader

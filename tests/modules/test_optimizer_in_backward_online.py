@@ -89,7 +89,7 @@ def test_ppo_backward_per_network_equals_one_backward_of_the_sum(monkeypatch, tm
     """PPO's update runs the policy term's backward pass before the value model's forward pass
     (run_updates' loss parts: the policy's activations are freed first). The same run, bitwise,
     as one backward pass of policy + value loss (the parts computed first and summed, as under DDP)."""
-    from lit_rlhf.modules import online_update
+    from lit_rlhf.online import update as online_update
 
     parts_run = fit(Setup("ppo"), tmp_path / "parts")
     separate = online_update.loss_parts

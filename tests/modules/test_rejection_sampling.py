@@ -54,8 +54,8 @@ def test_the_update_is_the_nll_of_the_kept_samples(selection, top_k):
     fresh.policy.load_state_dict(initial)
     with torch.no_grad():
         expected = nll_loss(fresh.response_token_logps(fresh.policy, rollout.prompt_ids[kept], rollout.prompt_mask[kept],
-                                                       rollout.response_ids[kept], rollout.response_mask[kept], 1.0),
-                            rollout.response_mask[kept])
+                                                       rollout.response_ids[kept], rollout.response_attention_mask[kept], 1.0),
+                            rollout.response_attention_mask[kept])
     assert metrics["train/policy/loss"] == pytest.approx(float(expected), rel=1e-5)
 
 

@@ -45,7 +45,8 @@ def test_greedy_baseline_comes_from_the_rollout_as_an_extra():
     loader = prompt_loader(tok, make_prompts(4, 0), 2)
     greedy = dataclasses.replace(module.sampling, do_sample=False)
     generated_in_update = []
-    generate, update = module.generate, module.update
+    source = module.rollout_source  # every response, sampled or greedy, comes from the module's source
+    generate, update = source.generate, module.update
 
     def update_probe(rollout):
         module._updating = True
@@ -58,7 +59,7 @@ def test_greedy_baseline_comes_from_the_rollout_as_an_extra():
         generated_in_update.append(getattr(module, "_updating", False))
         return generate(*args)
 
-    module.update, module.generate = update_probe, generate_probe
+    module.update, source.generate = update_probe, generate_probe
     probe = Probe()
     L.seed_everything(0)
     trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[probe],

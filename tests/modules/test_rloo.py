@@ -37,7 +37,7 @@ def test_update_is_reinforce_with_the_kl_in_the_reward(tmp_path):
     assert len(metrics) == 2
     assert metrics[1]["train/objective/kl"] != 0.0
     rollout = seen["rollout"]
-    rewards, kl = rloo_sequence_rewards(rollout.scores, rollout.logps, rollout.ref_logps, rollout.response_mask, 0.5)
+    rewards, kl = rloo_sequence_rewards(rollout.scores, rollout.logps, rollout.ref_logps, rollout.loss_mask, 0.5)
     advantages = rloo_advantages(rewards, 2)
     assert torch.count_nonzero(kl) > 0 and torch.count_nonzero(advantages) > 0
     assert metrics[1]["train/rewards/kl_penalised"] == pytest.approx(float(rewards.mean()), abs=1e-5)

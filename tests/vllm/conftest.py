@@ -66,7 +66,8 @@ def engine(vllm_model_dir):
 def attach(module, engine):
     """Give `module` the shared engine; it loads the module's policy weights on its first rollout."""
     engine.synced_step = None
-    module._vllm_engine = engine
+    source = module.rollout_source
+    getattr(source, "sampler", source).engine = engine  # an environment's turns: its sampler's engine
     return module
 
 

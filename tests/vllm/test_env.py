@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lit_rlhf.modules import GRPOModule
+from lit_rlhf.online import EnvironmentRollouts, VLLMSampler
 from tests.envs.conftest import make_eos_prone
 from tests.envs.test_env_fit import TOOLS, config
 from tests.helpers import write_config
@@ -24,20 +25,21 @@ from tests.vllm.test_fit import fit
 
 def test_grpo_multi_turn_on_vllm(vllm_model_dir, engine, tmp_path):
     L.seed_everything(0)
-    module = GRPOModule(model=vllm_model_dir, generation_backend="vllm", environment=CountingEnv(turns=3),
-                        max_turns=3, max_new_tokens=6, max_episode_tokens=128, num_generations=2, kl_coef=0.04,
+    rollout = EnvironmentRollouts(CountingEnv(turns=3), max_turns=3, max_episode_tokens=128, sampler=VLLMSampler())
+    module = GRPOModule(model=vllm_model_dir, rollout=rollout, max_new_tokens=6, num_generations=2, kl_coef=0.04,
                         num_iterations=2, lr=1e-3, lr_scheduler="constant", log_completions_every_n_steps=0)
     make_eos_prone(module.policy, module.tokenizer)  # turns that end: several turns per episode
     module = attach(module, engine)
     seen = []
-    generate = module.generate
+    sampler = module.rollout_source.sampler  # every policy turn of an episode
+    generate = sampler.generate
 
-    def recording(ids, mask, sampling):
-        out = generate(ids, mask, sampling)
+    def recording(owner, ids, mask, sampling):
+        out = generate(owner, ids, mask, sampling)
         seen.append(out)
         return out
 
-    module.generate = recording
+    sampler.generate = recording
     _, metrics = fit(module, tmp_path, max_steps=4)
     assert len(metrics) == 2 and max(m["train/rollout/turns"] for m in metrics) > 1
     assert any(m["train/rollout/env_tokens"] > 0 for m in metrics)
@@ -81,7 +83,8 @@ def test_tool_environment_through_the_cli_on_vllm(method, eos_prone_vllm_model, 
     from lit_rlhf.cli import main
 
     monkeypatch.setattr(SessionEngine, "engine", engine)
-    cfg = config(tmp_path, eos_prone_vllm_model, method=method, environment=TOOLS, generation_backend="vllm",
+    cfg = config(tmp_path, eos_prone_vllm_model, method=method, environment=TOOLS,
+                 rollout_args={"sampler": {"class_path": "lit_rlhf.online.VLLMSampler"}},
                  reward_fns=[{"class_path": "lit_rlhf.rewards.MathAnswerReward"}])
     cfg["trainer"]["callbacks"].append({"class_path": "tests.vllm.test_env.SessionEngine"})
     cfg["data"]["init_args"].update(chat=False, prompt_template="{question}")

@@ -13,7 +13,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lit_rlhf.data.collate import PromptCollator
-from lit_rlhf.modules import GRPOModule, PPOModule
+from lit_rlhf.modules import GRPOModule, PPOModule, RLOOModule
+from lit_rlhf.online import VLLMSampler
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.resume.test_resume import Recorder, StopAfter
 from tests.vllm.conftest import attach
@@ -44,7 +45,13 @@ def grpo(model_dir, backend, **extra):
     args = dict(reward_fns=[CharacterFractionReward(LETTERS)], num_generations=4, max_new_tokens=8, lr=3e-3,
                 lr_scheduler="constant", kl_coef=0.01, num_iterations=2, total_episodes=16 * 20,
                 log_completions_every_n_steps=0)
-    return GRPOModule(model=model_dir, generation_backend=backend, **{**args, **extra})
+    return GRPOModule(model=model_dir, rollout=source(backend, extra), **{**args, **extra})
+
+
+def source(backend, extra):
+    """The rollout source of a backend name: `hf` (the default HFSampler) or `vllm` (`tis_cap` from `extra`)."""
+    tis_cap = extra.pop("tis_cap", None)
+    return VLLMSampler(tis_cap=tis_cap) if backend == "vllm" else None
 
 
 def ppo(model_dir, backend, **extra):
@@ -52,7 +59,7 @@ def ppo(model_dir, backend, **extra):
     return PPOModule(
         model=model_dir, reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=8, temperature=1.0,
         lr=3e-3, lr_scheduler="constant", kl_coef=0.01, ppo_epochs=2, num_minibatches=2, micro_batch_size=4,
-        total_episodes=8 * 30, generation_backend=backend, log_completions_every_n_steps=0, **extra,
+        total_episodes=8 * 30, rollout=source(backend, extra), log_completions_every_n_steps=0, **extra,
     )
 
 
@@ -111,10 +118,10 @@ def test_resume_is_exact_on_vllm(vllm_model_dir, engine, tmp_path):
 
 
 def test_bad_backend_configuration_is_named(vllm_model_dir):
-    with pytest.raises(ValueError, match="generation_backend"):
-        grpo(vllm_model_dir, "sglang")
-    with pytest.raises(ValueError, match="tis_cap"):
-        grpo(vllm_model_dir, "hf", tis_cap=2.0)
+    with pytest.raises(TypeError, match="`generation_backend` moved to the rollout source: use rollout: "):
+        GRPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], generation_backend="vllm")
+    with pytest.raises(ValueError, match="has no truncated importance sampling .tis_cap."):
+        RLOOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], rollout=VLLMSampler(tis_cap=2.0))
     with pytest.raises(ValueError, match="GSPO"):
         grpo(vllm_model_dir, "vllm", tis_cap=2.0, importance_sampling="sequence")
 

@@ -20,6 +20,7 @@ from lit_rlhf.generation.vllm_weights import save_merged_checkpoint, with_packed
 from lit_rlhf.judges import Judgement, PairwiseJudge
 from lit_rlhf.models import adapters, load_causal_lm, load_tokenizer, scalar_adapters
 from lit_rlhf.modules import PPOModule
+from lit_rlhf.online import VLLMSampler
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.lora.test_adapters import perturb
 from tests.vllm.conftest import attach
@@ -135,7 +136,8 @@ def test_ppo_engine_holds_base_and_policy_adapter_only(vllm_model_dir, engine, p
     from transformers import AutoModelForCausalLM
 
     tokenizer, ids, mask = prompts
-    module = PPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward()], max_new_tokens=4, lora=LORA)
+    module = PPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward()], max_new_tokens=4, lora=LORA,
+                       rollout=VLLMSampler())
     scalar_adapters.scalar_adapter(module.policy, adapters.REWARD, module.lora_config, trainable=False)
     model = module.policy
     assert adapters.adapter_names(model) == ["policy", "value", "reward"]
@@ -157,8 +159,8 @@ def test_ppo_engine_holds_base_and_policy_adapter_only(vllm_model_dir, engine, p
             value_logps = sequence_token_logps(with_value, ids, mask, v_ids, v_ids != tokenizer.pad_token_id, 1.0)
         assert torch.equal(h_ids, v_ids)
         assert (value_logps - v_logps).abs().max() > 1e-2  # another adapter's weights would show
-    # the module's own path: `vllm_engine` gives the engine the policy adapter on every new step
-    assert module.vllm_engine() is engine and engine.synced_step == 0
+    # the module's own path: its source's `synced_engine` gives the engine the policy adapter on every new step
+    assert module.rollout_source.synced_engine(module) is engine and engine.synced_step == 0
     # the merged checkpoint an engine is built from is the same network, bitwise
     save_merged_checkpoint(model, adapters.POLICY, tmp_path)
     saved = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)

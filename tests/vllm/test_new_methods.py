@@ -11,6 +11,7 @@ import torch
 
 from lit_rlhf.generation import SamplingConfig, generate_responses
 from lit_rlhf.modules import OnlineDPOModule, PPOPtxModule, RejectionSamplingModule, ReMaxModule
+from lit_rlhf.online import VLLMSampler
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.resume.test_resume import PTX_DATA
 from tests.vllm.conftest import attach
@@ -38,7 +39,7 @@ class FirstShaped(L.Callback):
 def test_new_online_methods_sample_with_the_engine(name, vllm_model_dir, engine):
     cls, args, rows = METHODS[name]
     L.seed_everything(0)
-    module = attach(cls(model=vllm_model_dir, generation_backend="vllm", reward_fns=[CharacterFractionReward(LETTERS)],
+    module = attach(cls(model=vllm_model_dir, rollout=VLLMSampler(), reward_fns=[CharacterFractionReward(LETTERS)],
                         max_new_tokens=6, lr=1e-2, lr_scheduler="constant", log_completions_every_n_steps=0, **args),
                     engine)
     initial = {k: v.clone() for k, v in module.policy.state_dict().items()}

@@ -1,4 +1,4 @@
-"""Asynchronous GRPO and PPO on a real vLLM server process (`generation_backend: vllm_server`):
+"""Asynchronous GRPO and PPO on a real vLLM server process (`AsyncRollouts(server=VLLMServerBackend(...))`):
 through `main.py fit`, staleness and the sampler/trainer log-prob gap logged, a LoRA policy's
 adapter served as a LoRA model; weight-sync failures (wrong version, slow, server killed) are
 clear errors within their deadlines. One server per module (a CPU server starts in ~1 min)."""
@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lit_rlhf.async_rollouts import ProducerFailed
 from lit_rlhf.generation.server import ServerClient, VLLMServer
 from lit_rlhf.generation.weight_sync import FileWeightSync, WeightSyncTimeout, WeightVersionError
+from lit_rlhf.online import AsyncRollouts, VLLMServerBackend
 from tests.async_rollouts.test_async_grpo import PromptCounter, trained_prompts
 from tests.modules.test_ppo_cli import CONFIGS, exported_reward_model, run_config  # noqa: F401
 from tests.resume.harness import Interrupt, Setup, assert_same_run, fit
@@ -48,8 +49,10 @@ def test_async_fit_on_the_server_through_the_cli(method, server, vllm_model_dir,
     """GRPO (full weights: a stamped file per version) and LoRA PPO (the policy adapter only)."""
     config = CONFIGS / "tldr" / f"{method}.yaml"
     extra = ["--data.init_args.batch_size=2", "--data.init_args.eval_batch_size=2",
-             f"--model.init_args.model={vllm_model_dir}", "--model.init_args.generation_backend=vllm_server",
-             f"--model.init_args.server_url={server.url}", "--model.init_args.max_staleness=1",
+             f"--model.init_args.model={vllm_model_dir}",
+             '--model.init_args.rollout={"class_path": "lit_rlhf.online.AsyncRollouts", "init_args": {"max_staleness": 1, '
+             f'"server": {{"class_path": "lit_rlhf.online.VLLMServerBackend", "init_args": {{"url": "{server.url}"}}}}}}}}',
+
              "--model.init_args.temperature=1.0", "--trainer.logger.init_args.version=run"]
     extra += (["--model.init_args.num_generations=2"] if method == "grpo" else
               ["--model.init_args.ppo_epochs=1", "--model.init_args.lora={\"r\": 4, \"alpha\": 8}"])  # the server serves rank <= 8
@@ -73,12 +76,12 @@ def test_async_run_on_the_server_resumes_exactly_with_every_prompt_once(server, 
     first epoch and a third of the second): stopped by a SIGTERM at a seeded-random learner moment,
     then by a SIGKILL, and resumed from `last.ckpt` each time, the run ends bitwise equal to the
     uninterrupted one, every prompt trained on once per epoch. The server keeps whatever weights
-    the last run pushed: each run pushes its own version before sampling. `server_concurrency: 1`
+    the last run pushed: each run pushes its own version before sampling. `VLLMServerBackend(concurrency=1)`
     (each request alone): with the default 64 the log-probs' last bits follow the batching, and
     this test fails."""
     setup = Setup("grpo", max_steps=4, model=vllm_model_dir,
-                  module_args={"generation_backend": "vllm_server", "server_url": server.url, "max_staleness": 1,
-                               "reward_fns": [distinct_characters], "server_concurrency": 1})
+                  module_args={"rollout": AsyncRollouts(max_staleness=1, server=VLLMServerBackend(server.url, concurrency=1)),
+                               "reward_fns": [distinct_characters]})
     counter = PromptCounter()
     straight = fit(setup, tmp_path / "straight", extra_callbacks=(counter,))
     metrics = list(straight.recorder.metrics.values())
@@ -124,7 +127,7 @@ class KillServer(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, *args):
         if trainer.global_step == 1:
-            self.process = pl_module._async.producer.sampler.owned_server.process
+            self.process = pl_module.rollout_source.running.producer.sampler.owned_server.process
             os.killpg(self.process.pid, signal.SIGKILL)
 
 
@@ -140,8 +143,8 @@ def test_a_server_the_trainer_starts_is_stopped_and_its_death_is_a_clear_error(v
     L.seed_everything(0)
     module = GRPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward("abcdefghijklmnopqrstuvwxyz")],
                         num_generations=2, max_new_tokens=4, kl_coef=0.0, log_completions_every_n_steps=0,
-                        generation_backend="vllm_server", max_staleness=0, async_timeout=900,
-                        vllm_kwargs={"max_model_len": 256})
+                        rollout=AsyncRollouts(max_staleness=0, timeout=900,
+                                              server=VLLMServerBackend(engine_kwargs={"max_model_len": 256})))
     dm = TLDRPromptDataModule(tokenizer=vllm_model_dir, path="bundled:tldr_sft", max_prompt_length=96, limit=6,
                               batch_size=2, val_split=None, test_split=None)
     kill = KillServer()
@@ -151,4 +154,4 @@ def test_a_server_the_trainer_starts_is_stopped_and_its_death_is_a_clear_error(v
     with pytest.raises(ProducerFailed, match="exited with code -9"):
         trainer.fit(module, datamodule=dm)
     assert (tmp_path / "vllm_server.log").is_file()
-    assert module._async is None and kill.process.poll() is not None  # the producer stopped, the server gone
+    assert module.rollout_source.running is None and kill.process.poll() is not None  # the producer stopped, the server gone

@@ -1,0 +1,18 @@
+"""The online machinery: where a rollout comes from, how it is scored and how the update runs.
+
+- rollout sources (`sources`, `async_source`, `server`, `environment`): the `rollout:` argument
+  of every online module: `HFSampler` (default), `VLLMSampler`, `AsyncRollouts` (with an optional
+  `VLLMServerBackend`), `EnvironmentRollouts`;
+- `scoring`: the reward sources on a rollout and the objective statistics;
+- `hooks`: the callbacks' rollout hooks;
+- `update`: passes over minibatches of whole groups with exact gradient accumulation;
+- `budget`: episodes, the episode budget and the schedule's length.
+"""
+
+from lit_rlhf.online.async_source import ASYNC_TIS_CAP, AsyncRollouts
+from lit_rlhf.online.environment import EnvironmentRollouts
+from lit_rlhf.online.server import VLLMServerBackend
+from lit_rlhf.online.sources import HFSampler, RolloutSource, VLLMSampler
+
+__all__ = ["ASYNC_TIS_CAP", "AsyncRollouts", "EnvironmentRollouts", "HFSampler", "RolloutSource", "VLLMSampler",
+           "VLLMServerBackend"]

@@ -1,0 +1,158 @@
+"""Where an online method's responses come from: a `RolloutSource`, one object passed to the module.
+
+An online module (`lit_rlhf.modules.online.OnlineModule`) takes its source as the `rollout`
+argument (`rollout: {class_path: lit_rlhf.online.VLLMSampler}` in YAML; `HFSampler()` when none
+is given). The source answers two questions, and the module does the rest (log-probs, rewards,
+the rollout hook, the update):
+
+- `sample(module, batch, repeats, sampling, training)`: the rollout's rows for a prompt batch,
+  each prompt repeated `repeats` times (its copies contiguous), without log-probs or scores;
+- `generate(module, prompt_ids, prompt_mask, sampling)`: one response per row, one turn
+  (validation, ReMax's greedy baseline, an environment's policy turns).
+
+A source holds the backend's settings (a vLLM engine's arguments, the staleness bound of
+asynchronous rollouts, an environment) so a method's constructor carries only the method's. Its
+`tis_cap` is the truncation of the importance weights the update applies when the sampler is
+not the trainer (`lit_rlhf.losses.tis`): None means off. A source with state worth a checkpoint
+(the asynchronous queue) returns it from `state_dict` and takes it back in `load_state_dict`.
+
+The sources here sample in this process: `HFSampler`, our KV-cache sampler on the policy itself
+(the reference every other backend is tested against), and `VLLMSampler`, a vLLM engine
+colocated in this process. `lit_rlhf.online.async_source.AsyncRollouts` samples ahead of the
+learner; `lit_rlhf.online.environment.EnvironmentRollouts` runs multi-turn episodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from lit_rlhf.generation import SamplingConfig, generate_responses, needs_synced_gpus
+from lit_rlhf.models import adapters
+from lit_rlhf.types import PromptBatch, Rollout
+
+Responses = tuple[Tensor, Tensor, Tensor, "Tensor | None"]  # ids (N, R), mask (N, R), has_eos (N,), sampler logps
+
+
+def repeated_prompts(batch: PromptBatch, repeats: int) -> tuple[Tensor, Tensor, dict[str, list[Any]]]:
+    """The batch's left-padded prompts and meta columns, each prompt `repeats` times (contiguous)."""
+    prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
+    meta = {k: list(v) for k, v in batch.meta.items()}
+    if repeats > 1:
+        prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)  # (B*G, P)
+        prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
+        meta = {k: [x for x in v for _ in range(repeats)] for k, v in meta.items()}
+    return prompt_ids, prompt_mask, meta
+
+
+class RolloutSource:
+    """Where a rollout's responses come from (see the module docstring). Subclasses define
+    `generate`; the defaults sample one turn per row synchronously."""
+
+    tis_cap: float | None = None
+    """Truncation C of the importance weights min(pi_train / pi_sampler, C) the update applies
+    to the policy-gradient term (None: off, the sampler is the trainer)."""
+    asynchronous: bool = False
+    """True when responses are sampled ahead of the learner (the method must correct stale samples)."""
+    multi_turn: bool = False
+    """True when a rollout row is an episode with environment tokens (the method must opt in)."""
+
+    def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
+        """One response per row of the left-padded `prompt_ids` (N, P), one turn."""
+        raise NotImplementedError
+
+    def sample(self, module: Any, batch: PromptBatch, repeats: int, sampling: SamplingConfig,
+               training: bool = True) -> tuple[Rollout, dict[str, Tensor]]:
+        """The rows of a rollout for `batch` (N = B * `repeats`), without log-probs or scores,
+        and stats to log (`training`: False for validation)."""
+        prompt_ids, prompt_mask, meta = repeated_prompts(batch, repeats)
+        ids, mask, has_eos, sampler_logps = self.generate(module, prompt_ids, prompt_mask, sampling)
+        return Rollout(prompt_ids, prompt_mask, ids, mask, has_eos, None, meta=meta, sampler_logps=sampler_logps), {}
+
+    def problems(self, module: Any, trainer: Any) -> list[str]:
+        """Why this source cannot serve `module` under `trainer` (start-up checks; empty if it can)."""
+        return []
+
+    def start(self, module: Any) -> None:
+        """The fit's training starts (random states restored: `on_train_start`)."""
+
+    def stop(self) -> None:
+        """The fit ends or fails: release what the source started."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a checkpoint must hold of the source (None: nothing)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """A checkpoint's `state_dict`, before `start`."""
+
+    runtime: tuple[str, ...] = ()
+    """Attributes that hold running things (an engine, a producer): never pickled with the module's
+    settings (hparams, checkpoints), rebuilt on first use."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: (None if k in self.runtime else v) for k, v in self.__dict__.items()}
+
+
+def trainer_of(module: Any) -> Any:
+    """The trainer `module` is attached to, or None outside a fit."""
+    return getattr(module, "_trainer", None)
+
+
+class HFSampler(RolloutSource):
+    """Our KV-cache sampler (`lit_rlhf.generation.hf`) on the policy itself, in this process:
+    the reference backend. Under sharded strategies every rank keeps generating until all are
+    done (`needs_synced_gpus`)."""
+
+    def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
+        tokenizer = module.tokenizer
+        synced = needs_synced_gpus(trainer_of(module))
+        return (*generate_responses(module.policy, prompt_ids, prompt_mask, sampling, tokenizer.eos_token_id,
+                                    tokenizer.pad_token_id, synced_gpus=synced), None)
+
+
+def checked_tis_cap(tis_cap: float | None) -> float | None:
+    """`tis_cap` as a source keeps it: a cap > 0, or None for off (0 and None)."""
+    if tis_cap is not None and tis_cap < 0:
+        raise ValueError(f"tis_cap must be > 0 (0 or null = off), got {tis_cap}")
+    return float(tis_cap) if tis_cap else None
+
+
+class VLLMSampler(RolloutSource):
+    """A vLLM engine colocated in this process (`lit_rlhf.generation.vllm`), holding a copy of
+    the policy's weights (with LoRA: the base with the `policy` adapter merged), reloaded after
+    every optimizer step. The update's log-probs are still the trainer's; the sampler's own are
+    logged against them (`rollout/sampler_logprob_diff`).
+
+    Args:
+        engine_kwargs: keyword arguments of the engine (`VLLMEngine.from_policy`: `max_model_len`,
+            `gpu_memory_utilization`, ... passed to `vllm.LLM`).
+        tis_cap: truncated importance sampling: the policy-gradient term of each token weighed by
+            min(pi_train / pi_sampler, tis_cap) (`losses.tis`; GRPO and PPO). None or 0 = off.
+    """
+
+    runtime = ("engine",)
+
+    def __init__(self, engine_kwargs: dict[str, Any] | None = None, tis_cap: float | None = None) -> None:
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.tis_cap = checked_tis_cap(tis_cap)
+        self.engine = None  # built on the first rollout
+
+    def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
+        tokenizer = module.tokenizer
+        return self.synced_engine(module).generate(prompt_ids, prompt_mask, sampling, tokenizer.eos_token_id,
+                                                   tokenizer.pad_token_id)
+
+    def synced_engine(self, module: Any):
+        """The engine, built on first use, with the policy's weights of the current optimizer step."""
+        from lit_rlhf.generation.vllm import VLLMEngine
+
+        step = module.global_step if trainer_of(module) is not None else 0
+        adapter = adapters.POLICY if module.lora_config is not None else None
+        if self.engine is None:
+            self.engine = VLLMEngine.from_policy(module.policy, module.tokenizer, adapter=adapter, **self.engine_kwargs)
+            self.engine.synced_step = step
+        elif self.engine.synced_step != step:
+            self.engine.sync_weights(module.policy, step, adapter=adapter)
+        return self.engine
