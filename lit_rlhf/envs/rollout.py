@@ -232,7 +232,9 @@ def environment_stats(trajectories: list[Trajectory], tools: Iterable[str] = ())
         "rollout/dropped_groups": len({t.group for t in trajectories if t.dropped}),
     }
     offered = set(tools).union(*(t.tools for t in trajectories))
-    calls: dict[str, list[int]] = {name: [0, 0] for name in offered | ({"unparsed", "unknown_tool"} if offered else set())}
+    if offered:
+        offered |= {"unparsed", "unknown_tool"}
+    calls: dict[str, list[int]] = {name: [0, 0] for name in offered}
     for t in trajectories:
         for call in t.tool_calls:  # a name the policy made up is not a metric of its own
             name = {"parse": "unparsed", "unknown_tool": "unknown_tool"}.get(call.error or "", call.name)

@@ -239,9 +239,9 @@ class ToolRunner:
         tools: the tool functions (each described by `tool_schema`); names must be unique.
         timeout: seconds a call may run before it is abandoned (`timeout` error).
         isolation: `thread` (the call runs in a daemon thread of this process; a call past its
-            time limit runs on in the background until it returns or the process exits) or `process` (in a worker process, killed and
-            replaced when a call times out; tools and their arguments must be picklable:
-            module-level functions).
+            time limit runs on in the background until it returns or the process exits) or
+            `process` (in a worker process, killed and replaced when a call times out; tools and
+            their arguments must be picklable: module-level functions).
         max_output_chars: longer outputs are cut (with a note saying how much).
     """
 

@@ -153,9 +153,9 @@ def test_tool_text_with_lone_surrogates_in_an_episode(tiny_tokenizer):
     U+FFFD in their place."""
     call = '<tool_call>{"name": "undecodable", "arguments": {"n": 1}}</tool_call>'
     env = ToolEnvironment([hostile.undecodable])
-    [trajectory] = run_episodes([env], [{"prompt": "read it"}], [0], [[0]], ScriptedPolicy(tiny_tokenizer, [call, "ok"]),
-                                ChatFormat(tiny_tokenizer), SamplingConfig(max_new_tokens=200), max_turns=3,
-                                max_episode_tokens=2000)
+    policy = ScriptedPolicy(tiny_tokenizer, [call, "ok"])
+    [trajectory] = run_episodes([env], [{"prompt": "read it"}], [0], [[0]], policy, ChatFormat(tiny_tokenizer),
+                                SamplingConfig(max_new_tokens=200), max_turns=3, max_episode_tokens=2000)
     assert trajectory.done and [c.error for c in trajectory.tool_calls] == [None]
     assert "read: \ufffd\ufffd ok" in trajectory.turns[0].observation
     assert "\ufffd\ufffd ok" in trajectory.conversation(tiny_tokenizer)
