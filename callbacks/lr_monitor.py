@@ -7,19 +7,37 @@ rollout index for the online methods), so its curve sat one step (or a whole rol
 the losses it explains. This monitor writes, at the start of a batch, the learning rate the next
 optimizer step will use at that step's number, `trainer.global_step + 1`; everything else is
 Lightning's.
+
+A run without a logger (`--trainer.logger false`) has nowhere to write the learning rate:
+Lightning's monitor refuses such a run; this one steps aside with one line instead.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearningRateMonitor
+
+log = logging.getLogger(__name__)
 
 
 class LearningRateMonitor(_LightningLearningRateMonitor):
     """`lightning.pytorch.callbacks.LearningRateMonitor` with the scalars at the step they are used in."""
 
+    _idle = False  # the run has no logger: nothing is written
+
+    def on_train_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        self._idle = not trainer.loggers
+        if not self._idle:
+            super().on_train_start(trainer, *args, **kwargs)
+        elif trainer.is_global_zero:
+            log.warning("LearningRateMonitor: the run has no logger (trainer.logger is false), so the learning rate "
+                        "is not logged")
+
     def _write(self, trainer: Any, interval: str) -> None:
+        if self._idle:
+            return
         stats = self._extract_stats(trainer, interval)  # Lightning's own reading of the optimizers
         for logger in trainer.loggers if stats else ():
             logger.log_metrics(stats, step=int(trainer.global_step) + 1)

@@ -23,6 +23,7 @@ import copy
 import functools
 import inspect
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -292,7 +293,7 @@ def _is_ppo(class_path: str) -> bool:
 
 
 def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = None, run: bool = True,
-               extra_args: tuple[str, ...] = ()):
+               extra_args: tuple[str, ...] = (), default_callbacks=None):
     config = _declared(recipe)
     accumulate = int(config.get("trainer", {}).get("accumulate_grad_batches", 1) or 1)
     declared = config["model"].get("init_args") or {}
@@ -322,7 +323,7 @@ def run_recipe(recipe: Path, tmp_path: Path, data_dirs, overlay: Path | None = N
         *_model_args(config), *_data_args(config, data_dirs, 1 if online else 2), *extra_args,
     ]
     torch.manual_seed(0)
-    return main(args, run=run)
+    return main(args, run=run, default_callbacks=default_callbacks)
 
 
 @functools.cache
@@ -379,6 +380,23 @@ def test_recipe_runs(recipe, tmp_path, data_dirs):
     torch.set_num_threads(2)
     cli = run_recipe(recipe, tmp_path, data_dirs)
     assert_trained(cli, tmp_path)
+
+
+@pytest.mark.parametrize("recipe", [CONFIGS / "tldr" / "sft.yaml", CONFIGS / "quickstart" / "grpo.yaml"], ids=_name)
+def test_recipe_runs_without_a_logger(recipe, tmp_path, data_dirs, caplog):
+    """`--trainer.logger false`, with the console's default callbacks as main.py adds them: the
+    run trains, checkpoints and exports. A callback with nothing to write to (the learning-rate
+    monitor of the TL;DR recipes) says so in one line instead of refusing the run."""
+    from callbacks import default_callbacks
+
+    torch.set_num_threads(2)
+    with caplog.at_level(logging.WARNING):
+        cli = run_recipe(recipe, tmp_path, data_dirs, extra_args=("--trainer.logger=false",),
+                         default_callbacks=default_callbacks)
+    assert cli.trainer.logger is None
+    assert_trained(cli, tmp_path)
+    monitors = "LearningRateMonitor" in recipe.read_text()
+    assert sum("has no logger" in r.getMessage() for r in caplog.records) == int(monitors)
 
 
 # the LoRA step: the *_lora.yaml recipes (DPO, GRPO, PPO, reward) run above as they are; every

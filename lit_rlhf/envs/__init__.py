@@ -10,7 +10,8 @@
 - `openenv`: `OpenEnvEnvironment`, an OpenEnv (`openenv-core`) environment run in-process;
 - `chat`: observations as token ids appended after the sampled ones (`ChatFormat`);
 - `trajectory` and `rollout`: the typed multi-turn trajectory and the batched episode loop
-  that the online modules call;
+  that the online modules call; `errors`: what the loop does when an environment raises
+  (`EnvErrorPolicy`: stop, or drop the episode's group within a budget);
 - `demonstrations`: demonstrated episodes as SFT data (`DemonstrationDataModule`), the stage
   that teaches an environment's format before RL.
 `trajectory`, `rollout` and `demonstrations` import torch and are not imported here; this
@@ -20,12 +21,15 @@ package's other modules do not, so a tool worker process starts without it.
 from lit_rlhf.envs.base import Action, Environment, Message, Observation, StepResult, ToolCall
 from lit_rlhf.envs.calculator import calculator
 from lit_rlhf.envs.chat import ChatFormat
+from lit_rlhf.envs.errors import EnvErrorBudgetExceeded, EnvErrorPolicy
 from lit_rlhf.envs.tool_env import ToolEnvironment
 from lit_rlhf.envs.tools import ToolRunner, parse_tool_calls, tool_schema
 
 __all__ = [
     "Action",
     "ChatFormat",
+    "EnvErrorBudgetExceeded",
+    "EnvErrorPolicy",
     "Environment",
     "Message",
     "Observation",

@@ -92,6 +92,17 @@ class Environment:
         """Release what the environment holds (processes, connections); nothing by default."""
 
 
+def safe_text(text: str) -> str:
+    """`text` with every lone surrogate (a code point U+D800-U+DFFF that is not half of a valid
+    pair: what `bytes.decode(..., "surrogateescape")` or a bad `chr` leaves) replaced by U+FFFD,
+    so a tokenizer and a logger can encode it; a pair written as two code points is joined."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def check_observation(observation: Any, where: str) -> Observation:
     """`observation` if it is a valid `Observation`, else a TypeError naming `where`."""
     if observation is None or isinstance(observation, str):

@@ -21,13 +21,17 @@ chat_prompt_and_completion`), and only the close's trailing whitespace comes fir
 
 A tokenizer without a chat template uses a plain format: `\\n<role>: content\\n` per message,
 then `\\nassistant: `.
+
+Environment text is made encodable first: a lone surrogate (what undecodable bytes read with
+`surrogateescape` leave in a tool's or an environment's output) cannot be encoded by a fast
+tokenizer and becomes U+FFFD (`lit_rlhf.envs.base.safe_text`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lit_rlhf.envs.base import Message, Observation
+from lit_rlhf.envs.base import Message, Observation, safe_text
 
 _MARK = "\u2063lit_rlhf_assistant_turn\u2063"
 
@@ -60,10 +64,10 @@ class ChatFormat:
         """The text of an episode's first observation: messages with the chat template and its
         generation prompt (plain format without a template), a string as it is."""
         if isinstance(observation, str):
-            return observation
+            return safe_text(observation)
         if self.chat:
-            return self._render(list(observation), True)
-        return "".join(f"{m['role']}: {m['content']}\n" for m in observation) + "assistant: "
+            return safe_text(self._render(list(observation), True))
+        return safe_text("".join(f"{m['role']}: {m['content']}\n" for m in observation) + "assistant: ")
 
     def prompt_ids(self, observation: list[Message] | str) -> list[int]:
         """Token ids of an episode's first observation. Messages are encoded as chat-templated
@@ -78,16 +82,16 @@ class ChatFormat:
         if observation is None:
             return ""
         if isinstance(observation, str):
-            return observation
+            return safe_text(observation)
         if not self.chat:
-            return "".join(f"\n{m['role']}: {m['content']}" for m in observation) + "\nassistant: "
+            return safe_text("".join(f"\n{m['role']}: {m['content']}" for m in observation) + "\nassistant: ")
         base: list[dict[str, Any]] = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
         before = self._render(base, False)
         after = self._render(base + list(observation), True)
         if not after.startswith(before):
             raise ValueError("the chat template renders earlier turns differently once an observation follows "
                              "them; environment observations cannot be appended to it")
-        return self._turn_suffix + after[len(before):]
+        return safe_text(self._turn_suffix + after[len(before):])
 
     def observation_ids(self, observation: Observation) -> list[int]:
         """Token ids of `observation_text` (tokenized alone: the policy's ids before it stay

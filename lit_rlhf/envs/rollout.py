@@ -22,6 +22,11 @@ observation that does not leave room for one more policy token is not appended),
 reaches `max_new_tokens` without EOS (`no_eos`: the turn never ended). Every stop but `done`
 marks the episode truncated.
 
+An environment that raises (in `reset` or `step`) stops the run by default; with
+`env_errors=EnvErrorPolicy("skip", ...)` the episode's whole group is dropped instead (its
+episodes still running stop; every row of the group trains on nothing), counted against a
+run-wide budget (`lit_rlhf.envs.errors`).
+
 Exact resume: a rollout runs within one training step, and checkpoints are written between
 steps, so no episode is ever in flight at a checkpoint; environments are reset at the start of
 every episode. A resumed run restores torch's generators and the data position, so it draws the
@@ -34,13 +39,14 @@ on time or on a time limit being hit is not replayed exactly).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import Tensor
 
 from lit_rlhf.envs.base import Action, Environment, check_observation
 from lit_rlhf.envs.chat import ChatFormat
+from lit_rlhf.envs.errors import EnvErrorPolicy
 from lit_rlhf.envs.trajectory import Trajectory
 
 # (prompt_ids (B, P) left padded, prompt_mask (B, P), sampling) -> (response_ids (B, R),
@@ -70,18 +76,37 @@ def run_episodes(
     max_turns: int,
     max_episode_tokens: int,
     device: torch.device | str = "cpu",
+    *,
+    group_size: int = 1,
+    env_errors: EnvErrorPolicy | None = None,
 ) -> list[Trajectory]:
-    """Run one episode per environment (see the module docstring) -> their trajectories."""
+    """Run one episode per environment (see the module docstring) -> their trajectories.
+
+    `group_size`: the episodes come in groups of this many contiguous rows (a prompt's copies).
+    `env_errors`: what an environment that raises does (`lit_rlhf.envs.errors`; None: `stop`);
+    with `skip`, the failing episode's group is dropped and counted on the policy, whose budget
+    spans every call it is passed to."""
+    if group_size < 1 or len(envs) % group_size:
+        raise ValueError(f"{len(envs)} episodes do not split into groups of group_size={group_size}")
+    policy = env_errors if env_errors is not None else EnvErrorPolicy()
+    policy.start_rollout(len(envs))
     tokenizer = chat.tokenizer
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    pad = tokenizer.pad_token_id
+    failures: list[tuple[int, Exception]] = []
     trajectories = []
     for i, (env, row, seed) in enumerate(zip(envs, rows, seeds)):
-        observation = check_observation(env.reset(row, seed), f"{type(env).__name__}.reset (rollout row {i})")
-        prompt = list(row_prompt_ids[i]) if observation is None else chat.prompt_ids(observation)
-        if not prompt:
-            raise ValueError(f"{type(env).__name__}.reset gave an empty first prompt (rollout row {i})")
-        trajectories.append(Trajectory(prompt_ids=prompt))
-    active = list(range(len(envs)))
+        tools = tuple(getattr(env, "tool_names", ()))
+        try:
+            prompt = env_reset(env, row, seed, row_prompt_ids[i], chat, i)
+        except Exception as err:
+            if not policy.skip:
+                raise
+            failures.append((i, err))
+            prompt = list(row_prompt_ids[i]) or [pad]  # a stand-in: the episode is dropped below
+        trajectories.append(Trajectory(prompt_ids=prompt, tools=tools, group=i // group_size))
+    for i, err in list(failures):
+        drop_group(trajectories, i, err, group_size, policy, type(envs[i]).__name__)
+    active = [i for i, t in enumerate(trajectories) if not t.dropped]
     for turn_index in range(max_turns):
         if not active:
             break
@@ -94,6 +119,8 @@ def run_episodes(
         still = []
         for j, i in enumerate(active):
             trajectory, budget = trajectories[i], budgets[j]
+            if trajectory.dropped:  # another episode of its group failed earlier in this turn
+                continue
             kept = response_ids[j][response_mask[j]].tolist()
             logps = None if sampler_logps is None else sampler_logps[j][response_mask[j]].tolist()
             ended = bool(has_eos[j])
@@ -105,23 +132,50 @@ def run_episodes(
                 trajectory.truncated = True
                 trajectory.stop_reason = "token_budget" if len(trajectory.token_ids) >= max_episode_tokens else "no_eos"
                 continue
-            result = env_step(envs[i], Action(turn.text, tuple(kept)), i)
+            try:
+                result = env_step(envs[i], Action(turn.text, tuple(kept)), i)
+                last = turn_index == max_turns - 1  # no turn left to read an observation
+                observation = None if result.done or last else chat.observation_ids(result.observation)
+            except Exception as err:
+                if not policy.skip:
+                    raise
+                failures.append((i, err))
+                drop_group(trajectories, i, err, group_size, policy, type(envs[i]).__name__)
+                continue
             turn.reward, turn.tool_calls = float(result.reward), tuple(result.tool_calls)
             if result.done:
                 trajectory.done, trajectory.stop_reason = True, "done"
                 continue
-            if turn_index == max_turns - 1:  # no turn left to read an observation
+            if last:
                 trajectory.truncated, trajectory.stop_reason = True, "turn_limit"
                 continue
-            observation = chat.observation_ids(result.observation)
             if len(trajectory.token_ids) + len(observation) >= max_episode_tokens:
                 trajectory.truncated, trajectory.stop_reason = True, "token_budget"  # no room for a next turn
                 continue
             trajectory.add_observation_tokens(observation)
             turn.observation = chat.observation_text(result.observation)
             still.append(i)
-        active = still
+        active = [i for i in still if not trajectories[i].dropped]
+    if failures:
+        policy.report(type(envs[0]).__name__, [err for _, err in failures], len(envs))
     return trajectories
+
+
+def env_reset(env: Environment, row: dict[str, Any], seed: int, row_prompt: list[int], chat: ChatFormat,
+              index: int) -> list[int]:
+    """The first prompt's token ids of an episode: `env.reset`'s observation (None: the row's
+    prompt as the DataModule encoded it); an environment that raises or gives no prompt is
+    reported with the row."""
+    name = type(env).__name__
+    try:
+        observation = env.reset(row, seed)
+    except Exception as err:
+        raise RuntimeError(f"{name}.reset raised {type(err).__name__}: {err} on rollout row {index}") from err
+    observation = check_observation(observation, f"{name}.reset (rollout row {index})")
+    prompt = list(row_prompt) if observation is None else chat.prompt_ids(observation)
+    if not prompt:
+        raise ValueError(f"{name}.reset gave an empty first prompt (rollout row {index})")
+    return prompt
 
 
 def env_step(env: Environment, action: Action, row: int):
@@ -136,12 +190,36 @@ def env_step(env: Environment, action: Action, row: int):
     return result
 
 
-def environment_stats(trajectories: list[Trajectory]) -> dict[str, Tensor]:
+def drop_group(trajectories: list[Trajectory], index: int, error: Exception, group_size: int,
+               policy: EnvErrorPolicy, environment: str) -> None:
+    """Episode `index` failed: mark it and every episode of its group dropped (those still
+    running stop), and count it on `policy` (which raises past its budget)."""
+    first = index - index % group_size
+    group = trajectories[first:first + group_size]
+    new_group = not any(t.dropped for t in group)
+    failed = trajectories[index]
+    failed.error, failed.stop_reason, failed.truncated = f"{type(error).__name__}: {error}", "env_error", True
+    for t in group:
+        t.dropped = True
+        if not (t.done or t.truncated):
+            t.truncated, t.stop_reason = True, "dropped"
+    policy.record(environment, error, new_group)
+
+
+def environment_stats(trajectories: list[Trajectory], tools: Iterable[str] = ()) -> dict[str, Tensor]:
     """What a researcher reads about a batch of episodes (names `rollout/...`): turns per
     episode, the share that ended / were truncated, policy and environment tokens per episode,
-    the environment's return, and each tool's calls and errors per rollout
+    the environment's return, the episodes whose environment raised (`rollout/env_errors`) and
+    the groups dropped for it (`rollout/dropped_groups`, `lit_rlhf.envs.errors`), and each
+    tool's calls and errors per rollout
     (`rollout/tool_calls/<tool>`, `rollout/tool_errors/<tool>`; `unparsed` counts malformed
-    calls, `unknown_tool` calls of a tool that does not exist), and their totals."""
+    calls, `unknown_tool` calls of a tool that does not exist), and their totals.
+
+    Every tool the environments offer (`Trajectory.tools`, and `tools`) is counted in every
+    rollout, 0 when the policy did not call it, as are `unparsed` and `unknown_tool`: a logger
+    keeps showing a metric's last value until it is logged again, so a tool left out of a
+    rollout would show the previous rollout's counts, and the per-tool figures would not add up
+    to the totals."""
     n = max(len(trajectories), 1)
     stats = {
         "rollout/turns": sum(len(t.turns) for t in trajectories) / n,
@@ -150,8 +228,13 @@ def environment_stats(trajectories: list[Trajectory]) -> dict[str, Tensor]:
         "rollout/policy_tokens": sum(t.num_policy_tokens for t in trajectories) / n,
         "rollout/env_tokens": sum(t.num_env_tokens for t in trajectories) / n,
         "rollout/env_reward": sum(t.reward for t in trajectories) / n,
+        "rollout/env_errors": sum(bool(t.error) for t in trajectories),
+        "rollout/dropped_groups": len({t.group for t in trajectories if t.dropped}),
     }
-    calls: dict[str, list[int]] = {}
+    offered = set(tools).union(*(t.tools for t in trajectories))
+    if offered:
+        offered |= {"unparsed", "unknown_tool"}
+    calls: dict[str, list[int]] = {name: [0, 0] for name in offered}
     for t in trajectories:
         for call in t.tool_calls:  # a name the policy made up is not a metric of its own
             name = {"parse": "unparsed", "unknown_tool": "unknown_tool"}.get(call.error or "", call.name)

@@ -25,14 +25,19 @@ the system message as text and a result comes back as a message of role `tool`
 `ToolRunner.call` runs one call and never raises: a malformed call, an unknown tool, bad
 arguments, a tool that raises, runs past `timeout` seconds or returns something unusable all
 become a `ToolCall` whose `error` names the kind and whose `output` is the message the policy
-sees. A call that times out is abandoned: in `thread` isolation its thread runs on in the
-background (Python cannot stop a thread), so a tool that may loop forever belongs in `process`
-isolation, where the worker process running it is killed and replaced.
+sees; that text has any lone surrogate replaced (`lit_rlhf.envs.base.safe_text`), so a tool's
+undecodable bytes reach the tokenizer as U+FFFD rather than crash it.
+
+A call that times out is abandoned. In `thread` isolation its thread runs on in the background
+(Python cannot stop a thread): it is a daemon thread, so it never keeps the process alive once
+the run is over, but until the tool returns it holds what it holds (CPU time, memory, open
+files, locks), and when the process exits it is stopped where it stands, with no `finally`
+block or context manager run. A tool that may loop forever or must clean up belongs in
+`process` isolation, where the worker process running it is killed and replaced.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
 import json
 import re
@@ -41,7 +46,7 @@ import time
 import typing
 from typing import Any, Callable, Literal
 
-from lit_rlhf.envs.base import ToolCall
+from lit_rlhf.envs.base import ToolCall, safe_text
 from lit_rlhf.envs.worker import ProcessWorker
 
 CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -209,16 +214,34 @@ def render_output(value: Any, max_chars: int) -> str:
     return text
 
 
+def run_in_daemon_thread(fn: Callable, kwargs: dict[str, Any], timeout: float) -> tuple[str, Any]:
+    """`fn(**kwargs)` in a daemon thread, waited for `timeout` seconds -> `("ok", result)`,
+    `("raised", message)` or `("timeout", None)`. A call past its limit is left running: being a
+    daemon, its thread does not hold the interpreter open at exit (see the module docstring)."""
+    outcome: list[tuple[str, Any]] = []
+
+    def target() -> None:
+        try:
+            outcome.append(("ok", fn(**kwargs)))
+        except BaseException as err:  # noqa: BLE001 - even SystemExit from a tool is the policy's observation
+            outcome.append(("raised", f"{type(err).__name__}: {err}"))
+
+    thread = threading.Thread(target=target, name=f"lit_rlhf_tool_{tool_name(fn)}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else ("timeout", None)
+
+
 class ToolRunner:
     """Runs tool calls with a time limit and turns every failure into an error `ToolCall`.
 
     Args:
         tools: the tool functions (each described by `tool_schema`); names must be unique.
         timeout: seconds a call may run before it is abandoned (`timeout` error).
-        isolation: `thread` (the call runs in a thread of this process; a call past its time
-            limit runs on in the background) or `process` (in a worker process, killed and
-            replaced when a call times out; tools and their arguments must be picklable:
-            module-level functions).
+        isolation: `thread` (the call runs in a daemon thread of this process; a call past its
+            time limit runs on in the background until it returns or the process exits) or
+            `process` (in a worker process, killed and replaced when a call times out; tools and
+            their arguments must be picklable: module-level functions).
         max_output_chars: longer outputs are cut (with a note saying how much).
     """
 
@@ -262,25 +285,17 @@ class ToolRunner:
         if status == "timeout":
             return ToolCall(name, arguments, f"error: {name} did not finish within {self.timeout:g} s", "timeout", seconds)
         if status != "ok":
-            return ToolCall(name, arguments, f"error: {name} failed: {value}", status, seconds)
+            return ToolCall(name, arguments, safe_text(f"error: {name} failed: {value}"), status, seconds)
         try:
-            return ToolCall(name, arguments, render_output(value, self.max_output_chars), None, seconds)
+            return ToolCall(name, arguments, safe_text(render_output(value, self.max_output_chars)), None, seconds)
         except ValueError as err:
-            return ToolCall(name, arguments, f"error: {err}", "bad_output", seconds)
+            return ToolCall(name, arguments, safe_text(f"error: {err}"), "bad_output", seconds)
 
     def _run(self, fn: Callable, kwargs: dict[str, Any]) -> tuple[str, Any]:
         if self._worker is not None:
             with self._lock:
                 return self._worker.call(fn, kwargs, self.timeout)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit_rlhf_tool")
-        future = pool.submit(fn, **kwargs)
-        pool.shutdown(wait=False)  # a call past its limit is left to finish on its own
-        try:
-            return "ok", future.result(timeout=self.timeout)
-        except concurrent.futures.TimeoutError:
-            return "timeout", None
-        except Exception as err:  # noqa: BLE001 - any error the tool raises is the policy's observation
-            return "raised", f"{type(err).__name__}: {err}"
+        return run_in_daemon_thread(fn, kwargs, self.timeout)
 
     def close(self) -> None:
         if self._worker is not None:

@@ -18,7 +18,11 @@ everything after them right padded to the token budget R, and
   advantages are on these tokens alone);
 - `turn_rewards` (N, R): each turn's environment reward on that turn's last policy token;
 - `has_eos` (N,): the episode ended (the environment said done) within its budgets; False for
-  a truncated episode (D23's "no EOS": the EOS trick treats both alike).
+  a truncated episode (D23's "no EOS": the EOS trick treats both alike);
+- `dropped` (N,): the episode's group was dropped because an environment raised
+  (`lit_rlhf.envs.errors`): its row has an all-False `action_mask`, no turn rewards, no
+  sampler log-probs and `has_eos` False, so it trains on nothing; its scores are for the
+  caller to set to a finite placeholder.
 """
 
 from __future__ import annotations
@@ -49,7 +53,13 @@ class Turn:
 @dataclass
 class Trajectory:
     """One episode (see the module docstring). `sampler_logps` holds the sampling engine's
-    log-prob of each policy token (0 on environment tokens) when the backend reports them."""
+    log-prob of each policy token (0 on environment tokens) when the backend reports them.
+    `tools` names the tools the episode's environment offers (its `tool_names`), so a tool the
+    policy never called is still counted, with 0 calls. `group` is the episode's group (a
+    prompt's copies, contiguous rows); `dropped` marks an episode of a group dropped because
+    one of its episodes' environment raised (`lit_rlhf.envs.errors`), and `error` is that
+    environment's error on the episode that raised: a dropped episode trains on nothing
+    (`to_tensors`) and its environment return is 0."""
 
     prompt_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
@@ -58,7 +68,11 @@ class Trajectory:
     sampler_logps: list[float] | None = None
     done: bool = False
     truncated: bool = False
-    stop_reason: str = ""  # done | turn_limit | token_budget | no_eos
+    stop_reason: str = ""  # done | turn_limit | token_budget | no_eos | env_error | dropped
+    tools: tuple[str, ...] = ()
+    group: int = 0
+    dropped: bool = False
+    error: str = ""
 
     def add_policy_tokens(self, ids: list[int], logps: list[float] | None = None) -> Turn:
         start = len(self.token_ids)
@@ -81,8 +95,8 @@ class Trajectory:
 
     @property
     def reward(self) -> float:
-        """The environment's return: the sum of the turn rewards."""
-        return float(sum(t.reward for t in self.turns))
+        """The environment's return: the sum of the turn rewards (0 for a dropped episode)."""
+        return 0.0 if self.dropped else float(sum(t.reward for t in self.turns))
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -117,6 +131,7 @@ class TrajectoryTensors(NamedTuple):
     has_eos: Tensor  # (N,) bool, the episode ended within its budgets
     turn_rewards: Tensor  # (N, R) float32, each turn's reward on its last policy token
     sampler_logps: Tensor | None  # (N, R) float32, 0 off the policy's tokens; None without them
+    dropped: Tensor | None = None  # (N,) bool, the episode's group was dropped (an environment error)
 
 
 def to_tensors(trajectories: list[Trajectory], width: int, pad_token_id: int,
@@ -141,14 +156,18 @@ def to_tensors(trajectories: list[Trajectory], width: int, pad_token_id: int,
         if r:
             response_ids[i, :r] = torch.tensor(t.token_ids, dtype=torch.long)
             response_mask[i, :r] = True
+        if t.dropped:  # context only: no policy token, reward or sampler log-prob to train on
+            continue
+        if r:
             action_mask[i, :r] = torch.tensor(t.policy_mask, dtype=torch.bool)
         for turn in t.turns:
             if turn.end > turn.start:
                 turn_rewards[i, turn.end - 1] += turn.reward
         if sampler is not None and t.sampler_logps is not None:
             sampler[i, :r] = torch.tensor(t.sampler_logps, dtype=torch.float32)
-    has_eos = torch.tensor([t.done and not t.truncated for t in trajectories], dtype=torch.bool)
+    has_eos = torch.tensor([t.done and not t.truncated and not t.dropped for t in trajectories], dtype=torch.bool)
+    dropped = torch.tensor([t.dropped for t in trajectories], dtype=torch.bool)
     move = (lambda x: x.to(device)) if str(device) != "cpu" else (lambda x: x)
     return TrajectoryTensors(move(prompt_ids), move(prompt_mask), move(response_ids), move(response_mask),
                              move(action_mask), move(has_eos), move(turn_rewards),
-                             None if sampler is None else move(sampler))
+                             None if sampler is None else move(sampler), move(dropped))

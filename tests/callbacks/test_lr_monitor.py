@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import lightning as L
 import torch
 
@@ -32,3 +34,16 @@ def test_lightnings_monitor_is_one_step_off(tmp_path):
     """What the subclass fixes: Lightning's own monitor writes the same values one step earlier."""
     _, lr_steps, _ = fit_steps(tmp_path / "lightning", L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"))
     assert lr_steps == [0, 1, 2, 3]
+
+
+def test_a_run_without_a_logger_trains_and_says_so_once(caplog):
+    """Lightning's monitor refuses a trainer without a logger; this one steps aside with one line."""
+    module = SFTModule(model="tiny-random-llama", lr=1e-3)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, callbacks=[LearningRateMonitor()],
+                        limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    with caplog.at_level(logging.WARNING, logger="callbacks.lr_monitor"):
+        trainer.fit(module, sft_loader(module.tokenizer, 4))
+    assert trainer.global_step == 2
+    assert [r.getMessage() for r in caplog.records if r.name == "callbacks.lr_monitor"] == [
+        "LearningRateMonitor: the run has no logger (trainer.logger is false), so the learning rate is not logged"]

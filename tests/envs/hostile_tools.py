@@ -69,3 +69,12 @@ def huge(n: int) -> str:
         n: how many.
     """
     return "x" * n
+
+
+def undecodable(n: int) -> str:
+    """Returns bytes that are not UTF-8, read as text with `surrogateescape` (lone surrogates).
+
+    Args:
+        n: ignored.
+    """
+    return "read: " + b"\xff\xfe ok".decode("utf-8", "surrogateescape")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
@@ -39,6 +40,21 @@ def test_observation_continues_the_chat_template(tiny_tokenizer):
 def test_observation_continues_smollm2_chat_template(smollm2_tokenizer):
     """SmolLM2's EOS is the template's turn end `<|im_end|>`: the observation starts after it."""
     check_observation_continues_template(smollm2_tokenizer)
+
+
+def test_text_with_lone_surrogates_becomes_encodable_tokens(tiny_tokenizer):
+    """An environment's text with lone surrogates (undecodable bytes read as text) is encoded
+    with U+FFFD in their place, in the chat format and the plain one, prompts and observations."""
+    bad = "out: " + b"\xff".decode("utf-8", "surrogateescape") + " \ud800"
+    plain = copy.deepcopy(tiny_tokenizer)
+    plain.chat_template = None
+    for chat in (ChatFormat(tiny_tokenizer), ChatFormat(plain)):
+        for observation in ([{"role": "tool", "content": bad}], bad):
+            text = chat.observation_text(observation)
+            assert "\udcff" not in text and "out: \ufffd \ufffd" in text
+            assert tiny_tokenizer.decode(chat.observation_ids(observation)) == text
+        assert "out: \ufffd \ufffd" in chat.prompt_text([{"role": "user", "content": bad}])
+    assert ChatFormat(tiny_tokenizer).prompt_ids([{"role": "user", "content": bad}])
 
 
 def test_tool_environment_episode():

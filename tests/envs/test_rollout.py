@@ -146,3 +146,39 @@ def test_hostile_tools_become_error_observations_and_are_counted(tiny_tokenizer)
     assert stats["rollout/tool_errors/add"] == 1 and stats["rollout/tool_calls/add"] == 2
     assert stats["rollout/tool_errors/unknown_tool"] == 1 and stats["rollout/tool_errors/unparsed"] == 1
     assert stats["rollout/tool_errors"] == 6 and stats["rollout/tool_calls"] == 7 and stats["rollout/turns"] == 5
+
+
+def test_tool_text_with_lone_surrogates_in_an_episode(tiny_tokenizer):
+    """A tool whose output holds undecodable bytes: the episode runs on, the observation has
+    U+FFFD in their place."""
+    call = '<tool_call>{"name": "undecodable", "arguments": {"n": 1}}</tool_call>'
+    env = ToolEnvironment([hostile.undecodable])
+    policy = ScriptedPolicy(tiny_tokenizer, [call, "ok"])
+    [trajectory] = run_episodes([env], [{"prompt": "read it"}], [0], [[0]], policy, ChatFormat(tiny_tokenizer),
+                                SamplingConfig(max_new_tokens=200), max_turns=3, max_episode_tokens=2000)
+    assert trajectory.done and [c.error for c in trajectory.tool_calls] == [None]
+    assert "read: \ufffd\ufffd ok" in trajectory.turns[0].observation
+    assert "\ufffd\ufffd ok" in trajectory.conversation(tiny_tokenizer)
+
+
+def test_tool_counts_are_per_rollout(tiny_tokenizer):
+    """A tool the policy did not call in a rollout is logged with 0 calls, not left out (a
+    logger would keep showing its previous value), and the per-tool counts add up to the totals."""
+    call = '<tool_call>{{"name": "{}", "arguments": {}}}</tool_call>'
+    env = ToolEnvironment([hostile.add, hostile.explode, calculator])
+    stats = []
+    for turn in (call.format("add", '{"a": 1, "b": 2}') + call.format("explode", '{"text": "x"}'),
+                 call.format("calculator", '{"expression": "1 +"}')):
+        trajectories = run_episodes([env.fork(), env.fork()], [{"prompt": "go"}] * 2, [0, 1], [[0]] * 2,
+                                    ScriptedPolicy(tiny_tokenizer, [turn, "done"]), ChatFormat(tiny_tokenizer),
+                                    SamplingConfig(max_new_tokens=200), max_turns=2, max_episode_tokens=2000)
+        stats.append({k: float(v) for k, v in environment_stats(trajectories).items()})
+    first, second = stats
+    assert first["rollout/tool_calls/add"] == 2 and first["rollout/tool_errors/explode"] == 2
+    assert first["rollout/tool_calls/calculator"] == 0
+    assert second["rollout/tool_calls/calculator"] == 2 and second["rollout/tool_errors/calculator"] == 2
+    for name in ("add", "explode", "unparsed", "unknown_tool"):
+        assert second[f"rollout/tool_calls/{name}"] == 0 and second[f"rollout/tool_errors/{name}"] == 0
+    for s in stats:
+        for kind in ("tool_calls", "tool_errors"):
+            assert s[f"rollout/{kind}"] == sum(v for k, v in s.items() if k.startswith(f"rollout/{kind}/"))

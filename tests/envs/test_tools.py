@@ -119,3 +119,41 @@ def test_process_isolation_kills_a_spinning_tool():
         assert runner.call("spin", {"n": "x"}).error == "bad_arguments"
     finally:
         runner.close()
+
+
+HANGING_RUN = """
+import time
+from lit_rlhf.envs import ToolRunner
+from tests.envs.hostile_tools import hang
+call = ToolRunner([hang], timeout=0.5).call("hang", {"seconds": 60})
+print(call.error, time.time(), flush=True)
+"""
+
+
+def test_a_timed_out_tool_does_not_keep_the_process_alive():
+    """With thread isolation the abandoned call keeps running, but the process exits when its
+    work is done, not when the tool returns 60 s later."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO_ROOT, subprocess_env
+
+    try:
+        done = subprocess.run([sys.executable, "-c", HANGING_RUN], cwd=REPO_ROOT, env=subprocess_env(),
+                              capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process was still alive 30 s after it started: the timed-out tool kept it running")
+    exited = time.time()
+    assert done.returncode == 0, done.stderr[-3000:]
+    error, returned = done.stdout.split()
+    assert error == "timeout"
+    assert exited - float(returned) < 5, f"the process lived {exited - float(returned):.1f} s after the call returned"
+
+
+def test_tool_text_with_lone_surrogates_is_made_safe():
+    runner = ToolRunner([hostile.undecodable, hostile.explode])
+    call = runner.call("undecodable", {"n": 1})
+    assert call.error is None and call.output == "read: \ufffd\ufffd ok"
+    call.output.encode("utf-8")  # encodable: what a tokenizer and a logger need
+    raised = runner.call("explode", {"text": "\udcff"})  # an error message quoting the bad text
+    assert raised.error == "raised" and "boom on \ufffd" in raised.output

@@ -33,3 +33,19 @@ class CountingEnv(Environment):
             return StepResult(reward=reward, done=True)
         return StepResult(observation=[{"role": "user", "content": f"turn {self.taken} of {self.turns}: go on"}],
                           reward=reward)
+
+
+class FlakyEnv(CountingEnv):
+    """`CountingEnv` whose `step` raises on the rows with `fail_at` set, at that policy turn (and
+    whose `reset` raises when it is 0)."""
+
+    def reset(self, row: dict[str, Any], seed: int):
+        self.fail_at = row.get("fail_at")
+        if self.fail_at == 0:
+            raise ConnectionError("the environment's server is gone")
+        return super().reset(row, seed)
+
+    def step(self, action: Action) -> StepResult:
+        if self.fail_at == self.taken + 1:
+            raise ValueError(f"boom at turn {self.fail_at}")
+        return super().step(action)
