@@ -15,17 +15,19 @@ from typing import Any
 
 from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearningRateMonitor
 
+from lit_rlhf.lightning_compat import learning_rates, logger_writes_this_step
+
 
 class LearningRateMonitor(_LightningLearningRateMonitor):
     """`lightning.pytorch.callbacks.LearningRateMonitor` with the scalars at the step they are used in."""
 
     def _write(self, trainer: Any, interval: str) -> None:
-        stats = self._extract_stats(trainer, interval)  # Lightning's own reading of the optimizers
+        stats = learning_rates(self, trainer, interval)  # Lightning's own reading of the optimizers
         for logger in trainer.loggers if stats else ():
             logger.log_metrics(stats, step=int(trainer.global_step) + 1)
 
     def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-        if trainer._logger_connector.should_update_logs and self.logging_interval != "epoch":
+        if logger_writes_this_step(trainer) and self.logging_interval != "epoch":
             self._write(trainer, "step" if self.logging_interval is None else "any")
 
     def on_train_epoch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
