@@ -1,6 +1,6 @@
 """Typed batches and rollouts.
 
-Every batch a DataModule yields and every rollout `generation.py` returns is one of these
+Every batch a DataModule yields and every rollout an online module samples is one of these
 immutable NamedTuples; batches move between devices with `.to(device)` (tensors moved, `meta`
 kept), which is what Lightning calls.
 
