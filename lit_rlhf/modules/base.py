@@ -44,7 +44,7 @@ from lit_rlhf.modules.optim import build_adamw, lr_lambda
 from lit_rlhf.modules.settings import INSTANTIATOR, rebuilt_by_us
 from lit_rlhf.modules.step_logging import StepLoggingMixin, stats_to_log, step_stats_due  # noqa: F401
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
-from lit_rlhf.data.packing import padding_fraction
+from lit_rlhf.types import padding_fraction
 from lit_rlhf.stopping import stop_reason
 
 log = logging.getLogger(__name__)

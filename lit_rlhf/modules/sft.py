@@ -9,7 +9,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
 from lit_rlhf import distributed
-from lit_rlhf.data.packing import unpack
+from lit_rlhf.types import unpack
 from lit_rlhf.models.attention import use_varlen_attention
 from lit_rlhf.models.packed import packed_token_logps, packing_supported
 from lit_rlhf.modules.policy import PolicyModule
