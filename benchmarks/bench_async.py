@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    from lit_rlhf.compare_policies import machine
+    from lit_rlhf.apps.compare_policies import machine
 
     started, load_before = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), os.getloadavg()
     results = []

@@ -45,7 +45,7 @@ class EOSTrickCallback(Callback):
         else:
             shaped = scores - self.penalty * no_eos.to(scores.dtype)
         count = no_eos.sum().float()
-        if getattr(pl_module, "_current_fx_name", None) == "training_step":
+        if getattr(trainer, "training", False):  # a training rollout (not validation): logged per step
             pl_module.log("train/eos_trick/penalized", count, on_step=True, on_epoch=False)
             pl_module.log("train/eos_trick/penalized_fraction", count / no_eos.numel(), on_step=True, on_epoch=False)
         return rollout.with_scores(shaped)

@@ -17,7 +17,7 @@ initial policy (generated once and cached, also in the checkpoint).
             sampling: {max_new_tokens: 53, do_sample: false, temperature: 1.0}
 
 It also runs under `python main.py validate --config ... --ckpt_path ...`; to judge an exported
-policy without a trainer, see `python -m lit_rlhf.judge_policy`.
+policy without a trainer, see `python -m lit_rlhf.apps.judge_policy`.
 """
 
 from __future__ import annotations

@@ -19,31 +19,33 @@ from typing import Any
 
 from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearningRateMonitor
 
+from lit_rlhf.lightning_compat import learning_rates, logger_writes_this_step
+
 log = logging.getLogger(__name__)
 
 
 class LearningRateMonitor(_LightningLearningRateMonitor):
     """`lightning.pytorch.callbacks.LearningRateMonitor` with the scalars at the step they are used in."""
 
-    _idle = False  # the run has no logger: nothing is written
+    idle = False  # the run has no logger: nothing is written
 
     def on_train_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-        self._idle = not trainer.loggers
-        if not self._idle:
+        self.idle = not trainer.loggers
+        if not self.idle:
             super().on_train_start(trainer, *args, **kwargs)
         elif trainer.is_global_zero:
             log.warning("LearningRateMonitor: the run has no logger (trainer.logger is false), so the learning rate "
                         "is not logged")
 
     def _write(self, trainer: Any, interval: str) -> None:
-        if self._idle:
+        if self.idle:
             return
-        stats = self._extract_stats(trainer, interval)  # Lightning's own reading of the optimizers
+        stats = learning_rates(self, trainer, interval)  # Lightning's own reading of the optimizers
         for logger in trainer.loggers if stats else ():
             logger.log_metrics(stats, step=int(trainer.global_step) + 1)
 
     def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
-        if trainer._logger_connector.should_update_logs and self.logging_interval != "epoch":
+        if logger_writes_this_step(trainer) and self.logging_interval != "epoch":
             self._write(trainer, "step" if self.logging_interval is None else "any")
 
     def on_train_epoch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:

@@ -81,26 +81,35 @@ class RLHFCLI(LightningCLI):
         resume.end_startup_handler(self.trainer)
         resume.prepare_fit(self.trainer, self.config_init[self.subcommand])
 
-    def _run_subcommand(self, subcommand: str) -> None:
+    def fit(self, model: LightningModule, **kwargs: Any) -> None:
+        """`trainer.fit`, run by LightningCLI in its place (the CLI calls its own method named after
+        the subcommand when it has one: how a CLI subclass adds a subcommand), with Lightning's
+        "not resumable" warning dropped where the resume is exact and a preempted fit turned into
+        its exit code (75 or 130, `lit_rlhf.resume`)."""
         try:
             with resume.exact_resume_warnings(self.datamodule):
-                super()._run_subcommand(subcommand)
-        except SystemExit as exception:  # a preempted fit exits with 75 (lit_rlhf.resume)
-            preempted = resume.preempted_exit(getattr(self, "trainer", None), exception)
+                self.trainer.fit(model, **kwargs)
+        except SystemExit as exception:
+            preempted = resume.preempted_exit(self.trainer, exception)
             if preempted is None:
                 raise
             log.warning("run stopped: %s", preempted)
             raise preempted from None
 
-    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Any:
-        listed = config.get("callbacks") or []
-        listed = (listed if isinstance(listed, list) else [listed]) + list(callbacks)
-        preemption = self._get(self.config, PREEMPTION_FLAG, default=True) is not False
-        extra = default_callbacks(config, listed, preemption=preemption)
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The Trainer, with the default callbacks (`default_callbacks`, then the caller's) added
+        to those the config lists; a refused setting (`max_steps: -5`) as one line."""
+        config = self.config_init.get(str(self.subcommand), self.config_init)
+        trainer_config = {**(config.get("trainer") or {}), **kwargs}
+        listed = trainer_config.get("callbacks") or []
+        listed = listed if isinstance(listed, list) else [listed]
+        settings = self.config.get(str(self.subcommand), self.config)
+        preemption = settings.get(PREEMPTION_FLAG, True) is not False
+        extra = default_callbacks(trainer_config, listed, preemption=preemption)
         if self.more_default_callbacks is not None:
-            extra += self.more_default_callbacks(config, listed + extra)
+            extra += self.more_default_callbacks(trainer_config, listed + extra)
         try:
-            return super()._instantiate_trainer(config, callbacks + extra)
+            return super().instantiate_trainer(**{**kwargs, "callbacks": listed + extra})
         except MisconfigurationException as err:  # a refused value (max_steps: -5): one line, not a traceback
             raise TrainerSettingError(f"trainer: {err}") from err
 

@@ -50,6 +50,7 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lit_rlhf import lightning_compat
 from lit_rlhf.stopping import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
 
 log = logging.getLogger(__name__)
@@ -89,15 +90,13 @@ class PreemptionCheckpoint(Callback):
                 self._previous.setdefault(signum, current)
                 signal.signal(signum, self._on_signal)
         # a SIGTERM that Lightning's handler (installed just before the sanity check) caught
-        connector = getattr(trainer, "_signal_connector", None)
-        originals = getattr(connector, "_original_handlers", None) or {}
+        originals = lightning_compat.signal_handlers_restored_at_teardown(trainer)
         for signum, handler in originals.items():
             # Lightning saved our handler (installed in `setup`) as "the original" and puts it back
             # at its teardown, after ours: give it the handler that was there before us instead
             if handler == self._on_signal and signum in self._previous:
                 originals[signum] = self._previous[signum]
-        if connector is not None and connector.received_sigterm:
-            connector.received_sigterm = False
+        if lightning_compat.take_lightning_sigterm(trainer):
             self.received = self.received or signal.SIGTERM
 
     def _uninstall(self) -> None:
@@ -168,8 +167,7 @@ class PreemptionCheckpoint(Callback):
         # Lightning ends the run at the end of this batch, once its metrics are logged, by raising
         # SIGTERMException (a SystemExit; `python main.py` exits with `exit_code`); validation due
         # after this batch is skipped (it changes nothing a checkpoint holds)
-        trainer._signal_connector.received_sigterm = True
-        trainer.fit_loop.epoch_loop._skip_next_val = True
+        lightning_compat.stop_after_this_batch(trainer)
 
     # ------------------------------------------------------------------------------------------
 
@@ -238,4 +236,4 @@ def closes_optimizer_step(trainer: Trainer) -> bool:
     module = trainer.lightning_module
     if not module.automatic_optimization:
         return True
-    return not trainer.fit_loop.epoch_loop._should_accumulate()
+    return not lightning_compat.accumulating(trainer)

@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from lit_rlhf import lightning_compat
 from lit_rlhf.preemption import PreemptionCheckpoint
 from lit_rlhf.stopping import PREEMPTED_EXIT_CODE, Preempted
 
@@ -59,13 +60,13 @@ def add_resume_arguments(parser: Any) -> None:
 def pin_run_directory(trainer: Any) -> None:
     """Make every TensorBoard/CSV logger without a fixed version reuse its newest `version_N`."""
     for logger in trainer.loggers:
-        if getattr(logger, "_version", "") is not None or not hasattr(logger, "root_dir"):
+        if not lightning_compat.logger_version_unset(logger):
             continue
         root = Path(logger.root_dir)
         versions = [int(m.group(1)) for p in (root.iterdir() if root.is_dir() else [])
                     if p.is_dir() and (m := re.fullmatch(r"version_(\d+)", p.name))]
         if versions:
-            logger._version = max(versions)
+            lightning_compat.set_logger_version(logger, max(versions))
             log.warning("--ckpt_path last: continuing the run in %s (the newest version of %s)", logger.log_dir, root)
 
 
@@ -76,7 +77,7 @@ def last_checkpoints(trainer: Any) -> list[str]:
     found: set[str] = set()
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint):
-            found |= callback._find_last_checkpoints(trainer)
+            found |= lightning_compat.last_checkpoints_in_dir(callback, trainer)
     return sorted(found)
 
 
@@ -87,8 +88,7 @@ def checkpoint_dirs(trainer: Any) -> list[str]:
     dirs: dict[str, None] = {}
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint):
-            resolve = getattr(callback, "_ModelCheckpoint__resolve_ckpt_dir", None)  # Lightning's own rule
-            dirs[str(callback.dirpath or (resolve(trainer) if resolve else "the ModelCheckpoint directory"))] = None
+            dirs[lightning_compat.checkpoint_dir(callback, trainer)] = None  # Lightning's own rule
     return list(dirs)
 
 
@@ -218,8 +218,8 @@ def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[
     state = checkpoint["loops"]["fit_loop"]
     for counters in (state["epoch_loop.batch_progress"]["current"], state["epoch_loop.batch_progress"]["total"]):
         counters["completed"] -= 1
-    if not loop.epoch_loop._should_accumulate():  # the last batch stepped: counted after its hooks
-        state["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+    if not lightning_compat.accumulating(trainer):  # the last batch stepped: counted after its hooks
+        lightning_compat.uncount_stepped_batch(state)
     for counters in (state["epoch_progress"]["current"], state["epoch_progress"]["total"]):
         counters["processed"] -= processed
         counters["completed"] -= completed

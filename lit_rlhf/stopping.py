@@ -51,7 +51,7 @@ def stop_reason(trainer: Any, module: Any = None, steps_at_start: int | None = N
     for timer in (c for c in trainer.callbacks if type(c).__name__ == "Timer"):
         remaining = timer.time_remaining()
         if remaining is not None and remaining <= 0:
-            reasons.append(f"max_time={timer._duration:.0f}s reached")
+            reasons.append(f"max_time={timer.time_elapsed() + remaining:.0f}s reached")
     if not reasons:
         stoppers = [type(c).__name__ for c in trainer.callbacks if getattr(c, "stopped_epoch", 0)]
         if stoppers:

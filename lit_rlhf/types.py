@@ -1,6 +1,6 @@
 """Typed batches and rollouts.
 
-Every batch a DataModule yields and every rollout `generation.py` returns is one of these
+Every batch a DataModule yields and every rollout an online module samples is one of these
 immutable NamedTuples; batches move between devices with `.to(device)` (tensors moved, `meta`
 kept), which is what Lightning calls.
 
@@ -282,3 +282,33 @@ class SharedPromptLayout(NamedTuple):
         allowed |= torch.eye(length, dtype=torch.bool, device=seg.device)
         bias = torch.zeros(allowed.shape, dtype=dtype, device=seg.device)
         return bias.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers on batches
+# ----------------------------------------------------------------------------------------------
+
+
+def unpack(batch: PackedSFTBatch, pad_token_id: int) -> SFTBatch:
+    """The right-padded `SFTBatch` of the examples of a packed batch (in their input order)."""
+    lengths = batch.example_lengths.tolist()
+    rows, starts = batch.example_rows.tolist(), batch.example_starts.tolist()
+    width = max(lengths, default=0)
+    device = batch.input_ids.device
+    ids = torch.full((len(lengths), width), pad_token_id, dtype=torch.long, device=device)
+    attention = torch.zeros((len(lengths), width), dtype=torch.bool, device=device)
+    loss = torch.zeros_like(attention)
+    for i, (r, s, n) in enumerate(zip(rows, starts, lengths)):
+        ids[i, :n] = batch.input_ids[r, s: s + n]
+        attention[i, :n] = True
+        loss[i, :n] = batch.loss_mask[r, s: s + n]
+    return SFTBatch(ids, attention, loss, batch.meta)
+
+
+def padding_fraction(batch: Any) -> float | None:
+    """Share of the token slots of `batch` that are padding: 1 - real tokens / slots, from its
+    `attention_mask` (None for a batch without one)."""
+    mask = getattr(batch, "attention_mask", None)
+    if not isinstance(mask, Tensor) or mask.numel() == 0:
+        return None
+    return 1.0 - float(mask.sum()) / mask.numel()

@@ -9,7 +9,7 @@
 # 1. reward model   python main.py fit --config configs/quickstart/reward.yaml
 #                   (the starting policy's own answers, paired and labelled by a noisy gold)
 # 2. GRPO           python main.py fit --config configs/quickstart/grpo.yaml
-# 3. evaluation     python -m lit_rlhf.compare_policies: the starting and the trained policy on 64
+# 3. evaluation     python -m lit_rlhf.apps.compare_policies: the starting and the trained policy on 64
 #                   held-out posts; the reward model's score and the gold key-fact recall, paired
 # then writes outputs/quickstart/results.json and prints every figure with its 95% interval.
 # Outputs go to outputs/quickstart (the configs' output paths; replaced on each run).
@@ -25,7 +25,7 @@ python main.py fit --config configs/quickstart/reward.yaml --trainer.limit_val_b
 echo "== 2/3 GRPO against the reward model =="
 python main.py fit --config configs/quickstart/grpo.yaml "$@"
 echo "== 3/3 the trained policy against the starting one, on held-out posts =="
-python -m lit_rlhf.compare_policies --before smollm2-135m-instruct --after "$OUT/policy" \
+python -m lit_rlhf.apps.compare_policies --before smollm2-135m-instruct --after "$OUT/policy" \
   --prompts bundled:keyfact_chat --data_class lit_rlhf.data.UltraFeedbackPromptDataModule --split test_sft \
   --num_prompts 64 --max_new_tokens 32 --batch_size 64 --reward_model "$OUT/reward_model" --missing_eos_score -1.5 \
   --pairs bundled:keyfact_chat --pairs_class lit_rlhf.data.UltraFeedbackPreferenceDataModule \

@@ -3,7 +3,7 @@
     python scripts/quickstart_report.py outputs/quickstart [--seconds N]
 
 Reads step 3's paired comparison (`<out>/comparison.json`, written by
-`python -m lit_rlhf.compare_policies`) and the TensorBoard event files of steps 1 and 2 (the same
+`python -m lit_rlhf.apps.compare_policies`) and the TensorBoard event files of steps 1 and 2 (the same
 numbers TensorBoard shows), writes `<out>/results.json` (settings, date, machine and load, every
 figure with its interval, and the per-prompt samples) and prints the report. The README's
 main-job figures are rendered from such files committed under `results/quickstart/`
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="exit 1 when the run did not show learning")
     args = parser.parse_args(argv)
     if not (args.out / "comparison.json").is_file():
-        print(f"error: {args.out}/comparison.json is missing: run step 3 (python -m lit_rlhf.compare_policies)",
+        print(f"error: {args.out}/comparison.json is missing: run step 3 (python -m lit_rlhf.apps.compare_policies)",
               file=sys.stderr)
         return 1
     results = collect(args.out, args.seconds)

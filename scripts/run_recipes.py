@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from lit_rlhf.compare_policies import machine  # noqa: E402
+from lit_rlhf.apps.compare_policies import machine  # noqa: E402
 from lit_rlhf.evaluation.logs import read_scalars as scalars  # noqa: E402
 from render_results import RECIPES  # noqa: E402
 

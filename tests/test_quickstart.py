@@ -41,13 +41,13 @@ def test_quickstart_pipeline_on_the_tiny_model(tmp_path):
     assert (out / "policy" / "config.json").is_file()
 
     command = (REPO_ROOT / "scripts" / "quickstart.sh").read_text()
-    args = command[command.index("python -m lit_rlhf.compare_policies --") :].split(">")[0].replace("\\\n", " ").split()[3:]
+    args = command[command.index("python -m lit_rlhf.apps.compare_policies --") :].split(">")[0].replace("\\\n", " ").split()[3:]
     args = [a.replace('"$OUT', str(out)).strip('"') for a in args]
     settings = dict(zip(args[::2], args[1::2]))
     assert settings["--num_prompts"] == "64" and settings["--before"] == "smollm2-135m-instruct"
     settings.update({"--before": "tiny-random-llama", "--num_prompts": "8", "--max_new_tokens": "6",
                      "--pairs_split": "test_prefs[:8]"})
-    run([x for kv in settings.items() for x in kv], tmp_path, module="lit_rlhf.compare_policies")
+    run([x for kv in settings.items() for x in kv], tmp_path, module="lit_rlhf.apps.compare_policies")
     report = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "quickstart_report.py"), str(out),
                              "--seconds", "61"], capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stdout + report.stderr

@@ -4,7 +4,7 @@ Every policy answers the same held-out posts (`keyfact_chat` test_sft) greedily 
 budget, so every comparison is paired post by post. Each answer is scored by:
 
 - the proxy: the stage-2 reward model, read at the EOS of prompt + answer token ids as the online
-  modules score rollouts (`lit_rlhf.compare_policies.reward_scores`), replaced by the EOS trick's
+  modules score rollouts (`lit_rlhf.apps.compare_policies.reward_scores`), replaced by the EOS trick's
   constant for an answer that did not end (the objective PPO and GRPO optimised);
 - the gold: the key-fact recall of the post's reference (`lit_rlhf.judges.keyfact`), which no
   stage optimised except the positive control `grpo_gold`.
@@ -30,8 +30,8 @@ PAIRS_SPLIT = "test_prefs"
 def evaluate(policies: dict[str, str], reward_model: str, budget: dict[str, Any],
              log: Callable[[str], None] = print) -> dict[str, Any]:
     """{name: model name, export dir or .ckpt} -> every answer and score (see the module docstring)."""
-    from lit_rlhf.compare_policies import complete, heldout_pairs, objective, reward_scores
-    from lit_rlhf.judge_policy import load_policy, load_prompts
+    from lit_rlhf.apps.compare_policies import complete, heldout_pairs, objective, reward_scores
+    from lit_rlhf.apps.judge_policy import load_policy, load_prompts
     from lit_rlhf.judges.keyfact import keyfact_recall
     from lit_rlhf.rewards.sources import load_reward_model
 

@@ -91,7 +91,7 @@ def decisions(policies: dict[str, Any], evaluation: dict[str, Any]) -> dict[str,
 
 def build(budget: dict[str, Any], profile: str, stages: dict[str, Any], evaluation: dict[str, Any],
           curves: dict[str, Any], started: float) -> dict[str, Any]:
-    from lit_rlhf.compare_policies import machine
+    from lit_rlhf.apps.compare_policies import machine
 
     edges = budget["length_buckets"]
     policies = evaluation["policies"]

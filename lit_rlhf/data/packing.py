@@ -4,7 +4,7 @@
 batch: the examples of an optimizer step do not change, so the loss, the recipes and exact
 resume are the padded path's) into a `PackedSFTBatch`: the examples laid end to end in rows of at
 most `pack_length` tokens (first-fit decreasing), position ids restarting at every example, PAD
-only after a row's last example. `unpack` turns it back into the right-padded `SFTBatch`, which
+only after a row's last example. `lit_rlhf.types.unpack` turns it back into the right-padded `SFTBatch`, which
 `SFTModule` uses for a model whose attention cannot take packed rows.
 
 `padding_fraction(batch)` is the share of a batch's token slots that are padding (any batch
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.data.collate import SFTCollator, collect_meta
-from lit_rlhf.types import PackedSFTBatch, SFTBatch
+from lit_rlhf.types import PackedSFTBatch, padding_fraction, unpack  # noqa: F401  (re-exported: their home is types)
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int | None) -> list[list[int]]:
@@ -110,28 +110,3 @@ class PackedSFTCollator:
 def sft_collator(pad_token_id: int, packing: bool, pack_length: int | None = None):
     """The SFT collator a DataModule's `packing` / `pack_length` options ask for."""
     return PackedSFTCollator(pad_token_id, pack_length) if packing else SFTCollator(pad_token_id)
-
-
-def unpack(batch: PackedSFTBatch, pad_token_id: int) -> SFTBatch:
-    """The right-padded `SFTBatch` of the examples of a packed batch (in their input order)."""
-    lengths = batch.example_lengths.tolist()
-    rows, starts = batch.example_rows.tolist(), batch.example_starts.tolist()
-    width = max(lengths, default=0)
-    device = batch.input_ids.device
-    ids = torch.full((len(lengths), width), pad_token_id, dtype=torch.long, device=device)
-    attention = torch.zeros((len(lengths), width), dtype=torch.bool, device=device)
-    loss = torch.zeros_like(attention)
-    for i, (r, s, n) in enumerate(zip(rows, starts, lengths)):
-        ids[i, :n] = batch.input_ids[r, s: s + n]
-        attention[i, :n] = True
-        loss[i, :n] = batch.loss_mask[r, s: s + n]
-    return SFTBatch(ids, attention, loss, batch.meta)
-
-
-def padding_fraction(batch: Any) -> float | None:
-    """Share of the token slots of `batch` that are padding: 1 - real tokens / slots, from its
-    `attention_mask` (None for a batch without one)."""
-    mask = getattr(batch, "attention_mask", None)
-    if not isinstance(mask, Tensor) or mask.numel() == 0:
-        return None
-    return 1.0 - float(mask.sum()) / mask.numel()

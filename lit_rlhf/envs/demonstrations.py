@@ -137,7 +137,7 @@ class DemonstrationDataModule(QADataModule):
             see the same system message and tool outputs).
         demonstration: `row -> list of the policy's turns (text)`; the row holds the QA
             DataModule's `prompt`, `reference` and `solution` and the source columns
-            (`lit_rlhf.envs.calculator_demonstration` for the bundled arithmetic).
+            (`lit_rlhf.envs.demonstrations.calculator_demonstration` for the bundled arithmetic).
         max_completion_length: the longest episode after the prompt, in tokens (longer: a bad row).
         Other arguments: `QADataModule` (`chat` is the environment's business: the QA prompt is
             the user's message, `prompt_template` shapes it).

@@ -1,6 +1,6 @@
 """What judging a policy needs: evaluation prompts, the policy's completions, pairwise judging
 and its statistics, tables and figures. `callbacks.JudgeEvalCallback` (during training) and
-`python -m lit_rlhf.judge_policy` (a saved policy) both use it.
+`python -m lit_rlhf.apps.judge_policy` (a saved policy) both use it.
 
 Conventions (both use them):
 - the policy is completion **a**, the baseline completion **b**: `win_rate` is the policy's win

@@ -38,12 +38,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
 from lit_rlhf import checks, host_memory, models, resume, rng
+from lit_rlhf.lightning_compat import attached_trainer, replace_eval_mode_check, trust_checkpoint_instantiator
 from lit_rlhf.modules.in_backward import InBackwardAdamW, startup_problems
 from lit_rlhf.modules.optim import build_adamw, lr_lambda
-from lit_rlhf.modules.settings import rebuilt_by_us
-from lit_rlhf.modules.step_logging import StepLoggingMixin, stats_to_log, step_stats_due, use_step_axis  # noqa: F401
+from lit_rlhf.modules.settings import INSTANTIATOR, rebuilt_by_us
+from lit_rlhf.modules.step_logging import StepLoggingMixin, stats_to_log, step_stats_due  # noqa: F401
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
-from lit_rlhf.data.packing import padding_fraction
+from lit_rlhf.types import padding_fraction
 from lit_rlhf.stopping import stop_reason
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         return self.num_training_steps()
 
     def configure_optimizers(self):
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         clips = bool(getattr(trainer, "gradient_clip_val", None)) or bool(getattr(self, "max_grad_norm", None))
         in_backward = self.optimizer_in_backward
         optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, in_backward=in_backward, lr=self.lr,
@@ -221,7 +222,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
             raise NonFiniteError(message + ". Set on_nonfinite: skip to skip such steps instead.")
         self.skipped_steps += 1
         log.warning("skipping the optimizer step: %s (%d skipped so far)", message, self.skipped_steps)
-        if self._trainer is not None:
+        if attached_trainer(self) is not None:
             self.log("train/guard/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
 
     def gradients_finite(self) -> bool:
@@ -229,7 +230,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
 
         Under fp16 mixed precision the GradScaler owns this: scaled gradients overflow by design
         and it skips those steps itself (lowering the scale), so nothing is checked here."""
-        if self._trainer is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+        if attached_trainer(self) is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             return True
         bad = nonfinite_grad_names(self)
         if not bad:
@@ -253,17 +254,25 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         except _SkipStep:
             pass
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's `load_from_checkpoint`, with `rebuild_module` (the instantiator our
+        checkpoints name, `lit_rlhf.modules.settings`) trusted first: done here, where a checkpoint
+        is loaded, rather than when a module is imported."""
+        trust_checkpoint_instantiator(INSTANTIATOR)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get(CHECKPOINT_KEY, {}).get("skipped_steps", 0))
-        self._restored_rng = rng.pending_state(checkpoint, self._trainer)
+        self._restored_rng = rng.pending_state(checkpoint, attached_trainer(self))
         self._resumed_from_step = checkpoint.get("global_step")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
         checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
         rebuilt_by_us(checkpoint)  # rebuilt with the settings a subclass pins left out (lit_rlhf.modules.settings)
-        rng.save_states(checkpoint, self._trainer)  # every rank's generators (exact resume)
-        if self._trainer is not None:  # an epoch cut short by a stop resumes mid-epoch (lit_rlhf.resume)
+        rng.save_states(checkpoint, attached_trainer(self))  # every rank's generators (exact resume)
+        if attached_trainer(self) is not None:  # an epoch cut short by a stop resumes mid-epoch (lit_rlhf.resume)
             resume.as_mid_epoch(self.trainer, checkpoint, getattr(self, "_epoch_counters_at_batch", None))
 
     # ----------------------------------------------------------------------------------------
@@ -273,9 +282,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     def setup(self, stage: str) -> None:
         """Before fitting: refuse a configuration that cannot work (`lit_rlhf.checks`) and make
         checkpoint files atomic (`lit_rlhf.checkpoint_io`)."""
-        if self._trainer is not None:
-            use_step_axis(self.trainer)  # every scalar at the optimizer steps done (lit_rlhf.modules.step_logging)
-        if stage == "fit" and self._trainer is not None:
+        if stage == "fit" and attached_trainer(self) is not None:
             checks.startup_checks(self.trainer, self)
             install_atomic_checkpoint_io(self.trainer)
             allow_hparam_globals(self.hparams)  # resume from our own checkpoints with weights_only loading
@@ -298,9 +305,13 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         replaced by `warn_trained_in_eval_mode`, which leaves the frozen models out."""
         self.train()
         self.attach_layer_releases()
-        loop = self.trainer.fit_loop
-        if callable(getattr(loop, "_warn_if_modules_in_eval_mode", None)):  # Lightning's (private) check
-            loop._warn_if_modules_in_eval_mode = self.warn_trained_in_eval_mode
+        replace_eval_mode_check(self.trainer, self.warn_trained_in_eval_mode)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_step_axis(on_epoch=True)  # written at the optimizer steps done (lit_rlhf.modules.step_logging)
+
+    def on_test_epoch_end(self) -> None:
+        self.log_step_axis(on_epoch=True)
 
     def warn_trained_in_eval_mode(self) -> None:
         """Warn (rank 0), naming them, of the submodules in eval mode at the start of training
@@ -325,7 +336,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_started_at = time.perf_counter()
         self.free_stale_gradients(batch_idx)
-        waste = padding_fraction(batch) if step_stats_due(self._trainer) else None  # share of token slots that are PAD
+        waste = padding_fraction(batch) if step_stats_due(attached_trainer(self)) else None  # share of PAD slots
         if waste is not None:
             self.log("train/data/padding_fraction", waste, on_step=True, on_epoch=False)
 
@@ -338,7 +349,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         the batches where Lightning zeroes them (the first of each gradient-accumulation window);
         nothing reads them in between, so the step computes the same. Manual optimisation
         (`OnlineModule`) frees them right after each optimizer step itself."""
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         if trainer is None or not self.automatic_optimization or batch_idx % trainer.accumulate_grad_batches:
             return
         for param in self.parameters():
@@ -376,10 +387,14 @@ class TrainingModule(StepLoggingMixin, LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.release_freed_host_memory()
-        if self._trainer is not None:
-            self._epoch_counters_at_batch = resume.epoch_counters(self.trainer)  # for a checkpoint after a cut-short epoch
+        trainer = attached_trainer(self)
+        if trainer is not None:
+            self._epoch_counters_at_batch = resume.epoch_counters(trainer)  # for a checkpoint after a cut-short epoch
+        if not step_stats_due(trainer):
+            return
+        self.log_step_axis(on_epoch=False)  # this batch's scalars at the optimizer steps done (step_logging)
         mask = getattr(batch, "attention_mask", None)
-        if self._step_started_at is None or mask is None or not step_stats_due(self._trainer):
+        if self._step_started_at is None or mask is None:
             return
         elapsed = time.perf_counter() - self._step_started_at
         self.log("train/perf/tokens_per_sec", float(mask.sum()) / max(elapsed, 1e-9), on_step=True, on_epoch=False)
@@ -393,7 +408,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         raise NotImplementedError
 
     def on_fit_end(self) -> None:
-        if self._trainer is not None and self.trainer.is_global_zero:  # one line: why the run stopped
+        if attached_trainer(self) is not None and self.trainer.is_global_zero:  # one line: why the run stopped
             log.warning("run stopped: %s", stop_reason(self.trainer, self, getattr(self, "_resumed_from_step", None)))
         export_dir = self.export_dir
         if export_dir and self.trainer.is_global_zero:

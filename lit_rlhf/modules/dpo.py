@@ -25,6 +25,7 @@ from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
 from lit_rlhf.modules.pairwise import PairwiseModule
 from lit_rlhf.ops import masked_mean
 from lit_rlhf.types import PreferenceBatch, split_pair
+from lit_rlhf.lightning_compat import attached_trainer
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class DPOModule(PairwiseModule):
         else:
             ref = models.load_reference_model(self.ref_model_name or self.model_name, self.tokenizer, self.model_dtype)
             ref.to(self.device)
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         world_size = trainer.world_size if trainer is not None else 1
         rank = trainer.global_rank if trainer is not None else 0
         context = trainer.precision_plugin.forward_context() if trainer is not None else torch.autocast("cpu", enabled=False)

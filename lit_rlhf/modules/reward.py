@@ -54,6 +54,7 @@ from lit_rlhf.modules.reward_metrics import (  # importable from here as well
     grouped_accuracy,
 )
 from lit_rlhf.types import PreferenceBatch, split_pair
+from lit_rlhf.lightning_compat import attached_trainer
 
 __all__ = ["EVAL_SPLIT", "PreferenceRecords", "RewardModule", "accuracy_table", "calibration_buckets",
            "calibration_figure", "grouped_accuracy"]
@@ -288,7 +289,7 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         return before, after
 
     def _world(self) -> tuple[int, int]:
-        if self._trainer is None:
+        if attached_trainer(self) is None:
             return 1, 0
         return self.trainer.world_size, self.trainer.global_rank
 

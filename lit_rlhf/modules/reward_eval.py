@@ -31,6 +31,7 @@ from lit_rlhf.modules.reward_metrics import (
     pair_metrics,
 )
 from lit_rlhf.types import PreferenceBatch
+from lit_rlhf.lightning_compat import attached_trainer
 
 EVAL_SPLIT = "eval_split"  # meta column naming the evaluation split of each pair
 STAGES = ("val", "test")
@@ -71,9 +72,11 @@ class PairEvaluationMixin:
         self._eval_step(batch, "test")
 
     def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
         self._log_records("val")
 
     def on_test_epoch_end(self) -> None:
+        super().on_test_epoch_end()
         self._log_records("test")
 
     def _log_records(self, stage: str) -> None:
@@ -101,7 +104,7 @@ class PairEvaluationMixin:
         buckets = calibration_buckets(diffs, self.calibration_bins)
         ece = sum(b["count"] * abs(b["accuracy"] - b["predicted"]) for b in buckets) / max(1, diffs.numel())
         self.log(f"{stage}/calibration/ece", ece, on_step=False, on_epoch=True, sync_dist=False)
-        if self._trainer is None or self.trainer.sanity_checking or not self.trainer.is_global_zero:
+        if attached_trainer(self) is None or self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return
         for experiment in self._tensorboard_experiments():
             step = self.global_step

@@ -17,7 +17,8 @@
   completed with the effective arguments of every `__init__` of the class chain, so a pinned
   setting is recorded with the value the run used.
 - **Rebuild.** `rebuild_module` (the `_instantiator` `rebuilt_by_us` writes into every checkpoint's
-  hyper-parameters, used by `load_from_checkpoint` and `python -m lit_rlhf.export`) builds the
+  hyper-parameters, used by `load_from_checkpoint` and `python -m lit_rlhf.export`, which trust it
+  first: `TrainingModule.load_from_checkpoint`) builds the
   class from the recorded values it takes as arguments, leaving out the pinned ones (its
   `__init__` sets them itself), and refuses a checkpoint whose pinned value the class now pins
   differently. (The logged hparams keep the CLI's `_instantiator`: a logger merges them with the
@@ -29,13 +30,11 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from lightning.pytorch.core import saving
 from lightning.pytorch.core.mixins import HyperparametersMixin
 from lightning.pytorch.utilities.parsing import collect_init_args
 
 INSTANTIATOR = f"{__name__}.rebuild_module"
 LIGHTNING_INSTANTIATOR = "lightning.pytorch.cli.instantiate_module"
-saving._ALLOWED_INSTANTIATORS.add(INSTANTIATOR)  # Lightning's allow-list of trusted checkpoint instantiators
 
 
 def record_settings(module: HyperparametersMixin, frame: types.FrameType, **resolved: Any) -> None:

@@ -9,12 +9,13 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
 from lit_rlhf import distributed
-from lit_rlhf.data.packing import unpack
+from lit_rlhf.types import unpack
 from lit_rlhf.models.attention import use_varlen_attention
 from lit_rlhf.models.packed import packed_token_logps, packing_supported
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.types import PackedSFTBatch, SFTBatch
+from lit_rlhf.lightning_compat import attached_trainer
 
 
 class SFTModule(PolicyModule):
@@ -69,7 +70,7 @@ class SFTModule(PolicyModule):
 
     def _sums_tokens(self) -> bool:
         """Whether the gradient is normalised by the step's tokens (not under DeepSpeed)."""
-        return self._trainer is not None and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
+        return attached_trainer(self) is not None and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
 
     def training_step(self, batch: SFTBatch, batch_idx: int):
         nll_sum, tokens = self.nll_terms(batch)

@@ -14,11 +14,12 @@ use.
   8 steps writes its validations at 8 and 16, and a GRPO validation and the judge evaluation at
   its end share one step.
 
-Lightning's own choice (`_LoggerConnector.log_metrics` without a `step`) is the count of batches
+Lightning's own choice (the step it writes when no `step` is logged) is the count of batches
 that stepped *before* the current one: 0-based (the 8th step at 7), the rollout index for the
 online methods, and a validation one step before the judge that evaluates the same policy.
-`use_step_axis` makes a trainer write at `logged_step` instead; Lightning's "epoch" column is
-kept, and a `step` that a caller passes or logs still wins. `TrainingModule.setup` installs it.
+Lightning's public rule fixes that: a logged `step` is the x-axis of the scalars written with it.
+`log_step_axis` logs `step` (`logged_step`) and `epoch` with every write: `TrainingModule` calls
+it after each training batch the logger writes and at the end of every validation and test.
 
 **Which stats.** `step_stats_due` / `stats_to_log`: the training stats are logged on the steps the
 logger writes, plus the progress-bar ones on every step when a progress bar shows them.
@@ -30,33 +31,15 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["StepLoggingMixin", "logged_step", "stats_to_log", "step_stats_due", "use_step_axis"]
+from lit_rlhf.lightning_compat import attached_trainer, logger_writes_this_step
+
+__all__ = ["StepLoggingMixin", "logged_step", "stats_to_log", "step_stats_due"]
 
 
 def logged_step(trainer: Any) -> int:
     """The step the scalars written now belong to: the optimizer steps done. (Under gradient
     accumulation Lightning writes a window's training stats once, after its optimizer step.)"""
     return int(trainer.global_step)
-
-
-def use_step_axis(trainer: Any) -> None:
-    """Make `trainer` write every logged scalar at `logged_step` (see the module docstring).
-
-    Wraps the trainer's `_logger_connector.log_metrics`, through which Lightning writes every
-    `self.log` value (training steps, epoch ends, validation, test); idempotent."""
-    connector = getattr(trainer, "_logger_connector", None)
-    if connector is None or getattr(connector, "_lit_rlhf_step_axis", False):
-        return
-    write = connector.log_metrics
-
-    def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
-        if step is None and metrics and "step" not in metrics:
-            metrics = {"epoch": trainer.current_epoch, **metrics}  # Lightning adds it only without a step
-            step = logged_step(trainer)
-        write(metrics, step)
-
-    connector.log_metrics = log_metrics
-    connector._lit_rlhf_step_axis = True
 
 
 def stats_to_log(trainer: Any, stats: dict[str, Any], prog_bar: tuple[str, ...]) -> dict[str, Any]:
@@ -81,7 +64,7 @@ def step_stats_due(trainer: Any) -> bool:
     """
     if trainer is None:
         return True
-    return bool(trainer.fast_dev_run) or bool(trainer._logger_connector.should_update_logs)
+    return bool(trainer.fast_dev_run) or logger_writes_this_step(trainer)
 
 
 class StepLoggingMixin:
@@ -94,7 +77,7 @@ class StepLoggingMixin:
         `step_stats_due`) only the progress-bar ones are logged, when a progress bar shows them."""
         on_step = stage == "train"
         if on_step:
-            stats = stats_to_log(self._trainer, stats, prog_bar)
+            stats = stats_to_log(attached_trainer(self), stats, prog_bar)
         for name, value in stats.items():
             if isinstance(value, Tensor):
                 value = value.detach().float()
@@ -102,3 +85,13 @@ class StepLoggingMixin:
                 f"{stage}/{name}", value, prog_bar=name in prog_bar, on_step=on_step, on_epoch=not on_step,
                 sync_dist=not on_step, **kwargs,
             )
+
+    def log_step_axis(self, on_epoch: bool) -> None:
+        """Log `step` (the optimizer steps done, `logged_step`) and `epoch`: Lightning writes the
+        scalars of a write at a logged `step` (and adds no `epoch` then). `on_epoch` for the end of
+        a validation or test, else one training batch's write."""
+        trainer = attached_trainer(self)
+        if trainer is None or trainer.sanity_checking:
+            return
+        for name, value in (("step", logged_step(trainer)), ("epoch", trainer.current_epoch)):
+            self.log(name, float(value), on_step=not on_epoch, on_epoch=on_epoch, sync_dist=False)

@@ -1,4 +1,4 @@
-"""JudgeEvalCallback and `python -m lit_rlhf.judge_policy` on the tiny model and the bundled TL;DR data.
+"""JudgeEvalCallback and `python -m lit_rlhf.apps.judge_policy` on the tiny model and the bundled TL;DR data.
 
 - a CLI fit (SFTModule, TLDRSFTDataModule on bundled:tldr_sft, LocalLMJudge from YAML) logs the
   win-rate scalars, the examples table and the length-ratio figure to TensorBoard;
@@ -282,7 +282,7 @@ def test_lora_policy_is_judged_with_its_adapter_against_its_adapter_free_base(tm
 
 
 def test_entry_point_judges_an_exported_policy_against_references(tmp_path):
-    from lit_rlhf.judge_policy import main as judge_main
+    from lit_rlhf.apps.judge_policy import main as judge_main
 
     policy_dir = SFTModule(model="tiny-random-llama").export_hf(tmp_path / "policy")
     judge_yaml = tmp_path / "judge.yaml"

@@ -9,7 +9,8 @@ import torch
 
 from lit_rlhf.data import TLDRSFTDataModule
 from lit_rlhf.data.collate import SFTCollator
-from lit_rlhf.data.packing import PackedSFTCollator, first_fit_decreasing, pack_sequences, padding_fraction, unpack
+from lit_rlhf.data.packing import PackedSFTCollator, first_fit_decreasing, pack_sequences
+from lit_rlhf.types import padding_fraction, unpack
 from lit_rlhf.types import PackedSFTBatch, Rollout, SFTBatch
 
 PAD, EOS = 0, 9

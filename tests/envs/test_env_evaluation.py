@@ -1,12 +1,12 @@
 """Held-out evaluation of a policy on a multi-turn environment (`lit_rlhf.evaluation.episodes`,
-`python -m lit_rlhf.compare_env_policies`)."""
+`python -m lit_rlhf.apps.compare_env_policies`)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from lit_rlhf.compare_env_policies import main, summarise
+from lit_rlhf.apps.compare_env_policies import main, summarise
 from lit_rlhf.envs import ChatFormat
 from lit_rlhf.envs.rollout import run_episodes
 from lit_rlhf.evaluation.episodes import evaluate_episodes

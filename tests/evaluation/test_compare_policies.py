@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_rlhf.compare_policies import gold_of_pairs, objective, reward_scores
+from lit_rlhf.apps.compare_policies import gold_of_pairs, objective, reward_scores
 
 
 def test_scores_of_several_completion_sets_equal_one_at_a_time(tiny_tokenizer):

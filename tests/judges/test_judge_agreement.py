@@ -1,5 +1,5 @@
 """Reward model vs an external judge (N+ Detail 17): the agreement statistic by hand, and the
-`lit_rlhf.judge_agreement` entry point on the tiny model against a real HTTP chat judge."""
+`lit_rlhf.apps.judge_agreement` entry point on the tiny model against a real HTTP chat judge."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def prefer_longer(server):
 
 
 def test_entry_point_on_the_tiny_model(chat_server, tmp_path, monkeypatch):
-    from lit_rlhf import judge_agreement, models
-    from lit_rlhf.compare_policies import reward_scores
+    from lit_rlhf import models
+    from lit_rlhf.apps import judge_agreement
+    from lit_rlhf.apps.compare_policies import reward_scores
     from lit_rlhf.data import TLDRPreferenceDataModule
     from lit_rlhf.rewards.sources import load_reward_model
 

@@ -222,7 +222,7 @@ def test_judge_policy_cli_samples_a_lora_checkpoint_with_vllm(lora_grpo_fit, vll
     """`judge_policy --generation_backend vllm` on a LoRA .ckpt (an engine built from the merged
     policy) judges the same greedy completions as the hf sampler, baseline model included; its
     engine, once collected, leaves the session's engine (same process) able to sample."""
-    from lit_rlhf.judge_policy import main
+    from lit_rlhf.apps.judge_policy import main
 
     _, _, trained = lora_grpo_fit
     # a few steps of the tiny model leave its greedy text as the base's: move the adapter further

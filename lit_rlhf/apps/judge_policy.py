@@ -3,7 +3,7 @@
 A command line to judge a saved policy outside training (`callbacks.JudgeEvalCallback` judges
 during training):
 
-    python -m lit_rlhf.judge_policy \\
+    python -m lit_rlhf.apps.judge_policy \\
         --policy outputs/tldr/dpo/hf            # an exported HF dir, a .ckpt, or a model name
         --baseline reference                    # the data's reference completions, or a model
         --prompts vwxyzjn/summarize_from_feedback_tldr_3_filtered --split validation \\

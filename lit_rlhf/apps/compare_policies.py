@@ -1,6 +1,6 @@
 """Did training make the policy better? Two policies on the same held-out prompts, paired.
 
-    python -m lit_rlhf.compare_policies \\
+    python -m lit_rlhf.apps.compare_policies \\
         --before smollm2-135m-instruct --after outputs/quickstart/policy \\
         --prompts bundled:keyfact_sft --split test --num_prompts 64 \\
         --reward_model outputs/quickstart/reward_model \\
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", default=None, help="write the JSON result here")
     args = parser.parse_args(argv)
 
-    from lit_rlhf.judge_policy import load_policy, load_prompts
+    from lit_rlhf.apps.judge_policy import load_policy, load_prompts
     from lit_rlhf.judges.keyfact import KeyFactJudge
     from lit_rlhf.rewards.sources import load_reward_model
 

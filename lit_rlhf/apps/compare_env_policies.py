@@ -1,6 +1,6 @@
 """Did training make the policy better at a multi-turn environment? Two policies on the same held-out rows.
 
-    python -m lit_rlhf.compare_env_policies \\
+    python -m lit_rlhf.apps.compare_env_policies \\
         --config configs/envs/arithmetic_calculator_grpo.yaml \\
         --before outputs/envs/arithmetic_calculator_coldstart/policy \\
         --after outputs/envs/arithmetic_calculator_grpo/policy \\
@@ -49,7 +49,7 @@ def recipe_settings(config_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ValueError(f"{config_path}: a recipe has model.init_args and data sections ({err} missing)") from err
     if not model.get("environment"):
         raise ValueError(f"{config_path}: model.init_args has no environment: this compares environment episodes "
-                         "(single-turn policies: python -m lit_rlhf.compare_policies)")
+                         "(single-turn policies: python -m lit_rlhf.apps.compare_policies)")
     return model, data
 
 
@@ -71,7 +71,7 @@ def instantiate(environment: Any, reward_fns: Any) -> tuple[Any, list[Callable]]
 def heldout_rows(data: dict[str, Any], tokenizer: Any, split: str, num_rows: int) -> list[dict[str, Any]]:
     """The first `num_rows` rows of `split` as the recipe's DataModule formats them (its columns,
     without the token ids)."""
-    from lit_rlhf.compare_policies import import_class
+    from lit_rlhf.apps.compare_policies import import_class
 
     args = {k: v for k, v in dict(data.get("init_args") or {}).items()
             if k not in ("tokenizer", "train_split", "val_split", "test_split")}
@@ -119,9 +119,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", default=None, help="write the JSON result here")
     args = parser.parse_args(argv)
 
-    from lit_rlhf.compare_policies import machine
+    from lit_rlhf.apps.compare_policies import machine
     from lit_rlhf.evaluation.episodes import evaluate_episodes
-    from lit_rlhf.judge_policy import load_policy
+    from lit_rlhf.apps.judge_policy import load_policy
 
     started = datetime.datetime.now(datetime.timezone.utc)
     model_args, data = recipe_settings(args.config)

@@ -1,6 +1,6 @@
 """Does the reward model agree with an external judge? (The N+ paper's Detail 17.)
 
-    python -m lit_rlhf.judge_agreement \\
+    python -m lit_rlhf.apps.judge_agreement \\
         --reward_model outputs/tldr/reward/hf_model \\
         --pairs openai/summarize_from_feedback --split validation --num_pairs 256 \\
         --judge judge.yaml                      # e.g. {class_path: lit_rlhf.judges.ChatAPIJudge, init_args: {...}}
@@ -10,8 +10,8 @@ The N+ paper (Huang et al. 2024, Detail 17) checks its reward models against an 
 (GPT-3.5): how often the two prefer the same summary. Here both judge the same held-out pairs
 (`--pairs`, read by `--pairs_class`, the dataset's chosen summary as completion a, the rejected one
 as b): the reward model as a `RewardModelJudge` (the higher reward wins; each prompt + completion
-scored at its EOS, D3/D12, as `lit_rlhf.compare_policies` scores), the external judge as given
-(`--judge`, as in `lit_rlhf.judge_policy`; an LM judge shows each pair in its own seeded random
+scored at its EOS, D3/D12, as `lit_rlhf.apps.compare_policies` scores), the external judge as given
+(`--judge`, as in `lit_rlhf.apps.judge_policy`; an LM judge shows each pair in its own seeded random
 order). Reported (`metrics.json`, printed), each proportion with its 95% Wilson and exact
 Clopper-Pearson intervals:
 
@@ -42,13 +42,13 @@ class ScalarModelReward:
     A prompt is encoded as the data modules encode plain-text prompts (`encode_prompt`: the BOS
     the tokenizer adds, no EOS), a completion as text + EOS (`encode_completion`, D3), and each
     pair is scored at its last real token (the EOS, D12) with the prompt left padded, exactly as
-    the online modules score rollouts (`lit_rlhf.compare_policies.reward_scores`)."""
+    the online modules score rollouts (`lit_rlhf.apps.compare_policies.reward_scores`)."""
 
     def __init__(self, reward_model: torch.nn.Module, tokenizer: Any, batch_size: int = 16) -> None:
         self.reward_model, self.tokenizer, self.batch_size = reward_model, tokenizer, int(batch_size)
 
     def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:
-        from lit_rlhf.compare_policies import reward_scores
+        from lit_rlhf.apps.compare_policies import reward_scores
         from lit_rlhf.data.formatting import encode_completion, encode_prompt
 
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import yaml
 
     from lit_rlhf import models
-    from lit_rlhf.judge_policy import build_judge
+    from lit_rlhf.apps.judge_policy import build_judge
     from lit_rlhf.rewards.sources import load_reward_model
 
     judge = build_judge(args.judge, yaml.safe_load(args.judge_args) if args.judge_args else None)
