@@ -52,7 +52,7 @@ class PackedSFTBatch(NamedTuple):
     row after its last example only; that tail is numbered 0, 1, ... as one more segment, which
     no example attends to (it comes after them) and nothing scores. A token at position 0 is
     never scored (it has no context), as column 0 of the padded layout. Built by
-    `lit_rlhf.data.packing.PackedSFTCollator`; `lit_rlhf.data.packing.unpack` gives back the
+    `lit_rlhf.data.packing.PackedSFTCollator`; `unpack` gives back the
     right-padded `SFTBatch` of the same examples. Loss sums over `loss_mask` equal the padded
     batch's, so a token-mean loss is unchanged.
     """

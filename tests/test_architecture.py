@@ -174,11 +174,7 @@ OTHER_LIBRARIES = {
     "_actions",  # argparse
 }
 # sites in files rewritten elsewhere (the online wing), to move to lightning_compat there
-PENDING = {
-    "lit_rlhf/modules/online.py": {"_trainer"},
-    "lit_rlhf/modules/online_async.py": {"_trainer"},
-    "lit_rlhf/modules/online_rollout.py": {"_trainer"},
-}
+PENDING: dict[str, set[str]] = {}
 
 
 def private(name: str) -> bool:

@@ -6,10 +6,6 @@ resume are the padded path's) into a `PackedSFTBatch`: the examples laid end to 
 most `pack_length` tokens (first-fit decreasing), position ids restarting at every example, PAD
 only after a row's last example. `lit_rlhf.types.unpack` turns it back into the right-padded `SFTBatch`, which
 `SFTModule` uses for a model whose attention cannot take packed rows.
-
-`padding_fraction(batch)` is the share of a batch's token slots that are padding (any batch
-with `input_ids` and `attention_mask`; a `Rollout` counts prompt and response padding); the
-modules log it as `train/data/padding_fraction`.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.data.collate import SFTCollator, collect_meta
-from lit_rlhf.types import PackedSFTBatch, padding_fraction, unpack  # noqa: F401  (re-exported: their home is types)
+from lit_rlhf.types import PackedSFTBatch
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int | None) -> list[list[int]]:

@@ -39,18 +39,18 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
 from lit_rlhf.generation import SamplingConfig
+from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.modules.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.online import budget, hooks, scoring, update
 from lit_rlhf.online.async_source import SourceGuard
 from lit_rlhf.online.environment import episode_stats, log_conversations
-from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource
 from lit_rlhf.online.moved import refuse_moved_settings
+from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import RewardNormalization
 from lit_rlhf.rng import validation_rng
-from lit_rlhf.data.packing import padding_fraction
-from lit_rlhf.types import PromptBatch, Rollout
+from lit_rlhf.types import PromptBatch, Rollout, padding_fraction
 
 SOURCE_KEY = "rollout_source"
 
@@ -259,10 +259,11 @@ class OnlineModule(PolicyModule):
         if self.lr_schedule_per == "rollout":
             update.step_lr_schedule(self)
         updated = time.perf_counter()
-        hooks.notify_rollout_end(self._trainer, self, rollout)
+        trainer = attached_trainer(self)
+        hooks.notify_rollout_end(trainer, self, rollout)
 
         self.rollouts += 1
-        self.episodes += rollout.num_rows * max(1, self._trainer.world_size if self._trainer else 1)
+        self.episodes += rollout.num_rows * max(1, trainer.world_size if trainer else 1)
         same_temperature = self.logprob_temperature == self.sampling.temperature  # sampler logps comparable
         stats.update(scoring.rollout_stats(rollout, self.kl_coef, same_temperature))
         stats.update(episode_stats(rollout))
@@ -316,7 +317,7 @@ class OnlineModule(PolicyModule):
         extras = self.rollout_extras(batch, rollout)
         if extras:
             rollout = rollout.with_extras(**extras)
-        rollout = hooks.apply_rollout_hooks(self._trainer, self, rollout)
+        rollout = hooks.apply_rollout_hooks(attached_trainer(self), self, rollout)
         return (rollout, per_source, stats) if with_stats else (rollout, per_source)
 
     def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True,
@@ -353,7 +354,7 @@ class OnlineModule(PolicyModule):
         rollout = Rollout(prompt_ids, prompt_mask, ids, mask, has_eos, None, meta=dict(batch.meta))
         scores, _ = scoring.score_rollout(self, rollout)
         self.check_finite(batch, scores=scores)
-        return hooks.apply_rollout_hooks(self._trainer, self, rollout.with_scores(scores))
+        return hooks.apply_rollout_hooks(attached_trainer(self), self, rollout.with_scores(scores))
 
     # ------------------------------------------------------------------------------------------
     # the update
@@ -396,7 +397,7 @@ class OnlineModule(PolicyModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        trainer = self._trainer
+        trainer = attached_trainer(self)
         # under DeepSpeed the engine clips inside its step: hand it `max_grad_norm`
         if trainer is not None and isinstance(trainer.strategy, DeepSpeedStrategy) and self.max_grad_norm:
             trainer.strategy.config.setdefault("gradient_clipping", float(self.max_grad_norm))

@@ -7,13 +7,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_rlhf.data.packing import unpack
 from lit_rlhf.data.stream import BatchStream
 from lit_rlhf.losses import ptx_loss
 from lit_rlhf.modules.base import CHECKPOINT_KEY
-from lit_rlhf.online.update import StepLoss
 from lit_rlhf.modules.ppo import PPOModule
-from lit_rlhf.types import PackedSFTBatch, SFTBatch
+from lit_rlhf.online.update import StepLoss
+from lit_rlhf.types import PackedSFTBatch, SFTBatch, unpack
 
 
 class PPOPtxModule(PPOModule):

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from lit_rlhf.envs.base import Environment
 from lit_rlhf.envs.chat import ChatFormat
+from lit_rlhf.envs.errors import EnvErrorPolicy, OnEnvError
 from lit_rlhf.envs.rollout import environment_stats, run_episodes
 from lit_rlhf.envs.trajectory import Trajectory, to_tensors
 from lit_rlhf.generation import SamplingConfig, needs_synced_gpus
@@ -49,6 +50,14 @@ TRAJECTORY = "trajectory"  # the meta column holding each row's `Trajectory`
 def trajectories(rollout: Rollout) -> list[Trajectory] | None:
     """The rollout's episodes (None for single-turn rows)."""
     return rollout.meta.get(TRAJECTORY)
+
+
+def dropped_rows(rollout: Rollout) -> Tensor | None:
+    """(N,) bool: the rows of episode groups dropped after an environment error (None: none)."""
+    found = trajectories(rollout)
+    if found is None or not any(t.dropped for t in found):
+        return None
+    return torch.tensor([t.dropped for t in found], dtype=torch.bool, device=rollout.response_ids.device)
 
 
 def episode_stats(rollout: Rollout) -> dict[str, Tensor]:
@@ -70,13 +79,20 @@ class EnvironmentRollouts(RolloutSource):
             the environment's (the rollout's response width R); None = `max_turns *
             max_new_tokens`. An episode that would pass it is truncated (`has_eos` False).
         sampler: who samples each policy turn: `HFSampler` (default) or `VLLMSampler`.
+        on_env_error: what an environment that raises does (`lit_rlhf.envs.errors`): `stop` the
+            run (default), or `skip`: the failing episode's whole group is counted and dropped
+            (no policy token to train on, every reward source 0 for its rows).
+        max_env_errors: with `skip`, the failed episodes allowed over the run: an int (a count) or
+            a float in (0, 1] (a share of the episodes so far); past it the run stops. Its counts
+            travel in checkpoints.
     """
 
     multi_turn = True
     runtime = ("instances", "chat_format")
 
     def __init__(self, environment: Environment, max_turns: int = 1, max_episode_tokens: int | None = None,
-                 sampler: RolloutSource | None = None) -> None:
+                 sampler: RolloutSource | None = None, on_env_error: OnEnvError = "stop",
+                 max_env_errors: int | float = 0.1) -> None:
         if not isinstance(environment, Environment):
             raise TypeError(f"environment must be a lit_rlhf.envs.Environment, got {type(environment).__name__}")
         if max_turns < 1:
@@ -89,6 +105,7 @@ class EnvironmentRollouts(RolloutSource):
                              f"HFSampler or VLLMSampler, got {sampler.describe()}")
         self.environment, self.max_turns, self.max_episode_tokens = environment, int(max_turns), max_episode_tokens
         self.sampler = sampler
+        self.env_errors = EnvErrorPolicy(on_env_error, max_env_errors)
         self.instances: list[Environment] | None = None
         self.chat_format: ChatFormat | None = None
 
@@ -110,6 +127,13 @@ class EnvironmentRollouts(RolloutSource):
 
     def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
         return self.sampler.generate(module, prompt_ids, prompt_mask, sampling)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"env_errors": self.env_errors.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is not None:
+            self.env_errors.load_state_dict(state["env_errors"])
 
     def fork_instances(self, n: int) -> list[Environment]:
         """`n` environment instances, one per episode (`Environment.fork`), kept from rollout to
@@ -139,7 +163,8 @@ class EnvironmentRollouts(RolloutSource):
             return self.sampler.generate(module, ids, mask, turn_sampling)
 
         found = run_episodes(self.fork_instances(n), rows, seeds, row_prompts, generate, self.chat_format,
-                             sampling, self.max_turns, budget, device=prompt_ids.device)
+                             sampling, self.max_turns, budget, device=prompt_ids.device, group_size=repeats,
+                             env_errors=self.env_errors)
         t = to_tensors(found, budget, tokenizer.pad_token_id, prompt_ids.device)
         meta = {**meta, TRAJECTORY: found, "conversation": [trajectory.conversation(tokenizer) for trajectory in found]}
         rollout = Rollout(t.prompt_ids, t.prompt_mask, t.response_ids, t.response_mask, t.has_eos, None, meta=meta,

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.generation import decode_responses
-from lit_rlhf.online.environment import trajectories
+from lit_rlhf.online.environment import dropped_rows, trajectories
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import call_reward_fn, combine_rewards, function_name, reward_model_scores
 from lit_rlhf.types import Rollout
@@ -66,6 +66,9 @@ def score_rollout(module: Any, rollout: Rollout, group_size: int = 1) -> tuple[T
         per_source["environment"] = torch.tensor([t.reward for t in episodes], dtype=torch.float32)
     device = rollout.response_ids.device
     per_source = {k: v.to(device) for k, v in per_source.items()}
+    dropped = dropped_rows(rollout)  # groups dropped after an environment error: 0 from every source
+    if dropped is not None:
+        per_source = {k: torch.where(dropped, torch.zeros_like(v), v) for k, v in per_source.items()}
     how = module.reward_normalization if module.training else "none"  # val: raw scores
     if how == "group" and group_size < 2:
         raise ValueError("reward_normalization 'group' needs several samples per prompt (GRPO's "

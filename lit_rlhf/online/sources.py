@@ -29,6 +29,7 @@ from typing import Any
 from torch import Tensor
 
 from lit_rlhf.generation import SamplingConfig, generate_responses, needs_synced_gpus
+from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.models import adapters
 from lit_rlhf.types import PromptBatch, Rollout
 
@@ -95,11 +96,6 @@ class RolloutSource:
         return {k: (None if k in self.runtime else v) for k, v in self.__dict__.items()}
 
 
-def trainer_of(module: Any) -> Any:
-    """The trainer `module` is attached to, or None outside a fit."""
-    return getattr(module, "_trainer", None)
-
-
 class HFSampler(RolloutSource):
     """Our KV-cache sampler (`lit_rlhf.generation.hf`) on the policy itself, in this process:
     the reference backend. Under sharded strategies every rank keeps generating until all are
@@ -107,7 +103,7 @@ class HFSampler(RolloutSource):
 
     def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
         tokenizer = module.tokenizer
-        synced = needs_synced_gpus(trainer_of(module))
+        synced = needs_synced_gpus(attached_trainer(module))
         return (*generate_responses(module.policy, prompt_ids, prompt_mask, sampling, tokenizer.eos_token_id,
                                     tokenizer.pad_token_id, synced_gpus=synced), None)
 
@@ -148,7 +144,7 @@ class VLLMSampler(RolloutSource):
         """The engine, built on first use, with the policy's weights of the current optimizer step."""
         from lit_rlhf.generation.vllm import VLLMEngine
 
-        step = module.global_step if trainer_of(module) is not None else 0
+        step = module.global_step if attached_trainer(module) is not None else 0
         adapter = adapters.POLICY if module.lora_config is not None else None
         if self.engine is None:
             self.engine = VLLMEngine.from_policy(module.policy, module.tokenizer, adapter=adapter, **self.engine_kwargs)

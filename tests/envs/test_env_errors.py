@@ -101,3 +101,30 @@ def test_policy_arguments_are_checked():
     restored = EnvErrorPolicy("skip", 3)
     restored.load_state_dict(policy.state_dict())
     assert (restored.errors, restored.dropped_groups) == (1, 1)
+
+
+def test_grpo_with_skip_trains_on_the_other_groups_and_checkpoints_the_counts():
+    """Through the module: a prompt whose episode raises loses its whole group (no policy token,
+    every reward source 0, advantages 0), the other prompt's group trains, and the counts travel
+    in the source's checkpoint state."""
+    from lit_rlhf.data.collate import PromptCollator
+    from lit_rlhf.modules import GRPOModule
+    from lit_rlhf.online import EnvironmentRollouts
+    from lit_rlhf.rewards import CharacterFractionReward
+
+    torch.manual_seed(0)
+    source = EnvironmentRollouts(FlakyEnv(3, prompt_column="prompt"), max_turns=3, max_episode_tokens=64,
+                                 on_env_error="skip", max_env_errors=4)
+    module = GRPOModule(model="tiny-random-llama", rollout=source, reward_fns=[CharacterFractionReward("abc")],
+                        max_new_tokens=6, num_generations=2, kl_coef=0.0, log_completions_every_n_steps=0)
+    tok = module.tokenizer
+    rows = [{"_prompt_ids": tok(p, add_special_tokens=False)["input_ids"], "prompt": p, "fail_at": f}
+            for p, f in (("fine", None), ("flaky", 0))]  # 0: its reset raises
+    rollout, per_source = module.make_rollout(PromptCollator(tok.pad_token_id)(rows), repeats=2)
+    assert rollout.loss_mask[2:].sum() == 0 and rollout.loss_mask[:2].sum() > 0  # the flaky prompt's group
+    assert all(float(v[2:].abs().sum()) == 0 for v in per_source.values()) and float(rollout.scores[2:].abs().sum()) == 0
+    assert source.env_errors.errors == 2 and source.env_errors.dropped_groups == 1  # both copies raised
+    state = source.state_dict()
+    fresh = EnvironmentRollouts(FlakyEnv(3), on_env_error="skip", max_env_errors=4)
+    fresh.load_state_dict(state)
+    assert fresh.env_errors.state_dict() == state["env_errors"]
