@@ -6,10 +6,10 @@ Each mode is a real `GRPOModule` fit (Lightning's loop, the same prompts, reward
 settings), `--rollouts` rollouts of `--prompts` prompts x G = `--generations` samples of at most
 `--new-tokens` tokens (temperature 1), one optimizer step each:
 
-- `sync`: rollouts sampled inside the training step (`generation_backend: hf`), the reference;
-- `async_hf`: `max_staleness: 1`, a producer thread samples batch k + 1 on its own copy of the
+- `sync`: rollouts sampled inside the training step (the default `HFSampler`), the reference;
+- `async_hf`: `AsyncRollouts(max_staleness=1)`, a producer thread samples batch k + 1 on its own copy of the
   policy while the learner updates on batch k (both in this process, sharing its cores);
-- `server`: `max_staleness: 1`, `generation_backend: vllm_server`: a vLLM engine in its own
+- `server`: `AsyncRollouts(max_staleness=1, server=VLLMServerBackend())`: a vLLM engine in its own
   process started by the trainer (its start is not timed), weights pushed as a file per version.
 
 Per mode, over the rollouts after the first (the warm-up): the median step (from one step's end
@@ -39,6 +39,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
     from lit_rlhf.data import TLDRPromptDataModule
     from lit_rlhf.modules import GRPOModule
+    from lit_rlhf.online import AsyncRollouts, VLLMServerBackend
     from lit_rlhf.rewards import CharacterFractionReward
 
     class Steps(Callback):
@@ -53,9 +54,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     L.seed_everything(args.seed)
     extra: dict[str, Any] = {}
     if mode != "sync":
-        extra["max_staleness"] = 1
-    if mode == "server":
-        extra.update(generation_backend="vllm_server", async_timeout=1800, vllm_kwargs={"max_model_len": 1024})
+        server = VLLMServerBackend(engine_kwargs={"max_model_len": 1024}) if mode == "server" else None
+        extra["rollout"] = AsyncRollouts(max_staleness=1, timeout=1800, server=server)
     module = GRPOModule(model=args.model, reward_fns=[CharacterFractionReward("abcdefghijklmnopqrstuvwxyz")],
                         num_generations=args.generations, max_new_tokens=args.new_tokens, temperature=1.0,
                         kl_coef=0.0, lr=1e-6, log_completions_every_n_steps=0, **extra)

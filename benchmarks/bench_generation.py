@@ -1,4 +1,4 @@
-"""Rollout and whole-step time, `generation_backend` hf vs vllm, side by side (interleaved).
+"""Rollout and whole-step time, our `HFSampler` vs the colocated `VLLMSampler`, side by side (interleaved).
 
     python -m benchmarks.bench_generation --model smollm2-135m-instruct --rounds 5 --json benchmarks/results/generation.json
 

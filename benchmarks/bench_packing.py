@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from lit_rlhf.data.collate import SFTCollator
     from lit_rlhf.data.packing import PackedSFTCollator
     from lit_rlhf.modules import SFTModule
-    from lit_rlhf.modules.optim import build_adamw
+    from lit_rlhf.training.optim import build_adamw
 
     if args.attention == "masked":  # keep sdpa: SFTModule would switch the policy to sdpa_varlen
         import lit_rlhf.modules.sft as sft

@@ -1,6 +1,6 @@
 """Lightning's learning-rate monitor on the project's one step axis.
 
-`lit_rlhf.modules.step_logging` writes every scalar at the optimizer steps done (the step a
+`lit_rlhf.training.step_logging` writes every scalar at the optimizer steps done (the step a
 training stat belongs to: the 8th step at 8). Lightning's `LearningRateMonitor` writes the
 learning rate at the count of batches that stepped before the current one (0-based, and the
 rollout index for the online methods), so its curve sat one step (or a whole rollout) away from

@@ -19,7 +19,7 @@ Checked:
 - the module's own settings, through its `check_config(trainer, datamodule)` hook (a list of
   problems, `docs/ARCHITECTURE.md` section 5), so a new method validates its own: e.g.
   `optimizer_in_backward` with what needs all gradients of a step at once or several backward
-  passes per step (`TrainingModule.check_config`, `lit_rlhf.modules.in_backward.startup_problems`);
+  passes per step (`TrainingModule.check_config`, `lit_rlhf.training.in_backward.startup_problems`);
   every online method's update rows that do not split into `num_minibatches` equal minibatches
   (`OnlineModule.check_config`, from its `update_rows`); the batch content a method needs
   (DRO-V's rewards, KTO's labels or rewards, the reward model's margins) and a precomputed DPO

@@ -88,7 +88,23 @@ def short_message(parser: Any, message: str) -> tuple[str, str | None]:
 
 
 def unknown_option(key: str, valid: Iterable[str], what: str) -> str:
+    moved = moved_setting(key)
+    if moved is not None:
+        return moved
     return f"{key} is not {what}; {did_you_mean(key, valid)}"
+
+
+def moved_setting(key: str) -> str | None:
+    """The one-line pointer for an online setting that moved from the method's arguments to its
+    rollout source (`lit_rlhf.online.moved`), or None: `model.init_args.max_staleness` ->
+    'model: `max_staleness` moved to the rollout source: use rollout: {class_path: ...}'."""
+    from lit_rlhf.online.moved import MOVED, moved_message
+
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if part in MOVED:
+            return moved_message(parts[0] if i else "model", part)
+    return None
 
 
 def did_you_mean(key: str, valid: Iterable[str]) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from lit_rlhf.modules.base import CHECKPOINT_KEY
+from lit_rlhf.training.base import CHECKPOINT_KEY
 
 
 def module_class_from_checkpoint(checkpoint: dict):

@@ -10,7 +10,7 @@
 #   <method>-bf16       every quickstart recipe (configs/quickstart: sft reward dpo kto drov ppo grpo)
 #                       on one GPU under bf16-mixed precision, validating along the way; reward runs
 #                       first (ppo and grpo score with the reward model it exports)
-#   grpo-vllm           GRPO with generation_backend: vllm (a vLLM engine colocated in the training
+#   grpo-vllm           GRPO with rollout: VLLMSampler (a vLLM engine colocated in the training
 #                       process, in bf16, its weights reloaded from the policy after every optimizer
 #                       step); passes when the fit ends and the logged train/rollout/sampler_logprob_diff
 #                       (mean |log pi_train - log pi_sampler|) is finite and below 0.5
@@ -65,8 +65,7 @@ add ppo-bf16 "${FIT[@]}" --config "$QUICK/ppo.yaml" "${GPU[@]}" --model.init_arg
 add grpo-bf16 "${FIT[@]}" --config "$QUICK/grpo.yaml" "${GPU[@]}" --model.init_args.total_episodes=16 "${VALIDATE[@]}"
 # GRPO sampling with a colocated vLLM engine, synced after every optimizer step
 add grpo-vllm "${FIT[@]}" --config "$QUICK/grpo.yaml" "${GPU[@]}" --model.init_args.total_episodes=24 "${VALIDATE[@]}" \
-  --model.init_args.generation_backend=vllm \
-  '--model.init_args.vllm_kwargs={"gpu_memory_utilization": 0.3, "dtype": "bfloat16"}' \
+  '--model.init_args.rollout={"class_path": "lit_rlhf.online.VLLMSampler", "init_args": {"engine_kwargs": {"gpu_memory_utilization": 0.3, "dtype": "bfloat16"}}}' \
   --trainer.logger.init_args.name=grpo_vllm --model.init_args.export_dir=outputs/quickstart/policy_vllm
 # single-GPU DeepSpeed
 for stage in 2 3; do

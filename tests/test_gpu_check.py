@@ -72,11 +72,12 @@ def test_every_fit_command_parses_with_the_settings_it_checks(tmp_path, monkeypa
         else:
             assert not isinstance(strategy, dict), name
         assert config["data"]["init_args"].get("packing", False) is (name == "sft-packed-varlen"), name
+        source = model.get("rollout") or {}
         if name == "grpo-vllm":
-            assert model["generation_backend"] == "vllm"
-            assert model["vllm_kwargs"] == {"gpu_memory_utilization": 0.3, "dtype": "bfloat16"}
-        elif "generation_backend" in model:
-            assert model["generation_backend"] == "hf", name
+            assert source["class_path"] == "lit_rlhf.online.VLLMSampler"
+            assert source["init_args"]["engine_kwargs"] == {"gpu_memory_utilization": 0.3, "dtype": "bfloat16"}
+        elif source:
+            assert source["class_path"] == "lit_rlhf.online.HFSampler", name
 
 
 def test_the_logprob_check_passes_on_cpu_with_the_tiny_model():

@@ -65,7 +65,7 @@ def module_graph() -> dict[str, set[str]]:
 
 
 def part(module: str) -> str:
-    """`lit_rlhf.modules.base` -> `lit_rlhf.modules`; `lit_rlhf.checks` -> `lit_rlhf.checks`."""
+    """`lit_rlhf.training.base` -> `lit_rlhf.modules`; `lit_rlhf.checks` -> `lit_rlhf.checks`."""
     return ".".join(module.split(".")[:2])
 
 

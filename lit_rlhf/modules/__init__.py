@@ -1,7 +1,7 @@
 """One LightningModule per method. Shared plumbing is in `base.TrainingModule`, `policy.PolicyModule`
 and, for pairwise-preference methods, `pairwise.PairwiseModule`."""
 
-from lit_rlhf.modules.base import TrainingModule
+from lit_rlhf.training.base import TrainingModule
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.modules.pairwise import PairLogps, PairwiseModule
 from lit_rlhf.modules.dpo import DPOModule

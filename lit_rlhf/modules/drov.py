@@ -17,7 +17,7 @@ from lit_rlhf import checks, models
 from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.losses import batch_value_estimate, drov_loss
 from lit_rlhf.modules.policy import PolicyModule
-from lit_rlhf.modules.optim import decay_groups
+from lit_rlhf.training.optim import decay_groups
 from lit_rlhf.types import SingleBatch
 from lit_rlhf.lightning_compat import attached_trainer
 

@@ -15,7 +15,7 @@ from lit_rlhf.losses.grpo_family import (
     normalize_token_advantages,
     reinforce_pp_advantages,
 )
-from lit_rlhf.modules.base import CHECKPOINT_KEY
+from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.dynamic_sampling import dynamic_sample
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.types import PromptBatch, Rollout
@@ -137,7 +137,7 @@ class GRPOModule(OnlineModule):
             raise ValueError(f"aggregation must be 'token_mean', 'sequence_mean' or 'constant_normalizer', got {aggregation!r}")
         if num_iterations < 1 or num_minibatches < 1:
             raise ValueError(f"num_iterations and num_minibatches must be >= 1, got {num_iterations} and {num_minibatches}")
-        # the settings, read at run time (`lit_rlhf.modules.settings`)
+        # the settings, read at run time (`lit_rlhf.training.settings`)
         self.num_generations, self.advantage, self.scale, self.eps = num_generations, advantage, scale, eps
         self.clip_eps_low, self.clip_eps_high, self.aggregation = clip_eps_low, clip_eps_high, aggregation
         self.num_iterations, self.num_minibatches = num_iterations, num_minibatches

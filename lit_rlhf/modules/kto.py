@@ -42,7 +42,7 @@ from lit_rlhf.losses import (
     kto_weight_ratio,
     labels_from_rewards,
 )
-from lit_rlhf.modules.base import CHECKPOINT_KEY
+from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.ops.mismatch import mismatch_partners, mismatched_sequences
 from lit_rlhf.types import PreferenceBatch, PromptSharing, SingleBatch

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.lightning_compat import attached_trainer
-from lit_rlhf.modules.base import CHECKPOINT_KEY
+from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.online import budget, hooks, scoring, update
 from lit_rlhf.online.async_source import SourceGuard

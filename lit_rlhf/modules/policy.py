@@ -1,7 +1,7 @@
 """`PolicyModule`: what every policy-training method shares (SFT, DPO, KTO, DRO-V, PPO, GRPO).
 
 A method is a subclass of `PolicyModule` that turns its batch into the tensors its loss needs
-(see `SFTModule` for the smallest one); `TrainingModule` (`lit_rlhf.modules.base`), its base,
+(see `SFTModule` for the smallest one); `TrainingModule` (`lit_rlhf.training.base`), its base,
 holds the optimiser, the non-finite guard, exact resume, checks, logging and export. Here:
 
 - the policy (`self.policy`) and its tokenizer (`self.tokenizer`), loaded by `lit_rlhf.models`
@@ -16,7 +16,7 @@ holds the optimiser, the non-finite guard, exact resume, checks, logging and exp
 
 A subclass keeps its settings as attributes set in `__init__` and reads those at run time, never
 `self.hparams`; it may pin a setting of its base in its `super().__init__(...)` call, which
-survives the CLI and is recorded in checkpoints (`lit_rlhf.modules.settings`). Its own start-up
+survives the CLI and is recorded in checkpoints (`lit_rlhf.training.settings`). Its own start-up
 checks go in `check_config(trainer, datamodule)` (`lit_rlhf.checks`).
 """
 
@@ -33,9 +33,9 @@ from torch import Tensor, nn
 from lit_rlhf import models
 from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.models import adapters, scalar_adapters
-from lit_rlhf.modules.base import TrainingModule
-from lit_rlhf.modules.optim import SchedulerName, decay_groups
-from lit_rlhf.modules.settings import record_settings
+from lit_rlhf.training.base import TrainingModule
+from lit_rlhf.training.optim import SchedulerName, decay_groups
+from lit_rlhf.training.settings import record_settings
 from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum
 from lit_rlhf.models.shared_prompt import grouped_token_logps, shared_response_logps
 from lit_rlhf.types import PromptSharing
@@ -96,7 +96,7 @@ class PolicyModule(TrainingModule):
             as the usual step (either resumes the other). One backward pass per optimizer step
             (online methods: `micro_batch_size` null or at least a minibatch), one process, no
             gradient clipping (`max_grad_norm: 0` for online methods), accumulation, DeepSpeed,
-            fp16 or `on_nonfinite: skip` (refused at start-up). See `lit_rlhf.modules.in_backward`.
+            fp16 or `on_nonfinite: skip` (refused at start-up). See `lit_rlhf.training.in_backward`.
         release_host_memory: on CPU, hand the heap the C library keeps after freeing tensors back
             to the system (glibc's `malloc_trim`, `lit_rlhf.host_memory`): `phases` after each
             optimizer step and before each backward pass, `layers` also before each decoder
@@ -134,7 +134,7 @@ class PolicyModule(TrainingModule):
     ) -> None:
         super().__init__()
         # hparams: the effective init args of the whole class chain, pinned ones included
-        # (`lit_rlhf.modules.settings`). The CLI gives the DataModule `tokenizer or model`: record
+        # (`lit_rlhf.training.settings`). The CLI gives the DataModule `tokenizer or model`: record
         # the same resolved name, or a logger refuses to merge the two hparams ("tokenizer")
         record_settings(self, inspect.currentframe(), tokenizer=tokenizer or model)
         self.set_training_settings(lr=lr, weight_decay=weight_decay, adam_eps=adam_eps, adam_betas=adam_betas,

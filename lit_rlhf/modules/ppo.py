@@ -10,7 +10,7 @@ from torch import Tensor
 from lit_rlhf.distributed import global_masked_whiten
 from lit_rlhf.losses import ppo_policy_loss, ppo_rewards, ppo_value_loss
 from lit_rlhf.models import adapters, load_scalar_model, scalar_adapters
-from lit_rlhf.modules.optim import decay_groups
+from lit_rlhf.training.optim import decay_groups
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.ops import gae, masked_sum
 from lit_rlhf.rewards import load_reward_model
@@ -106,7 +106,7 @@ class PPOModule(OnlineModule):
             raise ValueError(f"ppo_epochs and num_minibatches must be >= 1, got {ppo_epochs} and {num_minibatches}")
         if kl_estimator not in ("k1", "k3"):
             raise ValueError(f"kl_estimator must be 'k1' or 'k3', got {kl_estimator!r}")
-        # the settings, read at run time (`lit_rlhf.modules.settings`)
+        # the settings, read at run time (`lit_rlhf.training.settings`)
         self.value_lr, self.kl_estimator, self.gamma, self.lam = value_lr, kl_estimator, gamma, lam
         self.whiten_rewards, self.whiten_advantages = whiten_rewards, whiten_advantages
         self.clip_eps, self.value_clip_eps, self.value_coef = clip_eps, value_clip_eps, value_coef

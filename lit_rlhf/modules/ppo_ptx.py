@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lit_rlhf.data.stream import BatchStream
 from lit_rlhf.losses import ptx_loss
-from lit_rlhf.modules.base import CHECKPOINT_KEY
+from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.ppo import PPOModule
 from lit_rlhf.online.update import StepLoss
 from lit_rlhf.types import PackedSFTBatch, SFTBatch, unpack

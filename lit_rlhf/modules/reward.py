@@ -10,7 +10,7 @@ A `PreferenceBatch` holds the chosen rows then the rejected rows, so both are sc
 forward pass; the loss is `lit_rlhf.losses.bradley_terry_loss` (with the data's margin when
 `use_margin` is set, and the optional centring term).
 
-Validation and test (`lit_rlhf.modules.reward_eval`) log the loss and reward statistics,
+Validation and test (`lit_rlhf.training.reward_eval`) log the loss and reward statistics,
 accuracy per grouping column (D16) and per named evaluation split, and calibration (D18).
 
 D15 (reward normalisation) is `normalize_to(prompts, completions)`, run at the end of fit by
@@ -42,11 +42,11 @@ from lit_rlhf import checks, models
 from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.models.shared_prompt import grouped_scalar_scores
 from lit_rlhf.losses import bradley_terry_loss
-from lit_rlhf.modules.base import TrainingModule
-from lit_rlhf.modules.optim import SchedulerName, decay_groups
-from lit_rlhf.modules.settings import record_settings
-from lit_rlhf.modules.reward_eval import EVAL_SPLIT, PairEvaluationMixin
-from lit_rlhf.modules.reward_metrics import (  # importable from here as well
+from lit_rlhf.training.base import TrainingModule
+from lit_rlhf.training.optim import SchedulerName, decay_groups
+from lit_rlhf.training.settings import record_settings
+from lit_rlhf.training.reward_eval import EVAL_SPLIT, PairEvaluationMixin
+from lit_rlhf.training.reward_metrics import (  # importable from here as well
     PreferenceRecords,
     accuracy_table,
     calibration_buckets,
@@ -133,7 +133,7 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         release_host_memory: Literal["phases", "layers"] | None = None,
     ) -> None:
         super().__init__()
-        # hparams: the effective init args (`lit_rlhf.modules.settings`). The CLI gives the
+        # hparams: the effective init args (`lit_rlhf.training.settings`). The CLI gives the
         # DataModule `tokenizer or model`: record the same resolved name, or a logger refuses to
         # merge the two ("tokenizer" differs)
         record_settings(self, inspect.currentframe(), tokenizer=tokenizer or model)

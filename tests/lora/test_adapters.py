@@ -218,7 +218,7 @@ def test_checkpoints_hold_the_adapters_not_the_frozen_base():
 
 
 def test_nonfinite_guard_sees_adapter_gradients():
-    from lit_rlhf.modules.base import NonFiniteError
+    from lit_rlhf.training.base import NonFiniteError
 
     module = PPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward()], max_new_tokens=4, lora=LORA)
     ids, mask, _ = batch(module.tokenizer)

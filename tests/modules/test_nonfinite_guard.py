@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lit_rlhf.modules import SFTModule
-from lit_rlhf.modules.base import NonFiniteError
+from lit_rlhf.training.base import NonFiniteError
 from tests.modules.test_sft import make_batches, trainer
 
 

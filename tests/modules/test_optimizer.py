@@ -8,7 +8,7 @@ import pytest
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from lit_rlhf.modules.optim import build_adamw, decay_groups, offloads_optimizer
+from lit_rlhf.training.optim import build_adamw, decay_groups, offloads_optimizer
 
 HYPER = {"lr": 1e-2, "eps": 1e-5, "betas": (0.9, 0.95), "weight_decay": 0.1}
 

@@ -17,10 +17,10 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from lit_rlhf import checks
 from lit_rlhf.modules import GRPOModule, SFTModule
-from lit_rlhf.modules.base import NonFiniteError
-from lit_rlhf.modules import in_backward
-from lit_rlhf.modules.in_backward import InBackwardAdamW, InBackwardError
-from lit_rlhf.modules.optim import build_adamw, decay_groups
+from lit_rlhf.training.base import NonFiniteError
+from lit_rlhf.training import in_backward
+from lit_rlhf.training.in_backward import InBackwardAdamW, InBackwardError
+from lit_rlhf.training.optim import build_adamw, decay_groups
 from tests.resume.harness import CASES, Interrupt, Setup, assert_same_run, checkpoint_values, fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bitwise-reproducible CPU kernels

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lit_rlhf.modules import GRPOModule, PPOModule, SFTModule
-from lit_rlhf.modules import in_backward
-from lit_rlhf.modules.in_backward import InBackwardAdamW
+from lit_rlhf.training import in_backward
+from lit_rlhf.training.in_backward import InBackwardAdamW
 from tests.modules.test_optimizer_in_backward import LiveGradients
 from tests.resume.harness import Setup, checkpoint_values, fit
 

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lit_rlhf import checks
 from lit_rlhf.modules import SFTModule
-from lit_rlhf.modules.optim import decay_groups
+from lit_rlhf.training.optim import decay_groups
 from tests.modules.test_sft import make_batches
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -1,5 +1,5 @@
 """Training stats are logged on the steps the logger writes; other steps log only the progress bar's (if any).
-Every scalar is written at the optimizer steps done (`lit_rlhf.modules.step_logging`): training and
+Every scalar is written at the optimizer steps done (`lit_rlhf.training.step_logging`): training and
 validation, automatic and manual optimisation, on one axis."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from lit_rlhf import host_memory
 from lit_rlhf.modules import DPOModule, SFTModule
-from lit_rlhf.modules.base import TrainingModule
+from lit_rlhf.training.base import TrainingModule
 from lit_rlhf.types import PreferenceBatch, SFTBatch
 from transformers.modeling_layers import GradientCheckpointingLayer
 from tests.resume.harness import Setup

@@ -82,7 +82,7 @@ def test_preempted_job_resubmitted_with_the_same_command(tmp_path, one_thread):
     # every logged train scalar of every step, as the logger wrote it (epoch and step numbers too)
     logged.update(train_scalars(run_dir / "metrics.csv"))
     assert logged == train_scalars(straight / "outputs" / "sft" / "version_0" / "metrics.csv")
-    assert sorted(logged) == [1, 2, 3, 4]  # written at the optimizer steps done (lit_rlhf.modules.step_logging)
+    assert sorted(logged) == [1, 2, 3, 4]  # written at the optimizer steps done (lit_rlhf.training.step_logging)
 
 
 def train_scalars(path) -> dict[int, dict[str, str]]:

@@ -5,12 +5,12 @@ checks, step logging, export at fit end.
 models and log-probs every method shares) and of `RewardModule`. What lives here exists once:
 
 - AdamW with warmup and a cosine/linear/constant schedule (`configure_optimizers`, built by
-  `lit_rlhf.modules.optim`, overridable through `optimizer_param_groups`), stepped inside the
-  backward pass with `optimizer_in_backward` (`lit_rlhf.modules.in_backward`);
+  `lit_rlhf.training.optim`, overridable through `optimizer_param_groups`), stepped inside the
+  backward pass with `optimizer_in_backward` (`lit_rlhf.training.in_backward`);
 - the non-finite guard: `check_finite` on losses and rewards, every gradient before the step
   (`on_nonfinite: error | skip`);
 - metric logging under `{stage}/{group}/{name}`, tokens per second, every scalar at the optimizer
-  steps done (`lit_rlhf.modules.step_logging`: one step axis for training and validation);
+  steps done (`lit_rlhf.training.step_logging`: one step axis for training and validation);
 - export in Hugging Face format (`export_hf`), at the end of fit when `export_dir` is set, and
   from any checkpoint with `python -m lit_rlhf.export`;
 - exact resume: checkpoints carry the random generator states of every rank (`lit_rlhf.rng`),
@@ -39,10 +39,10 @@ from torch import Tensor, nn
 
 from lit_rlhf import checks, host_memory, models, resume, rng
 from lit_rlhf.lightning_compat import attached_trainer, replace_eval_mode_check, trust_checkpoint_instantiator
-from lit_rlhf.modules.in_backward import InBackwardAdamW, startup_problems
-from lit_rlhf.modules.optim import build_adamw, lr_lambda
-from lit_rlhf.modules.settings import INSTANTIATOR, rebuilt_by_us
-from lit_rlhf.modules.step_logging import StepLoggingMixin, stats_to_log, step_stats_due  # noqa: F401
+from lit_rlhf.training.in_backward import InBackwardAdamW, startup_problems
+from lit_rlhf.training.optim import build_adamw, lr_lambda
+from lit_rlhf.training.settings import INSTANTIATOR, rebuilt_by_us
+from lit_rlhf.training.step_logging import StepLoggingMixin, stats_to_log, step_stats_due  # noqa: F401
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.types import padding_fraction
 from lit_rlhf.stopping import stop_reason
@@ -67,10 +67,10 @@ class TrainingModule(StepLoggingMixin, LightningModule):
       checkpoint files;
     - step logging under `{stage}/{group}/{name}` (`log_stats`), tokens per second, the
       padding share of each training batch (`train/data/padding_fraction`), every scalar
-      written at the optimizer steps done (`lit_rlhf.modules.step_logging`);
+      written at the optimizer steps done (`lit_rlhf.training.step_logging`);
     - `export_hf(export_dir)` at the end of fit when the `export_dir` hparam is set.
 
-    A subclass records its settings (`lit_rlhf.modules.settings.record_settings`), keeps the shared
+    A subclass records its settings (`lit_rlhf.training.settings.record_settings`), keeps the shared
     ones with `set_training_settings` (read at run time as attributes: `self.lr`, ...) and
     implements `optimizer_param_groups` and `export_hf`.
     """
@@ -93,7 +93,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
                               lr_scheduler: str, export_dir: str | None, on_nonfinite: str,
                               optimizer_in_backward: bool, release_host_memory: str | None) -> None:
         """Refuse impossible values of the settings every trained module shares, and keep them as
-        the attributes read at run time (`lit_rlhf.modules.settings`)."""
+        the attributes read at run time (`lit_rlhf.training.settings`)."""
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if not 0.0 <= warmup_ratio < 1.0:
@@ -148,7 +148,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
 
     def _attach_in_backward(self, optimizer: InBackwardAdamW) -> None:
         """`optimizer_in_backward`: each parameter is stepped by `optimizer` as soon as its gradient
-        is complete in the backward pass, and the gradient freed (`lit_rlhf.modules.in_backward`)."""
+        is complete in the backward pass, and the gradient freed (`lit_rlhf.training.in_backward`)."""
         previous = getattr(self, "_in_backward_optimizer", None)
         if previous is not None:  # a second fit of this module: the hooks of the first go
             previous.detach()
@@ -257,7 +257,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
         """Lightning's `load_from_checkpoint`, with `rebuild_module` (the instantiator our
-        checkpoints name, `lit_rlhf.modules.settings`) trusted first: done here, where a checkpoint
+        checkpoints name, `lit_rlhf.training.settings`) trusted first: done here, where a checkpoint
         is loaded, rather than when a module is imported."""
         trust_checkpoint_instantiator(INSTANTIATOR)
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
@@ -270,7 +270,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
         checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
-        rebuilt_by_us(checkpoint)  # rebuilt with the settings a subclass pins left out (lit_rlhf.modules.settings)
+        rebuilt_by_us(checkpoint)  # rebuilt with the settings a subclass pins left out (lit_rlhf.training.settings)
         rng.save_states(checkpoint, attached_trainer(self))  # every rank's generators (exact resume)
         if attached_trainer(self) is not None:  # an epoch cut short by a stop resumes mid-epoch (lit_rlhf.resume)
             resume.as_mid_epoch(self.trainer, checkpoint, getattr(self, "_epoch_counters_at_batch", None))
@@ -290,7 +290,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
         """The start-up problems of this module's own settings, one message each (`lit_rlhf.checks`
         raises them with the others). Here: `optimizer_in_backward` against what needs all
-        gradients at once (`lit_rlhf.modules.in_backward.startup_problems`); a subclass adds its
+        gradients at once (`lit_rlhf.training.in_backward.startup_problems`); a subclass adds its
         own to `super().check_config(...)`."""
         return startup_problems(trainer, self, datamodule)
 
@@ -308,7 +308,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         replace_eval_mode_check(self.trainer, self.warn_trained_in_eval_mode)
 
     def on_validation_epoch_end(self) -> None:
-        self.log_step_axis(on_epoch=True)  # written at the optimizer steps done (lit_rlhf.modules.step_logging)
+        self.log_step_axis(on_epoch=True)  # written at the optimizer steps done (lit_rlhf.training.step_logging)
 
     def on_test_epoch_end(self) -> None:
         self.log_step_axis(on_epoch=True)

@@ -1,7 +1,7 @@
 """Validation and test of a reward model (`lit_rlhf.modules.reward.RewardModule`) on preference pairs.
 
 What is logged, all correct under DDP (torchmetrics states are synced; the metric pieces are in
-`lit_rlhf.modules.reward_metrics`):
+`lit_rlhf.training.reward_metrics`):
 - `{stage}/loss`, `{stage}/rewards/{accuracy,chosen,rejected,margins}`;
 - accuracy per value of each grouping column of `batch.meta` (TL;DR `batch` and `confidence`,
   N+ D16): scalars `{stage}/accuracy_by_<column>/<value>` and a markdown table in TensorBoard text;
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from torch import nn
 
-from lit_rlhf.modules.reward_metrics import (
+from lit_rlhf.training.reward_metrics import (
     PreferenceRecords,
     accuracy_table,
     calibration_buckets,

@@ -3,7 +3,7 @@
 - `decay_groups`: weight decay on matrices only, named groups for `LearningRateMonitor`;
 - `build_adamw`: torch's fused AdamW on CPU/CUDA, DeepSpeed's CPU Adam when ZeRO offloads the
   optimizer, the per-tensor AdamW under fp16 with clipping, the AdamW stepped in the backward
-  pass (`lit_rlhf.modules.in_backward`) when asked;
+  pass (`lit_rlhf.training.in_backward`) when asked;
 - `lr_lambda`: linear warmup, then cosine, linear or constant.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from lit_rlhf.modules.in_backward import InBackwardAdamW
+from lit_rlhf.training.in_backward import InBackwardAdamW
 
 SchedulerName = Literal["cosine", "linear", "constant"]
 

@@ -1,0 +1,9 @@
+"""What every training module shares, beside the methods in `lit_rlhf.modules`.
+
+- `base`: `TrainingModule`, the LightningModule under every method: optimiser and schedule set-up,
+  the non-finite guard, exact resume, start-up checks, step logging, export;
+- `settings`: a module's settings as attributes, `hparams` as their record, the rebuild from a
+  checkpoint; `step_logging`: scalars at the optimizer step they belong to;
+- `optim` (AdamW groups and schedules) and `in_backward` (optimizer steps inside the backward pass);
+- `reward_eval` and `reward_metrics`: a reward model's evaluation on preference pairs.
+"""
