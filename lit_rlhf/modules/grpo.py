@@ -8,12 +8,16 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.distributed import gather_rows
-from lit_rlhf.losses import AdvantageScale, Aggregation, grpo_advantages, grpo_policy_loss, rloo_advantages
-from lit_rlhf.losses.grpo_family import (
+from lit_rlhf.losses import (
+    AdvantageScale,
+    Aggregation,
     clipped_token_loss,
+    grpo_advantages,
+    grpo_policy_loss,
     gspo_policy_loss,
     normalize_token_advantages,
     reinforce_pp_advantages,
+    rloo_advantages,
 )
 from lit_rlhf.modules.base import CHECKPOINT_KEY
 from lit_rlhf.modules.dynamic_sampling import dynamic_sample

@@ -6,7 +6,8 @@ from typing import Any
 
 from torch import Tensor
 
-from lit_rlhf.losses import remax_advantages, rloo_loss, rloo_sequence_rewards
+from lit_rlhf.losses import remax_advantages, rloo_loss
+from lit_rlhf.ops import kl_penalized_sequence_rewards as rloo_sequence_rewards
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.types import PromptBatch, Rollout
 
