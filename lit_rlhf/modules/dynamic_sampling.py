@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling for GRPO (Yu et al. 2025, Sec. 3.2 and Eq. 11).
+"""DAPO's dynamic sampling (Yu et al. 2025, Sec. 3.2 and Eq. 11), `DAPOModule.collect_rollout`.
 
 A group whose G rewards are all equal (all right or all wrong, for a 0/1 reward) has zero
 advantage and no gradient; it only dilutes the batch. Dynamic sampling drops such groups and

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lit_rlhf.data.collate import PromptCollator
-from lit_rlhf.modules import GRPOModule, PPOModule
+from lit_rlhf.modules import GRPOModule, GSPOModule, PPOModule
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.resume.test_resume import Recorder, StopAfter
 from tests.vllm.conftest import attach
@@ -115,8 +115,9 @@ def test_bad_backend_configuration_is_named(vllm_model_dir):
         grpo(vllm_model_dir, "sglang")
     with pytest.raises(ValueError, match="tis_cap"):
         grpo(vllm_model_dir, "hf", tis_cap=2.0)
-    with pytest.raises(ValueError, match="GSPO"):
-        grpo(vllm_model_dir, "vllm", tis_cap=2.0, importance_sampling="sequence")
+    with pytest.raises(ValueError, match="GSPO has one ratio per sequence"):
+        GSPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], generation_backend="vllm",
+                   tis_cap=2.0)
 
 
 def test_judge_callback_samples_the_policy_with_the_engine(vllm_model_dir, engine, tmp_path):
