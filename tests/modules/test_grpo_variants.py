@@ -15,6 +15,7 @@ from lit_rlhf import cli
 from lit_rlhf.losses import gspo_policy_loss, normalize_token_advantages, reinforce_pp_advantages
 from lit_rlhf.modules import DAPOModule, DrGRPOModule, GRPOModule, GSPOModule, ReinforcePPModule
 from lit_rlhf.modules.grpo import MOVED_OPTIONS
+from tests.modules.pinned import LeaveOneOutGRPO
 from tests.test_cli_errors import QUICK, run_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -22,8 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 TINY = dict(model="tiny-random-llama", num_generations=2, reward_fns=[lambda prompts, completions, **_: [0.0] * len(completions)])
 VARIANTS = (GRPOModule, DrGRPOModule, DAPOModule, GSPOModule, ReinforcePPModule)
 
-# two groups of G = 2 with rewards [1, 0] and [0.5, 0.5]; 3 response tokens, row 1 has 2
-SCORES = torch.tensor([1.0, 0.0, 0.5, 0.5])
+# two groups of G = 2 with rewards [1, 0] and [0.25, 0.25] (other means: a group baseline is not
+# a constant shift); 3 response tokens, row 1 has 2
+SCORES = torch.tensor([1.0, 0.0, 0.25, 0.25])
 MASK = torch.tensor([[True, True, True], [True, True, False], [True, True, True], [True, True, True]])
 HAS_EOS = torch.tensor([True, False, True, True])
 OLD = torch.tensor([[-1.0, -2.0, -1.0], [-0.5, -1.0, -7.0], [-1.0, -1.0, -1.0], [-2.0, -1.0, -0.5]])
@@ -54,9 +56,11 @@ def test_each_variant_pins_its_papers_settings():
 
 def test_grpo_and_dr_grpo_advantages():
     adv = GRPOModule(**TINY, kl_coef=0.0, eps=0.0).advantages(rollout())
-    # [1, 0]: mean 0.5, unbiased std sqrt(0.5); [0.5, 0.5]: all equal, exactly 0
+    # [1, 0]: mean 0.5, unbiased std sqrt(0.5); [0.25, 0.25]: all equal, exactly 0
     assert adv.tolist() == pytest.approx([0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), 0.0, 0.0])
     assert DrGRPOModule(**TINY, kl_coef=0.0).advantages(rollout()).tolist() == [0.5, -0.5, 0.0, 0.0]  # not scaled
+    # the test-only hybrid: leave-one-out, r_i - r_other
+    assert LeaveOneOutGRPO(**TINY, kl_coef=0.0).advantages(rollout()).tolist() == [1.0, -1.0, 0.0, 0.0]
 
 
 def test_dapo_overlong_filtering_masks_truncated_rows_only_in_the_loss():
@@ -86,6 +90,8 @@ def test_reinforce_pp_advantages_carry_the_k1_kl_and_the_group_baseline(baseline
     adv = rpp.advantages(rollout())  # (N, R): per token
     raw = reinforce_pp_advantages(SCORES, MASK, OLD, REF, 0.5, 2 if baseline else None)
     torch.testing.assert_close(adv, normalize_token_advantages(raw, MASK, 1e-8), rtol=0, atol=0)
+    other = reinforce_pp_advantages(SCORES, MASK, OLD, REF, 0.5, None if baseline else 2)
+    assert not torch.allclose(adv, normalize_token_advantages(other, MASK, 1e-8))  # the baseline matters here
     # the k1 KL to go of row 0: KL = old - ref = [0.5, 0, 0] -> to go [0.5, 0, 0], times 0.5
     r0 = 0.5 if baseline else 1.0
     assert raw[0].tolist() == pytest.approx([r0 - 0.25, r0, r0])
