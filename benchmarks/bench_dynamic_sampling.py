@@ -2,9 +2,9 @@
 
     python -m benchmarks.bench_dynamic_sampling --model smollm2-135m-instruct --steps 4
 
-GRPO on the bundled arithmetic word problems (`bundled:arithmetic`, reward: `MathAnswerReward`),
-the same seed and settings with `dynamic_sampling` off and on (`max_sampling_rounds` bounds the
-extra rounds). Per optimizer step it records `dynamic_sampling/rollouts_per_step` (responses
+`DAPOModule` with GRPO's clip and no overlong filtering on the bundled arithmetic word problems
+(`bundled:arithmetic`, reward: `MathAnswerReward`), the same seed and settings with
+`dynamic_sampling` off and on (`max_sampling_rounds` bounds the extra rounds). Per optimizer step it records `dynamic_sampling/rollouts_per_step` (responses
 generated / responses trained on; 1 without dynamic sampling), the informative groups found,
 the generation and update seconds and the whole step's wall time, and writes them to
 `benchmarks/results/dynamic_sampling_<model>.json`. The extra generation depends on how often a
@@ -26,7 +26,7 @@ import lightning as L
 import torch
 
 from lit_rlhf.data import QADataModule
-from lit_rlhf.modules import GRPOModule
+from lit_rlhf.modules import DAPOModule
 from lit_rlhf.rewards import MathAnswerReward
 
 
@@ -47,9 +47,11 @@ class StepRecorder(L.Callback):
 def measure(model: str, dynamic: bool, steps: int, batch_size: int, generations: int, max_new_tokens: int,
             rounds: int) -> list[dict[str, float]]:
     L.seed_everything(0)
-    module = GRPOModule(model=model, reward_fns=[MathAnswerReward()], num_generations=generations,
+    # DAPO's dynamic sampling alone: GRPO's clip, every completion in the loss
+    module = DAPOModule(model=model, reward_fns=[MathAnswerReward()], num_generations=generations,
                         max_new_tokens=max_new_tokens, temperature=1.0, kl_coef=0.0, lr=1e-5, lr_scheduler="constant",
-                        dynamic_sampling=dynamic, max_sampling_rounds=rounds, log_completions_every_n_steps=0)
+                        dynamic_sampling=dynamic, max_sampling_rounds=rounds, log_completions_every_n_steps=0,
+                        clip_eps_high=0.2, mask_truncated=False)
     dm = QADataModule(tokenizer=module.tokenizer, chat=False, prompt_template="Question: {question}\nAnswer:",
                       batch_size=batch_size, max_prompt_length=256, val_split=None, test_split=None)
     recorder = StepRecorder()

@@ -8,6 +8,10 @@ config file and line, or the command line) and the closest valid names:
 
     error: trainer.max_epoch (in sft.yaml, line 14) is not an option of `fit`; did you mean trainer.max_epochs?
 
+An argument a class has handed to another class (listed in the class's `moved_options`) is
+named with its new place instead: `model.init_args.importance_sampling (command line) moved:
+use GSPOModule`.
+
 The CLI prints it as one line (`lit_rlhf.cli.run`). `--verbose` (or LIT_RLHF_VERBOSE=1) keeps
 jsonargparse's own message. A value Lightning's Trainer refuses (`--trainer.max_steps -5`)
 becomes a `TrainerSettingError` the same way, instead of a traceback.
@@ -82,6 +86,9 @@ def short_message(parser: Any, message: str) -> tuple[str, str | None]:
         name = rejected.group(1)
         prefix = f"{where}.init_args." if where in ("model", "data") else ""
         key = f"{prefix}{name}"
+        hint = moved_option(class_path, name)
+        if hint is not None:
+            return f"{key} moved: {hint}", key
         return unknown_option(key, [f"{prefix}{n}" for n in class_arguments(class_path)],
                               f"an argument of {class_path}" + ("" if prefix else f" ({where})")), key
     return f"{where} ({class_path}): {reason}", where
@@ -134,6 +141,18 @@ def option_keys(parser: Any) -> list[str]:
             continue
         keys.append(dest)
     return keys
+
+
+def moved_option(class_path: str, name: str) -> str | None:
+    """Where the class's former argument `name` went (its `moved_options` entry, e.g.
+    GRPOModule's `importance_sampling` -> "use GSPOModule"), or None."""
+    from jsonargparse._util import import_object
+
+    try:
+        moved = getattr(import_object(class_path), "moved_options", None) or {}
+    except Exception:  # noqa: BLE001 - no hint rather than a second error
+        return None
+    return moved.get(name)
 
 
 def class_arguments(class_path: str) -> list[str]:

@@ -53,7 +53,7 @@ def test_rollout_extras_follow_the_rows():
 
     import pytest
 
-    from lit_rlhf.modules.dynamic_sampling import cat_rollouts
+    from lit_rlhf.online.dynamic_sampling import cat_rollouts
 
     rollout = _rollout(4).with_extras(baseline=torch.tensor([10.0, 11.0, 12.0, 13.0]), pair=torch.arange(8).view(4, 2))
     assert rollout.with_scores(torch.zeros(4)).extras is rollout.extras  # shaping hooks keep them

@@ -6,14 +6,9 @@ Each returns a NamedTuple whose first field is the loss, followed by detached st
 from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, rejection_sampling_mask
 from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
 from lit_rlhf.losses.drov import DROVLossOutput, batch_value_estimate, drov_loss
-from lit_rlhf.losses.grpo import (
-    Aggregation,
-    AdvantageScale,
-    GRPOLossOutput,
-    grpo_advantages,
-    grpo_policy_loss,
-    rloo_advantages,
-)
+from lit_rlhf.losses.dapo import informative_groups
+from lit_rlhf.losses.grpo import Aggregation, AdvantageScale, GRPOLossOutput, grpo_advantages, grpo_policy_loss
+from lit_rlhf.losses.gspo import gspo_policy_loss
 from lit_rlhf.losses.kto import (
     KTO_WEIGHT_RATIO_RANGE,
     KTOLossOutput,
@@ -34,9 +29,10 @@ from lit_rlhf.losses.ppo import (
     ppo_value_loss,
 )
 from lit_rlhf.losses.ptx import PtxLossOutput, ptx_loss
+from lit_rlhf.losses.reinforce_pp import clipped_token_loss, normalize_token_advantages, reinforce_pp_advantages
 from lit_rlhf.losses.remax import remax_advantages
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
-from lit_rlhf.losses.rloo import rloo_loss, rloo_sequence_rewards
+from lit_rlhf.losses.rloo import rloo_advantages, rloo_loss
 from lit_rlhf.losses.tis import truncated_importance_weights
 
 __all__ = [
@@ -61,24 +57,28 @@ __all__ = [
     "batch_value_estimate",
     "best_of_n_kl",
     "bradley_terry_loss",
+    "clipped_token_loss",
     "dpo_loss",
     "drov_loss",
     "grpo_advantages",
     "grpo_policy_loss",
+    "gspo_policy_loss",
+    "informative_groups",
     "kto_kl_estimate",
     "kto_loss",
     "kto_weight_ratio",
     "labels_from_rewards",
     "log_odds",
     "nll_loss",
+    "normalize_token_advantages",
     "orpo_loss",
     "ppo_policy_loss",
     "ppo_rewards",
     "ppo_value_loss",
     "ptx_loss",
+    "reinforce_pp_advantages",
     "rejection_sampling_mask",
     "remax_advantages",
     "rloo_advantages",
     "rloo_loss",
-    "rloo_sequence_rewards",
 ]

@@ -1,4 +1,5 @@
-"""Group-relative policy optimisation: group advantages, RLOO, and the clipped GRPO loss."""
+"""Group-relative policy optimisation (DeepSeekMath, Shao et al. 2024): group advantages and the
+clipped per-token GRPO loss with the k3 KL inside it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from lit_rlhf.ops import kl_penalty, masked_mean, masked_sum
+from lit_rlhf.ops import groups_of, kl_penalty, masked_mean, masked_sum
 
 AdvantageScale = Literal["group", "batch", "none"]
 Aggregation = Literal["token_mean", "sequence_mean", "constant_normalizer"]
@@ -21,15 +22,6 @@ class GRPOLossOutput(NamedTuple):
     clipfrac_high: Tensor  # () fraction of tokens clipped at 1 + eps_high (A > 0), detached
     clipfrac: Tensor  # () clipfrac_low + clipfrac_high, detached
     ratio_mean: Tensor  # () masked token mean of pi / pi_old, detached
-
-
-def _groups(rewards: Tensor, group_size: int) -> Tensor:
-    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
-        raise ValueError(
-            f"rewards must be flat (B*G,) with G = group_size >= 2 dividing its length; "
-            f"got shape {tuple(rewards.shape)} and group_size {group_size}"
-        )
-    return rewards.view(-1, group_size)  # (B, G)
 
 
 def grpo_advantages(
@@ -52,7 +44,7 @@ def grpo_advantages(
     rewards are all equal carries no signal and gets exactly 0 (not a rounding residue, never
     NaN), whatever the scale.
     """
-    grouped = _groups(rewards, group_size)  # (B, G)
+    grouped = groups_of(rewards, group_size)  # (B, G)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale == "group":
         advantages = centred / (grouped.std(dim=1, keepdim=True) + eps)
@@ -63,20 +55,6 @@ def grpo_advantages(
     else:
         raise ValueError(f"unknown scale {scale!r}; expected 'group', 'batch' or 'none'")
     all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
-    return torch.where(all_equal, torch.zeros_like(advantages), advantages).reshape(-1)
-
-
-def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
-    """REINFORCE leave-one-out advantages (Ahmadian et al. 2024, "Back to Basics").
-
-    rewards: (B*G,) with each prompt's G completions contiguous -> (B*G,).
-    A_i = r_i - 1/(G-1) sum_{j != i} r_j = G/(G-1) * (r_i - mean_j r_j). Groups with all-equal
-    rewards get exactly 0.
-    """
-    grouped = _groups(rewards, group_size)  # (B, G)
-    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
-    advantages = grouped - baseline
-    all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
     return torch.where(all_equal, torch.zeros_like(advantages), advantages).reshape(-1)
 
 

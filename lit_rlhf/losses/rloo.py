@@ -6,33 +6,31 @@ A whole response is one action: its reward is the reward model's score minus the
 the gradient is REINFORCE on the SUMMED sequence log-prob with the mean reward of the prompt's
 other k-1 responses as baseline.
 
-`RLOOModule` composes the three steps: `rloo_sequence_rewards` and `rloo_advantages`
-(`lit_rlhf.losses.grpo`) once over the whole rollout, then `rloo_loss` on each micro-batch of
-rows (the leave-one-out baseline needs every response of a prompt; the loss does not).
+`RLOOModule` composes the three steps: `ops.kl_penalized_sequence_rewards` and `rloo_advantages`
+once over the whole rollout, then `rloo_loss` on each micro-batch of rows (the leave-one-out
+baseline needs every response of a prompt; the loss does not).
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from lit_rlhf.ops import masked_sum
+from lit_rlhf.ops import groups_of, masked_sum
 
 
-def rloo_sequence_rewards(scores: Tensor, old_logps: Tensor, ref_logps: Tensor | None, mask: Tensor,
-                          kl_coef: float) -> tuple[Tensor, Tensor]:
-    """KL-penalised sequence rewards r_i = score_i - kl_coef * sum_t (log pi_old - log pi_ref)(y_i,t).
+def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """REINFORCE leave-one-out advantages (Ahmadian et al. 2024, "Back to Basics").
 
-    scores: (N,); old_logps, ref_logps: (N, T) per-token log-probs of the sampled tokens under the
-    sampling policy and the reference (ref_logps may be None when kl_coef == 0); mask: (N, T) bool.
-    Returns (rewards (N,), kl (N,)), both without gradient.
+    rewards: (B*G,) with each prompt's G completions contiguous -> (B*G,).
+    A_i = r_i - 1/(G-1) sum_{j != i} r_j = G/(G-1) * (r_i - mean_j r_j). Groups with all-equal
+    rewards get exactly 0.
     """
-    if ref_logps is None:
-        if kl_coef != 0.0:
-            raise ValueError("ref_logps is required when kl_coef != 0")
-        kl = scores.new_zeros(scores.shape)
-    else:
-        kl = masked_sum(old_logps.detach().float() - ref_logps.detach().float(), mask, dim=1)  # (N,)
-    return (scores.detach().float() - kl_coef * kl), kl
+    grouped = groups_of(rewards, group_size)  # (B, G)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+    advantages = grouped - baseline
+    all_equal = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(all_equal, torch.zeros_like(advantages), advantages).reshape(-1)
 
 
 def rloo_loss(logps: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:

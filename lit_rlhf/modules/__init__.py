@@ -9,7 +9,10 @@ from lit_rlhf.modules.drov import DROVModule
 from lit_rlhf.modules.kto import KTOModule
 from lit_rlhf.modules.orpo import ORPOModule
 from lit_rlhf.modules.reward import RewardModule
-from lit_rlhf.modules.grpo import GRPOModule
+from lit_rlhf.modules.grpo import DrGRPOModule, GRPOModule
+from lit_rlhf.modules.dapo import DAPOModule
+from lit_rlhf.modules.gspo import GSPOModule
+from lit_rlhf.modules.reinforce_pp import ReinforcePPModule
 from lit_rlhf.modules.ppo import PPOModule
 from lit_rlhf.modules.ppo_ptx import PPOPtxModule
 from lit_rlhf.modules.rloo import RLOOModule
@@ -18,6 +21,7 @@ from lit_rlhf.modules.remax import ReMaxModule
 from lit_rlhf.modules.rejection_sampling import RejectionSamplingModule
 from lit_rlhf.modules.online_dpo import OnlineDPOModule
 
-__all__ = ["GRPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule", "OnlineDPOModule", "ORPOModule", "PairLogps",
-           "PairwiseModule", "PolicyModule", "PPOPtxModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule",
-           "SFTModule", "TrainingModule"]
+__all__ = ["DAPOModule", "DrGRPOModule", "GRPOModule", "GSPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule",
+           "OnlineDPOModule", "ORPOModule", "PairLogps", "PairwiseModule", "PolicyModule", "PPOPtxModule",
+           "ReinforcePPModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule", "SFTModule",
+           "TrainingModule"]

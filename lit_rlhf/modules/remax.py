@@ -6,7 +6,8 @@ from typing import Any
 
 from torch import Tensor
 
-from lit_rlhf.losses import remax_advantages, rloo_loss, rloo_sequence_rewards
+from lit_rlhf.losses import remax_advantages, rloo_loss
+from lit_rlhf.ops import kl_penalized_sequence_rewards
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.types import PromptBatch, Rollout
 
@@ -21,7 +22,7 @@ class ReMaxModule(OnlineModule):
        each prompt's greedy response (`rollout_extras`: the same backend, `do_sample` off); the
        reward sources score both, and the rollout hooks shape both alike (D23's EOS trick), so
        the greedy reward travels to the update as the per-row extra `greedy_scores`;
-    2. r_i = score_i - `kl_coef` * sum_t log(pi/pi_ref)(y_i,t) (`losses.rloo_sequence_rewards`;
+    2. r_i = score_i - `kl_coef` * sum_t log(pi/pi_ref)(y_i,t) (`ops.kl_penalized_sequence_rewards`;
        the paper's Algorithm 1 has no KL term: `kl_coef` 0 by default, no reference loaded);
     3. A_i = r_i - r(x_i, y_greedy_i) (`losses.remax_advantages`);
     4. one on-policy REINFORCE step on the summed sequence log-prob (`losses.rloo_loss`).
@@ -61,7 +62,7 @@ class ReMaxModule(OnlineModule):
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         group, mask = self.repeats, rollout.loss_mask  # (N, R)
         ref_logps = rollout.ref_logps if self.kl_coef > 0 else None
-        rewards, _ = rloo_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.kl_coef)  # (N,)
+        rewards, _ = kl_penalized_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.kl_coef)  # (N,)
         advantages = remax_advantages(rewards, rollout.extras["greedy_scores"])  # (N,)
 
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:

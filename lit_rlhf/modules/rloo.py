@@ -6,8 +6,8 @@ from typing import Any
 
 from torch import Tensor
 
-from lit_rlhf.losses import rloo_loss, rloo_sequence_rewards
-from lit_rlhf.losses.grpo import rloo_advantages
+from lit_rlhf.losses import rloo_advantages, rloo_loss
+from lit_rlhf.ops import kl_penalized_sequence_rewards
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.types import Rollout
 
@@ -22,7 +22,7 @@ class RLOOModule(OnlineModule):
        log-probs, the reward sources; callbacks shape the scores through the rollout hook (e.g.
        D23's EOS trick);
     2. one reward per response, the KL penalty inside it: r_i = score_i - `kl_coef` *
-       sum_t log(pi(y_i,t)/pi_ref(y_i,t)) (`losses.rloo_sequence_rewards`; no KL in the loss);
+       sum_t log(pi(y_i,t)/pi_ref(y_i,t)) (`ops.kl_penalized_sequence_rewards`; no KL in the loss);
     3. leave-one-out advantages A_i = r_i - mean_{j != i} r_j over the prompt's other k-1
        responses (`losses.rloo_advantages`);
     4. one on-policy REINFORCE step: loss = -mean_i(A_i * log pi(y_i|x)), the SUMMED sequence
@@ -66,7 +66,7 @@ class RLOOModule(OnlineModule):
         group = self.num_generations
         mask, attention = rollout.loss_mask, rollout.response_attention_mask  # (N, R): the policy's tokens, every token
         ref_logps = rollout.ref_logps if self.kl_coef > 0 else None
-        rewards, kl = rloo_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.kl_coef)  # (N,)
+        rewards, kl = kl_penalized_sequence_rewards(rollout.scores.float(), rollout.logps, ref_logps, mask, self.kl_coef)  # (N,)
         advantages = rloo_advantages(rewards, group)  # (N,)
 
         def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:

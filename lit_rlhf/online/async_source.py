@@ -123,9 +123,6 @@ class AsyncRollouts(RolloutSource):
         if not module.supports_tis:
             problems.append(f"AsyncRollouts: asynchronous rollouts are for the methods with an off-policy correction "
                             f"(GRPO, PPO), not {name}")
-        if getattr(module, "importance_sampling", "token") == "sequence" and self.tis_cap is not None:
-            problems.append("AsyncRollouts: GSPO's sequence-level ratio has no per-token correction for stale "
-                            "samples; set tis_cap: 0 to train on them uncorrected")
         if getattr(module, "dynamic_sampling", False):
             problems.append("AsyncRollouts: dynamic sampling draws extra prompts inside the step; it is not "
                             "available with asynchronous rollouts")

@@ -11,12 +11,23 @@ from lit_rlhf.ops.logprobs import (
 )
 from lit_rlhf.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from lit_rlhf.ops.mismatch import mismatch_partners, mismatched_sequences
-from lit_rlhf.ops.rl import gae, kl_penalty, last_true_index, place_at_last, place_rewards, truncate_after_eos
+from lit_rlhf.ops.rl import (
+    gae,
+    groups_of,
+    kl_penalized_sequence_rewards,
+    kl_penalty,
+    last_true_index,
+    place_at_last,
+    place_rewards,
+    truncate_after_eos,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "apply_temperature",
     "gae",
+    "groups_of",
+    "kl_penalized_sequence_rewards",
     "kl_penalty",
     "last_true_index",
     "linear_token_logps",

@@ -1,4 +1,5 @@
-"""Pure RL helpers: KL estimators, GAE, EOS truncation (D23), reward placement at EOS (D12)."""
+"""Pure RL helpers: KL estimators, the KL-penalised sequence reward, GAE, groups of completions,
+EOS truncation (D23), reward placement at EOS (D12)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from lit_rlhf.ops.masked import masked_sum
 
 KLEstimator = Literal["k1", "k2", "k3"]
 
@@ -93,3 +96,32 @@ def place_rewards(scores: Tensor, mask: Tensor, turn_rewards: Tensor | None = No
         return place_at_last(scores, mask)
     turn_rewards = turn_rewards.to(scores.dtype)
     return turn_rewards + place_at_last(scores - turn_rewards.sum(dim=1), mask)
+
+
+def kl_penalized_sequence_rewards(scores: Tensor, old_logps: Tensor, ref_logps: Tensor | None, mask: Tensor,
+                                  kl_coef: float) -> tuple[Tensor, Tensor]:
+    """Whole-response rewards with the KL penalty inside: r_i = score_i - kl_coef * KL_i,
+    KL_i = sum_t (log pi_old - log pi_ref)(y_i,t), the k1 estimate of the sequence's KL (Ziegler et
+    al. 2019's penalised reward on a whole response; RLOO, Ahmadian et al. 2024, and ReMax, Li et
+    al. 2023, put it there).
+
+    scores: (N,); old_logps, ref_logps: (N, T) per-token log-probs of the sampled tokens under the
+    sampling policy and the reference (ref_logps may be None when kl_coef == 0); mask: (N, T) bool.
+    Returns (rewards (N,), kl (N,)), both without gradient.
+    """
+    if ref_logps is None:
+        if kl_coef != 0.0:
+            raise ValueError("ref_logps is required when kl_coef != 0")
+        kl = scores.new_zeros(scores.shape)
+    else:
+        kl = masked_sum(old_logps.detach().float() - ref_logps.detach().float(), mask, dim=1)  # (N,)
+    return (scores.detach().float() - kl_coef * kl), kl
+
+
+def groups_of(values: Tensor, group_size: int) -> Tensor:
+    """(B*G,) values, each prompt's G completions contiguous -> their (B, G) view; refuses a flat
+    length that G (>= 2) does not divide."""
+    if values.dim() != 1 or group_size < 2 or values.numel() % group_size:
+        raise ValueError(f"values must be flat (B*G,) with G = group_size >= 2 dividing its length; "
+                         f"got shape {tuple(values.shape)} and group_size {group_size}")
+    return values.view(-1, group_size)

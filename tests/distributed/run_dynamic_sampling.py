@@ -1,4 +1,4 @@
-"""GRPO with DAPO dynamic sampling under DDP; every rank records its sampling rounds (JSON).
+"""DAPO's dynamic sampling under DDP; every rank records its sampling rounds (JSON).
 
     python tests/distributed/run_dynamic_sampling.py --out DIR   # per rank (launch.py)
 
@@ -75,7 +75,7 @@ class RoundProbe(L.Callback):
 
 def build(mode: str):
     return W.build_module(
-        "grpo", reward_fns=[RankReward(mode)], num_generations=GROUP, scale="group", kl_coef=0.0,
+        "dapo", reward_fns=[RankReward(mode)], num_generations=GROUP, scale="group", kl_coef=0.0,
         dynamic_sampling=True, max_sampling_rounds=MAX_ROUNDS, micro_batch_size=None,
     )
 

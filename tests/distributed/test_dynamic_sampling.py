@@ -3,7 +3,7 @@
 One subprocess run (tests/distributed/run_dynamic_sampling.py, hard timeout: a rank that samples
 one round more than its peer would hang in the next collective) fits GRPO with dynamic sampling
 where rank 0 needs more sampling rounds than rank 1; here we check every rank's records against
-the rules of `lit_rlhf.modules.dynamic_sampling`.
+the rules of `lit_rlhf.online.dynamic_sampling`.
 """
 
 from __future__ import annotations

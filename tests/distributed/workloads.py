@@ -78,7 +78,16 @@ def loader(method: str, tokenizer, batch_size: int) -> DataLoader:
 
 def build_module(method: str, **overrides: Any):
     """The method's LightningModule on the tiny model with small, fast settings."""
-    from lit_rlhf.modules import DPOModule, DROVModule, GRPOModule, KTOModule, PPOModule, RewardModule, SFTModule
+    from lit_rlhf.modules import (
+        DAPOModule,
+        DPOModule,
+        DROVModule,
+        GRPOModule,
+        KTOModule,
+        PPOModule,
+        RewardModule,
+        SFTModule,
+    )
 
     common = dict(model="tiny-random-llama", lr=1e-3, lr_scheduler="constant")
     online = dict(reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=6, log_completions_every_n_steps=0)
@@ -90,6 +99,9 @@ def build_module(method: str, **overrides: Any):
         "drov": (DROVModule, dict(value_lr=5e-3)),
         "ppo": (PPOModule, dict(online, ppo_epochs=1, num_minibatches=2, micro_batch_size=1, temperature=1.0)),
         "grpo": (GRPOModule, dict(online, num_generations=2, scale="batch", micro_batch_size=2, kl_coef=0.04)),
+        # GRPO's settings plus DAPO's dynamic sampling (no clip-higher, no overlong filtering)
+        "dapo": (DAPOModule, dict(online, num_generations=2, scale="batch", micro_batch_size=2, kl_coef=0.04,
+                                  clip_eps_high=0.2, mask_truncated=False)),
     }
     cls, kwargs = table[method]
     return cls(**{**common, **kwargs, **overrides})

@@ -21,14 +21,18 @@ from lit_rlhf.data.collate import PreferenceCollator, SFTCollator, SingleCollato
 from lit_rlhf.models import load_tokenizer
 from lit_rlhf.losses import log_odds
 from lit_rlhf.modules import (
+    DAPOModule,
     DPOModule,
+    DrGRPOModule,
     DROVModule,
     GRPOModule,
+    GSPOModule,
     KTOModule,
     OnlineDPOModule,
     ORPOModule,
     PPOModule,
     PPOPtxModule,
+    ReinforcePPModule,
     RejectionSamplingModule,
     ReMaxModule,
     RewardModule,
@@ -36,6 +40,7 @@ from lit_rlhf.modules import (
     SFTModule,
 )
 from lit_rlhf.types import split_pair
+from tests.modules.pinned import LeaveOneOutGRPO
 from tests.learning.tasks import (
     LetterReward,
     eos_bias,
@@ -244,23 +249,23 @@ OFFLINE: dict[str, Callable[[int], Measure]] = {
 # online methods: the expected LetterReward on held-out prompts
 # --------------------------------------------------------------------------------------------
 
-# (module class, arguments, EOS bias). GRPO-family options as their papers set them; every
+# (module class, arguments, EOS bias). The GRPO family with the settings of their papers; every
 # method gets the KL coefficient and the temperature explicitly. The group methods sample
 # PROMPTS x GENERATIONS responses per rollout, PPO (one response per prompt) PPO_PROMPTS.
 ONLINE: dict[str, tuple[type, dict[str, Any], float | None]] = {
-    "grpo": (GRPOModule, dict(advantage="grpo", scale="group", kl_coef=0.04, num_iterations=2), None),
-    "grpo_rloo_advantage": (GRPOModule, dict(advantage="rloo", kl_coef=0.04), None),
+    "grpo": (GRPOModule, dict(scale="group", kl_coef=0.04, num_iterations=2), None),
+    # GRPO's loss fed leave-one-out advantages (a test-only subclass: `tests.modules.pinned`)
+    "grpo_rloo_advantage": (LeaveOneOutGRPO, dict(kl_coef=0.04), None),
     # Dr. GRPO (Liu et al. 2025): no std scaling, a constant normaliser instead of the length
-    "dr_grpo": (GRPOModule, dict(scale="none", aggregation="constant_normalizer", kl_coef=0.0), None),
+    "dr_grpo": (DrGRPOModule, dict(kl_coef=0.0), None),
     # DAPO (Yu et al. 2025): clip-higher, dynamic sampling, token mean, overlong filtering, no KL;
     # responses end early at random (an EOS bias), so the overlong filter keeps some of them
-    "dapo": (GRPOModule, dict(clip_eps_low=0.2, clip_eps_high=0.28, dynamic_sampling=True, mask_truncated=True,
-                              aggregation="token_mean", kl_coef=0.0), 4.0),
+    "dapo": (DAPOModule, dict(clip_eps_low=0.2, clip_eps_high=0.28, dynamic_sampling=True, mask_truncated=True,
+                              kl_coef=0.0), 4.0),
     # GSPO (Zheng et al. 2025): sequence-level ratio with its tiny clip ranges, two passes
-    "gspo": (GRPOModule, dict(importance_sampling="sequence", clip_eps_low=3e-4, clip_eps_high=4e-4, kl_coef=0.0,
-                              num_iterations=2), None),
-    "reinforce_pp": (GRPOModule, dict(advantage="reinforce_pp", kl_coef=0.01), None),
-    "reinforce_pp_baseline": (GRPOModule, dict(advantage="reinforce_pp_baseline", kl_coef=0.01), None),
+    "gspo": (GSPOModule, dict(clip_eps_low=3e-4, clip_eps_high=4e-4, kl_coef=0.0, num_iterations=2), None),
+    "reinforce_pp": (ReinforcePPModule, dict(kl_coef=0.01), None),
+    "reinforce_pp_baseline": (ReinforcePPModule, dict(baseline=True, kl_coef=0.01), None),
     "rloo": (RLOOModule, dict(kl_coef=0.01), None),
     "ppo": (PPOModule, dict(kl_coef=0.01, ppo_epochs=2, num_minibatches=1), None),
     # ReMax (Li et al. 2023): the greedy response's reward as the baseline, one sample per prompt

@@ -2,9 +2,9 @@
 sampled tokens (`tests.learning.tasks.LetterReward`, optimum 1), measured exactly from the
 policy's logits on held-out prompts before and after 8 rollouts.
 
-PPO, PPO-ptx, RLOO, ReMax, rejection sampling, online DPO and GRPO with each family option
-(group-normalised and leave-one-out advantages, Dr. GRPO, DAPO, GSPO, REINFORCE++ with and
-without its group baseline). Thresholds come from
+PPO, PPO-ptx, RLOO, ReMax, rejection sampling, online DPO and the GRPO family (GRPO, GRPO's loss
+fed leave-one-out advantages, Dr. GRPO, DAPO, GSPO, REINFORCE++ with and without its group
+baseline). Thresholds come from
 measured runs (`python -m tests.learning.measure`, seeds 0-4) and from the same runs with the
 method broken: see tests/learning/README.md.
 """

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from lit_rlhf.losses import grpo_advantages, grpo_policy_loss, rloo_advantages
+from lit_rlhf.losses import grpo_advantages, grpo_policy_loss
 
 LN = math.log
 
@@ -52,14 +52,6 @@ def test_grpo_advantages_bad_input():
         grpo_advantages(torch.zeros(5), 3)
     with pytest.raises(ValueError):
         grpo_advantages(REWARDS, 3, scale="std")
-
-
-def test_rloo_advantages_by_hand():
-    # [1, 2, 3]: baselines (2+3)/2, (1+3)/2, (1+2)/2 = 2.5, 2, 1.5 -> [-1.5, 0, 1.5] = 3/2 (r - 2)
-    # [0, 0, 6]: baselines 3, 3, 0 -> [-3, -3, 6] = 3/2 [-2, -2, 4]
-    adv = rloo_advantages(REWARDS, 3)
-    assert adv.tolist() == pytest.approx([-1.5, 0.0, 1.5, 0.0, 0.0, 0.0, -3.0, -3.0, 6.0], abs=1e-6)
-    assert (rloo_advantages(torch.tensor([0.1, 0.1, 0.1]), 3) == 0).all()
 
 
 # aggregation example: ratio 1 (logps == old), kl_coef 0, advantages [1, -2], row 1 has one token

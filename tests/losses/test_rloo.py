@@ -1,11 +1,12 @@
-"""RLOO (Ahmadian et al. 2024): KL-penalised sequence rewards, leave-one-out advantages, REINFORCE
-on the summed sequence log-prob, composed as `RLOOModule.update` composes them; every value worked
-out by hand."""
+"""RLOO (Ahmadian et al. 2024): KL-penalised sequence rewards (`ops.kl_penalized_sequence_rewards`),
+leave-one-out advantages, REINFORCE on the summed sequence log-prob, composed as
+`RLOOModule.update` composes them; every value worked out by hand."""
 
 import pytest
 import torch
 
-from lit_rlhf.losses import rloo_advantages, rloo_loss, rloo_sequence_rewards
+from lit_rlhf.losses import rloo_advantages, rloo_loss
+from lit_rlhf.ops import kl_penalized_sequence_rewards
 
 # two prompts, k = 2 responses each, up to 3 tokens (the last row has 2)
 MASK = torch.tensor([[True, True, True], [True, True, True], [True, True, True], [True, True, False]])
@@ -16,13 +17,13 @@ SCORES = torch.tensor([1.0, 0.0, 2.0, 2.0])
 
 def rloo(logps, old_logps, ref_logps, scores, mask, group_size, kl_coef):
     """The three steps of `RLOOModule.update` on one batch: (loss, rewards, advantages, kl)."""
-    rewards, kl = rloo_sequence_rewards(scores, old_logps, ref_logps, mask, kl_coef)
+    rewards, kl = kl_penalized_sequence_rewards(scores, old_logps, ref_logps, mask, kl_coef)
     advantages = rloo_advantages(rewards, group_size)
     return rloo_loss(logps, advantages, mask), rewards, advantages, kl
 
 
 def test_sequence_rewards_carry_the_summed_kl():
-    rewards, kl = rloo_sequence_rewards(SCORES, OLD, REF, MASK, kl_coef=0.1)
+    rewards, kl = kl_penalized_sequence_rewards(SCORES, OLD, REF, MASK, kl_coef=0.1)
     # KL per sequence: 0.5 + 0 + 0 = 0.5; -1 + 0 + 0 = -1; 0 + 0.5 + 0 = 0.5; 0 + 1 (padding ignored) = 1
     assert kl.tolist() == pytest.approx([0.5, -1.0, 0.5, 1.0])
     assert rewards.tolist() == pytest.approx([1 - 0.05, 0 + 0.1, 2 - 0.05, 2 - 0.1])
@@ -49,7 +50,7 @@ def test_equal_rewards_give_no_gradient_and_kl_coef_zero_needs_no_reference():
     loss.backward()
     assert torch.count_nonzero(logps.grad) == 0
     with pytest.raises(ValueError, match="ref_logps"):
-        rloo_sequence_rewards(SCORES, OLD, None, MASK, kl_coef=0.1)
+        kl_penalized_sequence_rewards(SCORES, OLD, None, MASK, kl_coef=0.1)
 
 
 def test_k3_leave_one_out_baseline():
@@ -58,3 +59,15 @@ def test_k3_leave_one_out_baseline():
                torch.ones(3, 1, dtype=torch.bool), group_size=3, kl_coef=0.5)[2]
     assert adv.tolist() == pytest.approx([0.0, -4.5, 4.5])
     assert rloo_loss(torch.ones(3, 1), adv, torch.ones(3, 1, dtype=torch.bool)).item() == pytest.approx(0.0)
+
+
+# three groups of G = 3: [1, 2, 3], [5, 5, 5], [0, 0, 6]
+REWARDS = torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 5.0, 0.0, 0.0, 6.0])
+
+
+def test_rloo_advantages_by_hand():
+    # [1, 2, 3]: baselines (2+3)/2, (1+3)/2, (1+2)/2 = 2.5, 2, 1.5 -> [-1.5, 0, 1.5] = 3/2 (r - 2)
+    # [0, 0, 6]: baselines 3, 3, 0 -> [-3, -3, 6] = 3/2 [-2, -2, 4]
+    adv = rloo_advantages(REWARDS, 3)
+    assert adv.tolist() == pytest.approx([-1.5, 0.0, 1.5, 0.0, 0.0, 0.0, -3.0, -3.0, 6.0], abs=1e-6)
+    assert (rloo_advantages(torch.tensor([0.1, 0.1, 0.1]), 3) == 0).all()

@@ -1,11 +1,16 @@
-"""A method written as a researcher writes one: a GRPO subclass that pins a setting of its base
-in its `super().__init__` call (imported by the CLI from `tests.modules.pinned.PinnedGRPO`)."""
+"""Methods written as a researcher writes one: GRPO subclasses that pin a setting of their base
+in the `super().__init__` call or replace one named step of its update (imported by the CLI from
+`tests.modules.pinned`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
+
+from lit_rlhf.losses import rloo_advantages
 from lit_rlhf.modules import GRPOModule
+from lit_rlhf.types import Rollout
 
 
 class PinnedGRPO(GRPOModule):
@@ -13,3 +18,12 @@ class PinnedGRPO(GRPOModule):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(num_generations=2, **kwargs)
+
+
+class LeaveOneOutGRPO(GRPOModule):
+    """GRPO's clipped per-token loss (k3 KL in the loss) fed RLOO's leave-one-out advantages
+    (Ahmadian et al. 2024) instead of group-normalised ones: a hybrid of the two, not RLOO as its
+    sources define it (`RLOOModule`)."""
+
+    def advantages(self, rollout: Rollout) -> Tensor:
+        return rloo_advantages(rollout.scores.float(), self.num_generations)  # (N,)

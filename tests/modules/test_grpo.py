@@ -1,4 +1,5 @@
-"""GRPOModule: learning on the tiny model, kl_coef 0 without a reference, zero-variance groups, hooks."""
+"""GRPOModule: learning on the tiny model, kl_coef 0 without a reference, zero-variance groups, hooks
+(on a subclass that replaces the advantages: `tests.modules.pinned.LeaveOneOutGRPO`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from callbacks import EOSTrickCallback, KLControlCallback
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.modules import GRPOModule
 from lit_rlhf.rewards import CharacterFractionReward
+from tests.modules.pinned import LeaveOneOutGRPO
 
 PROMPTS = ["hello there", "what is", "tell me a story", "x", "abc", "The cat", "Q: 2+2?", "once"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -98,9 +100,9 @@ def test_rollout_hooks_run_in_callback_order_and_shape_the_scores(tmp_path):
             return rollout.with_scores(rollout.scores + 1.0)
 
     L.seed_everything(0)
-    module = GRPOModule(
+    module = LeaveOneOutGRPO(
         model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=2,
-        max_new_tokens=3, advantage="rloo", total_episodes=8,
+        max_new_tokens=3, total_episodes=8,
     )
     kl = KLControlCallback(init_kl_coef=0.2, target=1.0, horizon=10)
     _, metrics = fit(module, tmp_path, [Recorder("first"), EOSTrickCallback(score=-3.0), Recorder("second"), kl])
@@ -122,3 +124,5 @@ def test_bad_configuration_is_named():
         GRPOModule(model="tiny-random-llama", reward_fns=[constant_reward], num_generations=1)
     with pytest.raises(ValueError, match="aggregation"):
         GRPOModule(model="tiny-random-llama", reward_fns=[constant_reward], aggregation="sum")
+    with pytest.raises(ValueError, match="scale"):
+        GRPOModule(model="tiny-random-llama", reward_fns=[constant_reward], scale="std")

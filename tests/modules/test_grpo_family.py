@@ -1,5 +1,5 @@
-"""GRPOModule's GRPO-family options on the tiny model: dynamic sampling, overlong filtering,
-GSPO, REINFORCE++, and reward-function errors stopping the step."""
+"""The GRPO family on the tiny model: DAPO's dynamic sampling and overlong filtering, GSPO,
+REINFORCE++ (with and without its baseline), and reward-function errors stopping the step."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from lightning import Callback
 
-from lit_rlhf.modules import GRPOModule
-from lit_rlhf.modules.dynamic_sampling import refill_batch
+from lit_rlhf.modules import DAPOModule, GRPOModule, GSPOModule, ReinforcePPModule
+from lit_rlhf.online.dynamic_sampling import refill_batch
 from lit_rlhf.rewards import CharacterFractionReward, RewardFunctionError
 from tests.modules.test_grpo import LETTERS, fit
 
@@ -41,8 +41,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 def test_dynamic_sampling_keeps_informative_groups_and_counts_the_extra_generation(tmp_path):
     L.seed_everything(0)
-    module = GRPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], num_generations=2,
-                        max_new_tokens=4, kl_coef=0.0, dynamic_sampling=True, max_sampling_rounds=3, total_episodes=32)
+    # GRPO's clip and every completion in the loss: dynamic sampling alone
+    module = DAPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], num_generations=2,
+                        max_new_tokens=4, kl_coef=0.0, dynamic_sampling=True, max_sampling_rounds=3, total_episodes=32,
+                        clip_eps_high=0.2, mask_truncated=False)
     seen = Last()
     trainer, metrics = fit(module, tmp_path, [seen])
     assert len(metrics) >= 2 and len(seen.rollouts) == len(metrics)
@@ -66,7 +68,7 @@ def test_dynamic_sampling_keeps_informative_groups_and_counts_the_extra_generati
     assert first == again and first != other
     ckpt = {"lit_rlhf": {}}
     module.on_save_checkpoint(ckpt)
-    fresh = GRPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], kl_coef=0.0, dynamic_sampling=True)
+    fresh = DAPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], kl_coef=0.0, dynamic_sampling=True)
     fresh.on_load_checkpoint(ckpt)
     assert fresh.refill_batches == module.refill_batches
 
@@ -78,9 +80,9 @@ def test_overlong_filtering_masks_truncated_completions_out_of_the_loss(tmp_path
     moved = {}
     for mask_truncated in (True, False):
         L.seed_everything(0)
-        module = GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)],
+        module = DAPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)],
                             num_generations=2, max_new_tokens=4, kl_coef=0.0, lr=1e-2, total_episodes=8,
-                            mask_truncated=mask_truncated)
+                            mask_truncated=mask_truncated, dynamic_sampling=False, clip_eps_high=0.2)
         before = [p.detach().clone() for p in module.policy.parameters()]
         _, (m,) = fit(module, tmp_path / str(mask_truncated), [Last(all_truncated)])
         moved[mask_truncated] = any(not torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))
@@ -89,16 +91,16 @@ def test_overlong_filtering_masks_truncated_completions_out_of_the_loss(tmp_path
     assert moved == {True: False, False: True}
 
 
-@pytest.mark.parametrize("options", [
-    {"importance_sampling": "sequence", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "num_iterations": 2},
-    {"advantage": "reinforce_pp", "kl_coef": 0.05},
-    {"advantage": "reinforce_pp_baseline", "kl_coef": 0.0, "reward_normalization": "group"},
-])
-def test_gspo_and_reinforce_pp_train(tmp_path, options):
+@pytest.mark.parametrize(("cls", "options"), [
+    (GSPOModule, {"num_iterations": 2}),  # the paper's clip ranges 3e-4 / 4e-4 are GSPOModule's defaults
+    (ReinforcePPModule, {"kl_coef": 0.05}),
+    (ReinforcePPModule, {"baseline": True, "kl_coef": 0.0, "reward_normalization": "group"}),
+], ids=["gspo", "reinforce_pp", "reinforce_pp_baseline"])
+def test_gspo_and_reinforce_pp_train(tmp_path, cls, options):
     L.seed_everything(0)
     kwargs = {"kl_coef": 0.0, **options}
-    module = GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=2,
-                        max_new_tokens=4, lr=1e-3, total_episodes=16, **kwargs)
+    module = cls(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=2,
+                 max_new_tokens=4, lr=1e-3, total_episodes=16, **kwargs)
     before = [p.detach().clone() for p in module.policy.parameters()]
     _, metrics = fit(module, tmp_path)
     assert len(metrics) == 2
@@ -106,7 +108,7 @@ def test_gspo_and_reinforce_pp_train(tmp_path, options):
         assert all(math.isfinite(v) for v in m.values())
         assert m["train/policy/first_ratio_mean"] == pytest.approx(1.0)  # the first pass is on-policy
     assert any(not torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))
-    if options.get("advantage") == "reinforce_pp":
+    if cls is ReinforcePPModule and module.kl_coef > 0:
         assert module.needs_rollout_logps  # the KL in the reward needs the sampling-time log-probs
 
 
@@ -132,10 +134,9 @@ def test_reward_function_columns_and_errors_stop_the_step(tmp_path):
 
 
 def test_bad_family_options_are_named():
-    with pytest.raises(ValueError, match="advantage must be one of"):
-        GRPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], advantage="ppo")
-    with pytest.raises(ValueError, match="GSPO"):
-        GRPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], advantage="reinforce_pp",
-                   importance_sampling="sequence")
+    with pytest.raises(ValueError, match="tis_cap weights tokens; GSPO has one ratio per sequence"):
+        GSPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], tis_cap=2.0)
+    with pytest.raises(ValueError, match="max_sampling_rounds"):
+        DAPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], max_sampling_rounds=0)
     with pytest.raises(ValueError, match="reward_normalization"):
         GRPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], reward_normalization="zscore")

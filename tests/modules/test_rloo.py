@@ -6,7 +6,8 @@ import lightning as L
 import pytest
 import torch
 
-from lit_rlhf.losses import rloo_advantages, rloo_sequence_rewards
+from lit_rlhf.losses import rloo_advantages
+from lit_rlhf.ops import kl_penalized_sequence_rewards
 from lit_rlhf.modules import RLOOModule
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.modules.test_grpo import fit
@@ -37,7 +38,7 @@ def test_update_is_reinforce_with_the_kl_in_the_reward(tmp_path):
     assert len(metrics) == 2
     assert metrics[1]["train/objective/kl"] != 0.0
     rollout = seen["rollout"]
-    rewards, kl = rloo_sequence_rewards(rollout.scores, rollout.logps, rollout.ref_logps, rollout.loss_mask, 0.5)
+    rewards, kl = kl_penalized_sequence_rewards(rollout.scores, rollout.logps, rollout.ref_logps, rollout.loss_mask, 0.5)
     advantages = rloo_advantages(rewards, 2)
     assert torch.count_nonzero(kl) > 0 and torch.count_nonzero(advantages) > 0
     assert metrics[1]["train/rewards/kl_penalised"] == pytest.approx(float(rewards.mean()), abs=1e-5)

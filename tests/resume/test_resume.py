@@ -25,6 +25,7 @@ from lit_rlhf.data import (
     UltraFeedbackSingleDataModule,
 )
 from lit_rlhf.modules import (
+    DAPOModule,
     DPOModule,
     DROVModule,
     GRPOModule,
@@ -74,8 +75,10 @@ CASES = {
             dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
     "grpo": (GRPOModule, dict(num_generations=2, kl_coef=0.04, **ONLINE), 1, TLDRPromptDataModule,
              dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
-    # DAPO's dynamic sampling draws extra prompts from its refill stream (its counter is checkpointed)
-    "grpo_dynamic": (GRPOModule, dict(num_generations=2, kl_coef=0.0, dynamic_sampling=True, max_sampling_rounds=3,
+    # DAPO's dynamic sampling draws extra prompts from its refill stream (its counter is checkpointed);
+    # GRPO's clip and every completion in the loss, as the dynamic sampling alone is what resumes here
+    "dapo_dynamic": (DAPOModule, dict(num_generations=2, kl_coef=0.0, dynamic_sampling=True, max_sampling_rounds=3,
+                                      clip_eps_high=0.2, mask_truncated=False,
                                       **{**ONLINE, "reward_fns": [mostly_letters]}), 1, TLDRPromptDataModule,
                      dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)),
     # ReMax: the greedy baseline (a per-row extra) decoded in every rollout; KL in the reward
@@ -194,7 +197,7 @@ def test_resume_is_exact(name, tmp_path):
         assert kl.kl_coef == kl_straight.kl_coef != (0.05 if name == "ppo" else 0.04)
     if name == "ppo_ptx":  # one SFT batch per optimizer step, the stream resumed where it stopped
         assert resumed.ptx_batches == straight.ptx_batches == N * 4
-    if name == "grpo_dynamic":  # the refill stream was used, and resumed where it stopped
+    if name == "dapo_dynamic":  # the refill stream was used, and resumed where it stopped
         assert resumed.refill_batches == straight.refill_batches > 0
         assert resumed.episodes == straight.episodes > N * 2 * 2
 

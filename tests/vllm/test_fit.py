@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lit_rlhf.data.collate import PromptCollator
-from lit_rlhf.modules import GRPOModule, PPOModule, RLOOModule
+from lit_rlhf.modules import GRPOModule, GSPOModule, PPOModule, RLOOModule
 from lit_rlhf.online import VLLMSampler
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.resume.test_resume import Recorder, StopAfter
@@ -122,8 +122,8 @@ def test_bad_backend_configuration_is_named(vllm_model_dir):
         GRPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], generation_backend="vllm")
     with pytest.raises(ValueError, match="has no truncated importance sampling .tis_cap."):
         RLOOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], rollout=VLLMSampler(tis_cap=2.0))
-    with pytest.raises(ValueError, match="GSPO"):
-        grpo(vllm_model_dir, "vllm", tis_cap=2.0, importance_sampling="sequence")
+    with pytest.raises(ValueError, match="GSPO has one ratio per sequence"):
+        GSPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], rollout=VLLMSampler(tis_cap=2.0))
 
 
 def test_judge_callback_samples_the_policy_with_the_engine(vllm_model_dir, engine, tmp_path):

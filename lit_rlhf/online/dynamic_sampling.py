@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling for GRPO (Yu et al. 2025, Sec. 3.2 and Eq. 11).
+"""DAPO's dynamic sampling (Yu et al. 2025, Sec. 3.2 and Eq. 11), `DAPOModule.collect_rollout`.
 
 A group whose G rewards are all equal (all right or all wrong, for a 0/1 reward) has zero
 advantage and no gradient; it only dilutes the batch. Dynamic sampling drops such groups and
@@ -6,7 +6,7 @@ samples more prompts until the batch holds B informative groups:
 
 1. the step's B prompts are sampled, scored and shaped as usual (`training_rollout`: the
    method's extras and the rollout hooks included);
-2. the informative groups are kept (`losses.grpo_family.informative_groups`);
+2. the informative groups are kept (`losses.dapo.informative_groups`);
 3. while fewer than B are kept and fewer than `max_sampling_rounds` rounds were run, B more
    prompts are drawn from the *refill stream* and step 2 repeats;
 4. the first B informative groups make the batch. When the rounds run out first, the batch is
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from lit_rlhf.losses.grpo_family import informative_groups
+from lit_rlhf.losses.dapo import informative_groups
 from lit_rlhf.types import PromptBatch, Rollout
 
 

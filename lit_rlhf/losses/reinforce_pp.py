@@ -1,0 +1,88 @@
+"""REINFORCE++ (Hu et al. 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large
+Language Models", arXiv 2501.03262): no critic; the k1 KL to the reference is part of the
+per-token reward, the per-token returns are normalised over the global batch, and PPO's clipped
+surrogate is applied per token."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lit_rlhf.losses.grpo import GRPOLossOutput
+from lit_rlhf.ops import masked_mean
+
+
+def reinforce_pp_advantages(
+    scores: Tensor,
+    mask: Tensor,
+    old_logps: Tensor | None = None,
+    ref_logps: Tensor | None = None,
+    kl_coef: float = 0.0,
+    group_size: int | None = None,
+) -> Tensor:
+    """REINFORCE++ per-token advantages (Hu et al. 2025, arXiv 2501.03262), unnormalised.
+
+    scores: (N,) outcome rewards; mask: (N, T) bool; old_logps / ref_logps: (N, T) sampling-time
+    and reference log-probs (needed when kl_coef > 0). The KL penalty is part of the per-token
+    reward, so with gamma = 1 the return of token t is
+
+        A_t = r - kl_coef * sum_{i >= t} KL_i,   KL_i = log pi_old(y_i) - log pi_ref(y_i)  (k1)
+
+    With `group_size` G (REINFORCE++ with baseline), r is first replaced by r - mean of its
+    group's G rewards. The result is 0 on masked positions; normalise it over the global batch
+    with `normalize_token_advantages`. No critic anywhere.
+    """
+    r = scores.float()
+    if group_size is not None:
+        if group_size < 2 or r.numel() % group_size:
+            raise ValueError(f"group_size must be >= 2 and divide N={r.numel()}, got {group_size}")
+        grouped = r.view(-1, group_size)
+        r = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+    adv = r.unsqueeze(1).expand(mask.shape).clone()  # (N, T)
+    if kl_coef != 0.0:
+        if old_logps is None or ref_logps is None:
+            raise ValueError("old_logps and ref_logps are required when kl_coef != 0")
+        kl = torch.where(mask, old_logps.float() - ref_logps.float(), torch.zeros((), device=mask.device))
+        to_go = kl.flip(1).cumsum(1).flip(1)  # sum_{i >= t} KL_i
+        adv = adv - kl_coef * to_go
+    return torch.where(mask, adv, torch.zeros_like(adv))
+
+
+def normalize_token_advantages(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """(A - mean) / (std + eps) over every kept token of the batch (REINFORCE++'s global batch
+    normalisation; pass all ranks' rows to make it global). Unbiased std; 0 on masked positions
+    and everywhere when all kept values are equal."""
+    kept = advantages[mask]
+    if kept.numel() < 2 or bool((kept == kept[0]).all()):
+        return torch.zeros_like(advantages)
+    z = (advantages - kept.mean()) / (kept.std() + eps)
+    return torch.where(mask, z, torch.zeros_like(z))
+
+
+
+def clipped_token_loss(
+    logps: Tensor,
+    old_logps: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+) -> GRPOLossOutput:
+    """PPO's clipped surrogate with one advantage per TOKEN, token mean (REINFORCE++'s loss).
+
+    logps, old_logps (None: on-policy, old = logps.detach()), advantages: (N, T); mask: (N, T)
+    bool. l_t = -min(ratio_t A_t, clip(ratio_t, 1 - eps_low, 1 + eps_high) A_t), averaged over
+    the kept tokens. No KL term: REINFORCE++ puts the KL in the reward.
+    """
+    if advantages.shape != logps.shape:
+        raise ValueError(f"advantages must be (N, T) = {tuple(logps.shape)}, got {tuple(advantages.shape)}")
+    old = logps.detach() if old_logps is None else old_logps.detach()
+    adv = advantages.detach()
+    ratio = torch.exp(torch.where(mask, logps - old, logps.new_zeros(())))
+    clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    surrogate = -torch.minimum(ratio * adv, clipped * adv)
+    loss = masked_mean(surrogate, mask)
+    r = ratio.detach()
+    low = masked_mean(((r < 1.0 - clip_eps_low) & (adv < 0)).float(), mask)
+    high = masked_mean(((r > 1.0 + clip_eps_high) & (adv > 0)).float(), mask)
+    return GRPOLossOutput(loss, loss.detach(), logps.new_zeros(()), low, high, low + high, masked_mean(r, mask))
