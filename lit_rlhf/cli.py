@@ -6,8 +6,9 @@
     python main.py fit --config configs/tldr/sft.yaml --print_config        # resolved config
     python main.py fit --model.help DPOModule                              # a module's arguments
 
-The DataModule's `tokenizer` is linked to the module's tokenizer (or its model when the module
-sets none), so a config names the model once.
+The DataModule's `tokenizer` is linked to the built module's (`tokenizer_name`: its tokenizer, or
+its model when it sets none), so a config names the model once, and a subclass whose constructor
+fixes or leaves out `model` and `tokenizer` keeps the link.
 
 `run` (what `main.py` calls) adds what a person at a terminal needs: a quiet console
 (`lit_rlhf.console`; `--verbose` or LIT_RLHF_VERBOSE=1 shows everything), and the project's own
@@ -46,8 +47,10 @@ PREEMPTION_FLAG = "preemption_checkpoint"
 DefaultCallbacks = Callable[[dict[str, Any], list[Callback]], list[Callback]]
 
 
-def tokenizer_of(model: str, tokenizer: str | None) -> str:
-    return tokenizer or model
+def tokenizer_of(module: LightningModule) -> Any:
+    """The tokenizer a module was built with (`tokenizer_name`: its `tokenizer`, else its `model`),
+    read from the built module: a subclass that fixes or leaves out those arguments keeps it."""
+    return getattr(module, "tokenizer_name", None)
 
 
 class RLHFCLI(LightningCLI):
@@ -60,11 +63,7 @@ class RLHFCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments(
-            ("model.init_args.model", "model.init_args.tokenizer"),
-            "data.init_args.tokenizer",
-            compute_fn=tokenizer_of,
-        )
+        parser.link_arguments("model", "data.init_args.tokenizer", compute_fn=tokenizer_of, apply_on="instantiate")
         resume.add_resume_arguments(parser)
         parser.add_argument(
             f"--{PREEMPTION_FLAG}", type=bool, default=True,

@@ -151,7 +151,8 @@ class PolicyModule(TrainingModule):
         self.gradient_checkpointing = bool(gradient_checkpointing)
         self.model_name = model
         self.model_dtype = dtype  # the dtype the weights are loaded in (`self.dtype` is Lightning's, of the module)
-        self.tokenizer = models.load_tokenizer(tokenizer or model)
+        self.tokenizer_name = tokenizer or model  # the DataModule's tokenizer follows it (`lit_rlhf.cli`)
+        self.tokenizer = models.load_tokenizer(self.tokenizer_name)
         self.policy = models.load_causal_lm(model, self.tokenizer, dtype)
         self.lora_config = adapters.lora_config(lora)
         if self.lora_config is not None:  # the policy is the adapter `policy` on a frozen base

@@ -148,7 +148,8 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         self.use_margin, self.center_coef, self.score_batch_size = bool(use_margin), center_coef, score_batch_size
         self.shared_prompt = bool(shared_prompt)
         self.model_name = model
-        self.tokenizer = models.load_tokenizer(tokenizer or model)
+        self.tokenizer_name = tokenizer or model  # the DataModule's tokenizer follows it (`lit_rlhf.cli`)
+        self.tokenizer = models.load_tokenizer(self.tokenizer_name)
         self.lora_config = adapters.lora_config(lora)
         if self.lora_config is None:
             self.reward_model = models.load_scalar_model(model, self.tokenizer, dtype)

@@ -27,3 +27,15 @@ class LeaveOneOutGRPO(GRPOModule):
 
     def advantages(self, rollout: Rollout) -> Tensor:
         return rloo_advantages(rollout.scores.float(), self.num_generations)  # (N,)
+
+
+class NarrowedGRPO(GRPOModule):
+    """A variant written the natural way: its constructor lists only its own arguments and pins
+    everything else in the `super().__init__` call, `model` and `tokenizer` included."""
+
+    def __init__(self, letters: str = "abcdefghijklmnopqrstuvwxyz", lr: float = 1e-3) -> None:
+        from lit_rlhf.rewards import CharacterFractionReward
+
+        super().__init__(model="tiny-random-llama", reward_fns=[CharacterFractionReward(letters)], num_generations=2,
+                         max_new_tokens=4, kl_coef=0.0, lr=lr, lr_scheduler="constant",
+                         log_completions_every_n_steps=0)
