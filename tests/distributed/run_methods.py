@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
+from lit_rlhf.generation import needs_synced_gpus  # noqa: E402
 from tests.distributed import workloads as W  # noqa: E402
 
 BATCH = {"sft": 2, "reward": 2, "dpo": 2, "kto": 2, "drov": 2, "ppo": 4, "grpo": 2}
@@ -47,7 +48,7 @@ class LengthProbe(L.Callback):
 
     def on_rollout_scores(self, trainer, pl_module, rollout):
         self.lengths.append(int(rollout.response_attention_mask.sum(dim=1).max()))
-        self.synced.append(bool(pl_module._synced_gpus))
+        self.synced.append(needs_synced_gpus(trainer))  # what the sampler passes to generate
         return rollout
 
 
