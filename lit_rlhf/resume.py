@@ -16,6 +16,9 @@ error when there is nothing to resume, and the exit code of a preempted run.
   130 (after Ctrl-C), after one line saying what was saved (`lit_rlhf.stopping`). A SIGTERM that
   arrives before the trainer is set up (config parsing, model loading) exits with 75 at once:
   nothing was trained.
+- **A checkpoint written at the end of an epoch's last batch.** The resumed run starts the next
+  epoch as the uninterrupted run does (`start_next_epoch_afresh`), so a checkpoint written in
+  that epoch records where it is.
 - **Lightning's "dataloader is not resumable" warning.** Lightning warns on every resume inside
   an epoch unless the DataLoader itself has `state_dict`/`load_state_dict`. The DataModules of
   `lit_rlhf.data` resume exactly all the same: their `ResumableSampler` skips the batches the
@@ -224,4 +227,33 @@ def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[
         counters["processed"] -= processed
         counters["completed"] -= completed
     checkpoint["epoch"] -= completed
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# loop state of a run resumed from a checkpoint written in an epoch's last batch
+# ----------------------------------------------------------------------------------------------
+
+
+def start_next_epoch_afresh(trainer: Any) -> bool:
+    """Call at `on_train_start`: on a run resumed from a checkpoint written in the `on_train_batch_end`
+    of an epoch's last batch (a periodic or preemption save), start the next epoch as a fresh one.
+    Returns whether the loop's state was changed.
+
+    Lightning counts the saved epoch as processed and completed, but its fit loop keeps the restart
+    stage "mid-epoch" into the next epoch: it skips that epoch's `ready`/`started` counts and its
+    `on_train_epoch_start` hooks. The counters then read ready == started == processed during the
+    new epoch, so a checkpoint written in it records that epoch as finished, and a run resumed from
+    that checkpoint trains the epoch again with the old epoch's data order (a prompt trained twice,
+    another never). Clearing the fit loop's restart stage (the epoch loop's stays: it moves its own
+    counters to the new epoch) makes the next epoch begin as in the uninterrupted run.
+    """
+    # The restart stages are Lightning's loop internals (2.5+: public names, undocumented); the test
+    # is the one `_FitLoop.reset` uses to count the saved epoch as done.
+    loop = trainer.fit_loop
+    if not (getattr(loop, "restarted_mid_epoch", False)
+            and getattr(loop.epoch_loop, "restarted_on_train_batch_end", False)
+            and loop.epoch_loop.batch_progress.is_last_batch):
+        return False
+    loop.reset_restart_stage()
     return True
