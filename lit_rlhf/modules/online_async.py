@@ -199,7 +199,7 @@ class AsyncRolloutMixin:
 
     def on_train_start(self) -> None:
         super().on_train_start()  # the random states first (a producer at max_staleness 0 draws from them)
-        if self.asynchronous:
+        if self.asynchronous and not self.trainer.should_stop:  # nothing to sample when the budget is met
             self.start_async_rollouts()
 
     def on_train_end(self) -> None:
@@ -320,9 +320,12 @@ class AsyncRolloutMixin:
     # ------------------------------------------------------------------------------------------
 
     def async_state(self) -> dict[str, Any] | None:
-        """What a checkpoint holds of the queue (None when the run is synchronous or not running)."""
+        """What a checkpoint holds of the queue (None when the run is synchronous or not running; the
+        loaded checkpoint's when the producer was never started: a resumed run with its budget met)."""
         state = self._async
-        if state is None or not state.producer.running:
+        if state is None:
+            return self._async_restored
+        if not state.producer.running:
             return None
         batches = state.queue.checkpoint_batches(self.async_timeout)
         return {"max_staleness": int(self.max_staleness), "next_index": state.queue.next_index,

@@ -2,7 +2,8 @@
 
 A run is measured in **episodes**: one episode is one sampled response (B prompts x G
 generations x world size per rollout). With `total_episodes` set, the module stops the trainer
-once that many episodes were sampled and sizes the learning-rate schedule to
+once that many episodes were sampled (a run resumed from a checkpoint that already holds them
+trains nothing) and sizes the learning-rate schedule to
 `ceil(total_episodes / episodes per rollout) * updates_per_rollout()` optimizer steps; leave
 `trainer.max_steps` at -1 and `trainer.max_epochs` at -1 then (the prompt loader is simply
 reshuffled each epoch, D21). Without it, `trainer.max_steps` counts optimizer steps
@@ -25,6 +26,11 @@ from lit_rlhf.modules.base import CHECKPOINT_KEY
 
 class EpisodeBudgetMixin:
     """The episode budget, the schedule length and the checkpointed counters of an `OnlineModule`."""
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.budget_reached():  # resumed from a checkpoint of the run's last step: nothing left to sample
+            self.trainer.should_stop = True
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_end(outputs, batch, batch_idx)  # bookkeeping (tokens/s is logged in training_step)
