@@ -13,7 +13,8 @@ error when there is nothing to resume, and the exit code of a preempted run.
   that is resubmitted with the same command).
 - **Exit codes.** A run that `lit_rlhf.preemption.PreemptionCheckpoint` stopped (every CLI run
   has one unless `--preemption_checkpoint false`) exits with 75 (`EX_TEMPFAIL`, after SIGTERM) or
-  130 (after Ctrl-C), after one line saying what was saved (`lit_rlhf.stopping`). A SIGTERM that
+  130 (after Ctrl-C), after one line saying what was saved (`lit_rlhf.stopping`); a SIGTERM after
+  a complete run's last step, up to the process's exit, is logged and the run exits with 0. A SIGTERM that
   arrives before the trainer is set up (config parsing, model loading) exits with 75 at once:
   nothing was trained.
 - **A checkpoint written at the end of an epoch's last batch.** The resumed run starts the next
@@ -38,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from lit_rlhf.preemption import PreemptionCheckpoint
+from lit_rlhf.preemption import PreemptionCheckpoint, holds_after_fit
 from lit_rlhf.stopping import PREEMPTED_EXIT_CODE, Preempted
 
 log = logging.getLogger(__name__)
@@ -149,9 +150,12 @@ def _exit_at_once(signum, frame) -> None:
 
 @contextmanager
 def sigterm_exits_during_startup() -> Iterator[None]:
-    """Until the trainer runs, SIGTERM exits with 75 at once (nothing was trained); the previous
-    handler is back when the block ends."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    """Until the trainer runs, SIGTERM exits with 75 at once (nothing was trained); the default
+    handler is back when the block ends. A handler that an earlier complete fit of this process
+    left in place (`PreemptionCheckpoint`) is replaced too; any other is left alone."""
+    current = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or (
+            current != signal.SIG_DFL and not holds_after_fit(current)):
         yield
         return
     signal.signal(signal.SIGTERM, _exit_at_once)
@@ -163,11 +167,14 @@ def sigterm_exits_during_startup() -> Iterator[None]:
 
 
 def end_startup_handler(trainer: Any) -> None:
-    """Hand SIGTERM over to the trainer: `PreemptionCheckpoint` takes it in its `setup`, and
-    without that callback (`--preemption_checkpoint false`) Lightning's handler does (stopping at
-    the end of a batch)."""
-    if signal.getsignal(signal.SIGTERM) == _exit_at_once and not any(
-            isinstance(cb, PreemptionCheckpoint) for cb in trainer.callbacks):
+    """Hand SIGTERM over to the trainer: `PreemptionCheckpoint` takes it in its `setup` (and, the
+    fit being the last thing this process does, keeps it after a complete fit until the process
+    exits: `hold_until_exit`), and without that callback (`--preemption_checkpoint false`)
+    Lightning's handler does (stopping at the end of a batch)."""
+    preemption = [cb for cb in trainer.callbacks if isinstance(cb, PreemptionCheckpoint)]
+    for callback in preemption:
+        callback.hold_until_exit = True
+    if signal.getsignal(signal.SIGTERM) == _exit_at_once and not preemption:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
