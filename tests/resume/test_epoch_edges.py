@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from tests.resume.harness import Interrupt, Setup, assert_same_run, fit, interrupted_then_resumed
@@ -84,6 +85,10 @@ def test_stops_at_epoch_ends_and_in_the_last_step_resume_exactly(name, module_ar
     assert [r.trainer.global_step // steps_per_batch for r in runs] == [3, 6, 7, 8]  # where each one saved
     assert not final.recorder.metrics  # the checkpoint of the last step met the budget: nothing more trained
     assert_same_run(straight, runs, final, tmp_path / "straight", tmp_path / "run")
+    # the loop's position as the final checkpoints record it: epoch and batch counters, batches stepped
+    loops = [torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["loops"]
+             for root in (tmp_path / "straight", tmp_path / "run")]
+    assert loops[0] == loops[1]
 
     merged: dict[int, tuple[int, list[int]]] = {}
     for counter in counters:
