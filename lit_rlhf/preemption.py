@@ -30,7 +30,12 @@ What happens depends on when the signal lands; in every case the resumed run
   check), or before the first step of a resumed run: nothing was trained, so nothing is saved;
   the run exits with code 75 at once (one process) or at the next hook where all ranks agree
   (several), and the rerun starts where the last checkpoint (if any) left off.
-- after the end of the run's last optimizer step: the run finishes normally (exit 0).
+- after the end of the run's last optimizer step: the run finishes normally (exit 0). Once the
+  fit loop has ended on its own (`on_train_end`), the run is complete: a SIGTERM is logged and
+  ignored while the fit winds down (the `run stopped:` line, export, stopping a vLLM server, the
+  loggers' final flush), so the logs are written. Under `python main.py` (`hold_until_exit`,
+  set by the CLI) the handler stays until the process exits, which it does with code 0; in a
+  script, a SIGTERM after `trainer.fit` returned goes to the handler from before the fit.
 
 Lightning's own SIGTERM handling (which stops at the end of any batch, also inside an
 accumulation window) is replaced while this callback is active; under several processes every
@@ -43,12 +48,14 @@ import logging
 import os
 import signal
 import threading
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerStatus
 
 from lit_rlhf import lightning_compat
 from lit_rlhf.stopping import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
@@ -65,6 +72,11 @@ class PreemptionCheckpoint(Callback):
             `<default_root_dir>/checkpoints`.
         filename: checkpoint file name (default `last.ckpt`, what `--ckpt_path last` finds when it
             sits in the ModelCheckpoint's directory).
+
+    Attributes:
+        hold_until_exit: after a complete fit, keep ignoring SIGTERM after `trainer.fit` returned
+            (the CLI sets it: the process ends after the fit); False: pass it on to the handler from
+            before the fit.
     """
 
     def __init__(self, dirpath: str | None = None, filename: str = "last.ckpt") -> None:
@@ -76,6 +88,9 @@ class PreemptionCheckpoint(Callback):
         self._waiting_logged = False
         self._started = False  # the first optimizer step of this run has begun
         self._single_process = True
+        self.finished = False  # the fit loop ended on its own: a signal no longer stops anything
+        self.hold_until_exit = False
+        self._trainer: Callable[[], Trainer | None] = lambda: None
 
     # ------------------------------------------------------------------------------------------
     # signal handlers: record the signal, act at the next safe point
@@ -99,16 +114,41 @@ class PreemptionCheckpoint(Callback):
         if lightning_compat.take_lightning_sigterm(trainer):
             self.received = self.received or signal.SIGTERM
 
-    def _uninstall(self) -> None:
-        for signum, handler in self._previous.items():
+    def _uninstall(self, keep: tuple[int, ...] = ()) -> None:
+        """Put back the handlers from before the fit, except those of the signals in `keep`."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in [s for s in self._previous if s not in keep]:
+            handler = self._previous.pop(signum)
             if handler is not None:
                 signal.signal(signum, handler)
-        self._previous = {}
+
+    def release(self) -> None:
+        """Put back every handler this callback replaced (after a complete fit it keeps SIGTERM's)."""
+        self.finished = False
+        self._uninstall()
+
+    def _pass_on(self, signum, frame) -> None:
+        """Put back the handlers from before the fit and let the one of `signum` handle it."""
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        self.release()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)  # the default action (SIGTERM: the process ends)
 
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.received == signal.SIGINT:  # a second Ctrl-C stops at once
             raise KeyboardInterrupt
         self.received = self.received or signum
+        if self.finished:
+            trainer = self._trainer()
+            if not self.hold_until_exit and (trainer is None or trainer.state.status == TrainerStatus.FINISHED):
+                self._pass_on(signum, frame)  # the fit returned and the script goes on: not ours any more
+                return
+            log.warning("%s after the run's last step: the run is complete; it winds down (logs are written) and "
+                        "exits with code 0", signal.Signals(signum).name)
+            return
         if not self._started and self._single_process:
             # nothing trained yet and no other rank to agree with: stop now, not after a long set-up
             # step such as DPO's reference precompute
@@ -131,14 +171,31 @@ class PreemptionCheckpoint(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
             self.received, self.saved_path, self._waiting_logged, self._started = None, None, False, False
+            self.finished = False
+            self._trainer = weakref.ref(trainer)
             self._single_process = trainer.world_size == 1
             self._install(trainer)
 
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.saved_path is not None:
+            return
+        # the loop ended on its own (a preemption save ends it with an exception): the run is complete
+        self.finished = True
+        if self.received is not None:
+            log.warning("%s arrived after the run's last optimizer step: the run is complete and finishes (exit "
+                        "code 0)", signal.Signals(self.received).name)
+        if signal.SIGTERM in self._previous:  # Lightning's teardown, before `on_fit_end`, keeps our handler
+            lightning_compat.signal_handlers_restored_at_teardown(trainer)[signal.SIGTERM] = self._on_signal
+
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._uninstall()
+        # a complete run keeps SIGTERM's handler (the module's teardown and the loggers' final flush
+        # come after this hook; `_on_signal` passes a signal on once the fit has returned)
+        self._uninstall(keep=(signal.SIGTERM,) if self.finished else ())
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._uninstall()
+        if self.finished and signal.SIGTERM in self._previous:  # Lightning's teardown follows: not ours
+            lightning_compat.signal_handlers_restored_at_teardown(trainer)[signal.SIGTERM] = self._previous[signal.SIGTERM]
+        self.release()
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._install(trainer)  # Lightning registered its SIGTERM handler just before this
@@ -227,6 +284,12 @@ class PreemptionCheckpoint(Callback):
                 last = os.path.join(callback.dirpath, f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
                 if os.path.exists(last):
                     callback.last_model_path = last
+
+
+def holds_after_fit(handler: Any) -> bool:
+    """Whether `handler` is the SIGTERM handler a `PreemptionCheckpoint` keeps after a complete fit."""
+    owner = getattr(handler, "__self__", None)
+    return isinstance(owner, PreemptionCheckpoint) and owner.finished
 
 
 def closes_optimizer_step(trainer: Trainer) -> bool:

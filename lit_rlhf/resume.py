@@ -13,9 +13,13 @@ error when there is nothing to resume, and the exit code of a preempted run.
   that is resubmitted with the same command).
 - **Exit codes.** A run that `lit_rlhf.preemption.PreemptionCheckpoint` stopped (every CLI run
   has one unless `--preemption_checkpoint false`) exits with 75 (`EX_TEMPFAIL`, after SIGTERM) or
-  130 (after Ctrl-C), after one line saying what was saved (`lit_rlhf.stopping`). A SIGTERM that
+  130 (after Ctrl-C), after one line saying what was saved (`lit_rlhf.stopping`); a SIGTERM after
+  a complete run's last step, up to the process's exit, is logged and the run exits with 0. A SIGTERM that
   arrives before the trainer is set up (config parsing, model loading) exits with 75 at once:
   nothing was trained.
+- **A checkpoint written at the end of an epoch's last batch.** The resumed run starts the next
+  epoch as the uninterrupted run does (`start_next_epoch_afresh`), so a checkpoint written in
+  that epoch records where it is.
 - **Lightning's "dataloader is not resumable" warning.** Lightning warns on every resume inside
   an epoch unless the DataLoader itself has `state_dict`/`load_state_dict`. The DataModules of
   `lit_rlhf.data` resume exactly all the same: their `ResumableSampler` skips the batches the
@@ -36,7 +40,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from lit_rlhf import lightning_compat
-from lit_rlhf.preemption import PreemptionCheckpoint
+from lit_rlhf.preemption import PreemptionCheckpoint, holds_after_fit
 from lit_rlhf.stopping import PREEMPTED_EXIT_CODE, Preempted
 
 log = logging.getLogger(__name__)
@@ -146,9 +150,12 @@ def _exit_at_once(signum, frame) -> None:
 
 @contextmanager
 def sigterm_exits_during_startup() -> Iterator[None]:
-    """Until the trainer runs, SIGTERM exits with 75 at once (nothing was trained); the previous
-    handler is back when the block ends."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    """Until the trainer runs, SIGTERM exits with 75 at once (nothing was trained); the default
+    handler is back when the block ends. A handler that an earlier complete fit of this process
+    left in place (`PreemptionCheckpoint`) is replaced too; any other is left alone."""
+    current = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or (
+            current != signal.SIG_DFL and not holds_after_fit(current)):
         yield
         return
     signal.signal(signal.SIGTERM, _exit_at_once)
@@ -160,11 +167,14 @@ def sigterm_exits_during_startup() -> Iterator[None]:
 
 
 def end_startup_handler(trainer: Any) -> None:
-    """Hand SIGTERM over to the trainer: `PreemptionCheckpoint` takes it in its `setup`, and
-    without that callback (`--preemption_checkpoint false`) Lightning's handler does (stopping at
-    the end of a batch)."""
-    if signal.getsignal(signal.SIGTERM) == _exit_at_once and not any(
-            isinstance(cb, PreemptionCheckpoint) for cb in trainer.callbacks):
+    """Hand SIGTERM over to the trainer: `PreemptionCheckpoint` takes it in its `setup` (and, the
+    fit being the last thing this process does, keeps it after a complete fit until the process
+    exits: `hold_until_exit`), and without that callback (`--preemption_checkpoint false`)
+    Lightning's handler does (stopping at the end of a batch)."""
+    preemption = [cb for cb in trainer.callbacks if isinstance(cb, PreemptionCheckpoint)]
+    for callback in preemption:
+        callback.hold_until_exit = True
+    if signal.getsignal(signal.SIGTERM) == _exit_at_once and not preemption:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
@@ -224,4 +234,33 @@ def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[
         counters["processed"] -= processed
         counters["completed"] -= completed
     checkpoint["epoch"] -= completed
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# loop state of a run resumed from a checkpoint written in an epoch's last batch
+# ----------------------------------------------------------------------------------------------
+
+
+def start_next_epoch_afresh(trainer: Any) -> bool:
+    """Call at `on_train_start`: on a run resumed from a checkpoint written in the `on_train_batch_end`
+    of an epoch's last batch (a periodic or preemption save), start the next epoch as a fresh one.
+    Returns whether the loop's state was changed.
+
+    Lightning counts the saved epoch as processed and completed, but its fit loop keeps the restart
+    stage "mid-epoch" into the next epoch: it skips that epoch's `ready`/`started` counts and its
+    `on_train_epoch_start` hooks. The counters then read ready == started == processed during the
+    new epoch, so a checkpoint written in it records that epoch as finished, and a run resumed from
+    that checkpoint trains the epoch again with the old epoch's data order (a prompt trained twice,
+    another never). Clearing the fit loop's restart stage (the epoch loop's stays: it moves its own
+    counters to the new epoch) makes the next epoch begin as in the uninterrupted run.
+    """
+    # The restart stages are Lightning's loop internals (2.5+: public names, undocumented); the test
+    # is the one `_FitLoop.reset` uses to count the saved epoch as done.
+    loop = trainer.fit_loop
+    if not (getattr(loop, "restarted_mid_epoch", False)
+            and getattr(loop.epoch_loop, "restarted_on_train_batch_end", False)
+            and loop.epoch_loop.batch_progress.is_last_batch):
+        return False
+    loop.reset_restart_stage()
     return True

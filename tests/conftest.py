@@ -34,6 +34,18 @@ if _WORKERS > 1:
     _set_num_threads(THREAD_SHARE)
 
 
+@pytest.fixture(autouse=True)
+def sigterm_handler_restored():
+    """After each test, the SIGTERM handler from before it: a fit through the CLI in the test process
+    leaves `PreemptionCheckpoint`'s handler in place for the rest of the process (`hold_until_exit`)."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    if signal.getsignal(signal.SIGTERM) != before:
+        signal.signal(signal.SIGTERM, before)
+
+
 @pytest.fixture()
 def one_thread():
     """torch on one thread for the test: bitwise-reproducible CPU kernels, and much faster when

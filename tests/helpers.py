@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 from pathlib import Path
@@ -55,6 +56,17 @@ class SignalOnce(Callback):
         if trainer.global_step == self.step and not Path(self.marker).exists():
             Path(self.marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), self.signal)
+
+
+class SignalAfterFit(Callback):
+    """Sends SIGTERM to this process after the fit's last step, twice: in its `teardown` (after the
+    module's `on_fit_end` logged `run stopped:`, before the module's teardown and the loggers' final
+    flush) and as the process exits (an `atexit` function, after the CLI returned)."""
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        if stage == "fit":
+            atexit.register(os.kill, os.getpid(), 15)
+            os.kill(os.getpid(), 15)
 
 
 class SignalAtInit(Callback):

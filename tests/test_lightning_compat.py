@@ -238,3 +238,14 @@ def test_attached_trainer(tmp_path):
     trainer = tiny_trainer(tmp_path, max_steps=1)
     trainer.fit(module)
     assert compat.attached_trainer(module) is trainer
+
+
+def test_restart_next_epoch_afresh(tmp_path):
+    """The loop attributes it reads exist with the meaning it assumes: on a fresh fit nothing is
+    restarted (False, nothing changed); a fit loop's restart stage can be reset."""
+    trainer = tiny_trainer(tmp_path, max_steps=1)
+    trainer.fit(BoringModel())
+    loop = trainer.fit_loop
+    assert hasattr(loop, "restarted_mid_epoch") and hasattr(loop.epoch_loop, "restarted_on_train_batch_end")
+    assert callable(loop.reset_restart_stage) and isinstance(loop.epoch_loop.batch_progress.is_last_batch, bool)
+    assert compat.restart_next_epoch_afresh(trainer) is False

@@ -113,6 +113,38 @@ def test_sigterm_after_the_callbacks_hook_saves_at_the_end_of_the_next_step(tmp_
     assert signal.getsignal(signal.SIGTERM) == handler_before
 
 
+class SignalAtTeardown(L.Callback):
+    """SIGTERM to this process in the fit's teardown, after `run stopped:`, before the loggers' flush."""
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_after_a_complete_fit_sigterm_is_ignored_until_the_fit_returns_then_passed_on(tmp_path):
+    """In a script (no `hold_until_exit`): a SIGTERM during a complete fit's wind-down is logged and
+    ignored; once `trainer.fit` returned, the next goes to the handler from before the fit."""
+    from tests.modules.test_sft import make_batches
+
+    from lit_rlhf.modules import SFTModule
+
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        module = SFTModule(model="tiny-random-llama", lr=1e-3)
+        preemption = PreemptionCheckpoint(dirpath=str(tmp_path / "ckpts"))
+        trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=tmp_path,
+                            callbacks=[SignalAtTeardown(), preemption])
+        trainer.fit(module, make_batches(module.tokenizer, batch_size=1))  # no SystemExit: the run is complete
+        assert not received  # the wind-down's signal was not passed on
+        assert preemption.finished and preemption.received == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) == preemption._on_signal  # held until the fit returned
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert received == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) != preemption._on_signal
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # ------------------------------------------------------------------------------------------
 # on by default
 # ------------------------------------------------------------------------------------------

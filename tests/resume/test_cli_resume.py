@@ -114,3 +114,17 @@ def test_sigterm_while_the_cli_builds_the_run_exits_75(tmp_path):
         main(["fit", "--config", str(write_config(tmp_path / "sft.yaml", cfg))])
     assert stop.value.code == 75 and "during start-up" in str(stop.value)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the start-up handler is gone afterwards
+
+
+def test_sigterm_after_the_last_step_lets_the_run_finish_and_exit_0(tmp_path):
+    """A SIGTERM after the run's last step (once `run stopped:` is logged, before the loggers' final
+    flush) and another as the process exits: the run winds down, writes its logs and exits with 0."""
+    cfg = config(tmp_path)
+    cfg["trainer"]["callbacks"].append({"class_path": "tests.helpers.SignalAfterFit"})
+    done = run_cli("fit", "--config", str(write_config(tmp_path / "sft.yaml", cfg)))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    late = "SIGTERM after the run's last step: the run is complete"
+    assert out.count(late) == 2 and out.index("run stopped: max_steps=4 reached") < out.index(late), out[-3000:]
+    # the CSV logger writes its file in its final flush, after the first signal
+    assert sorted(train_scalars(tmp_path / "outputs" / "sft" / "version_0" / "metrics.csv")) == [1, 2, 3, 4]
