@@ -203,3 +203,20 @@ def attached_trainer(module: Any) -> Any:
         return module.trainer
     except RuntimeError:
         return None
+
+
+def restart_next_epoch_afresh(trainer: Any) -> bool:
+    """After a restore from a checkpoint saved in the `on_train_batch_end` of an epoch's last batch,
+    clear the fit loop's restart stage so the next epoch starts as a fresh one; True when it did.
+
+    Why internal: the loops' restart stages (`restarted_mid_epoch`, `restarted_on_train_batch_end`,
+    `reset_restart_stage`; Lightning 2.6) are public names but undocumented; the test is the one
+    `_FitLoop.reset` uses to count the saved epoch as done, and no public API starts the next epoch
+    afresh (`lit_rlhf.resume.start_next_epoch_afresh` says why it must)."""
+    loop = trainer.fit_loop
+    if not (getattr(loop, "restarted_mid_epoch", False)
+            and getattr(loop.epoch_loop, "restarted_on_train_batch_end", False)
+            and loop.epoch_loop.batch_progress.is_last_batch):
+        return False
+    loop.reset_restart_stage()
+    return True

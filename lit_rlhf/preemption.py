@@ -90,7 +90,7 @@ class PreemptionCheckpoint(Callback):
         self._single_process = True
         self.finished = False  # the fit loop ended on its own: a signal no longer stops anything
         self.hold_until_exit = False
-        self._trainer: Callable[[], Trainer | None] = lambda: None
+        self.trainer_ref: Callable[[], Trainer | None] = lambda: None
 
     # ------------------------------------------------------------------------------------------
     # signal handlers: record the signal, act at the next safe point
@@ -142,7 +142,7 @@ class PreemptionCheckpoint(Callback):
             raise KeyboardInterrupt
         self.received = self.received or signum
         if self.finished:
-            trainer = self._trainer()
+            trainer = self.trainer_ref()
             if not self.hold_until_exit and (trainer is None or trainer.state.status == TrainerStatus.FINISHED):
                 self._pass_on(signum, frame)  # the fit returned and the script goes on: not ours any more
                 return
@@ -172,7 +172,7 @@ class PreemptionCheckpoint(Callback):
         if stage == "fit":
             self.received, self.saved_path, self._waiting_logged, self._started = None, None, False, False
             self.finished = False
-            self._trainer = weakref.ref(trainer)
+            self.trainer_ref = weakref.ref(trainer)
             self._single_process = trainer.world_size == 1
             self._install(trainer)
 

@@ -252,15 +252,7 @@ def start_next_epoch_afresh(trainer: Any) -> bool:
     `on_train_epoch_start` hooks. The counters then read ready == started == processed during the
     new epoch, so a checkpoint written in it records that epoch as finished, and a run resumed from
     that checkpoint trains the epoch again with the old epoch's data order (a prompt trained twice,
-    another never). Clearing the fit loop's restart stage (the epoch loop's stays: it moves its own
-    counters to the new epoch) makes the next epoch begin as in the uninterrupted run.
+    another never). Clearing the fit loop's restart stage (`lightning_compat.restart_next_epoch_afresh`)
+    makes the next epoch begin as in the uninterrupted run.
     """
-    # The restart stages are Lightning's loop internals (2.5+: public names, undocumented); the test
-    # is the one `_FitLoop.reset` uses to count the saved epoch as done.
-    loop = trainer.fit_loop
-    if not (getattr(loop, "restarted_mid_epoch", False)
-            and getattr(loop.epoch_loop, "restarted_on_train_batch_end", False)
-            and loop.epoch_loop.batch_progress.is_last_batch):
-        return False
-    loop.reset_restart_stage()
-    return True
+    return lightning_compat.restart_next_epoch_afresh(trainer)

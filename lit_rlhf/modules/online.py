@@ -30,6 +30,7 @@ and `kl_coef` through `init_kl`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Any, Callable, Literal
@@ -168,7 +169,7 @@ class OnlineModule(PolicyModule):
                              "(the reward model first, then reward_fns in order, then the environment)")
         super().__init__(**kwargs)
         self.automatic_optimization = False
-        self.rollout_source = source
+        self.rollout_source = copy.deepcopy(source)  # the module's own: a source holds one run's state
         self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         self.val_sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=val_temperature or temperature,
                                            top_k=top_k, top_p=top_p)
@@ -406,6 +407,9 @@ class OnlineModule(PolicyModule):
 
     def on_train_start(self) -> None:
         super().on_train_start()  # the random states first (a producer at max_staleness 0 draws from them)
+        if budget.budget_reached(self):  # resumed from the checkpoint of the run's last step: nothing left
+            self.trainer.should_stop = True
+            return
         self.rollout_source.start(self)
 
     def on_train_end(self) -> None:

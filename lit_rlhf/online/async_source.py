@@ -214,8 +214,11 @@ class AsyncRollouts(RolloutSource):
     # ------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any] | None:
-        """What a checkpoint holds of the queue (None when the producer is not running)."""
-        if self.running is None or not self.running.producer.running:
+        """What a checkpoint holds of the queue: the loaded checkpoint's when the producer never
+        started (a resumed run whose budget was already met), None when it has stopped."""
+        if self.running is None:
+            return self.restored
+        if not self.running.producer.running:
             return None
         queue = self.running.queue
         batches = queue.checkpoint_batches(self.timeout)

@@ -328,8 +328,9 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         if self._restored_rng is not None:
             rng.restore_state(self._restored_rng)
             self._restored_rng = None
-        if self._trainer is not None:
-            resume.start_next_epoch_afresh(self.trainer)  # resumed after an epoch's last batch
+        trainer = attached_trainer(self)
+        if trainer is not None:
+            resume.start_next_epoch_afresh(trainer)  # resumed after an epoch's last batch
 
     # ----------------------------------------------------------------------------------------
     # logging

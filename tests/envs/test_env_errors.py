@@ -127,6 +127,7 @@ def test_grpo_with_skip_trains_on_the_other_groups_and_checkpoints_the_counts():
     rollout, per_source = module.make_rollout(PromptCollator(tok.pad_token_id)(rows), repeats=2)
     assert rollout.loss_mask[2:].sum() == 0 and rollout.loss_mask[:2].sum() > 0  # the flaky prompt's group
     assert all(float(v[2:].abs().sum()) == 0 for v in per_source.values()) and float(rollout.scores[2:].abs().sum()) == 0
+    source = module.rollout_source  # the module's own copy of the source it was given
     assert source.env_errors.errors == 2 and source.env_errors.dropped_groups == 1  # both copies raised
     state = source.state_dict()
     fresh = EnvironmentRollouts(FlakyEnv(3), on_env_error="skip", max_env_errors=4)

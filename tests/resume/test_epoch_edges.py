@@ -5,7 +5,7 @@ checkpoint and logged scalars (`harness.assert_same_run`), every prompt trained 
 
 8 batches of 3 per epoch (the run ends inside epoch 2). The online methods stop on their episode
 budget (`total_episodes`, 8 rollouts' worth; `max_steps` unset), so the last resubmission finds its
-budget met and trains nothing; GRPO and PPO also run with asynchronous rollouts (`max_staleness`).
+budget met and trains nothing; GRPO and PPO also run with asynchronous rollouts (`AsyncRollouts`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lit_rlhf.online import AsyncRollouts
 from tests.resume.harness import Interrupt, Setup, assert_same_run, fit, interrupted_then_resumed
 from tests.resume.test_moments import BACKWARDS_PER_STEP
 from tests.resume.test_resume import CASES
@@ -26,7 +27,7 @@ BATCHES = 8  # 3 per epoch: epochs 0 and 1, then 2 batches of epoch 2
 PROMPTS_PER_BATCH = 2
 # responses per prompt of the online methods whose run is bounded by `total_episodes`
 REPEATS = {"ppo": 1, "ppo_ptx": 1, "grpo": 2, "remax": 2, "rejection_sampling": 2, "online_dpo": 2}
-ASYNC = {"max_staleness": 1}
+ASYNC = {"rollout": AsyncRollouts(max_staleness=1)}  # each module keeps its own copy
 
 
 class RowCounter(Callback):
