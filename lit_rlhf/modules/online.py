@@ -45,9 +45,9 @@ from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.online import budget, hooks, scoring, update
 from lit_rlhf.online.async_source import SourceGuard
-from lit_rlhf.online.environment import episode_stats, log_conversations
+from lit_rlhf.online.environment import episode_stats
 from lit_rlhf.online.moved import refuse_moved_settings
-from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource
+from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, checked_source
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import RewardNormalization
 from lit_rlhf.rng import validation_rng
@@ -88,9 +88,8 @@ class OnlineModule(PolicyModule):
             N+ reference code anneals); warmup then counts rollouts.
         total_episodes: stop after this many sampled responses (all ranks) and size the schedule
             from it; None = `trainer.max_steps` decides.
-        log_completions_every_n_steps: log sample completions as TensorBoard text every this
-            many rollouts (0 = never).
-        num_logged_completions: how many completions each such log shows.
+        log_completions_every_n_steps: log `num_logged_completions` sample completions as
+            TensorBoard text every this many rollouts (0 = never).
         rollout: where the responses come from (`lit_rlhf.online`): `HFSampler` (default, our
             sampler in this process), `VLLMSampler` (a colocated vLLM engine), `AsyncRollouts`
             (a producer ahead of the learner, on a thread or a vLLM server) or
@@ -109,6 +108,8 @@ class OnlineModule(PolicyModule):
     """The loss reads a whole group at once (a pair loss): micro-batches hold whole groups."""
     num_minibatches: int = 1
     """Minibatches of each pass over the rollout, one optimizer step each (`run_updates`)."""
+    num_logged_completions: int = 4
+    """Completions (or episodes) each completion log shows."""
     kl_coef: float = 0.0
     """The KL coefficient, one name for every method; `KLControlCallback` moves it (`set_kl_coef`).
     What it weighs is the method's (its docstring says: a KL in the loss or in the reward)."""
@@ -131,42 +132,18 @@ class OnlineModule(PolicyModule):
         lr_schedule_per: Literal["optimizer_step", "rollout"] = "optimizer_step",
         total_episodes: int | None = None,
         log_completions_every_n_steps: int = 50,
-        num_logged_completions: int = 4,
         rollout: RolloutSource | None = None,
         **kwargs: Any,
     ) -> None:
         refuse_moved_settings(type(self).__name__, kwargs)
-        source = HFSampler() if rollout is None else rollout
-        if not isinstance(source, RolloutSource):
-            raise TypeError(f"rollout must be a lit_rlhf.online rollout source, got {type(source).__name__}")
-        if source.multi_turn and not self.accepts_environment:
-            raise ValueError(f"{type(self).__name__} does not run environments (EnvironmentRollouts): its loss is not "
-                             "one trajectory per row; GRPO, PPO, RLOO and rejection sampling do")
-        if source.tis_cap is not None and not self.supports_tis:
-            raise ValueError(f"{type(self).__name__} has no truncated importance sampling (tis_cap): GRPO and PPO do")
-        scoring_temperature = temperature if logprob_temperature is None else float(logprob_temperature)
-        if not scoring_temperature > 0:
-            raise ValueError(f"logprob_temperature must be > 0 or null (= temperature), got {logprob_temperature}")
-        if source.tis_cap is not None and scoring_temperature != temperature:
-            raise ValueError(f"tis_cap weighs tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
-                             f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")
-        if micro_batch_size is not None and micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
+        source = checked_source(type(self), HFSampler() if rollout is None else rollout, temperature, logprob_temperature)
+        for name, value in (("micro_batch_size", micro_batch_size), ("total_episodes", total_episodes)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if lr_schedule_per not in ("optimizer_step", "rollout"):
             raise ValueError(f"lr_schedule_per must be 'optimizer_step' or 'rollout', got {lr_schedule_per!r}")
-        if total_episodes is not None and total_episodes < 1:
-            raise ValueError(f"total_episodes must be >= 1 or None, got {total_episodes}")
-        if reward_normalization not in ("none", "group", "batch"):
-            raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {reward_normalization!r}")
-        self.reward_fns = list(reward_fns or [])
-        if any(not callable(fn) for fn in self.reward_fns):
-            raise TypeError(f"reward_fns entries must be callables, got {self.reward_fns!r}")
-        n_sources = int(reward_model is not None) + len(self.reward_fns) + int(source.multi_turn)
-        if n_sources == 0:
-            raise ValueError("no reward source: set reward_model and/or reward_fns (or run an environment)")
-        if reward_weights is not None and len(reward_weights) != n_sources:
-            raise ValueError(f"reward_weights has {len(reward_weights)} entries for {n_sources} reward sources "
-                             "(the reward model first, then reward_fns in order, then the environment)")
+        self.reward_fns = scoring.checked_reward_sources(reward_model, reward_fns, reward_weights, reward_normalization,
+                                                         source.multi_turn)
         super().__init__(**kwargs)
         self.automatic_optimization = False
         self.rollout_source = copy.deepcopy(source)  # the module's own: a source holds one run's state
@@ -178,8 +155,8 @@ class OnlineModule(PolicyModule):
         self.reward_weights, self.reward_normalization = reward_weights, reward_normalization
         self.micro_batch_size, self.max_grad_norm = micro_batch_size, max_grad_norm
         self.lr_schedule_per, self.total_episodes = lr_schedule_per, total_episodes
-        self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
-        self.logprob_temperature = scoring_temperature
+        self.log_completions_every_n_steps = log_completions_every_n_steps
+        self.logprob_temperature = temperature if logprob_temperature is None else float(logprob_temperature)
         if reward_model is not None:
             self.add_frozen("reward_model", self.load_reward_source(reward_model))
         self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints
@@ -382,19 +359,9 @@ class OnlineModule(PolicyModule):
     # ------------------------------------------------------------------------------------------
 
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
-        """The shared problems, the source's, then the update's split: `update_rows` of a rollout
-        must divide into `num_minibatches` minibatches of whole groups."""
-        from lit_rlhf import checks
-
+        """The shared problems, the source's, and the update's split (`update.split_problems`)."""
         problems = super().check_config(trainer, datamodule) + self.rollout_source.problems(self, trainer)
-        batch_size = getattr(datamodule, "batch_size", None)
-        if not batch_size:
-            return problems
-        rows, repeats = self.update_rows(batch_size), self.repeats
-        sampled = f"batch_size ({batch_size}) x num_generations ({repeats})" if repeats > 1 else f"batch_size ({batch_size})"
-        what = (f"a rollout has {sampled} = {rows} rows" if rows == batch_size * repeats
-                else f"{type(self).__name__} updates on {rows} rows of each rollout ({sampled} sampled)")
-        return problems + checks.split_problem(rows, self.num_minibatches, what)
+        return problems + update.split_problems(self, getattr(datamodule, "batch_size", None))
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -451,11 +418,4 @@ class OnlineModule(PolicyModule):
 
     def log_completions(self, rollout: Rollout) -> None:
         """Sample completions (or episodes) as a TensorBoard text table on rank 0."""
-        experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
-        if experiment is None or not hasattr(experiment, "add_text") or not self.trainer.is_global_zero:
-            return
-        k = self.num_logged_completions
-        if rollout.meta.get("trajectory") is not None:
-            log_conversations(rollout, self.tokenizer, experiment, k, self.global_step)
-        else:
-            experiment.add_text("train/completions", scoring.completions_table(rollout, self.tokenizer, k), self.global_step)
+        scoring.log_completions(self, rollout, self.num_logged_completions)

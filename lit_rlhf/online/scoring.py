@@ -16,10 +16,28 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.generation import decode_responses
-from lit_rlhf.online.environment import dropped_rows, trajectories
+from lit_rlhf.online.environment import dropped_rows, log_conversations, trajectories
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import call_reward_fn, combine_rewards, function_name, reward_model_scores
 from lit_rlhf.types import Rollout
+
+
+def checked_reward_sources(reward_model: str | None, reward_fns: list | None, reward_weights: list[float] | None,
+                           normalization: str, with_environment: bool) -> list:
+    """The reward functions, once the sources add up: at least one source, one weight each (the
+    reward model first, then `reward_fns` in order, then the environment's return)."""
+    if normalization not in ("none", "group", "batch"):
+        raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {normalization!r}")
+    fns = list(reward_fns or [])
+    if any(not callable(fn) for fn in fns):
+        raise TypeError(f"reward_fns entries must be callables, got {fns!r}")
+    n_sources = int(reward_model is not None) + len(fns) + int(with_environment)
+    if n_sources == 0:
+        raise ValueError("no reward source: set reward_model and/or reward_fns (or run an environment)")
+    if reward_weights is not None and len(reward_weights) != n_sources:
+        raise ValueError(f"reward_weights has {len(reward_weights)} entries for {n_sources} reward sources "
+                         "(the reward model first, then reward_fns in order, then the environment)")
+    return fns
 
 
 def prompt_texts(rollout: Rollout, tokenizer: Any, k: int | None = None) -> list[str]:
@@ -112,3 +130,15 @@ def completions_table(rollout: Rollout, tokenizer: Any, k: int) -> str:
     for p, c, s in zip(prompts, texts, rollout.scores[:k].tolist()):
         rows.append(f"| {cell(p[-200:])} | {cell(c)} | {s:.3f} |")
     return "\n".join(rows)
+
+
+def log_completions(module: Any, rollout: Rollout, k: int) -> None:
+    """The first `k` completions (or episodes, `train/conversations`) as a TensorBoard text table
+    (`train/completions`), on rank 0 of a run with a logger that takes text."""
+    experiment = getattr(module.logger, "experiment", None) if module.logger is not None else None
+    if experiment is None or not hasattr(experiment, "add_text") or not module.trainer.is_global_zero:
+        return
+    if trajectories(rollout) is not None:
+        log_conversations(rollout, module.tokenizer, experiment, k, module.global_step)
+    else:
+        experiment.add_text("train/completions", completions_table(rollout, module.tokenizer, k), module.global_step)

@@ -108,6 +108,27 @@ class HFSampler(RolloutSource):
                                     tokenizer.pad_token_id, synced_gpus=synced), None)
 
 
+def checked_source(method: type, source: Any, temperature: float, logprob_temperature: float | None) -> RolloutSource:
+    """`source` if `method` (an `OnlineModule` class) can train on what it gives: episodes only
+    for a method that accepts them, a sampler correction (`tis_cap`) only for one that applies it,
+    and then at the sampling temperature."""
+    name = method.__name__
+    if not isinstance(source, RolloutSource):
+        raise TypeError(f"rollout must be a lit_rlhf.online rollout source, got {type(source).__name__}")
+    if source.multi_turn and not method.accepts_environment:
+        raise ValueError(f"{name} does not run environments (EnvironmentRollouts): its loss is not one trajectory "
+                         "per row; GRPO, PPO, RLOO and rejection sampling do")
+    if source.tis_cap is not None and not method.supports_tis:
+        raise ValueError(f"{name} has no truncated importance sampling (tis_cap): GRPO and PPO do")
+    scoring = temperature if logprob_temperature is None else float(logprob_temperature)
+    if not scoring > 0:
+        raise ValueError(f"logprob_temperature must be > 0 or null (= temperature), got {logprob_temperature}")
+    if source.tis_cap is not None and scoring != temperature:
+        raise ValueError(f"tis_cap weighs tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
+                         f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")
+    return source
+
+
 def checked_tis_cap(tis_cap: float | None) -> float | None:
     """`tis_cap` as a source keeps it: a cap > 0, or None for off (0 and None)."""
     if tis_cap is not None and tis_cap < 0:

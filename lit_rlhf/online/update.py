@@ -76,6 +76,20 @@ def micro_rows(module: Any, n: int, group_size: int) -> int:
     return micro
 
 
+def split_problems(module: Any, batch_size: int | None) -> list[str]:
+    """Start-up check of the update's split: the rows a rollout's update trains on
+    (`module.update_rows`) must divide into `num_minibatches` minibatches of whole groups."""
+    from lit_rlhf import checks
+
+    if not batch_size:
+        return []
+    rows, repeats = module.update_rows(batch_size), module.repeats
+    sampled = f"batch_size ({batch_size}) x num_generations ({repeats})" if repeats > 1 else f"batch_size ({batch_size})"
+    what = (f"a rollout has {sampled} = {rows} rows" if rows == batch_size * repeats
+            else f"{type(module).__name__} updates on {rows} rows of each rollout ({sampled} sampled)")
+    return checks.split_problem(rows, module.num_minibatches, what)
+
+
 def minibatch_weight(rows: Tensor, row_weights: Tensor | None) -> Tensor | float:
     """The total weight a minibatch's micro-batch losses are divided by (see the module docstring)."""
     if row_weights is None:

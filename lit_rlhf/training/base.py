@@ -35,9 +35,10 @@ from lightning import LightningModule
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch import Tensor, nn
+from torch import Tensor
 
 from lit_rlhf import checks, host_memory, models, resume, rng
+from lit_rlhf.training.guard import NonFiniteError, SkipStep, nonfinite_grad_names, nonfinite_rows_message
 from lit_rlhf.lightning_compat import attached_trainer, replace_eval_mode_check, trust_checkpoint_instantiator
 from lit_rlhf.training.in_backward import InBackwardAdamW, startup_problems
 from lit_rlhf.training.optim import build_adamw, lr_lambda
@@ -201,20 +202,10 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         dataset row ids of `batch.meta["index"]` when the batch carries them.
         """
         for name, tensor in tensors.items():
-            if tensor is None or bool(torch.isfinite(tensor).all()):
-                continue
-            rows = []
-            if tensor.ndim >= 1:
-                bad = ~torch.isfinite(tensor.detach()).reshape(tensor.shape[0], -1).all(dim=1)
-                rows = bad.nonzero().flatten().tolist()
-            ids = (getattr(batch, "meta", None) or {}).get("index")
-            where = f"batch rows {rows}" + (f" (dataset rows {[ids[i] for i in rows if i < len(ids)]})" if ids else "")
-            message = (
-                f"non-finite {name} at global step {self.global_step} (epoch {self.current_epoch}): {where}; "
-                f"values: {tensor.detach().flatten()[:8].tolist()}"
-            )
-            self._nonfinite(message)
-            return False
+            if tensor is not None and not bool(torch.isfinite(tensor).all()):
+                where = f"global step {self.global_step} (epoch {self.current_epoch})"
+                self._nonfinite(nonfinite_rows_message(name, tensor, batch, where))
+                return False
         return True
 
     def _nonfinite(self, message: str) -> None:
@@ -246,12 +237,12 @@ class TrainingModule(StepLoggingMixin, LightningModule):
             loss = optimizer_closure() if optimizer_closure is not None else None
             if not self.gradients_finite():
                 optimizer.zero_grad()
-                raise _SkipStep
+                raise SkipStep
             return loss
 
         try:
             optimizer.step(closure=guarded_closure)
-        except _SkipStep:
+        except SkipStep:
             pass
 
     @classmethod
@@ -362,31 +353,14 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         self.release_freed_host_memory()  # the forward pass's freed blocks, before the backward pass's own
 
     def release_freed_host_memory(self) -> None:
-        """With the `release_host_memory` hparam and the module on CPU: hand the heap the C library
-        keeps after `free` back to the system (`lit_rlhf.host_memory`). Called at the end of each
-        training batch (after the optimizer step) and before each backward pass (after the forward
-        pass, and for online methods after the rollout), where what a phase freed is not what the
-        next one allocates; with `layers` also before each decoder layer (`attach_layer_releases`).
-        Changes no value; on GPU the tensors are not in the host heap."""
-        if self.release_host_memory and self.device.type == "cpu":
-            host_memory.release_freed_memory()
+        """`release_host_memory`: the heap freed by the last phase back to the system (CPU only;
+        changes no value): `lit_rlhf.host_memory.release_between_phases`."""
+        host_memory.release_between_phases(self)
 
     def attach_layer_releases(self) -> None:
-        """`release_host_memory: layers`: the freed heap is also released before each decoder layer
-        of the module's models that runs with gradients (`host_memory.release_before_layers`), so
-        what one layer freed is not kept through the next. Warns where nothing can be released
-        (no `malloc_trim`, or no such layers)."""
-        mode = self.release_host_memory
-        if mode and not host_memory.available():
-            rank_zero_warn(f"release_host_memory: {mode} has no effect here: this C library has no malloc_trim "
-                           "(it needs glibc on Linux)")
-            return
-        if mode != "layers" or self.device.type != "cpu" or getattr(self, "_layer_release_hooks", None):
-            return
-        self._layer_release_hooks = host_memory.release_before_layers(self)
-        if not self._layer_release_hooks:
-            rank_zero_warn("release_host_memory: layers found no decoder layers (transformers' "
-                           "GradientCheckpointingLayer) in this module's models: releasing between phases only")
+        """`release_host_memory: layers`: release before each decoder layer too
+        (`lit_rlhf.host_memory.attach_layer_releases`)."""
+        host_memory.attach_layer_releases(self)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.release_freed_host_memory()
@@ -416,20 +390,3 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         export_dir = self.export_dir
         if export_dir and self.trainer.is_global_zero:
             self.export_hf(export_dir)
-
-
-def nonfinite_grad_names(module: nn.Module) -> list[str]:
-    """Names of the parameters whose gradient has a NaN/inf (one host sync when all are finite)."""
-    named = [(n, p.grad) for n, p in module.named_parameters() if p.grad is not None]
-    # a NaN/inf anywhere makes the sum non-finite: one read per gradient, no mask allocated
-    if not named or bool(torch.isfinite(torch.stack([g.sum(dtype=torch.float32) for _, g in named])).all()):
-        return []
-    return [n for n, g in named if not bool(torch.isfinite(g).all())]
-
-
-class NonFiniteError(FloatingPointError):
-    """A NaN/inf loss, reward, advantage or gradient was about to reach the weights."""
-
-
-class _SkipStep(Exception):
-    """Raised inside the optimizer closure to skip one step (caught in `optimizer_step`)."""
