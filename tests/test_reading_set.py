@@ -95,7 +95,8 @@ def test_a_method_reads_in_a_few_files(name):
 
 def test_the_online_base_has_no_mixins():
     """`OnlineModule`'s bases are the policy base alone: every online part is an object it holds."""
-    from lit_rlhf.modules import OnlineModule, PolicyModule
+    from lit_rlhf.modules import PolicyModule
+    from lit_rlhf.modules.online import OnlineModule
 
     assert OnlineModule.__bases__ == (PolicyModule,)
     online_mro = OnlineModule.__mro__[:OnlineModule.__mro__.index(PolicyModule)]
