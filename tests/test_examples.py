@@ -87,6 +87,24 @@ def test_readme_shows_the_online_example_as_it_is_run():
     assert "stats[\"rewards/kept_fraction\"]" in shown  # the whole class, to its last line
 
 
+def online_example_args(config: str, root, steps: int, *extra: str) -> list[str]:
+    """`main.py fit` arguments of an online example's YAML on the tiny model with a letters reward
+    (no reward model), 8 tokens at temperature 1, 16 TL;DR prompts in batches of 8, no logger."""
+    return [
+        "fit", "--config", config, f"--trainer.max_steps={steps}", "--trainer.accelerator=cpu",
+        "--trainer.precision=32", "--trainer.devices=1", "--trainer.default_root_dir", str(root),
+        "--trainer.logger=false", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+        "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",
+        "--model.init_args.model=tiny-random-llama", "--model.init_args.reward_model=null",
+        "--model.init_args.reward_fns=[{class_path: lit_rlhf.rewards.CharacterFractionReward}]",
+        "--model.init_args.max_new_tokens=8", "--model.init_args.temperature=1.0", "--model.init_args.lr=1e-2",
+        "--model.init_args.lr_scheduler=constant", "--model.init_args.total_episodes=null",
+        "--model.init_args.micro_batch_size=null", *extra,
+        "--data.init_args.path=bundled:tldr_sft", "--data.init_args.limit=16", "--data.init_args.batch_size=8",
+        "--data.init_args.max_prompt_length=96", "--data.init_args.val_split=null", "--data.init_args.test_split=null",
+    ]
+
+
 def test_beat_greedy_example_fits_through_the_cli(tmp_path):
     """The online example runs from its YAML (tiny model, a letters reward instead of the reward
     model): it computes no rollout log-probs, logs the share of samples kept, and it learns."""
@@ -94,19 +112,7 @@ def test_beat_greedy_example_fits_through_the_cli(tmp_path):
     from lit_rlhf.cli import main
 
     torch.set_num_threads(1)
-    cli = main([
-        "fit", "--config", BEAT_GREEDY_CONFIG, "--trainer.max_steps=8", "--trainer.accelerator=cpu",
-        "--trainer.precision=32", "--trainer.devices=1", "--trainer.default_root_dir", str(tmp_path),
-        "--trainer.logger=false", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-        "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",
-        "--model.init_args.model=tiny-random-llama", "--model.init_args.reward_model=null",
-        "--model.init_args.reward_fns=[{class_path: lit_rlhf.rewards.CharacterFractionReward}]",
-        "--model.init_args.max_new_tokens=8", "--model.init_args.temperature=1.0", "--model.init_args.lr=1e-2",
-        "--model.init_args.lr_scheduler=constant", "--model.init_args.total_episodes=null",
-        "--model.init_args.micro_batch_size=null", f"--model.init_args.export_dir={tmp_path / 'hf'}",
-        "--data.init_args.path=bundled:tldr_sft", "--data.init_args.limit=16", "--data.init_args.batch_size=8",
-        "--data.init_args.max_prompt_length=96", "--data.init_args.val_split=null", "--data.init_args.test_split=null",
-    ])
+    cli = main(online_example_args(BEAT_GREEDY_CONFIG, tmp_path, 8, f"--model.init_args.export_dir={tmp_path / 'hf'}"))
     module, trainer = cli.model, cli.trainer
     assert isinstance(module, BeatGreedySFTModule) and trainer.global_step == 8
     assert (tmp_path / "hf" / "config.json").is_file()  # inherited export
@@ -145,21 +151,10 @@ def test_rebel_example_fits_through_the_cli_and_learns(tmp_path):
     """The second online example runs from its YAML (tiny model, a letters reward): pairs, two
     passes per rollout, and the policy's expected share of letters on held-out prompts rises."""
     from examples.rebel import REBELModule
+    from lit_rlhf.cli import main
 
     torch.set_num_threads(1)
-    cli = __import__("lit_rlhf.cli", fromlist=["main"]).main([
-        "fit", "--config", REBEL_CONFIG, "--trainer.max_steps=16", "--trainer.accelerator=cpu",
-        "--trainer.precision=32", "--trainer.devices=1", "--trainer.default_root_dir", str(tmp_path),
-        "--trainer.logger=false", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-        "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",
-        "--model.init_args.model=tiny-random-llama", "--model.init_args.reward_model=null",
-        "--model.init_args.reward_fns=[{class_path: lit_rlhf.rewards.CharacterFractionReward}]",
-        "--model.init_args.max_new_tokens=8", "--model.init_args.temperature=1.0", "--model.init_args.lr=1e-2",
-        "--model.init_args.lr_scheduler=constant", "--model.init_args.total_episodes=null",
-        "--model.init_args.micro_batch_size=null", "--model.init_args.eta=10.0",  # eta: measured on this task, seeds 1-3
-        "--data.init_args.path=bundled:tldr_sft", "--data.init_args.limit=16", "--data.init_args.batch_size=8",
-        "--data.init_args.max_prompt_length=96", "--data.init_args.val_split=null", "--data.init_args.test_split=null",
-    ])
+    cli = main(online_example_args(REBEL_CONFIG, tmp_path, 16, "--model.init_args.eta=10.0"))  # eta: measured, seeds 1-3
     module, trainer = cli.model, cli.trainer
     assert isinstance(module, REBELModule) and trainer.global_step == 16 and module.rollouts == 8  # 2 passes each
     from tests.learning.tasks import expected_letter_reward, make_prompts
