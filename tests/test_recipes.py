@@ -352,11 +352,12 @@ def assert_trained(cli, tmp_path: Path) -> None:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     losses = {k: v for k, v in metrics.items() if k.startswith("train/") and "loss" in k}
     no_signal = (metrics.get("train/advantages/abs_mean") == 0.0 or metrics.get("train/rewards/kept_fraction") == 0.0
-                 or metrics.get("train/pairs/tie_fraction") == 1.0)
+                 or metrics.get("train/pairs/tie_fraction") == 1.0 or metrics.get("train/rewards/tie_fraction") == 1.0)
     # GRPO/RLOO/ReMax/online DPO with the EOS trick's `replace`: a random policy never ends its
     # response, every response (and ReMax's greedy baseline) scores the same, every advantage is
-    # exactly 0, no sample beats the greedy one (examples/beat_greedy.py keeps none) and every
-    # online DPO pair is a tie (left out: no loss is computed at all): no signal, by design (D23)
+    # exactly 0, no sample beats the greedy one (examples/beat_greedy.py keeps none), every
+    # online DPO pair is a tie (left out: no loss is computed at all) and every REBEL pair's reward
+    # difference is 0 (examples/rebel.py regresses onto 0): no signal, by design (D23)
     dead = metrics.get("train/response/eos_fraction") == 0.0 and no_signal
     assert (losses or dead) and all(math.isfinite(v) for v in losses.values()), losses
     assert any(k.startswith("val/") for k in metrics), f"no validation metric in {sorted(metrics)}"

@@ -7,7 +7,8 @@
         --split test --num_rows 100 --output outputs/envs/arithmetic_calculator_grpo/results.json
 
 The environment, its reward functions and the episode settings (`max_turns`,
-`max_episode_tokens`, `max_new_tokens`) are read from the training recipe's `model.init_args`,
+`max_episode_tokens` of its `rollout: EnvironmentRollouts`, `max_new_tokens`) are read from the
+training recipe's `model.init_args`,
 the rows from its `data` section with `--split` as the test split (the recipe never trains or
 validates on it), so the evaluation runs exactly the episodes training ran, on rows it never
 saw. Each policy plays one greedy episode per row (`lit_rlhf.evaluation.episodes`): the comparison
@@ -41,16 +42,20 @@ from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, propo
 
 
 def recipe_settings(config_path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the model's init_args, the data section) of a training recipe YAML, checked."""
+    """(the model's init_args with its `EnvironmentRollouts` settings, the data section) of a
+    training recipe YAML, checked."""
     config = yaml.safe_load(Path(config_path).read_text())
     try:
         model, data = config["model"]["init_args"], config["data"]
     except (KeyError, TypeError) as err:
         raise ValueError(f"{config_path}: a recipe has model.init_args and data sections ({err} missing)") from err
-    if not model.get("environment"):
-        raise ValueError(f"{config_path}: model.init_args has no environment: this compares environment episodes "
-                         "(single-turn policies: python -m lit_rlhf.apps.compare_policies)")
-    return model, data
+    source = model.get("rollout") or {}
+    episodes = source.get("init_args") or {} if isinstance(source, dict) else {}
+    if not episodes.get("environment"):
+        raise ValueError(f"{config_path}: model.init_args.rollout is not an EnvironmentRollouts with an environment: "
+                         "this compares environment episodes (single-turn policies: python -m "
+                         "lit_rlhf.apps.compare_policies)")
+    return {**model, **episodes}, data  # the episode settings (environment, max_turns, ...) beside the model's
 
 
 def instantiate(environment: Any, reward_fns: Any) -> tuple[Any, list[Callable]]:

@@ -374,7 +374,7 @@ class OnlineModule(PolicyModule):
 
     def on_train_start(self) -> None:
         super().on_train_start()  # the random states first (a producer at max_staleness 0 draws from them)
-        if budget.budget_reached(self):  # resumed from the checkpoint of the run's last step: nothing left
+        if self.budget_reached():  # resumed from the checkpoint of the run's last step: nothing left
             self.trainer.should_stop = True
             return
         self.rollout_source.start(self)
@@ -388,7 +388,7 @@ class OnlineModule(PolicyModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_end(outputs, batch, batch_idx)
-        if budget.budget_reached(self):
+        if self.budget_reached():
             self.trainer.should_stop = True
 
     def num_training_steps(self) -> int:
@@ -402,6 +402,10 @@ class OnlineModule(PolicyModule):
 
     def episodes_per_rollout(self) -> int:
         return budget.episodes_per_rollout(self)
+
+    def budget_reached(self) -> str:
+        """Why the episode budget stops the run ("" while it does not); `lit_rlhf.stopping` reads it."""
+        return budget.budget_reached(self)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
