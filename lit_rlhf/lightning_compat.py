@@ -220,3 +220,26 @@ def restart_next_epoch_afresh(trainer: Any) -> bool:
         return False
     loop.reset_restart_stage()
     return True
+
+
+def write_metrics_at(trainer: Any, step_of: Any) -> None:
+    """Make `trainer` write every logged scalar at `step_of(trainer)`, with Lightning's `epoch`
+    column, unless a caller passes or logs a `step`; idempotent.
+
+    Why private: Lightning 2.6 writes `self.log` values through `trainer._logger_connector.log_metrics`
+    at the count of batches that stepped before the current one, and offers no public way to choose
+    the step but logging a metric named `step`, which `ModelCheckpoint` then reads as the step of its
+    `{step}` file names (the file of step 2 would be named after the logged value of step 1)."""
+    connector = getattr(trainer, "_logger_connector", None)
+    if connector is None or getattr(connector, "lit_rlhf_step_axis", False):
+        return
+    write = connector.log_metrics
+
+    def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
+        if step is None and metrics and "step" not in metrics:
+            metrics = {"epoch": trainer.current_epoch, **metrics}  # Lightning adds it only without a step
+            step = step_of(trainer)
+        write(metrics, step)
+
+    connector.log_metrics = log_metrics
+    connector.lit_rlhf_step_axis = True

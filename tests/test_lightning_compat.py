@@ -249,3 +249,18 @@ def test_restart_next_epoch_afresh(tmp_path):
     assert hasattr(loop, "restarted_mid_epoch") and hasattr(loop.epoch_loop, "restarted_on_train_batch_end")
     assert callable(loop.reset_restart_stage) and isinstance(loop.epoch_loop.batch_progress.is_last_batch, bool)
     assert compat.restart_next_epoch_afresh(trainer) is False
+
+
+def test_write_metrics_at(tmp_path):
+    """Lightning writes `self.log` values through `_logger_connector.log_metrics(metrics, step)`:
+    wrapped, they land at the chosen step with the epoch column; a logged `step` still wins."""
+    trainer = tiny_trainer(tmp_path, max_steps=1)
+    trainer.fit(BoringModel())
+    written = []
+    connector = trainer._logger_connector  # noqa: SLF001 - what the function relies on, checked here
+    connector.log_metrics = lambda metrics, step=None: written.append((dict(metrics), step))
+    compat.write_metrics_at(trainer, lambda t: 41)
+    compat.write_metrics_at(trainer, lambda t: 99)  # idempotent: the first wrapping stays
+    connector.log_metrics({"loss": 1.0})
+    connector.log_metrics({"loss": 2.0, "step": 5})
+    assert written == [({"epoch": trainer.current_epoch, "loss": 1.0}, 41), ({"loss": 2.0, "step": 5}, None)]

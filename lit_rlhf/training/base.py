@@ -43,7 +43,7 @@ from lit_rlhf.lightning_compat import attached_trainer, replace_eval_mode_check,
 from lit_rlhf.training.in_backward import InBackwardAdamW, startup_problems
 from lit_rlhf.training.optim import build_adamw, lr_lambda
 from lit_rlhf.training.settings import INSTANTIATOR, rebuilt_by_us
-from lit_rlhf.training.step_logging import StepLoggingMixin, stats_to_log, step_stats_due  # noqa: F401
+from lit_rlhf.training.step_logging import StepLoggingMixin, stats_to_log, step_stats_due, use_step_axis  # noqa: F401
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
 from lit_rlhf.types import padding_fraction
 from lit_rlhf.stopping import stop_reason
@@ -273,6 +273,8 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     def setup(self, stage: str) -> None:
         """Before fitting: refuse a configuration that cannot work (`lit_rlhf.checks`) and make
         checkpoint files atomic (`lit_rlhf.checkpoint_io`)."""
+        if attached_trainer(self) is not None:
+            use_step_axis(self.trainer)  # every scalar at the optimizer steps done (lit_rlhf.training.step_logging)
         if stage == "fit" and attached_trainer(self) is not None:
             checks.startup_checks(self.trainer, self)
             install_atomic_checkpoint_io(self.trainer)
@@ -297,12 +299,6 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         self.train()
         self.attach_layer_releases()
         replace_eval_mode_check(self.trainer, self.warn_trained_in_eval_mode)
-
-    def on_validation_epoch_end(self) -> None:
-        self.log_step_axis(on_epoch=True)  # written at the optimizer steps done (lit_rlhf.training.step_logging)
-
-    def on_test_epoch_end(self) -> None:
-        self.log_step_axis(on_epoch=True)
 
     def warn_trained_in_eval_mode(self) -> None:
         """Warn (rank 0), naming them, of the submodules in eval mode at the start of training
@@ -369,7 +365,6 @@ class TrainingModule(StepLoggingMixin, LightningModule):
             self._epoch_counters_at_batch = resume.epoch_counters(trainer)  # for a checkpoint after a cut-short epoch
         if not step_stats_due(trainer):
             return
-        self.log_step_axis(on_epoch=False)  # this batch's scalars at the optimizer steps done (step_logging)
         mask = getattr(batch, "attention_mask", None)
         if self._step_started_at is None or mask is None:
             return

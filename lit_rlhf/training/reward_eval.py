@@ -72,11 +72,9 @@ class PairEvaluationMixin:
         self._eval_step(batch, "test")
 
     def on_validation_epoch_end(self) -> None:
-        super().on_validation_epoch_end()
         self._log_records("val")
 
     def on_test_epoch_end(self) -> None:
-        super().on_test_epoch_end()
         self._log_records("test")
 
     def _log_records(self, stage: str) -> None:

@@ -14,12 +14,14 @@ use.
   8 steps writes its validations at 8 and 16, and a GRPO validation and the judge evaluation at
   its end share one step.
 
-Lightning's own choice (the step it writes when no `step` is logged) is the count of batches
-that stepped *before* the current one: 0-based (the 8th step at 7), the rollout index for the
-online methods, and a validation one step before the judge that evaluates the same policy.
-Lightning's public rule fixes that: a logged `step` is the x-axis of the scalars written with it.
-`log_step_axis` logs `step` (`logged_step`) and `epoch` with every write: `TrainingModule` calls
-it after each training batch the logger writes and at the end of every validation and test.
+Lightning's own choice (what it writes without a `step`) is the count of batches that stepped
+*before* the current one: 0-based (the 8th step at 7), the rollout index for the online methods,
+and a validation one step before the judge that evaluates the same policy. `use_step_axis` makes
+a trainer write at `logged_step` instead (`lightning_compat.write_metrics_at`: Lightning has no
+public way to choose the step of what it writes without logging a `step` metric, which
+`ModelCheckpoint` would then read as the step of its `{step}` file names); Lightning's "epoch"
+column is kept, and a `step` that a caller passes or logs still wins. `TrainingModule.setup`
+installs it.
 
 **Which stats.** `step_stats_due` / `stats_to_log`: the training stats are logged on the steps the
 logger writes, plus the progress-bar ones on every step when a progress bar shows them.
@@ -31,15 +33,20 @@ from typing import Any
 
 from torch import Tensor
 
-from lit_rlhf.lightning_compat import attached_trainer, logger_writes_this_step
+from lit_rlhf.lightning_compat import attached_trainer, logger_writes_this_step, write_metrics_at
 
-__all__ = ["StepLoggingMixin", "logged_step", "stats_to_log", "step_stats_due"]
+__all__ = ["StepLoggingMixin", "logged_step", "stats_to_log", "step_stats_due", "use_step_axis"]
 
 
 def logged_step(trainer: Any) -> int:
     """The step the scalars written now belong to: the optimizer steps done. (Under gradient
     accumulation Lightning writes a window's training stats once, after its optimizer step.)"""
     return int(trainer.global_step)
+
+
+def use_step_axis(trainer: Any) -> None:
+    """Make `trainer` write every logged scalar at `logged_step` (see the module docstring); idempotent."""
+    write_metrics_at(trainer, logged_step)
 
 
 def stats_to_log(trainer: Any, stats: dict[str, Any], prog_bar: tuple[str, ...]) -> dict[str, Any]:
@@ -85,13 +92,3 @@ class StepLoggingMixin:
                 f"{stage}/{name}", value, prog_bar=name in prog_bar, on_step=on_step, on_epoch=not on_step,
                 sync_dist=not on_step, **kwargs,
             )
-
-    def log_step_axis(self, on_epoch: bool) -> None:
-        """Log `step` (the optimizer steps done, `logged_step`) and `epoch`: Lightning writes the
-        scalars of a write at a logged `step` (and adds no `epoch` then). `on_epoch` for the end of
-        a validation or test, else one training batch's write."""
-        trainer = attached_trainer(self)
-        if trainer is None or trainer.sanity_checking:
-            return
-        for name, value in (("step", logged_step(trainer)), ("epoch", trainer.current_epoch)):
-            self.log(name, float(value), on_step=not on_epoch, on_epoch=on_epoch, sync_dist=False)
