@@ -61,6 +61,31 @@ class RLHFDataModule(L.LightningDataModule):
       also written to `bad_rows.csv` in the trainer's log directory (`bad_rows_report`);
     - `truncated_completions`: `{role: number of completions cut to the length cap}`;
     - `length_stats`: `{split: {"prompt"|"completion"|...: {min, mean, max, p50, ...}}}` (D4).
+
+    Args:
+        path: where the rows are: `bundled:<name>`, a local .json/.jsonl/.parquet file or
+            directory, a `save_to_disk` directory, or a hub id (`lit_rlhf.data.sources`).
+        tokenizer: a model name (loaded with `lit_rlhf.models.load_tokenizer`) or a tokenizer
+            object with distinct PAD and EOS tokens (D3).
+        name: the dataset's configuration name (hub datasets), e.g. `comparisons`.
+        train_split: the split to train on, optionally sliced (`train[:98%]`); null: none.
+        val_split: the split to validate on, optionally sliced; null: none.
+        test_split: the split to test and predict on, optionally sliced; null: none.
+        split_map: split names as this DataModule asks for them -> the source's names (a single
+            local file loads as `train`: `{"validation": "train"}`).
+        data_files: the files of each split (`{split: file or files}`), or one file.
+        max_prompt_length: the longest prompt, in tokens (what happens to a longer one is the
+            DataModule's: TL;DR posts are truncated (D2), chat and QA prompts are bad rows).
+        batch_size: examples per training batch (per device).
+        eval_batch_size: examples per validation / test batch; null: `batch_size`.
+        num_workers: DataLoader worker processes (0: load in the main process).
+        num_proc: processes for formatting and tokenising the rows once (`datasets.map`); null or
+            1: the main process.
+        seed: the train order's seed (a new permutation every epoch, D21) and the loaders'.
+        on_bad_rows: `error` stops at the first row that does not fit the schema or the length
+            caps (`BadRowError`, naming it); `skip` drops such rows, logs them and lists them all
+            in `bad_rows.csv`.
+        limit: keep only the first `limit` rows of each split (after its slice); null: all.
     """
 
     default_path: ClassVar[str] = ""
