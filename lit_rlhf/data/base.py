@@ -53,6 +53,10 @@ class RLHFDataModule(L.LightningDataModule):
     `raw_schema` is the published schema of the source rows (`lit_rlhf.data.schema`): every raw
     row is checked against it, as it is in the file, before any formatting.
 
+    A subclass's constructor takes `path`, `tokenizer`, `name` and the splits with its dataset's
+    defaults, then its own options, and hands the other arguments below to this one through
+    `**kwargs`; jsonargparse follows `**kwargs` here, so the CLI lists and documents them all.
+
     Attributes after `setup`:
     - `datasets`: `{"train"|"val"|"test": processed datasets.Dataset}`;
     - `skipped_rows`: `Counter` of skipped rows by reason (all splits), and
@@ -141,6 +145,9 @@ class RLHFDataModule(L.LightningDataModule):
         self.truncated_completions: dict[str, int] = {}
         self.bad_rows_report: Path | None = None
         self.length_stats: dict[str, dict[str, dict[str, float]]] = {}
+        # `hparams` records every argument of the constructor chain, from this frame outward: these
+        # (with their defaults), then each subclass's own and its `**kwargs` (Lightning's collection)
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     # -- tokenizer ----------------------------------------------------------------------------
 
