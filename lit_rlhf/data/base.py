@@ -1,6 +1,6 @@
 """The DataModule base: sources (`lit_rlhf.data.sources`) in, every row validated and tokenised
 once (`lit_rlhf.data.processing`, with `datasets.map`, cached by `datasets`), bad-row policy and
-report, length statistics, and the data loaders (with the resumable train sampler).
+report, length statistics, and the data loaders (the train loader's order: `lit_rlhf.data.sampler`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any, Callable, ClassVar, Literal
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.processing import (
@@ -26,6 +25,7 @@ from lit_rlhf.data.processing import (
     tokenizer_fingerprint,
     write_bad_rows_report,
 )
+from lit_rlhf.data.sampler import ResumableSampler
 from lit_rlhf.data.sources import (  # noqa: F401  (re-exported: the names this module always had)
     BUNDLED_DIR,
     BUNDLED_PREFIX,
@@ -53,6 +53,10 @@ class RLHFDataModule(L.LightningDataModule):
     `raw_schema` is the published schema of the source rows (`lit_rlhf.data.schema`): every raw
     row is checked against it, as it is in the file, before any formatting.
 
+    A subclass's constructor takes `path`, `tokenizer`, `name` and the splits with its dataset's
+    defaults, then its own options, and hands the other arguments below to this one through
+    `**kwargs`; jsonargparse follows `**kwargs` here, so the CLI lists and documents them all.
+
     Attributes after `setup`:
     - `datasets`: `{"train"|"val"|"test": processed datasets.Dataset}`;
     - `skipped_rows`: `Counter` of skipped rows by reason (all splits), and
@@ -61,6 +65,31 @@ class RLHFDataModule(L.LightningDataModule):
       also written to `bad_rows.csv` in the trainer's log directory (`bad_rows_report`);
     - `truncated_completions`: `{role: number of completions cut to the length cap}`;
     - `length_stats`: `{split: {"prompt"|"completion"|...: {min, mean, max, p50, ...}}}` (D4).
+
+    Args:
+        path: where the rows are: `bundled:<name>`, a local .json/.jsonl/.parquet file or
+            directory, a `save_to_disk` directory, or a hub id (`lit_rlhf.data.sources`).
+        tokenizer: a model name (loaded with `lit_rlhf.models.load_tokenizer`) or a tokenizer
+            object with distinct PAD and EOS tokens (D3).
+        name: the dataset's configuration name (hub datasets), e.g. `comparisons`.
+        train_split: the split to train on, optionally sliced (`train[:98%]`); null: none.
+        val_split: the split to validate on, optionally sliced; null: none.
+        test_split: the split to test and predict on, optionally sliced; null: none.
+        split_map: split names as this DataModule asks for them -> the source's names (a single
+            local file loads as `train`: `{"validation": "train"}`).
+        data_files: the files of each split (`{split: file or files}`), or one file.
+        max_prompt_length: the longest prompt, in tokens (what happens to a longer one is the
+            DataModule's: TL;DR posts are truncated (D2), chat and QA prompts are bad rows).
+        batch_size: examples per training batch (per device).
+        eval_batch_size: examples per validation / test batch; null: `batch_size`.
+        num_workers: DataLoader worker processes (0: load in the main process).
+        num_proc: processes for formatting and tokenising the rows once (`datasets.map`); null or
+            1: the main process.
+        seed: the train order's seed (a new permutation every epoch, D21) and the loaders'.
+        on_bad_rows: `error` stops at the first row that does not fit the schema or the length
+            caps (`BadRowError`, naming it); `skip` drops such rows, logs them and lists them all
+            in `bad_rows.csv`.
+        limit: keep only the first `limit` rows of each split (after its slice); null: all.
     """
 
     default_path: ClassVar[str] = ""
@@ -116,6 +145,9 @@ class RLHFDataModule(L.LightningDataModule):
         self.truncated_completions: dict[str, int] = {}
         self.bad_rows_report: Path | None = None
         self.length_stats: dict[str, dict[str, dict[str, float]]] = {}
+        # `hparams` records every argument of the constructor chain, from this frame outward: these
+        # (with their defaults), then each subclass's own and its `**kwargs` (Lightning's collection)
+        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     # -- tokenizer ----------------------------------------------------------------------------
 
@@ -326,51 +358,3 @@ class RLHFDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader | list:
         return self.test_dataloader()
-
-
-class ResumableSampler(DistributedSampler):
-    """The train order: a permutation of the rows drawn from (seed, epoch), a new one every epoch
-    (D21's reshuffle), this rank's share of it, and, on a resumed run, without the batches of the
-    current epoch that were already trained on.
-
-    - Deterministic: `torch.Generator().manual_seed(seed + epoch)` (DistributedSampler's recipe);
-      it never touches the global generator. Lightning sets the epoch (`set_epoch`) before each
-      epoch's first batch, also after a resume. Being a `DistributedSampler`, Lightning keeps it
-      under DDP/DeepSpeed (it does not inject its own); rank r takes rows r, r+W, ... of the
-      permutation (padded by wrap-around to a multiple of W, like DistributedSampler).
-    - Exact mid-epoch resume: when an epoch's iteration starts, the batches of that epoch the
-      trainer has already counted (`fit_loop.epoch_loop.batch_progress.current.ready`, restored
-      from the checkpoint before the first batch is fetched, and 0 at a fresh epoch) are skipped,
-      `skip * batch_size` rows of this rank's share. The length stays the full epoch's, which is
-      what Lightning's counters expect. Iteration starts at the first `next()` (the DataLoader's
-      BatchSampler is lazy), so with `num_workers=0` the counters are always read after the
-      restore; with workers the loader prefetches when it is created, which is after the restore
-      unless the loader was built earlier (e.g. by `estimated_stepping_batches` with
-      `max_epochs` set), in which case the first epoch after the resume starts from its beginning.
-    - The skip applies only while the trainer is fitting, so the same loader iterated by other
-      code outside the training loop (e.g. DPO's precomputed reference at `on_fit_start`) sees
-      every row.
-    """
-
-    def __init__(self, dataset, batch_size: int, *, num_replicas: int = 1, rank: int = 0, shuffle: bool = True,
-                 seed: int = 0, trainer: Any = None):
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
-        self.batch_size = batch_size
-        self.trainer = trainer
-        self.skipped_batches = 0  # batches skipped by the last iteration (for tests and logs)
-
-    def batches_done(self) -> int:
-        """Batches of the current epoch the trainer has already trained on (0 outside training)."""
-        trainer = self.trainer
-        if trainer is None or not getattr(trainer, "training", False) or getattr(trainer, "sanity_checking", False):
-            return 0
-        return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
-
-    def __iter__(self):
-        indices = list(super().__iter__())
-        done = self.batches_done()
-        self.skipped_batches = done
-        if done:
-            log.info("resuming epoch %d of the train data after %d batch(es) (%d rows skipped)", self.epoch, done,
-                     min(len(indices), done * self.batch_size))
-        return iter(indices[done * self.batch_size:])

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from lit_rlhf.data import schema as schemas
-from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
+from lit_rlhf.data.base import Formatter, RLHFDataModule
 from lit_rlhf.data.formatting import chat_prompt_and_completion, require_messages
 from lit_rlhf.data.processing import TRUNCATED
 from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts, _SFTExamples
@@ -60,31 +60,20 @@ class ChatSFTDataModule(_SFTExamples, _ReferenceTexts, RLHFDataModule):
         self,
         path: str = ULTRAFEEDBACK_BINARIZED_HUB,
         tokenizer: Any = None,
+        *,
         name: str | None = None,
         train_split: str | None = "train_sft",
         val_split: str | None = "test_sft",
         test_split: str | None = None,
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
         max_completion_length: int = 1024,
         truncate_completions: bool = False,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
         packing: bool = False,
         pack_length: int | None = None,
+        **kwargs: Any,
     ):
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, split_map=split_map, data_files=data_files,
-                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+                         test_split=test_split, **kwargs)
         self.set_sft_options(max_completion_length, truncate_completions, packing, pack_length)
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import datasets
 
 from lit_rlhf.data import schema as schemas
-from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
+from lit_rlhf.data.base import Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.data.formatting import (
     BAD_STRUCTURE,
@@ -137,6 +137,7 @@ class QADataModule(RLHFDataModule):
         self,
         path: str = "bundled:arithmetic",
         tokenizer: Any = None,
+        *,
         name: str | None = None,
         schema: QASchema = "gsm8k",
         prompt_template: str = "{question}",
@@ -145,16 +146,7 @@ class QADataModule(RLHFDataModule):
         train_split: str | None = "train",
         val_split: str | None = "validation",
         test_split: str | None = "test",
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
+        **kwargs: Any,
     ):
         if schema not in SCHEMA_FIELDS:
             raise ValueError(f"schema must be one of {sorted(SCHEMA_FIELDS)}, got {schema!r}")
@@ -162,14 +154,11 @@ class QADataModule(RLHFDataModule):
             raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
         self.raw_schema, self.schema_name = RAW_SCHEMAS[schema]  # read by the base class's source loader
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, split_map=split_map, data_files=data_files,
-                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+                         test_split=test_split, **kwargs)
         self.schema = schema
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt
         self.chat = chat
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
         if self.chat:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import datasets
 
 from lit_rlhf.data import schema as schemas
-from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
+from lit_rlhf.data.base import Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator
 from lit_rlhf.data.packing import PackedSFTCollator, sft_collator
 from lit_rlhf.data.formatting import (
@@ -281,31 +281,20 @@ class TLDRSFTDataModule(_SFTExamples, _ReferenceTexts, RLHFDataModule):
         self,
         path: str = TLDR_SFT_HUB,
         tokenizer: Any = None,
+        *,
         name: str | None = None,
         train_split: str | None = "train",
         val_split: str | None = "validation",
         test_split: str | None = "test",
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
         max_completion_length: int = 53,
         truncate_completions: bool = False,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
         packing: bool = False,
         pack_length: int | None = None,
+        **kwargs: Any,
     ):
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, split_map=split_map, data_files=data_files,
-                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+                         test_split=test_split, **kwargs)
         self.set_sft_options(max_completion_length, truncate_completions, packing, pack_length)
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
         return TLDRSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
@@ -327,26 +316,15 @@ class TLDRPromptDataModule(_ReferenceTexts, RLHFDataModule):
         self,
         path: str = TLDR_SFT_HUB,
         tokenizer: Any = None,
+        *,
         name: str | None = None,
         train_split: str | None = "train",
         val_split: str | None = "validation",
         test_split: str | None = "test",
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
+        **kwargs: Any,
     ):
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, split_map=split_map, data_files=data_files,
-                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+                         test_split=test_split, **kwargs)
 
     def _formatter(self, role: str) -> Formatter:
         return TLDRPromptFormatter(self.tokenizer, self.max_prompt_length,
@@ -389,33 +367,23 @@ class TLDRPreferenceDataModule(RLHFDataModule):
         self,
         path: str = TLDR_COMPARISONS_HUB,
         tokenizer: Any = None,
+        *,
         name: str | None = TLDR_COMPARISONS_CONFIG,
         train_split: str | None = "train",
         val_split: str | None = "validation",
         test_split: str | None = None,
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
         max_completion_length: int = 169,
         truncate_completions: bool = True,
         margin_from: MarginFrom | None = None,
         cnndm_split: str | None = "validation_cnndm",
         max_cnndm_prompt_length: int = 1919,
         max_cnndm_completion_length: int = 155,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
+        **kwargs: Any,
     ):
         if margin_from not in (None, "confidence"):
             raise ValueError(f"TL;DR comparisons support margin_from None or 'confidence', got {margin_from!r}")
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, split_map=split_map, data_files=data_files,
-                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+                         test_split=test_split, **kwargs)
         self.max_completion_length = max_completion_length
         self.truncate_completions = truncate_completions
         self.margin_from = margin_from
@@ -423,7 +391,6 @@ class TLDRPreferenceDataModule(RLHFDataModule):
         self.max_cnndm_prompt_length = max_cnndm_prompt_length
         self.max_cnndm_completion_length = max_cnndm_completion_length
         self.cnndm_rows: dict[str, int] = {}
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
         split_name = parse_split(self.splits[role])[0]

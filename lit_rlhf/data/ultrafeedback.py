@@ -29,7 +29,7 @@ import datasets
 import torch
 
 from lit_rlhf.data import schema as schemas
-from lit_rlhf.data.base import BadRowPolicy, Formatter, RLHFDataModule
+from lit_rlhf.data.base import Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SingleCollator
 from lit_rlhf.data.formatting import (
     BAD_STRUCTURE,
@@ -244,34 +244,23 @@ class UltraFeedbackPreferenceDataModule(RLHFDataModule):
         self,
         path: str = ULTRAFEEDBACK_BINARIZED_HUB,
         tokenizer: Any = None,
+        *,
         name: str | None = None,
         train_split: str | None = "train_prefs",
         val_split: str | None = "test_prefs",
         test_split: str | None = None,
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
         max_completion_length: int = 1024,
         truncate_completions: bool = False,
         margin_from: MarginFrom | None = None,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
+        **kwargs: Any,
     ):
         if margin_from not in (None, "score_difference"):
             raise ValueError(f"UltraFeedback pairs support margin_from None or 'score_difference', got {margin_from!r}")
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, split_map=split_map, data_files=data_files,
-                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+                         test_split=test_split, **kwargs)
         self.max_completion_length = max_completion_length
         self.truncate_completions = truncate_completions
         self.margin_from = margin_from
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
@@ -309,26 +298,18 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
         self,
         path: str = ULTRAFEEDBACK_HUB,
         tokenizer: Any = None,
+        *,
         name: str | None = None,
         train_split: str | None = "train",
         val_split: str | None = None,
         test_split: str | None = None,
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
         max_completion_length: int = 1024,
         truncate_completions: bool = False,
         reward_field: str = "overall_score",
         with_rewards: bool = True,
         label_mode: LabelMode | None = None,
         label_threshold: float | None = None,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
+        **kwargs: Any,
     ):
         if label_mode not in (None, "threshold", "pairs"):
             raise ValueError(f"label_mode must be None, 'threshold' or 'pairs', got {label_mode!r}")
@@ -338,9 +319,7 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
         if label_threshold is not None and label_mode != "threshold":
             raise ValueError("label_threshold is only used with label_mode='threshold'")
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, split_map=split_map, data_files=data_files,
-                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
+                         test_split=test_split, **kwargs)
         self.max_completion_length = max_completion_length
         self.truncate_completions = truncate_completions
         self.reward_field = reward_field
@@ -348,7 +327,6 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
         self.label_mode = label_mode
         self.label_threshold = label_threshold
         self.reward_stats: dict[str, Any] | None = None
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
@@ -409,26 +387,15 @@ class UltraFeedbackPromptDataModule(_ReferenceTexts, RLHFDataModule):
         self,
         path: str = ULTRAFEEDBACK_BINARIZED_HUB,
         tokenizer: Any = None,
+        *,
         name: str | None = None,
         train_split: str | None = "train_prefs",
         val_split: str | None = "test_prefs",
         test_split: str | None = None,
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
+        **kwargs: Any,
     ):
         super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, split_map=split_map, data_files=data_files,
-                         max_prompt_length=max_prompt_length, batch_size=batch_size, eval_batch_size=eval_batch_size,
-                         num_workers=num_workers, num_proc=num_proc, seed=seed, on_bad_rows=on_bad_rows, limit=limit)
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+                         test_split=test_split, **kwargs)
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
