@@ -101,6 +101,11 @@ def project_loggers_propagate():
         logger = logging.getLogger(name)
         logger.handlers[:] = [h for h in logger.handlers if not getattr(h, "_lit_rlhf", False)]
         logger.propagate = True
+    # a library that configures logging with `dictConfig` (disable_existing_loggers, its default)
+    # disables every logger that exists by then, the project's module loggers among them
+    for name, logger in logging.root.manager.loggerDict.items():
+        if name.startswith(("lit_rlhf.", "callbacks.")) and isinstance(logger, logging.Logger):
+            logger.disabled = False
     yield
 
 
