@@ -91,7 +91,7 @@ def reverse_kl_advantages(student_logps: Tensor, teacher_logps: Tensor, mask: Te
 
 def distillation_pg_loss(
     logps: Tensor,
-    teacher_logps: Tensor,
+    teacher_logps: Tensor | None,
     mask: Tensor,
     gamma: float = 0.0,
     task_advantages: Tensor | None = None,
@@ -109,9 +109,13 @@ def distillation_pg_loss(
 
     logps: (B, T) the student's log-probs of its sampled tokens, with gradient (on-policy: they are
     also the sampling log-probs in A); teacher_logps, ref_logps: (B, T); task_advantages: (B,);
-    mask: (B, T) bool.
+    mask: (B, T) bool. `teacher_logps` None: no distillation part (the task reward and the
+    reference penalty of GKD's supervised form; `reverse_kl` is then 0).
     """
-    distill = reverse_kl_advantages(logps, teacher_logps, mask, gamma)  # (B, T)
+    if teacher_logps is None:
+        distill = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    else:
+        distill = reverse_kl_advantages(logps, teacher_logps, mask, gamma)  # (B, T)
     advantages = distill
     if reward_weight:
         if task_advantages is None:
@@ -123,7 +127,7 @@ def distillation_pg_loss(
         advantages = advantages - kl_coef * (logps.detach().float() - ref_logps.float())
     advantages = torch.where(mask, advantages, 0.0)
     loss = -_token_mean(advantages * logps, mask)
-    reverse_kl = _token_mean(logps.detach().float() - teacher_logps.float(), mask)
+    reverse_kl = distill.new_zeros(()) if teacher_logps is None else _token_mean(logps.detach().float() - teacher_logps.float(), mask)
     return DistillationPGOutput(loss, reverse_kl, _token_mean(advantages, mask).detach(), _token_mean(distill, mask))
 
 

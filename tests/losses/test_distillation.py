@@ -167,3 +167,12 @@ def test_task_reward_and_reference_penalty_add_to_the_advantage():
     assert float(out.distill_advantage_mean) == pytest.approx((0.5 - 1.0 - 1.0 - 6.0) / 5)
     with pytest.raises(ValueError, match="task_advantages"):
         distillation_pg_loss(logps, TEACHER, MASK, reward_weight=1.0)
+
+
+def test_without_a_teacher_only_the_task_and_reference_terms_remain():
+    """GKD's supervised form adds its task reward and reference penalty through this loss, teacher None."""
+    logps = STUDENT.clone().requires_grad_()
+    out = distillation_pg_loss(logps, None, MASK, task_advantages=torch.tensor([2.0, -1.0]), reward_weight=0.5)
+    (grad,) = torch.autograd.grad(out.loss, logps)
+    close(grad, -torch.tensor([[1.0, 1.0, 0.0], [-0.5, -0.5, -0.5]]) / 5)
+    assert float(out.reverse_kl) == 0.0 and float(out.distill_advantage_mean) == 0.0
