@@ -7,6 +7,15 @@ from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, rejection_samplin
 from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
 from lit_rlhf.losses.drov import DROVLossOutput, batch_value_estimate, drov_loss
 from lit_rlhf.losses.dapo import informative_groups
+from lit_rlhf.losses.distillation import (
+    DistillationPGOutput,
+    GKDLossOutput,
+    distillation_pg_loss,
+    generalized_jsd,
+    gkd_loss,
+    reverse_kl_advantages,
+    topk_buckets,
+)
 from lit_rlhf.losses.grpo import Aggregation, AdvantageScale, GRPOLossOutput, grpo_advantages, grpo_policy_loss
 from lit_rlhf.losses.gspo import gspo_policy_loss
 from lit_rlhf.losses.kto import (
@@ -44,6 +53,8 @@ __all__ = [
     "DPOLossOutput",
     "DPOLossType",
     "DROVLossOutput",
+    "DistillationPGOutput",
+    "GKDLossOutput",
     "GRPOLossOutput",
     "KTOLossOutput",
     "ORPOLossOutput",
@@ -57,9 +68,12 @@ __all__ = [
     "batch_value_estimate",
     "best_of_n_kl",
     "bradley_terry_loss",
+    "distillation_pg_loss",
     "clipped_token_loss",
     "dpo_loss",
     "drov_loss",
+    "generalized_jsd",
+    "gkd_loss",
     "grpo_advantages",
     "grpo_policy_loss",
     "gspo_policy_loss",
@@ -79,6 +93,8 @@ __all__ = [
     "reinforce_pp_advantages",
     "rejection_sampling_mask",
     "remax_advantages",
+    "reverse_kl_advantages",
     "rloo_advantages",
     "rloo_loss",
+    "topk_buckets",
 ]

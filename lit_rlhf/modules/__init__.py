@@ -20,8 +20,9 @@ from lit_rlhf.modules.sft import SFTModule
 from lit_rlhf.modules.remax import ReMaxModule
 from lit_rlhf.modules.rejection_sampling import RejectionSamplingModule
 from lit_rlhf.modules.online_dpo import OnlineDPOModule
+from lit_rlhf.modules.distillation import DistillationModule
 
-__all__ = ["DAPOModule", "DrGRPOModule", "GRPOModule", "GSPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule",
+__all__ = ["DAPOModule", "DistillationModule", "DrGRPOModule", "GRPOModule", "GSPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule",
            "OnlineDPOModule", "ORPOModule", "PairLogps", "PairwiseModule", "PolicyModule", "PPOPtxModule",
            "ReinforcePPModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule", "SFTModule",
            "TrainingModule"]

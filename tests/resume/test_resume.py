@@ -26,6 +26,7 @@ from lit_rlhf.data import (
 )
 from lit_rlhf.modules import (
     DAPOModule,
+    DistillationModule,
     DPOModule,
     DROVModule,
     GRPOModule,
@@ -91,6 +92,13 @@ CASES = {
     # batches straddle its reshuffled passes); the stream's counter is checkpointed
     "ppo_ptx": (PPOPtxModule, dict(ppo_epochs=2, num_minibatches=2, ptx_coef=1.0, ptx_data=PTX_DATA, **ONLINE), 4,
                 TLDRPromptDataModule, dict(PROMPTS)),
+    # on-policy distillation from the starting weights given a privileged context (a frozen copy,
+    # never checkpointed), the task reward mixed in; GKD over the teacher's top-k with a tail bucket
+    "distill": (DistillationModule, dict(teacher="base", teacher_context="Answer in one line:", num_generations=2,
+                                         reward_weight=0.5, **ONLINE), 1, TLDRPromptDataModule, dict(PROMPTS)),
+    "distill_gkd": (DistillationModule, dict(teacher="base", teacher_context="Answer in one line:", loss="gkd",
+                                             beta=0.5, teacher_top_k=8, **ONLINE), 1, TLDRPromptDataModule,
+                    dict(PROMPTS)),
     # LoRA: adapters on one frozen base (PPO: policy and value adapters; the reference is the base)
     "dpo_lora": (DPOModule, dict(lr=1e-2, beta=0.5, lora=LORA), 1, TLDRPreferenceDataModule,
                  dict(path="bundled:tldr_comparisons", **TLDR)),

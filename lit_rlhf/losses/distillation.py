@@ -1,0 +1,214 @@
+"""On-policy distillation: the student samples, and each of its tokens is pulled toward a teacher.
+
+Two forms, both over the student's own sampled responses (Agarwal et al. 2024, "On-Policy
+Distillation of Language Models: Learning from Self-Generated Mistakes", GKD; Thinking
+Machines, "On-Policy Distillation", 2025; Qwen3 technical report, Sec. 4.5). Notation: pi_s the
+student, pi_t the teacher, y_t the sampled token at position t, M the response mask.
+
+**Policy-gradient form** (`reverse_kl_advantages`, `distillation_pg_loss`). The per-token reward
+is the negative sampled reverse KL, r_t = -(log pi_s(y_t) - log pi_t(y_t)), whose expectation
+under pi_s is -KL(pi_s || pi_t) at that position. With a discount gamma the advantage is the
+discounted return A_t = sum_{k>=t} gamma^(k-t) r_k (gamma 0: the token's own reward, as in
+Thinking Machines' recipe); a task reward and a KL penalty to a reference may be added to it.
+The loss is REINFORCE with the advantage held fixed (stop-gradient):
+
+    L = -(1 / sum M) * sum_{i,t} M_it * sg(A_it) * log pi_s(y_it)
+
+whose gradient, for gamma 0 and no other terms, is the score-function estimate of
+grad sum_t KL(pi_s || pi_t) at the sampled prefixes (the E[grad log pi_s] = 0 term drops).
+
+**Supervised form** (`generalized_jsd`, `gkd_loss`). The whole next-token distributions at every
+sampled prefix are compared, GKD's generalized JSD (Agarwal et al. 2024, Eq. 1 and Sec. 3.1)
+with P = pi_t (teacher), Q = pi_s (student) and the mixture m = beta * P + (1 - beta) * Q:
+
+    JSD(beta) = beta * KL(P || m) + (1 - beta) * KL(Q || m)        0 < beta < 1
+    beta = 0:  KL(P || Q) = KL(teacher || student)   (forward KL, mean-seeking)
+    beta = 1:  KL(Q || P) = KL(student || teacher)   (reverse KL, mode-seeking)
+
+the endpoints being the two KLs themselves (the convention of the GKD paper's experiments and of
+TRL's `GKDTrainer`), since JSD(beta) / beta -> KL(P || Q) as beta -> 0. It is taken over the full
+vocabulary, or over the teacher's top-k tokens plus one bucket holding the rest of each
+distribution's mass (`topk_buckets`), and averaged over the response tokens of the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from lit_rlhf.ops import masked_sum
+
+LOG_FLOOR = -1e4  # log-probabilities are floored here: exp() is exactly 0 and every difference finite
+
+
+class DistillationPGOutput(NamedTuple):
+    loss: Tensor  # scalar, with gradient
+    reverse_kl: Tensor  # detached: the sampled per-token estimate mean_t (log pi_s - log pi_t) over M
+    advantage_mean: Tensor  # detached: mean of the advantages over M
+    distill_advantage_mean: Tensor  # detached: mean of the distillation part (the discounted -KL returns)
+
+
+class GKDLossOutput(NamedTuple):
+    loss: Tensor  # scalar, with gradient: the token mean of the divergence over M
+    divergence: Tensor  # (B, T) detached per-token divergence, 0 off the mask
+    tail_mass: Tensor  # detached: the teacher's mean mass outside its top-k over M (0 on the full vocabulary)
+
+
+def _at_least_float32(x: Tensor) -> Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _token_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """sum over the masked tokens / their count (0 when there are none)."""
+    return masked_sum(values, mask) / mask.sum().clamp(min=1).to(values.dtype)
+
+
+def reverse_kl_advantages(student_logps: Tensor, teacher_logps: Tensor, mask: Tensor, gamma: float = 0.0) -> Tensor:
+    """Per-token distillation advantages (B, T), no gradient.
+
+    r_t = -(log pi_s(y_t) - log pi_t(y_t)) on the tokens of `mask`, 0 elsewhere (a sampled
+    estimate of -KL(pi_s || pi_t) at position t); A_t = sum_{k >= t} gamma^(k - t) r_k, the
+    discounted return over the response's later tokens (gamma 0: A_t = r_t; gamma 1: the
+    reverse KL of the rest of the sequence, the whole-sequence KL's REINFORCE reward-to-go).
+
+    student_logps, teacher_logps: (B, T) log-probs of the sampled tokens; mask: (B, T) bool.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    rewards = torch.where(mask, -(student_logps.detach().float() - teacher_logps.detach().float()), 0.0)  # (B, T)
+    if gamma == 0.0:
+        return rewards
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return torch.where(mask, returns, 0.0)
+
+
+def distillation_pg_loss(
+    logps: Tensor,
+    teacher_logps: Tensor | None,
+    mask: Tensor,
+    gamma: float = 0.0,
+    task_advantages: Tensor | None = None,
+    reward_weight: float = 0.0,
+    ref_logps: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> DistillationPGOutput:
+    """REINFORCE on the student's sampled tokens with the distillation advantage (module docstring).
+
+    A_t = reverse_kl_advantages(logps, teacher_logps, mask, gamma)_t
+          + reward_weight * task_advantages            (one per row, broadcast to its tokens)
+          - kl_coef * (log pi_s(y_t) - log pi_ref(y_t))  (k1 penalty to a reference, per token)
+    L = -sum(M * sg(A) * logps) / sum(M): a mean over the batch's response tokens, so over
+    micro-batches it is exact when each is weighted by its share of the tokens.
+
+    logps: (B, T) the student's log-probs of its sampled tokens, with gradient (on-policy: they are
+    also the sampling log-probs in A); teacher_logps, ref_logps: (B, T); task_advantages: (B,);
+    mask: (B, T) bool. `teacher_logps` None: no distillation part (the task reward and the
+    reference penalty of GKD's supervised form; `reverse_kl` is then 0).
+    """
+    if teacher_logps is None:
+        distill = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    else:
+        distill = reverse_kl_advantages(logps, teacher_logps, mask, gamma)  # (B, T)
+    advantages = distill
+    if reward_weight:
+        if task_advantages is None:
+            raise ValueError("reward_weight > 0 needs task_advantages (one per row)")
+        advantages = advantages + reward_weight * task_advantages.detach().float()[:, None]
+    if kl_coef:
+        if ref_logps is None:
+            raise ValueError("kl_coef > 0 needs ref_logps")
+        advantages = advantages - kl_coef * (logps.detach().float() - ref_logps.float())
+    advantages = torch.where(mask, advantages, 0.0)
+    loss = -_token_mean(advantages * logps, mask)
+    reverse_kl = distill.new_zeros(()) if teacher_logps is None else _token_mean(logps.detach().float() - teacher_logps.float(), mask)
+    return DistillationPGOutput(loss, reverse_kl, _token_mean(advantages, mask).detach(), _token_mean(distill, mask))
+
+
+def _kl(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """KL(p || q) over the last dimension, from log-probabilities; 0 log 0 = 0 (floored logs)."""
+    log_p, log_q = log_p.clamp(min=LOG_FLOOR), log_q.clamp(min=LOG_FLOOR)
+    return (log_p.exp() * (log_p - log_q)).sum(dim=-1)
+
+
+def generalized_jsd(student_logps: Tensor, teacher_logps: Tensor, beta: float) -> Tensor:
+    """GKD's generalized JSD (Agarwal et al. 2024, Eq. 1) over the last dimension -> (...).
+
+    P = teacher, Q = student, m = beta * P + (1 - beta) * Q:
+    beta = 0: KL(teacher || student) (forward); beta = 1: KL(student || teacher) (reverse);
+    otherwise beta * KL(teacher || m) + (1 - beta) * KL(student || m).
+    student_logps, teacher_logps: (..., K) log-probabilities over the same K outcomes (the
+    vocabulary, or the buckets of `topk_buckets`)."""
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    if beta == 0.0:
+        return _kl(teacher_logps, student_logps)
+    if beta == 1.0:
+        return _kl(student_logps, teacher_logps)
+    mixture = torch.logaddexp(teacher_logps.clamp(min=LOG_FLOOR) + math.log(beta),
+                              student_logps.clamp(min=LOG_FLOOR) + math.log1p(-beta))  # log m
+    return beta * _kl(teacher_logps, mixture) + (1.0 - beta) * _kl(student_logps, mixture)
+
+
+def _log1mexp(x: Tensor) -> Tensor:
+    """log(1 - exp(x)) for x <= 0, stable at both ends (Maechler 2012); floored at LOG_FLOOR."""
+    x = x.clamp(max=-1e-30 if x.dtype == torch.float64 else -1e-12)
+    out = torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    return out.clamp(min=LOG_FLOOR)
+
+
+def topk_buckets(student_logps: Tensor, teacher_topk_logps: Tensor, teacher_topk_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Both distributions on k + 1 buckets: the teacher's top-k tokens, then the rest of the mass.
+
+    student_logps: (..., V) the student's full log-probabilities (with gradient); teacher_topk_logps:
+    (..., k) the teacher's log-probs of its k most likely tokens (normalised over the whole
+    vocabulary), teacher_topk_ids: (..., k) those tokens. Returns (student, teacher) log-probs
+    (..., k + 1): the student's tail is logsumexp of its log-probs off the k tokens (exact), the
+    teacher's log(1 - sum of its top-k mass) (all it is known by). With k = V both tails are empty
+    (floored to LOG_FLOOR, contributing 0), and the divergence equals the full-vocabulary one.
+    """
+    picked = student_logps.gather(-1, teacher_topk_ids)  # (..., k)
+    off = torch.ones_like(student_logps, dtype=torch.bool).scatter(-1, teacher_topk_ids, False)  # (..., V)
+    tail = torch.logsumexp(student_logps.masked_fill(~off, LOG_FLOOR * 10), dim=-1, keepdim=True)  # (..., 1)
+    student = torch.cat([picked, tail.clamp(min=LOG_FLOOR)], dim=-1)
+    teacher_topk_logps = _at_least_float32(teacher_topk_logps)
+    teacher_tail = _log1mexp(torch.logsumexp(teacher_topk_logps, dim=-1, keepdim=True))
+    teacher = torch.cat([teacher_topk_logps, teacher_tail], dim=-1)
+    return student, teacher
+
+
+def gkd_loss(
+    student_logps: Tensor,
+    teacher_logps: Tensor,
+    mask: Tensor,
+    beta: float = 0.5,
+    teacher_topk_ids: Tensor | None = None,
+) -> GKDLossOutput:
+    """Token mean of the generalized JSD between the student and the teacher at every response token.
+
+    L = sum_{i,t} M_it * JSD(beta)(pi_t(. | x_i, y_i,<t) || pi_s(. | x_i, y_i,<t)) / sum M (a mean
+    over the batch's response tokens, not over sequences; exact over micro-batches weighted by
+    their share of the tokens). See `generalized_jsd` for beta's two ends.
+
+    student_logps: (B, T, V) log-probabilities with gradient; teacher_logps: (B, T, V) over the
+    full vocabulary, or (B, T, k) the teacher's top-k log-probs when `teacher_topk_ids` (B, T, k)
+    names their tokens (then the divergence is on k + 1 buckets, `topk_buckets`); mask: (B, T) bool.
+    """
+    teacher_logps = teacher_logps.detach()
+    if teacher_topk_ids is None:
+        if teacher_logps.shape != student_logps.shape:
+            raise ValueError(f"full-vocabulary GKD needs teacher and student log-probs of one shape, got "
+                             f"{tuple(teacher_logps.shape)} and {tuple(student_logps.shape)}")
+        student, teacher = _at_least_float32(student_logps), _at_least_float32(teacher_logps)
+        tail = torch.zeros((), device=student_logps.device)
+    else:
+        student, teacher = topk_buckets(_at_least_float32(student_logps), teacher_logps, teacher_topk_ids)
+        tail = _token_mean(teacher[..., -1].exp(), mask).detach()
+    divergence = torch.where(mask, generalized_jsd(student, teacher, beta), 0.0)  # (B, T)
+    return GKDLossOutput(_token_mean(divergence, mask), divergence.detach(), tail)
