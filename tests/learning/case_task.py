@@ -1,14 +1,15 @@
 """The online learning task: a reward that depends on the prompt.
 
-A prompt ends with "?" or ":". After "?" the wanted tokens are the lowercase letters, after ":"
-the uppercase ones (`CaseReward`). Each wanted token of the response scores +1/R and each token
+Half the prompts are written in lowercase, half in uppercase. The wanted tokens are the letters
+of the prompt's case (`CaseReward`). Each wanted token of the response scores +1/R and each token
 of the other case -1/R, so the optimum is 1 (R wanted tokens, no EOS). A policy that ignores the
-prompt scores exactly 0 in expectation on prompts split half and half (what it gains on one kind
+prompt scores exactly 0 in expectation on prompts split half and half (what it gains on one case
 it loses on the other), and the training and held-out prompts are split so. Only a policy that
-reads the prompt gains.
+reads the prompt gains. (With the case marked by the prompt's last character alone, "?" or ":",
+the tiny model learned nothing in 8 rollouts; a prompt written in the case is easy to read.)
 
 On top of that, each prompt carries an offset that no response changes, as real prompts differ
-in how much reward they allow: the number of its words minus 3 (-1, 0 or +1). A baseline taken
+in how much reward they allow: 3 x (its number of words - 3), so -3, 0 or +3. A baseline taken
 within a prompt's own responses (a group, a pair, the greedy response) cancels it exactly. A
 baseline taken across prompts (groups laid out across prompts, rewards paired with the wrong
 rows) carries it as noise several times the size of the signal.
@@ -38,8 +39,8 @@ UPPER = LOWER.upper()
 
 
 def case_prompts(n: int, seed: int, exclude: Sequence[str] = ()) -> list[str]:
-    """`n` distinct prompts of 2-4 words drawn from `seed`, ending alternately in "?" and ":"
-    (half of each for even `n`), none of them in `exclude`."""
+    """`n` distinct prompts of 2-4 words drawn from `seed` (ending in "?" or ":"), alternately in
+    lowercase and in uppercase (half of each for even `n`), none of them in `exclude`."""
     rng = random.Random(seed)
     prompts: list[str] = []
     while len(prompts) < n:
@@ -56,7 +57,7 @@ def is_upper(prompt: str) -> bool:
 
 
 def offset(prompt: str) -> float:
-    """The prompt's reward offset: its number of words minus 3."""
+    """The prompt's reward offset: 3 x (its number of words - 3)."""
     return 3.0 * (len(prompt.split()) - 3)
 
 
@@ -79,7 +80,7 @@ def wanted_sign(tokenizer, prompt: str) -> Tensor:
 
 class CaseReward:
     """Reward function: offset(prompt) + (wanted tokens - tokens of the other case) / R, where the
-    wanted case is lowercase after "?" and uppercase after ":" (the module docstring).
+    wanted case is the prompt's (the module docstring).
 
     The completions arrive as text; re-encoding them with the byte-level tokenizer gives back the
     sampled tokens' letters exactly (see `tasks.LetterReward`)."""

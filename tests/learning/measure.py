@@ -6,8 +6,9 @@
     python -m tests.learning.measure grpo ppo --kl-coef 0     # online runs with kl_coef 0
 
 Prints, per method, the gain (after - before) of its progress measure for each seed and its
-minimum and mean (online runs: also the KL to the initial policy at the end; the preference methods: the
-letter share of their own samples, `runs.letter_share`); `tests/learning/README.md` records these numbers next to the thresholds.
+minimum and mean; online runs also print the KL to the initial policy at the end, the offline
+preference methods the letter share of their own samples (`runs.letter_share`).
+`tests/learning/README.md` records these numbers next to the thresholds.
 """
 
 from __future__ import annotations

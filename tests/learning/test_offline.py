@@ -1,11 +1,13 @@
 """Offline methods learn a known ordering: measured on held-out rows before and after 8 steps.
 
 SFT raises the log-prob of rule-following completions; the reward model, DPO, IPO, SLiC-hinge,
-GPO's exponential and Savage losses, ORPO and KTO rank letter completions above digit completions on held-out prompts; DRO-V tilts the
-policy's log-ratio toward the reward (slope 1/tau at its optimum); IPO settles at its finite
-optimum margin 1/(2 beta). The preference methods (DPO's family, ORPO, KTO) also raise the share
-of the preferred kind (letters) in the policy's own samples on held-out prompts. Thresholds come from measured runs (`python -m tests.learning.measure`,
-seeds 0-4) and from the same runs with the method broken: see tests/learning/README.md.
+GPO's exponential and Savage losses, ORPO and KTO rank letter completions above digit
+completions on held-out prompts; DRO-V tilts the policy's log-ratio toward the reward (slope
+1/tau at its optimum); IPO settles at its finite optimum margin 1/(2 beta). The preference
+methods (DPO's family, ORPO, KTO) also raise the share of the preferred kind (letters) in the
+policy's own samples on held-out prompts. Thresholds come from measured runs (`python -m
+tests.learning.measure`, seeds 0-4) and from the same runs with the method broken: see
+tests/learning/README.md.
 """
 
 from __future__ import annotations
