@@ -18,42 +18,24 @@ import torch
 from torch.utils.data import DataLoader
 
 from lit_rlhf.data.collate import PreferenceCollator, SFTCollator, SingleCollator
-from lit_rlhf.models import load_tokenizer
 from lit_rlhf.losses import log_odds
 from lit_rlhf.modules import (
-    DAPOModule,
     DPOModule,
-    DrGRPOModule,
     DROVModule,
-    GRPOModule,
-    GSPOModule,
     KTOModule,
-    OnlineDPOModule,
     ORPOModule,
-    PPOModule,
-    PPOPtxModule,
-    ReinforcePPModule,
-    RejectionSamplingModule,
-    ReMaxModule,
     RewardModule,
-    RLOOModule,
     SFTModule,
 )
 from lit_rlhf.types import split_pair
-from tests.modules.pinned import LeaveOneOutGRPO
 from tests.learning.tasks import (
-    LetterReward,
-    eos_bias,
     expected_letter_reward,
     labelled_rows,
-    length_rows,
     make_prompts,
     preference_rows,
-    prompt_loader,
     scored_rows,
     sequence_logps,
     sft_rows,
-    token_nll,
 )
 
 MODEL = "tiny-random-llama"
@@ -63,10 +45,8 @@ HELD_OUT_ROWS = 32
 # offline: optimizer steps of BATCH rows each over TRAIN_ROWS rows (one epoch at 8 steps)
 STEPS, BATCH, TRAIN_ROWS = 8, 8, 64
 
-# online: ROLLOUTS rollouts of PROMPTS prompts (x G generations) and LENGTH-token responses
-ROLLOUTS, PROMPTS, GENERATIONS, LENGTH, TEMPERATURE = 8, 4, 8, 8, 1.0
-PPO_PROMPTS = 16
-EVAL_PROMPTS, EVAL_SAMPLES = 8, 32
+# the policy's own responses: LENGTH tokens at TEMPERATURE, EVAL_SAMPLES per held-out prompt
+LENGTH, TEMPERATURE, EVAL_PROMPTS, EVAL_SAMPLES = 8, 1.0, 8, 32
 
 
 @dataclass(frozen=True)
@@ -78,6 +58,9 @@ class Measure:
     after: float
     extra_before: float | None = None
     extra_after: float | None = None
+    kl_after: float | None = None  # online: KL(policy || initial policy) per held-out response
+    generated_before: float | None = None  # offline preference methods: `letter_share`
+    generated_after: float | None = None
 
     @property
     def gain(self) -> float:
@@ -108,6 +91,15 @@ def logratio_margin(module, batch) -> tuple[float, float]:
     chosen, rejected = split_pair(policy - ref)
     margin = chosen - rejected
     return float(margin.mean()), float((margin > 0).float().mean())
+
+
+def letter_share(module) -> float:
+    """The share of letters among the policy's own sampled response tokens on held-out prompts
+    (`tasks.expected_letter_reward`, LENGTH tokens at TEMPERATURE): how often the policy
+    generates the preferred kind of completion. No offline loss pushes it directly: they push
+    log-probs of the given completions, and this measures fresh ones."""
+    prompts = make_prompts(EVAL_PROMPTS, HELD_OUT_SEED)  # prompts of held-out pairs, never trained on
+    return expected_letter_reward(module.policy, module.tokenizer, prompts, LENGTH, TEMPERATURE, EVAL_SAMPLES)
 
 
 def run_sft(seed: int, **kwargs: Any) -> Measure:
@@ -155,12 +147,13 @@ def run_dpo(seed: int, loss_type: str = "sigmoid", beta: float = 0.1, steps: int
     tok = module.tokenizer
     collate = PreferenceCollator(tok.pad_token_id)
     held = collate(preference_rows(tok, HELD_OUT_ROWS, HELD_OUT_SEED))
-    before, acc_before = logratio_margin(module, held)
+    (before, acc_before), share_before = logratio_margin(module, held), letter_share(module)
     rows = preference_rows(tok, TRAIN_ROWS, seed)
     loader = DataLoader(rows, batch_size=BATCH, shuffle=True, collate_fn=collate, drop_last=True)
     quiet_trainer(max_steps=steps or STEPS).fit(module, loader)
     after, acc_after = logratio_margin(module, held)
-    return Measure(before, after, acc_before, acc_after)
+    return Measure(before, after, acc_before, acc_after, generated_before=share_before,
+                   generated_after=letter_share(module))
 
 
 def run_orpo(seed: int, odds_ratio_coef: float = 0.1, **kwargs: Any) -> Measure:
@@ -178,10 +171,11 @@ def run_orpo(seed: int, odds_ratio_coef: float = 0.1, **kwargs: Any) -> Measure:
         ratio = chosen - rejected
         return float(ratio.mean()), float((ratio > 0).float().mean())
 
-    before, acc_before = margin()
+    (before, acc_before), share_before = margin(), letter_share(module)
     fit_offline(module, preference_rows(tok, TRAIN_ROWS, seed), collate)
     after, acc_after = margin()
-    return Measure(before, after, acc_before, acc_after)
+    return Measure(before, after, acc_before, acc_after, generated_before=share_before,
+                   generated_after=letter_share(module))
 
 
 def run_kto(seed: int, **kwargs: Any) -> Measure:
@@ -198,9 +192,9 @@ def run_kto(seed: int, **kwargs: Any) -> Measure:
         ratio = policy - ref
         return float(ratio[held.labels].mean() - ratio[~held.labels].mean())
 
-    before = margin()
+    before, share_before = margin(), letter_share(module)
     fit_offline(module, labelled_rows(tok, TRAIN_ROWS, seed), collate)
-    return Measure(before, margin())
+    return Measure(before, margin(), generated_before=share_before, generated_after=letter_share(module))
 
 
 def run_drov(seed: int, tau: float = 1.0, **kwargs: Any) -> Measure:
@@ -244,74 +238,3 @@ OFFLINE: dict[str, Callable[[int], Measure]] = {
     "kto": run_kto,
     "drov": run_drov,
 }
-
-# --------------------------------------------------------------------------------------------
-# online methods: the expected LetterReward on held-out prompts
-# --------------------------------------------------------------------------------------------
-
-# (module class, arguments, EOS bias). The GRPO family with the settings of their papers; every
-# method gets the KL coefficient and the temperature explicitly. The group methods sample
-# PROMPTS x GENERATIONS responses per rollout, PPO (one response per prompt) PPO_PROMPTS.
-ONLINE: dict[str, tuple[type, dict[str, Any], float | None]] = {
-    "grpo": (GRPOModule, dict(scale="group", kl_coef=0.04, num_iterations=2), None),
-    # GRPO's loss fed leave-one-out advantages (a test-only subclass: `tests.modules.pinned`)
-    "grpo_rloo_advantage": (LeaveOneOutGRPO, dict(kl_coef=0.04), None),
-    # Dr. GRPO (Liu et al. 2025): no std scaling, a constant normaliser instead of the length
-    "dr_grpo": (DrGRPOModule, dict(kl_coef=0.0), None),
-    # DAPO (Yu et al. 2025): clip-higher, dynamic sampling, token mean, overlong filtering, no KL;
-    # responses end early at random (an EOS bias), so the overlong filter keeps some of them
-    "dapo": (DAPOModule, dict(clip_eps_low=0.2, clip_eps_high=0.28, dynamic_sampling=True, mask_truncated=True,
-                              kl_coef=0.0), 4.0),
-    # GSPO (Zheng et al. 2025): sequence-level ratio with its tiny clip ranges, two passes
-    "gspo": (GSPOModule, dict(clip_eps_low=3e-4, clip_eps_high=4e-4, kl_coef=0.0, num_iterations=2), None),
-    "reinforce_pp": (ReinforcePPModule, dict(kl_coef=0.01), None),
-    "reinforce_pp_baseline": (ReinforcePPModule, dict(baseline=True, kl_coef=0.01), None),
-    "rloo": (RLOOModule, dict(kl_coef=0.01), None),
-    "ppo": (PPOModule, dict(kl_coef=0.01, ppo_epochs=2, num_minibatches=1), None),
-    # ReMax (Li et al. 2023): the greedy response's reward as the baseline, one sample per prompt
-    # as in the paper (32 prompts: the others' 32 sampled responses per rollout, plus 32 greedy)
-    "remax": (ReMaxModule, dict(kl_coef=0.01), None),
-    # rejection sampling: the best of 8 per prompt, SFT on it (no KL)
-    "rejection_sampling": (RejectionSamplingModule, dict(selection="per_prompt"), None),
-    # online DPO (Guo et al. 2024): 2 samples per prompt annotated by the reward, beta 0.1
-    "online_dpo": (OnlineDPOModule, dict(beta=0.1), None),
-    # PPO-ptx (InstructGPT eq. 2): the PPO run above plus gamma x the NLL of 8 SFT rows a step
-    # (`tasks.LengthSFTDataModule`: digits by a rule of the prompt, drawn from the run's seed);
-    # gamma 0.03: at 0.1 and more the SFT term outweighs the reward here (tests/learning/README.md)
-    "ppo_ptx": (PPOPtxModule, dict(kl_coef=0.01, ppo_epochs=2, num_minibatches=1, ptx_coef=0.03), None),
-}
-
-# (prompts, generations per prompt) of the methods whose rollouts are not PROMPTS x GENERATIONS
-# (the same 32 sampled responses per rollout, except PPO)
-ROLLOUT_SHAPE: dict[type, tuple[int, int]] = {PPOModule: (PPO_PROMPTS, 1), PPOPtxModule: (PPO_PROMPTS, 1),
-                                              ReMaxModule: (32, 1), OnlineDPOModule: (16, 2)}
-
-
-def run_online(name: str, seed: int) -> Measure:
-    """Expected LetterReward of the policy on held-out prompts before and after ROLLOUTS rollouts;
-    its companion: the mean NLL per completion token of held-out SFT rows of digits
-    (`length_rows`), which only PPO-ptx trains on (PPO's is PPO-ptx's with ptx_coef 0)."""
-    cls, kwargs, bias = ONLINE[name]
-    L.seed_everything(seed, verbose=False)
-    prompts, generations = ROLLOUT_SHAPE.get(cls, (PROMPTS, GENERATIONS))
-    tok = load_tokenizer(MODEL)
-    extra = {} if cls in (PPOModule, PPOPtxModule, OnlineDPOModule) else {"num_generations": generations}
-    if cls is PPOPtxModule:  # TRAIN_ROWS SFT rows drawn from the run's seed, BATCH a step
-        extra["ptx_data"] = {"class_path": "tests.learning.tasks.LengthSFTDataModule",
-                             "init_args": {"rows": TRAIN_ROWS, "seed": seed, "batch_size": BATCH}}
-    module = cls(model=MODEL, reward_fns=[LetterReward(tok, LENGTH)], max_new_tokens=LENGTH, temperature=TEMPERATURE,
-                 lr=1e-2, lr_scheduler="constant", total_episodes=ROLLOUTS * prompts * generations,
-                 log_completions_every_n_steps=0, **extra, **kwargs)
-    if bias is not None:
-        eos_bias(module, bias)
-    held_out = make_prompts(EVAL_PROMPTS, HELD_OUT_SEED)
-    train = [p for p in make_prompts(2 * prompts + EVAL_PROMPTS, seed) if p not in held_out][: 2 * prompts]
-
-    held_sft = SFTCollator(tok.pad_token_id)(length_rows(tok, HELD_OUT_ROWS, HELD_OUT_SEED))
-
-    def expected() -> float:
-        return expected_letter_reward(module.policy, tok, held_out, LENGTH, TEMPERATURE, EVAL_SAMPLES)
-
-    before, nll_before = expected(), token_nll(module.policy, held_sft)
-    quiet_trainer(max_epochs=-1).fit(module, prompt_loader(tok, train, prompts))
-    return Measure(before, expected(), nll_before, token_nll(module.policy, held_sft))
