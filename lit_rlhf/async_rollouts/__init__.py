@@ -7,7 +7,7 @@ versioned queue that the online methods' training step (inside Lightning's fit l
 - `producer`: the background producer and the samplers it drives, with their own weights.
 
 The online modules' side (settings, the training step's hand-off, logs, checkpoints) is
-`lit_rlhf.modules.online_async`; weight sync is `lit_rlhf.generation.weight_sync`.
+`lit_rlhf.online.async_source.AsyncRollouts`; weight sync is `lit_rlhf.generation.weight_sync`.
 """
 
 from lit_rlhf.async_rollouts.prompts import PromptSchedule

@@ -1,4 +1,4 @@
-"""The producer's sampler on a vLLM server in its own process (`generation_backend: vllm_server`).
+"""The producer's sampler on a vLLM server in its own process (`AsyncRollouts(server=VLLMServerBackend(...))`).
 
 The learner publishes each version in memory (as for `LocalSampler`); the producer thread takes
 the version a batch is scheduled for and pushes it to the server before sampling, so the learner

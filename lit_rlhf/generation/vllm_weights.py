@@ -83,7 +83,7 @@ def check_tied_embeddings(policy: nn.Module, adapter: str) -> None:
     if changed:
         raise ValueError(f"adapter {adapter!r} changes {changed} of a model with tied embeddings: the trainer's "
                          "input and output embeddings then differ, which the vLLM engine's tied layer cannot hold; "
-                         "leave the embeddings out of target_modules / modules_to_save, or use generation_backend 'hf'")
+                         "leave the embeddings out of target_modules / modules_to_save, or sample with HFSampler")
 
 
 def save_merged_checkpoint(policy: nn.Module, adapter: str, directory: str | Path) -> None:

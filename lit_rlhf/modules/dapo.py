@@ -39,7 +39,7 @@ class DAPOModule(GRPOModule):
         kl_coef: weight of the k3 KL to the reference added to the loss per token, as in
             `GRPOModule`; 0 (the paper drops it) skips the reference model entirely.
         dynamic_sampling: drop the groups whose rewards are all equal and sample more prompts
-            (Eq. 11); not available with asynchronous rollouts (`max_staleness`).
+            (Eq. 11); not available with asynchronous rollouts (`AsyncRollouts`).
         max_sampling_rounds: bound on the rounds of sampling per step (the first included).
         mask_truncated: overlong filtering: completions with no EOS are masked out of the loss.
         **kwargs: every `GRPOModule` argument but `aggregation` (num_generations, scale, eps,

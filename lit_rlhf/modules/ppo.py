@@ -25,7 +25,7 @@ class PPOModule(OnlineModule):
 
     1. samples `max_new_tokens` tokens per prompt at `temperature` (0.7 for TL;DR) and scores
        them once: old log-probs and reference log-probs under that temperature, values, scores
-       (`OnlineModule.make_rollout`); callbacks then shape the scores through the rollout hook
+       (`OnlineModule.make_rollout`, from its rollout source); callbacks then shape the scores through the rollout hook
        (e.g. `callbacks.EOSTrickCallback`, D23; `callbacks.KLControlCallback` adapts `kl_coef`);
     2. per-token rewards `-kl_coef * kl_t` with the score added on the EOS token, the last
        response token (`losses.ppo_rewards`, D12), optionally whitened without shifting the

@@ -29,7 +29,7 @@ What it cannot do exactly (gradient clipping, accumulation, several processes, D
 GradScaler, an online update split into micro-batches, `on_nonfinite: skip`) is refused at
 start-up (`startup_problems`, run by `lit_rlhf.checks`). The online methods' update loop
 (manual optimisation) passes its forward and backward pass to `step` as the closure
-(`UpdateLoopMixin.apply_optimizer_step`).
+(`lit_rlhf.online.update.optimizer_step`).
 """
 
 from __future__ import annotations
