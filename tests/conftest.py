@@ -101,11 +101,13 @@ def project_loggers_propagate():
         logger = logging.getLogger(name)
         logger.handlers[:] = [h for h in logger.handlers if not getattr(h, "_lit_rlhf", False)]
         logger.propagate = True
-    # a library that configures logging with `dictConfig` (disable_existing_loggers, its default)
-    # disables every logger that exists by then, the project's module loggers among them
-    for name, logger in logging.root.manager.loggerDict.items():
+    # `lit_rlhf.console.configure` (run by an in-process CLI run) also drops some messages of the
+    # project's own module loggers from the console (`LOG_FILTERS`): a later test's caplog must see them
+    from lit_rlhf.console import DropMessages
+
+    for name, logger in list(logging.root.manager.loggerDict.items()):
         if name.startswith(("lit_rlhf.", "callbacks.")) and isinstance(logger, logging.Logger):
-            logger.disabled = False
+            logger.filters[:] = [f for f in logger.filters if not isinstance(f, DropMessages)]
     yield
 
 
