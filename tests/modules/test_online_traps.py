@@ -74,3 +74,21 @@ def test_a_pair_loss_gets_whole_pairs_in_each_of_three_passes(tmp_path):
     with pytest.raises(ValueError, match="must be a multiple of 2"):
         module.micro_batch_size = 3
         update.micro_rows(module, 8, 2)
+
+
+def test_an_online_setting_given_where_it_used_to_live_names_its_new_place(tmp_path):
+    """From the command line (or a YAML) and from Python, one line that says where it went."""
+    from lit_rlhf.cli_errors import OptionError
+    from lit_rlhf.modules import RLOOModule
+    from lit_rlhf.rewards import CharacterFractionReward
+
+    args = ["fit", "--model=lit_rlhf.modules.RLOOModule", "--model.init_args.model=tiny-random-llama",
+            "--model.init_args.reward_fns=[{class_path: lit_rlhf.rewards.CharacterFractionReward}]",
+            "--data=lit_rlhf.data.TLDRPromptDataModule", "--data.init_args.path=bundled:tldr_sft",
+            "--trainer.max_steps=1", "--trainer.default_root_dir", str(tmp_path)]
+    for key, place in (("max_staleness=1", "lit_rlhf.online.AsyncRollouts"),
+                       ("generation_backend=vllm", "lit_rlhf.online.VLLMSampler")):
+        with pytest.raises(OptionError, match=f"`{key.split('=')[0]}` moved to the rollout source: use .*{place}"):
+            main([*args, f"--model.init_args.{key}"])
+    with pytest.raises(TypeError, match="`environment` moved to the rollout source: use rollout: .*EnvironmentRollouts"):
+        RLOOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward()], environment=None)
