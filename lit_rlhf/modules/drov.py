@@ -57,11 +57,12 @@ class DROVModule(PolicyModule):
     once per distinct prompt of the batch (`SingleBatch.prompt_groups`); rows that share a prompt
     also share its forward in the policy and the reference (`lit_rlhf.ops.shared_prompt`).
 
-    The value's form (`value`); the first is DRO-V, the next two the paper's ablations (Sec. 3.2,
-    Fig. 5), the last two variants of ours:
+    The value's form (`value`); the first is DRO-V, the next two the paper's ablations (Sec. 3.2
+    and 3.3, Fig. 5), the last two variants of ours:
     - `network`: V(x) from a separate network (the paper's DRO-V): the checkpoint `value_model`
-      (`None` = the policy's `model` checkpoint with a fresh D11 scalar head; a reward model
-      directory keeps its head, `load_scalar_model`), trained at `value_lr`. With `lora` and no
+      (`None` = the policy's `model` checkpoint with a fresh scalar head, 0 at the start by
+      default: `value_head_init`; a reward model directory keeps its head, `load_scalar_model`),
+      trained at `value_lr`. With `lora` and no
       `value_model`, V(x) is the adapter `value` on the policy's frozen base.
     - `batch_estimate`: the paper's single value, E_x[V(x)] estimated from the batch,
       mean_b(r - tau log pi/pi_ref) (`losses.batch_value_estimate`): no parameters, no
