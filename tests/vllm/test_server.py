@@ -114,12 +114,13 @@ def test_wrong_and_slow_weight_transfers_are_named_errors(server, vllm_model_dir
     client.load_weights_file(files.path(3), 3)
     assert client.weight_version() == "3"
     # a deadline too short for the load is a named error, never a hang: the server's deadline or
-    # the client's (a socket timeout bounds each read, so on a fast machine a reload of the same
-    # file can answer within 1 ms: shorter deadlines then)
+    # the client's. Each try sends a new version, so the server has a whole file to load (a reload
+    # of the version it holds could answer within 1 ms), with ever shorter deadlines
     raised, started = None, time.perf_counter()
-    for timeout in (1e-3, 1e-5, 1e-7):
+    for version, timeout in ((4, 1e-3), (5, 1e-5), (6, 1e-7)):
+        files.publish(version, weights)
         try:
-            ServerClient(server, vllm_model_dir, timeout=timeout, retries=2).load_weights_file(files.path(3), 3)
+            ServerClient(server, vllm_model_dir, timeout=timeout, retries=2).load_weights_file(files.path(version), version)
         except WeightSyncTimeout as err:
             raised = err
             break
