@@ -1,6 +1,6 @@
 """Asynchronous GRPO and PPO on a real vLLM server process (`AsyncRollouts(server=VLLMServerBackend(...))`):
 through `main.py fit`, staleness and the sampler/trainer log-prob gap logged, a LoRA policy's
-adapter served as a LoRA model; weight-sync failures (wrong version, slow, server killed) are
+adapter served as a LoRA model; weight-sync failures (wrong version, server killed) are
 clear errors within their deadlines. One server per module (a CPU server starts in ~1 min)."""
 
 from __future__ import annotations
@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 
 import pytest
 from lightning.pytorch.callbacks import Callback
 
 from lit_rlhf.async_rollouts import ProducerFailed
 from lit_rlhf.generation.server import ServerClient, VLLMServer
-from lit_rlhf.generation.weight_sync import FileWeightSync, WeightSyncTimeout, WeightVersionError
+from lit_rlhf.generation.weight_sync import FileWeightSync, WeightVersionError
 from lit_rlhf.online import AsyncRollouts, VLLMServerBackend
 from tests.async_rollouts.test_async_grpo import PromptCounter, trained_prompts
 from tests.modules.test_ppo_cli import CONFIGS, exported_reward_model, run_config  # noqa: F401
@@ -102,7 +101,7 @@ def test_async_run_on_the_server_resumes_exactly_with_every_prompt_once(server, 
     assert set(trained.values()) == {1} and {i for epoch, i in trained if epoch == 0} == set(range(6))
 
 
-def test_wrong_and_slow_weight_transfers_are_named_errors(server, vllm_model_dir, tmp_path):
+def test_a_wrongly_stamped_weight_file_is_a_named_error(server, vllm_model_dir, tmp_path):
     from safetensors.torch import load_file
 
     client = ServerClient(server, vllm_model_dir, timeout=120)
@@ -113,19 +112,8 @@ def test_wrong_and_slow_weight_transfers_are_named_errors(server, vllm_model_dir
         client.load_weights_file(files.path(3), 4)
     client.load_weights_file(files.path(3), 3)
     assert client.weight_version() == "3"
-    # a deadline too short for the load is a named error, never a hang: the server's deadline or
-    # the client's. Each try sends a new version, so the server has a whole file to load (a reload
-    # of the version it holds could answer within 1 ms), with ever shorter deadlines
-    raised, started = None, time.perf_counter()
-    for version, timeout in ((4, 1e-3), (5, 1e-5), (6, 1e-7)):
-        files.publish(version, weights)
-        try:
-            ServerClient(server, vllm_model_dir, timeout=timeout, retries=2).load_weights_file(files.path(version), version)
-        except WeightSyncTimeout as err:
-            raised = err
-            break
-    assert raised is not None and "within 0.0 s" in str(raised)
-    assert time.perf_counter() - started < 30
+    # deadlines (a server that never answers, the server's own load deadline) are tested without vLLM:
+    # tests/async_rollouts/test_server_client.py
 
 
 class KillServer(Callback):
