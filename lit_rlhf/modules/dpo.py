@@ -8,44 +8,25 @@ a reference model that is freed right after, so it never stays in memory during 
 
 from __future__ import annotations
 
-import gc
-import hashlib
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import move_data_to_device
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
-from lit_rlhf import checks, models
-from lit_rlhf.models import adapters
 from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
 from lit_rlhf.modules.pairwise import PairwiseModule
 from lit_rlhf.ops import masked_mean
+from lit_rlhf.training.reference_table import (  # noqa: F401 - sequence_keys: importable from here
+    datamodule_loaders,
+    export_overwrites_reference,
+    precompute_reference_logps,
+    sequence_keys,
+)
 from lit_rlhf.types import PreferenceBatch, split_pair
-from lit_rlhf.lightning_compat import attached_trainer
 
 log = logging.getLogger(__name__)
-
-
-def sequence_keys(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) -> list[bytes]:
-    """A content fingerprint per row: a hash of its real tokens and of which of them are scored.
-
-    (B, T) x3 -> B keys of 16 bytes. The key depends on neither the padding, nor the row's
-    position in the batch, nor the split or shuffling order, so a table keyed by it stays valid
-    across epochs, ranks and resumed runs. Two rows get the same key only when they would get
-    the same sequence log-prob.
-    """
-    ids, keep, scored = input_ids.detach().cpu(), attention_mask.detach().cpu().bool(), loss_mask.detach().cpu().bool()
-    keys = []
-    for row_ids, row_keep, row_scored in zip(ids, keep, scored):
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update(row_ids[row_keep].to(torch.int64).numpy().tobytes())
-        digest.update(row_scored[row_keep].numpy().tobytes())
-        keys.append(digest.digest())
-    return keys
 
 
 class DPOModule(PairwiseModule):
@@ -109,13 +90,8 @@ class DPOModule(PairwiseModule):
         """Also: a precomputed reference table is rebuilt from `ref_model` (or `model`) on every
         (resumed) fit, so the run's `export_dir` must not overwrite it."""
         problems = super().check_config(trainer, datamodule)
-        reference = self.ref_model_name or self.model_name
-        if self.precompute_ref_logps and self.export_dir and checks.same_path(reference, self.export_dir):
-            problems.append(
-                f"precompute_ref_logps=true rebuilds the reference table from {reference!r} on every (resumed) fit, "
-                f"but export_dir={self.export_dir!r} writes the trained policy there: the reference would share the "
-                "policy's weights. Export elsewhere, or set ref_model to a copy of the initial checkpoint"
-            )
+        if self.precompute_ref_logps and (problem := export_overwrites_reference(self)):
+            problems.append(problem)
         return problems
 
     def reference_logps(self, batch: PreferenceBatch) -> Tensor:
@@ -136,77 +112,26 @@ class DPOModule(PairwiseModule):
         values = [self.ref_logps_cache[key] for key in keys]
         return torch.tensor(values, dtype=torch.float32, device=batch.input_ids.device)  # (2B,)
 
-    @torch.no_grad()
     def precompute_reference(self, dataloaders: Iterable[Iterable[PreferenceBatch]]) -> int:
-        """Fill `ref_logps_cache` from `dataloaders` with a freshly loaded reference; returns its size.
-
-        The reference is `ref_model`, or the `model` checkpoint itself (the initial policy), loaded
-        here and freed at the end, so it is the same on a resumed run (with LoRA: the policy's
-        own base with the adapter disabled, nothing loaded). Under data parallelism each
-        rank scores every world_size-th batch and the tables are merged on all ranks.
-        """
-        if self.ref_model_name is None and getattr(self, "lora_config", None) is not None:
-            ref = adapters.AdapterView(self.policy, None)  # LoRA: the policy's base, adapter disabled
-        else:
-            ref = models.load_reference_model(self.ref_model_name or self.model_name, self.tokenizer, self.model_dtype)
-            ref.to(self.device)
-        trainer = attached_trainer(self)
-        world_size = trainer.world_size if trainer is not None else 1
-        rank = trainer.global_rank if trainer is not None else 0
-        context = trainer.precision_plugin.forward_context() if trainer is not None else torch.autocast("cpu", enabled=False)
-        table: dict[bytes, float] = {}
-        step = 0
-        with context:
-            for loader in dataloaders:
-                for batch in loader:
-                    step += 1
-                    if (step - 1) % world_size != rank:
-                        continue
-                    batch = move_data_to_device(batch, self.device)
-                    per_token = self.model_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                                 sharing=batch.sharing)  # (2B, T)
-                    logps = self.sequence_logps(per_token, batch.loss_mask).float().tolist()  # (2B,)
-                    table.update(zip(sequence_keys(batch.input_ids, batch.attention_mask, batch.loss_mask), logps))
-        if world_size > 1:
-            gathered: list[dict[bytes, float] | None] = [None] * world_size
-            torch.distributed.all_gather_object(gathered, table)
-            for part in gathered:
-                table.update(part or {})
-        self.ref_logps_cache.update(table)
-        del ref
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        """Fill `ref_logps_cache` from `dataloaders` with a freshly loaded reference
+        (`lit_rlhf.training.reference_table`); returns its size."""
+        self.ref_logps_cache.update(precompute_reference_logps(self, dataloaders))
         log.info("precomputed %d reference sequence log-probs", len(self.ref_logps_cache))
         return len(self.ref_logps_cache)
-
-    def _datamodule_loaders(self, names: tuple[str, ...]) -> list:
-        datamodule = self.trainer.datamodule
-        if datamodule is None:
-            raise RuntimeError(
-                "precompute_ref_logps=true needs a LightningDataModule (trainer.fit(model, datamodule=...)), "
-                "or call `precompute_reference(dataloaders)` yourself before fitting"
-            )
-        loaders = []
-        for name in names:
-            if is_overridden(name, datamodule):
-                loader = getattr(datamodule, name)()
-                loaders.extend(loader if isinstance(loader, (list, tuple)) else [loader])
-        return loaders
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
         if self.precompute_ref_logps:
             names = ("train_dataloader",) + (("val_dataloader",) if self.trainer.limit_val_batches != 0 else ())
-            self.precompute_reference(self._datamodule_loaders(names))
+            self.precompute_reference(datamodule_loaders(self.trainer, names))
 
     def on_validation_start(self) -> None:
         if self.precompute_ref_logps and self.trainer.state.fn == "validate":
-            self.precompute_reference(self._datamodule_loaders(("val_dataloader",)))
+            self.precompute_reference(datamodule_loaders(self.trainer, ("val_dataloader",)))
 
     def on_test_start(self) -> None:
         if self.precompute_ref_logps:
-            self.precompute_reference(self._datamodule_loaders(("test_dataloader",)))
+            self.precompute_reference(datamodule_loaders(self.trainer, ("test_dataloader",)))
 
     # ----------------------------------------------------------------------------------------
     # steps
