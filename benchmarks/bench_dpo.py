@@ -27,6 +27,7 @@ from benchmarks.common import (
     trl_step_timer,
     trl_training_args,
 )
+from lit_rlhf.training.memory import Memory
 
 BETA = 0.1
 LR = 1e-5
@@ -35,9 +36,7 @@ LR = 1e-5
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import DPOModule
 
-    module = DPOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing,
-                       optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")),
-                       release_host_memory=cfg.release_host_memory)
+    module = DPOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine", memory=Memory(gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")), release_host_memory=cfg.release_host_memory))
     batches = [preference_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
     parts = PartTimer()
 

@@ -25,6 +25,7 @@ from benchmarks.common import (
     single_batch,
     token_rows,
 )
+from lit_rlhf.training.memory import Memory
 
 TAU = 1.0
 LR = 1e-5
@@ -35,7 +36,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
 
     torch.manual_seed(cfg.seed)  # the value head
     module = DROVModule(model=cfg.model, tau=TAU, lr=LR, value_lr=LR, lr_scheduler="cosine",
-                        release_host_memory=cfg.release_host_memory)
+                        memory=Memory(release_host_memory=cfg.release_host_memory))
     rows = token_rows(module.tokenizer, cfg.batch_size * cfg.total_steps, cfg.prompt_length, cfg.completion_length)
     generator = torch.Generator().manual_seed(cfg.seed)
     batches = []

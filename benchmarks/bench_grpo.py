@@ -36,6 +36,7 @@ from benchmarks.common import (
     trl_step_timer,
     trl_training_args,
 )
+from lit_rlhf.training.memory import Memory
 
 BETA = 0.04
 LR = 1e-6
@@ -70,8 +71,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     module = GRPOModule(
         model=cfg.model, reward_fns=[alpha_fraction_reward], num_generations=group, max_new_tokens=cfg.completion_length,
         temperature=TEMPERATURE, kl_coef=BETA, lr=LR, max_grad_norm=cfg.extra["max_grad_norm"], log_completions_every_n_steps=0,
-        gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=cfg.extra["optimizer_in_backward"],
-        release_host_memory=cfg.release_host_memory,
+        memory=Memory(gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=cfg.extra["optimizer_in_backward"], release_host_memory=cfg.release_host_memory),
     )
     tok = module.tokenizer
     batches = [prompt_batch(tok, texts) for texts in _texts(cfg, tok)]

@@ -29,6 +29,7 @@ from benchmarks.common import (
     trl_step_timer,
     trl_training_args,
 )
+from lit_rlhf.training.memory import Memory
 
 BETA = 0.1
 LR = 1e-5
@@ -48,7 +49,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import KTOModule
 
     module = KTOModule(model=cfg.model, beta=BETA, lr=LR, lr_scheduler="cosine",
-                       release_host_memory=cfg.release_host_memory)
+                       memory=Memory(release_host_memory=cfg.release_host_memory))
     batches = [single_batch(rows, labels) for rows, labels in _steps(cfg, module.tokenizer)]
     parts = PartTimer()
     prompt_len = cfg.prompt_length

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 from benchmarks.common import REPO, parse_config, setup_worker
 from benchmarks.lora_common import lora_parser, lora_spec, parse_lora_args, peft_config, write_json
 from benchmarks.phase_memory import PhaseMeter, malloc_totals_mb, profiled_step_start, status_mb, tensor_phases, wrap_phase
+from lit_rlhf.training.memory import Memory
 
 PHASE_VARIANTS = ("lora", "trl_lora", "bare")
 
@@ -57,7 +58,7 @@ def phases_lora(cfg, spec: dict[str, Any], tensors: bool) -> dict[str, Any]:
 
     out: dict[str, Any] = {"rss_runtime_mb": status_mb("VmRSS")}
     module = DPOModule(model=cfg.model, beta=bench_dpo.BETA, lr=bench_dpo.LR, lr_scheduler="cosine", lora=spec,
-                       gradient_checkpointing=cfg.gradient_checkpointing)
+                       memory=Memory(gradient_checkpointing=cfg.gradient_checkpointing))
     out["rss_model_mb"] = status_mb("VmRSS")
     batches = _phase_rows(cfg)(module.tokenizer)
     measured = cfg.warmup

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lit_rlhf.training.memory import Memory
 
 MiB = 1024 * 1024
 
@@ -270,15 +271,13 @@ def build(method: str, model: str, gradient_checkpointing: bool, prompt_length: 
     if method == "sft":
         from lit_rlhf.modules import SFTModule
 
-        module = SFTModule(model=model, lr=1e-5, lr_scheduler="cosine", gradient_checkpointing=gradient_checkpointing,
-                           optimizer_in_backward=optimizer_in_backward, release_host_memory=release_host_memory)
+        module = SFTModule(model=model, lr=1e-5, lr_scheduler="cosine", memory=Memory(gradient_checkpointing=gradient_checkpointing, optimizer_in_backward=optimizer_in_backward, release_host_memory=release_host_memory))
         rows = token_rows(module.tokenizer, steps, prompt_length, completion_length)
         return module, [sft_batch([row]) for row in rows]
     if method == "dpo":
         from lit_rlhf.modules import DPOModule
 
-        module = DPOModule(model=model, beta=0.1, lr=1e-5, lr_scheduler="cosine", gradient_checkpointing=gradient_checkpointing,
-                           optimizer_in_backward=optimizer_in_backward, release_host_memory=release_host_memory)
+        module = DPOModule(model=model, beta=0.1, lr=1e-5, lr_scheduler="cosine", memory=Memory(gradient_checkpointing=gradient_checkpointing, optimizer_in_backward=optimizer_in_backward, release_host_memory=release_host_memory))
         rows = token_rows(module.tokenizer, steps, prompt_length, completion_length)
         return module, [preference_batch([row]) for row in rows]
     raise SystemExit(f"--method must be sft or dpo, got {method!r}")

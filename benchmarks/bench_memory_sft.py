@@ -26,6 +26,7 @@ from benchmarks.common import (
     trl_step_timer,
     trl_training_args,
 )
+from lit_rlhf.training.memory import Memory
 
 LR = 1e-5
 
@@ -43,10 +44,8 @@ def sft_batch(rows: Sequence[dict[str, list[int]]]):
 def ours(cfg: BenchConfig) -> WorkerResult:
     from lit_rlhf.modules import SFTModule
 
-    module = SFTModule(model=cfg.model, lr=LR, lr_scheduler="cosine", gradient_checkpointing=cfg.gradient_checkpointing,
-                       optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")),
-                       release_host_memory=cfg.release_host_memory,
-                       **({"logprob_chunk_size": cfg.extra["logprob_chunk_size"]} if cfg.extra.get("logprob_chunk_size") else {}))
+    module = SFTModule(model=cfg.model, lr=LR, lr_scheduler="cosine", memory=Memory(gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=bool(cfg.extra.get("optimizer_in_backward")), release_host_memory=cfg.release_host_memory,
+                                     **({"logprob_chunk_size": cfg.extra["logprob_chunk_size"]} if cfg.extra.get("logprob_chunk_size") else {})))
     batches = [sft_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
 
     def bare(batch, optimizer) -> None:

@@ -38,6 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.models.attention import boundaries_from_positions
 
 
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         import lit_rlhf.modules.sft as sft
 
         sft.use_varlen_attention = lambda model: False
-    module = SFTModule(model=args.model, logprob_chunk_size=args.chunk_size or None)
+    module = SFTModule(model=args.model, memory=Memory(logprob_chunk_size=args.chunk_size or None))
     module.train()
     common = dict(tokenizer=module.tokenizer, max_prompt_length=args.max_prompt_length,
                   max_completion_length=args.max_completion_length, batch_size=args.batch_size, val_split=None,

@@ -69,6 +69,7 @@ from benchmarks.common import (
     trl_available,
     trl_training_args,
 )
+from lit_rlhf.training.memory import Memory
 
 LR = 3e-6
 ADAM_EPS = 1e-5
@@ -137,8 +138,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
             ppo_epochs=epochs, num_minibatches=1, kl_coef=KL_COEF, kl_estimator="k1", clip_eps=CLIP,
             value_clip_eps=VALUE_CLIP, value_coef=VALUE_COEF, gamma=GAMMA, lam=LAM, whiten_rewards=False, lr=LR,
             adam_eps=ADAM_EPS, max_grad_norm=0.0 if cfg.extra["optimizer_in_backward"] else 1.0, log_completions_every_n_steps=0,
-            gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=cfg.extra["optimizer_in_backward"],
-                release_host_memory=cfg.release_host_memory,
+            memory=Memory(gradient_checkpointing=cfg.gradient_checkpointing, optimizer_in_backward=cfg.extra["optimizer_in_backward"], release_host_memory=cfg.release_host_memory),
         )  # the value model starts from the reward model (D22)
     tok = module.tokenizer
     batches = _batches(cfg, tok)

@@ -27,6 +27,7 @@ from benchmarks.common import (
     trl_step_timer,
     trl_training_args,
 )
+from lit_rlhf.training.memory import Memory
 
 LR = 1e-5
 
@@ -36,7 +37,7 @@ def ours(cfg: BenchConfig) -> WorkerResult:
 
     torch.manual_seed(cfg.seed)  # the D11 head
     module = RewardModule(model=cfg.model, lr=LR, lr_scheduler="cosine",
-                          release_host_memory=cfg.release_host_memory)
+                          memory=Memory(release_host_memory=cfg.release_host_memory))
     batches = [preference_batch(rows) for rows in step_rows(cfg, module.tokenizer)]
     parts = PartTimer()
 

@@ -8,7 +8,7 @@ config file and line, or the command line) and the closest valid names:
 
     error: trainer.max_epoch (in sft.yaml, line 14) is not an option of `fit`; did you mean trainer.max_epochs?
 
-An argument a class has handed to another class (listed in the class's `moved_options`) is
+An argument a class has given up (listed in its `moved_options`, `lit_rlhf.training.moved`) is
 named with its new place instead: `model.init_args.importance_sampling (command line) moved:
 use GSPOModule`.
 
@@ -102,15 +102,17 @@ def unknown_option(key: str, valid: Iterable[str], what: str) -> str:
 
 
 def moved_setting(key: str) -> str | None:
-    """The one-line pointer for an online setting that moved from the method's arguments to its
-    rollout source (`lit_rlhf.online.moved`), or None: `model.init_args.max_staleness` ->
-    'model: `max_staleness` moved to the rollout source: use rollout: {class_path: ...}'."""
-    from lit_rlhf.online.moved import MOVED, moved_message
+    """The one-line pointer for a setting every online or trained module gave up (an online
+    one to the rollout source, `lit_rlhf.online.moved`; a memory one to `memory`,
+    `lit_rlhf.training.memory`), or None: `model.init_args.max_staleness` -> 'model.init_args.max_staleness
+    moved: use rollout: {class_path: ...}'."""
+    from lit_rlhf.online.moved import MOVED as ONLINE
+    from lit_rlhf.training.memory import MOVED as MEMORY
 
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        if part in MOVED:
-            return moved_message(parts[0] if i else "model", part)
+    moved = {**ONLINE, **MEMORY}
+    for part in key.split("."):
+        if part in moved:
+            return f"{key} moved: {moved[part]}"
     return None
 
 
@@ -144,15 +146,16 @@ def option_keys(parser: Any) -> list[str]:
 
 
 def moved_option(class_path: str, name: str) -> str | None:
-    """Where the class's former argument `name` went (its `moved_options` entry, e.g.
+    """Where the class's former argument `name` went (`lit_rlhf.training.moved`: e.g.
     GRPOModule's `importance_sampling` -> "use GSPOModule"), or None."""
     from jsonargparse._util import import_object
 
+    from lit_rlhf.training.moved import moved_options
+
     try:
-        moved = getattr(import_object(class_path), "moved_options", None) or {}
+        return moved_options(import_object(class_path)).get(name)
     except Exception:  # noqa: BLE001 - no hint rather than a second error
         return None
-    return moved.get(name)
 
 
 def class_arguments(class_path: str) -> list[str]:

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from callbacks import JudgeEvalCallback, RewardNormalizationCallback
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.checks import ConfigError
 from lit_rlhf.data import (
     TLDRPreferenceDataModule,
@@ -223,7 +224,7 @@ class SFTWithOwnCheck(SFTModule):
 def test_a_modules_own_check_config_is_listed_with_the_others(tmp_path):
     """`check_config(trainer, datamodule)` is the module's hook (`lit_rlhf.checks` never imports
     `lit_rlhf.modules`): a subclass's problems and the base's (optimizer_in_backward) come together."""
-    module = SFTWithOwnCheck(model=TINY, optimizer_in_backward=True)
+    module = SFTWithOwnCheck(model=TINY, memory=Memory(optimizer_in_backward=True))
     with pytest.raises(ConfigError, match=r"\(2 problem\(s\)\)") as err:
         fit(module, tldr_sft(), tmp_path, gradient_clip_val=1.0)
     assert "own check saw TLDRSFTDataModule" in str(err.value)

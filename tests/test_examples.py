@@ -7,6 +7,7 @@ import math
 import torch
 
 from examples.simpo import SimPOModule, simpo_loss
+from lit_rlhf.training.memory import Memory
 
 REPO_CONFIG = "examples/simpo.yaml"
 
@@ -56,7 +57,7 @@ def test_simpo_example_computes_each_pair_prompt_once(tiny_tokenizer, monkeypatc
     monkeypatch.setattr(sp, "build_layout", lambda *a, **k: calls.append(1) or build(*a, **k))
     results = []
     for shared in (False, True):
-        module = SimPOModule(shared_prompt=shared)
+        module = SimPOModule(memory=Memory(shared_prompt=shared))
         perturb(module.policy, seed=1)
         loss, stats = module.compute_loss(preference_batch(tiny_tokenizer))
         loss.backward()

@@ -42,7 +42,7 @@ class DAPOModule(GRPOModule):
             (Eq. 11); not available with asynchronous rollouts (`AsyncRollouts`).
         max_sampling_rounds: bound on the rounds of sampling per step (the first included).
         mask_truncated: overlong filtering: completions with no EOS are masked out of the loss.
-        **kwargs: every `GRPOModule` argument but `aggregation` (num_generations, scale, eps,
+        **kwargs: every `GRPOModule` argument but `aggregation` (num_generations, scale,
             num_iterations, num_minibatches, temperature), `OnlineModule` and `PolicyModule`.
     """
 

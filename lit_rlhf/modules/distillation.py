@@ -20,12 +20,6 @@ DistillationLoss = Literal["reverse_kl_pg", "gkd"]
 BASE = "base"  # `teacher: base`: the student's own starting weights (with LoRA: the base, adapter off)
 
 
-def no_task_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """The reward source of pure distillation (`reward_weight` 0, no reward source given): 0 for
-    every completion. `OnlineModule` scores every rollout; this gives it a source that costs nothing."""
-    return [0.0] * len(completions)
-
-
 class DistillationModule(OnlineModule):
     """On-policy distillation (Agarwal et al. 2024, GKD; Thinking Machines, "On-Policy
     Distillation", 2025; Qwen3 technical report, Sec. 4.5).
@@ -79,6 +73,8 @@ class DistillationModule(OnlineModule):
             max_grad_norm, total_episodes, completion logging) and `PolicyModule` (model, LoRA, ...).
     """
 
+    reward_optional = True  # reward_weight 0: pure distillation, no reward source needed
+
     def __init__(
         self,
         teacher: str = BASE,
@@ -113,9 +109,10 @@ class DistillationModule(OnlineModule):
         if teacher == BASE and not teacher_context:
             raise ValueError("teacher 'base' without teacher_context is the student itself at step 0: nothing to "
                              "distil; give teacher_context (a privileged prompt) or a teacher model")
-        if reward_weight == 0 and not kwargs.get("reward_fns") and kwargs.get("reward_model") is None:
-            kwargs["reward_fns"] = [no_task_reward]  # pure distillation: no task reward needed
         super().__init__(temperature=temperature, **kwargs)
+        if reward_weight > 0 and self.reward_model_name is None and not self.reward_fns and not self.rollout_source.multi_turn:
+            raise ValueError(f"reward_weight {reward_weight} weighs the task reward, but no reward source is set: set "
+                             "reward_model and/or reward_fns, or reward_weight 0 (pure distillation)")
         # the settings, read at run time (`lit_rlhf.training.settings`)
         self.teacher_name, self.teacher_context, self.loss = teacher, teacher_context, loss
         self.beta, self.teacher_top_k, self.gamma, self.lmbda = beta, teacher_top_k, gamma, lmbda
@@ -223,7 +220,7 @@ class DistillationModule(OnlineModule):
         """One response per prompt (`val_sampling`): its scores, lengths, EOS fraction and the
         sampled per-token reverse KL to the teacher (`distill/reverse_kl`)."""
         with validation_rng(self.device, self.global_step, batch_idx):
-            rollout, _ = self.make_rollout(batch, 1, with_logps=True, sampling=self.val_sampling)
+            rollout, _, _ = self.make_rollout(batch, 1, with_logps=True, sampling=self.val_sampling)
         mask = rollout.loss_mask
         teacher = self.teacher_token_logps(rollout, 1)
         stats = {

@@ -19,8 +19,7 @@ from lit_rlhf.losses import AdvantageScale, Aggregation, GRPOLossOutput, grpo_ad
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.types import Rollout
 
-# options GRPOModule once took that now belong to a variant: "<name> moved: <hint>" (from Python
-# through `refuse_moved_options`, from the CLI through `lit_rlhf.cli_errors`)
+# options GRPOModule once took that now belong to a variant (`lit_rlhf.training.moved`)
 MOVED_OPTIONS = {
     "advantage": "use ReinforcePPModule for reinforce_pp (baseline: true for reinforce_pp_baseline), RLOOModule for "
                  "leave-one-out; GRPOModule's advantages are group-normalised (scale: group, batch or none)",
@@ -28,14 +27,8 @@ MOVED_OPTIONS = {
     "dynamic_sampling": "use DAPOModule",
     "max_sampling_rounds": "use DAPOModule",
     "mask_truncated": "use DAPOModule",
+    "eps": "the class attribute `eps` (GRPO 1e-4, Dr. GRPO 0, REINFORCE++ 1e-8): a subclass sets another",
 }
-
-
-def refuse_moved_options(kwargs: dict[str, Any]) -> None:
-    """Raise `ValueError("<name> moved: <hint>")` for the first moved option in `kwargs`."""
-    for name in kwargs:
-        if name in MOVED_OPTIONS:
-            raise ValueError(f"{name} moved: {MOVED_OPTIONS[name]}")
 
 
 class GRPOModule(OnlineModule):
@@ -78,7 +71,6 @@ class GRPOModule(OnlineModule):
         num_generations: G, completions per prompt (>= 2).
         scale: what divides the group-centred rewards: the `group`'s std (GRPO), the `batch`'s
             std, or `none` (Dr. GRPO, Liu et al. 2025: `DrGRPOModule`).
-        eps: added to the std in the advantage.
         clip_eps_low: lower clip range of the ratio (1 - eps_low).
         clip_eps_high: upper clip range (1 + eps_high; > eps_low is DAPO's clip-higher).
         kl_coef: weight of the k3 KL to the reference added to the loss per token, DeepSeekMath's
@@ -97,13 +89,14 @@ class GRPOModule(OnlineModule):
 
     supports_tis = True
     accepts_environment = True
-    moved_options: ClassVar[dict[str, str]] = MOVED_OPTIONS  # read by `lit_rlhf.cli_errors`
+    moved_options: ClassVar[dict[str, str]] = MOVED_OPTIONS
+    eps: ClassVar[float] = 1e-4
+    """Added to the std that divides the advantages (a group of equal rewards gets 0, not NaN)."""
 
     def __init__(
         self,
         num_generations: int = 4,
         scale: AdvantageScale = "group",
-        eps: float = 1e-4,
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
         kl_coef: float = 0.04,
@@ -113,7 +106,6 @@ class GRPOModule(OnlineModule):
         temperature: float = 1.0,
         **kwargs: Any,
     ) -> None:
-        refuse_moved_options(kwargs)
         super().__init__(temperature=temperature, **kwargs)
         if num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (advantages are relative to the group), got {num_generations}")
@@ -124,7 +116,7 @@ class GRPOModule(OnlineModule):
         if num_iterations < 1 or num_minibatches < 1:
             raise ValueError(f"num_iterations and num_minibatches must be >= 1, got {num_iterations} and {num_minibatches}")
         # the settings, read at run time (`lit_rlhf.training.settings`)
-        self.num_generations, self.scale, self.eps = num_generations, scale, eps
+        self.num_generations, self.scale = num_generations, scale
         self.clip_eps_low, self.clip_eps_high, self.aggregation = clip_eps_low, clip_eps_high, aggregation
         self.num_iterations, self.num_minibatches = num_iterations, num_minibatches
         self.init_kl(kl_coef)
@@ -227,13 +219,14 @@ class DrGRPOModule(GRPOModule):
     R1-Zero-Like Training: A Critical Perspective").
 
     The same as `GRPOModule` with two settings pinned: the advantage is the group-centred reward
-    r - mean_group, not divided by the group's std (`scale: none`, so `eps` has no use and is
-    pinned to 0), and the per-token losses are summed and divided by a constant, N *
+    r - mean_group, not divided by the group's std (`scale: none`; `eps` 0: it has no use), and the per-token losses are summed and divided by a constant, N *
     max_new_tokens, instead of each response's length (`aggregation: constant_normalizer`).
 
     Args:
-        **kwargs: every `GRPOModule` argument but `scale`, `eps` and `aggregation`.
+        **kwargs: every `GRPOModule` argument but `scale` and `aggregation`.
     """
 
+    eps = 0.0
+
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(scale="none", eps=0.0, aggregation="constant_normalizer", **kwargs)
+        super().__init__(scale="none", aggregation="constant_normalizer", **kwargs)

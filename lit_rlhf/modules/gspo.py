@@ -33,7 +33,7 @@ class GSPOModule(GRPOModule):
         kl_coef: weight of the k3 KL to the reference added to the loss (the token mean of each
             sequence, then the mean over sequences), as in `GRPOModule`; 0 (the paper's Eq. 5 has
             no KL term) skips the reference model entirely.
-        **kwargs: every `GRPOModule` argument but `aggregation` (num_generations, scale, eps,
+        **kwargs: every `GRPOModule` argument but `aggregation` (num_generations, scale,
             num_iterations, num_minibatches, temperature), `OnlineModule` and `PolicyModule`.
     """
 

@@ -24,8 +24,8 @@ measured in episodes (sampled responses), which also size the learning-rate sche
 default, `repeats`, `updates_per_rollout`, `needs_rollout_logps`, `rollout_values`,
 `rollout_extras`, `step_loss`, `update_rows`, `check_config`, the attributes `supports_tis` (its
 loss applies the sampler correction `tis_weights`), `accepts_environment` (its maths is one
-trajectory per row: it may run episodes) and `whole_groups` (its loss reads a group at once),
-and `kl_coef` through `init_kl`.
+trajectory per row: it may run episodes), `whole_groups` (its loss reads a group at once) and
+`reward_optional` (it trains without a reward source), and `kl_coef` through `init_kl`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.online import budget, hooks, scoring, update
 from lit_rlhf.online.async_source import SourceGuard
 from lit_rlhf.online.environment import episode_stats
-from lit_rlhf.online.moved import refuse_moved_settings
+from lit_rlhf.online.moved import MOVED
 from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, checked_source
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import RewardNormalization
@@ -106,6 +106,10 @@ class OnlineModule(PolicyModule):
     tokens (GRPO, PPO, RLOO, rejection sampling); any other refuses `EnvironmentRollouts`."""
     whole_groups = False
     """The loss reads a whole group at once (a pair loss): micro-batches hold whole groups."""
+    reward_optional = False
+    """The method trains without a reward source (pure on-policy distillation): scores are then 0."""
+    moved_options = MOVED
+    """Online settings that moved to the rollout source (`lit_rlhf.online.moved`)."""
     num_minibatches: int = 1
     """Minibatches of each pass over the rollout, one optimizer step each (`run_updates`)."""
     num_logged_completions: int = 4
@@ -135,7 +139,6 @@ class OnlineModule(PolicyModule):
         rollout: RolloutSource | None = None,
         **kwargs: Any,
     ) -> None:
-        refuse_moved_settings(type(self).__name__, kwargs)
         source = checked_source(type(self), HFSampler() if rollout is None else rollout, temperature, logprob_temperature)
         for name, value in (("micro_batch_size", micro_batch_size), ("total_episodes", total_episodes)):
             if value is not None and value < 1:
@@ -143,7 +146,7 @@ class OnlineModule(PolicyModule):
         if lr_schedule_per not in ("optimizer_step", "rollout"):
             raise ValueError(f"lr_schedule_per must be 'optimizer_step' or 'rollout', got {lr_schedule_per!r}")
         self.reward_fns = scoring.checked_reward_sources(reward_model, reward_fns, reward_weights, reward_normalization,
-                                                         source.multi_turn)
+                                                         source.multi_turn, required=not self.reward_optional)
         super().__init__(**kwargs)
         self.automatic_optimization = False
         self.rollout_source = copy.deepcopy(source)  # the module's own: a source holds one run's state
@@ -265,7 +268,7 @@ class OnlineModule(PolicyModule):
         training randomness never depends on whether validation ran (`lit_rlhf.rng`)."""
         with validation_rng(self.device, self.global_step, batch_idx):
             with_logps = getattr(self, "ref_model", None) is not None  # for the KL only
-            rollout, _ = self.make_rollout(batch, 1, with_logps=with_logps, sampling=self.val_sampling)
+            rollout, _, _ = self.make_rollout(batch, 1, with_logps=with_logps, sampling=self.val_sampling)
         stats = {
             "objective/scores": rollout.scores.float().mean(),
             "response/length": rollout.loss_mask.sum(dim=1).float().mean(),
@@ -283,26 +286,24 @@ class OnlineModule(PolicyModule):
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
         """The shaped rollout a training step optimises on -> (rollout, each source's rewards,
         sampling stats). A method may sample more than once here (DAPO's dynamic sampling)."""
-        rollout, per_source, stats = self.training_rollout(batch, with_stats=True)
-        return rollout, per_source, stats
+        return self.training_rollout(batch)
 
-    def training_rollout(self, batch: PromptBatch, with_stats: bool = False):
+    def training_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
         """One round of a training step's sampling: `make_rollout` (`repeats` responses per prompt,
-        log-probs when `needs_rollout_logps`), the method's `rollout_extras`, the rollout hooks.
-        Returns (rollout, per-source rewards), and the sampling stats with `with_stats`."""
-        rollout, per_source, stats = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps,
-                                                       with_stats=True)
+        log-probs when `needs_rollout_logps`), the method's `rollout_extras`, the rollout hooks
+        -> (rollout, each source's rewards, sampling stats)."""
+        rollout, per_source, stats = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
         extras = self.rollout_extras(batch, rollout)
         if extras:
             rollout = rollout.with_extras(**extras)
         rollout = hooks.apply_rollout_hooks(attached_trainer(self), self, rollout)
-        return (rollout, per_source, stats) if with_stats else (rollout, per_source)
+        return rollout, per_source, stats
 
     def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True,
-                     sampling: SamplingConfig | None = None, with_stats: bool = False):
+                     sampling: SamplingConfig | None = None) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
         """Sample (the rollout source), score once (old and reference log-probs, values) and reward,
-        without grad -> (rollout with its unshaped scores, each source's (N,) rewards), and the
-        source's stats with `with_stats`. `sampling` None: the training sampling, else validation."""
+        without grad -> (rollout with its unshaped scores, each source's (N,) rewards, the source's
+        sampling stats). `sampling` None: the training sampling, else validation."""
         source = self.rollout_source
         rollout, stats = source.sample(self, batch, repeats, sampling or self.sampling, training=sampling is None)
         # a prompt's copies share one prompt computation (`shared_prompt`)
@@ -317,8 +318,7 @@ class OnlineModule(PolicyModule):
         rollout = rollout._replace(values=values)
         scores, per_source = scoring.score_rollout(self, rollout, repeats)
         self.check_finite(batch, scores=scores, values=values)
-        rollout = rollout.with_scores(scores)
-        return (rollout, per_source, stats) if with_stats else (rollout, per_source)
+        return rollout.with_scores(scores), per_source, stats
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
         """One response per row with the rollout source's sampler, one turn."""

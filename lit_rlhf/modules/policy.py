@@ -34,9 +34,11 @@ from lit_rlhf import models
 from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.training.base import TrainingModule
+from lit_rlhf.training.memory import Memory
+from lit_rlhf.training.moved import refuse_moved
 from lit_rlhf.training.optim import SchedulerName, decay_groups
 from lit_rlhf.training.settings import record_settings
-from lit_rlhf.ops import DEFAULT_CHUNK_SIZE, masked_sum
+from lit_rlhf.ops import masked_sum
 from lit_rlhf.models.shared_prompt import grouped_token_logps, shared_response_logps
 from lit_rlhf.types import PromptSharing
 
@@ -62,48 +64,19 @@ class PolicyModule(TrainingModule):
         warmup_steps: linear warmup length in optimizer steps; `warmup_ratio` is used when 0.
         warmup_ratio: warmup as a fraction of the total number of optimizer steps.
         lr_scheduler: decay after warmup: `cosine`, `linear` (both to 0) or `constant`.
-        gradient_checkpointing: recompute activations in the backward pass to save memory.
         export_dir: when set, the policy is exported there in Hugging Face format at the end of fit.
         on_nonfinite: what a NaN/inf loss, reward, advantage or gradient does before the optimizer
             step: `error` (default) stops with an error naming the step, the tensor and the batch
             rows; `skip` skips that optimizer step and counts it (`train/guard/skipped_steps`).
-        frozen_placement: where frozen models (reference policy, reward model) live under a
-            sharding strategy (DeepSpeed ZeRO-3): `partitioned` shards them across ranks with
-            the trained weights (least memory; every forward all-gathers them), `whole` keeps a
-            full copy on every rank (no communication; the N+ paper, Detail 8, keeps them unsharded
-            under ZeRO-2 and offloads them to CPU, which this placement does not do).
-            Without sharding both are the same. The DeepSpeed offload config also moves frozen
-            weights to CPU when they are `partitioned`.
-        logprob_chunk_size: log-probs are computed from the last hidden states, the output
-            layer applied to this many scored tokens at a time (recomputed in backward), so the
-            (B, T, V) logits never exist; same values and gradients as the dense path. `null`:
-            the dense logits. Models with a final logit transform use the dense path (warned).
-        shared_prompt: rows that share a prompt (a preference pair, a GRPO/RLOO group, the
-            rows of one prompt in a `SingleBatch`) are packed into one row
-            `[prompt, completion_1, ..., completion_k]` with a block mask, so the prompt is
-            computed once (`lit_rlhf.ops.shared_prompt`); same log-probs and gradients as the
-            padded rows. Models whose attention takes no 4D mask (`flash_attention_2`) use the
-            padded rows (warned). `false`: always the padded rows.
         lora: train LoRA adapters on a frozen base instead of the weights (`peft`): a
             `peft.LoraConfig` by `class_path`/`init_args`, or the short spec `r`, `alpha`,
             `dropout`, `target_modules`, `modules_to_save` (`lit_rlhf.models.adapters.lora_config`).
             The reference policy is then the base with the adapter disabled (no copy), and the
             method's other networks (PPO's value and reward, DRO-V's value) are further
             adapters on the same base. `null`: full fine-tuning.
-        optimizer_in_backward: step each parameter with AdamW as soon as its gradient is complete
-            in the backward pass and free that gradient, so the gradients of the whole model
-            never exist at once (less peak memory). Same weights, optimizer state and checkpoints
-            as the usual step (either resumes the other). One backward pass per optimizer step
-            (online methods: `micro_batch_size` null or at least a minibatch), one process, no
-            gradient clipping (`max_grad_norm: 0` for online methods), accumulation, DeepSpeed,
-            fp16 or `on_nonfinite: skip` (refused at start-up). See `lit_rlhf.training.in_backward`.
-        release_host_memory: on CPU, hand the heap the C library keeps after freeing tensors back
-            to the system (glibc's `malloc_trim`, `lit_rlhf.host_memory`): `phases` after each
-            optimizer step and before each backward pass, `layers` also before each decoder
-            layer that runs with gradients (the forward pass and its recomputation under gradient
-            checkpointing); `null`: never. A lower resident peak, no value changes; it costs the
-            time to fault the pages in again, which grows with what a step allocates anew
-            (`benchmarks/RESULTS.md`). No effect on GPU or without glibc.
+        memory: how compute is traded for memory, never what is computed
+            (`lit_rlhf.training.Memory`: `gradient_checkpointing`, `logprob_chunk_size`,
+            `shared_prompt`, `frozen_placement`, `optimizer_in_backward`, `release_host_memory`).
 
     Class attributes:
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
@@ -122,16 +95,13 @@ class PolicyModule(TrainingModule):
         warmup_steps: int = 0,
         warmup_ratio: float = 0.0,
         lr_scheduler: SchedulerName = "cosine",
-        gradient_checkpointing: bool = False,
         export_dir: str | None = None,
         on_nonfinite: Literal["error", "skip"] = "error",
-        frozen_placement: Literal["partitioned", "whole"] = "partitioned",
-        logprob_chunk_size: int | None = DEFAULT_CHUNK_SIZE,
-        shared_prompt: bool = True,
         lora: dict[str, Any] | None = None,
-        optimizer_in_backward: bool = False,
-        release_host_memory: Literal["phases", "layers"] | None = None,
+        memory: Memory | None = None,
+        **moved: Any,
     ) -> None:
+        refuse_moved(type(self), moved)
         super().__init__()
         # hparams: the effective init args of the whole class chain, pinned ones included
         # (`lit_rlhf.training.settings`). The CLI gives the DataModule `tokenizer or model`: record
@@ -139,16 +109,7 @@ class PolicyModule(TrainingModule):
         record_settings(self, inspect.currentframe(), tokenizer=tokenizer or model)
         self.set_training_settings(lr=lr, weight_decay=weight_decay, adam_eps=adam_eps, adam_betas=adam_betas,
                                    warmup_steps=warmup_steps, warmup_ratio=warmup_ratio, lr_scheduler=lr_scheduler,
-                                   export_dir=export_dir, on_nonfinite=on_nonfinite,
-                                   optimizer_in_backward=optimizer_in_backward, release_host_memory=release_host_memory)
-        if frozen_placement not in ("partitioned", "whole"):
-            raise ValueError(f"frozen_placement must be 'partitioned' or 'whole', got {frozen_placement!r}")
-        if logprob_chunk_size is not None and logprob_chunk_size <= 0:
-            raise ValueError(f"logprob_chunk_size must be > 0 or null (dense logits), got {logprob_chunk_size}")
-        self.logprob_chunk_size = logprob_chunk_size
-        self.shared_prompt = bool(shared_prompt)
-        self.frozen_placement = frozen_placement
-        self.gradient_checkpointing = bool(gradient_checkpointing)
+                                   export_dir=export_dir, on_nonfinite=on_nonfinite, memory=memory)
         self.model_name = model
         self.model_dtype = dtype  # the dtype the weights are loaded in (`self.dtype` is Lightning's, of the module)
         self.tokenizer_name = tokenizer or model  # the DataModule's tokenizer follows it (`lit_rlhf.cli`)
@@ -158,7 +119,7 @@ class PolicyModule(TrainingModule):
         if self.lora_config is not None:  # the policy is the adapter `policy` on a frozen base
             self.policy = adapters.add_lora(self.policy, self.lora_config, adapters.POLICY)
             adapters.set_trainable(self.policy, {adapters.POLICY: True})
-        if gradient_checkpointing:
+        if self.gradient_checkpointing:
             kwargs = {"use_reentrant": False}
             if self.lora_config is not None:  # recompute under the adapter of the original forward
                 kwargs["context_fn"] = adapters.checkpoint_context_fn(self.policy)
@@ -210,6 +171,36 @@ class PolicyModule(TrainingModule):
             if scalar is not None:
                 return scalar
         return models.load_reward_model(name, self.tokenizer, dtype=self.model_dtype)
+
+    def load_value_model(self, source: str | None) -> nn.Module:
+        """A trained scalar network beside the policy (PPO's value model): started from the reward
+        model `source` (D22) or, without one, the policy's backbone with a fresh D11 head. With
+        LoRA: the adapter `value` on the policy's own base where `source` allows it (a LoRA reward
+        model exported on that base), else a value adapter on the loaded model's frozen body.
+        Gradient-checkpointed when the policy is."""
+        value = None
+        if self.lora_config is not None:
+            value = scalar_adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, source, self.model_name)
+        if value is None and source is None:
+            value = models.load_scalar_model(self.model_name, self.tokenizer, self.model_dtype)
+        elif value is None:
+            value = models.load_reward_model(source, self.tokenizer, dtype=self.model_dtype)
+            if self.lora_config is not None:
+                scalar_adapters.lora_on_scalar(value, self.lora_config, adapters.VALUE)
+        if self.gradient_checkpointing:
+            value.gradient_checkpointing_enable()
+        return value
+
+    def policy_and_value_groups(self, value: nn.Module, value_lr: float) -> list[dict[str, Any]]:
+        """AdamW groups of the policy (at `lr`) and of a `load_value_model` network (at
+        `value_lr`); on one LoRA base each adapter's weights (and the value's head) only."""
+        wd = self.weight_decay
+        if isinstance(value, scalar_adapters.AdapterScalarModel):
+            policy = adapters.param_group_params(self.policy, adapters.POLICY)
+            value = adapters.param_group_params(self.policy, adapters.VALUE, value.head)
+        else:
+            policy = self.policy
+        return decay_groups(policy, wd, name="policy") + decay_groups(value, wd, name="value", lr=value_lr)
 
     def _apply(self, fn, *args, **kwargs):
         super()._apply(fn, *args, **kwargs)

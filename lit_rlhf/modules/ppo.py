@@ -9,11 +9,8 @@ from torch import Tensor
 
 from lit_rlhf.distributed import global_masked_whiten
 from lit_rlhf.losses import ppo_policy_loss, ppo_rewards, ppo_value_loss
-from lit_rlhf.models import adapters, load_scalar_model, scalar_adapters
-from lit_rlhf.training.optim import decay_groups
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.ops import gae, masked_sum
-from lit_rlhf.rewards import load_reward_model
 from lit_rlhf.types import Rollout
 
 
@@ -113,32 +110,13 @@ class PPOModule(OnlineModule):
         self.ppo_epochs, self.num_minibatches = ppo_epochs, num_minibatches
         self.load_reference(self.ref_model_name, self.model_dtype)
         self.set_kl_coef(kl_coef)
-        source = value_model or self.reward_model_name
-        value = None
-        if self.lora_config is not None:  # the adapter `value` on the policy's base (D22 from a LoRA reward)
-            value = scalar_adapters.scalar_adapter(self.policy, adapters.VALUE, self.lora_config, source, self.model_name)
-        if value is not None:
-            self.value_model = value
-        elif source is None:  # no reward model to start from: the policy's backbone with a fresh D11 head
-            self.value_model = load_scalar_model(self.model_name, self.tokenizer, self.model_dtype)
-        else:  # D22: the value model starts from the reward model; it is trained
-            self.value_model = load_reward_model(source, self.tokenizer, dtype=self.model_dtype)
-            if self.lora_config is not None:  # a full reward model: its own frozen base, a value adapter on it
-                scalar_adapters.lora_on_scalar(self.value_model, self.lora_config, adapters.VALUE)
-        if self.gradient_checkpointing:  # trained like the policy: checkpointed too
-            self.value_model.gradient_checkpointing_enable()
+        self.value_model = self.load_value_model(value_model or self.reward_model_name)
 
     def updates_per_rollout(self) -> int:
         return self.ppo_epochs * self.num_minibatches
 
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
-        wd = self.weight_decay
-        value_lr = self.value_lr or self.lr
-        if isinstance(self.value_model, scalar_adapters.AdapterScalarModel):  # one base: each adapter its own group
-            policy = adapters.param_group_params(self.policy, adapters.POLICY)
-            value = adapters.param_group_params(self.policy, adapters.VALUE, self.value_model.head)
-            return decay_groups(policy, wd, name="policy") + decay_groups(value, wd, name="value", lr=value_lr)
-        return decay_groups(self.policy, wd, name="policy") + decay_groups(self.value_model, wd, name="value", lr=value_lr)
+        return self.policy_and_value_groups(self.value_model, self.value_lr or self.lr)
 
     def rollout_values(self, input_ids: Tensor, attention_mask: Tensor, response_length: int) -> Tensor:
         """V(prompt + response[:t]) for t < R: the value head at positions P-1 ... P+R-2 -> (N, R)."""

@@ -37,13 +37,15 @@ class ReinforcePPModule(GRPOModule):
         kl_coef: weight of the k1 KL to the reference subtracted from the per-token reward (its
             sum over the tokens still to come), never added to the loss; 0 skips the reference
             model entirely. Adapted by `KLControlCallback` when it is used.
-        **kwargs: every `GRPOModule` argument but `scale`, `eps` and `aggregation`
+        **kwargs: every `GRPOModule` argument but `scale` and `aggregation`
             (num_generations, clip_eps_low, clip_eps_high, num_iterations, num_minibatches,
             temperature), `OnlineModule` and `PolicyModule`.
     """
 
+    eps = 1e-8
+
     def __init__(self, baseline: bool = False, kl_coef: float = 0.01, **kwargs: Any) -> None:
-        super().__init__(scale="batch", eps=1e-8, aggregation="token_mean", kl_coef=kl_coef, **kwargs)
+        super().__init__(scale="batch", aggregation="token_mean", kl_coef=kl_coef, **kwargs)
         self.baseline = bool(baseline)
 
     @property

@@ -43,6 +43,8 @@ from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.models.shared_prompt import grouped_scalar_scores
 from lit_rlhf.losses import bradley_terry_loss
 from lit_rlhf.training.base import TrainingModule
+from lit_rlhf.training.memory import DEFAULTS, Memory
+from lit_rlhf.training.moved import refuse_moved
 from lit_rlhf.training.optim import SchedulerName, decay_groups
 from lit_rlhf.training.settings import record_settings
 from lit_rlhf.training.reward_eval import EVAL_SPLIT, PairEvaluationMixin
@@ -77,7 +79,6 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         warmup_steps: linear warmup length in optimizer steps; `warmup_ratio` is used when 0.
         warmup_ratio: warmup as a fraction of the total number of optimizer steps.
         lr_scheduler: decay after warmup: `cosine`, `linear` (both to 0) or `constant`.
-        gradient_checkpointing: recompute activations in the backward pass to save memory.
         export_dir: when set, the reward model is exported there at the end of fit (see module doc).
         use_margin: subtract the data's per-pair margin inside the sigmoid (Llama 2 margin loss);
             the DataModule must fill `PreferenceBatch.margin`, else a clear error is raised.
@@ -89,17 +90,15 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         on_nonfinite: what a NaN/inf loss or gradient does before the optimizer step: `error`
             (default) stops with an error naming the step and the batch rows; `skip` skips that
             optimizer step and counts it (`train/guard/skipped_steps`), as in `PolicyModule`.
-        shared_prompt: each pair's prompt is computed once (`lit_rlhf.ops.shared_prompt`: one
-            packed row `[prompt, chosen, rejected]` with a block mask, each completion scored at
-            its own last token); same rewards and gradients as the padded rows. Backbones whose
-            attention takes no 4D mask (`flash_attention_2`) use the padded rows (warned).
         lora: train a LoRA adapter (and the head) on the frozen causal LM `model` instead of
             its weights (`lit_rlhf.models.adapters.lora_config` lists the forms). The export
             then also writes the adapter alone to `export_dir/adapter`.
-        optimizer_in_backward: step each parameter as soon as its gradient is complete in the
-            backward pass (less peak memory, same weights; see `PolicyModule`).
-        release_host_memory: on CPU, hand freed heap back to the system: `phases`, `layers`
-            or `null` (see `PolicyModule`).
+        memory: how compute is traded for memory (`lit_rlhf.training.Memory`): with
+            `shared_prompt` (default) each pair's prompt is computed once (one packed row
+            `[prompt, chosen, rejected]` with a block mask, each completion scored at its own last
+            token; same rewards and gradients); `gradient_checkpointing`, `optimizer_in_backward`
+            and `release_host_memory` as for `PolicyModule`. `logprob_chunk_size` and
+            `frozen_placement` are a policy's (a reward model has neither) and refused here.
 
     Optimiser, schedule, exact resume, start-up checks and the export at fit end are
     `TrainingModule`'s.
@@ -119,7 +118,6 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         warmup_steps: int = 0,
         warmup_ratio: float = 0.0,
         lr_scheduler: SchedulerName = "cosine",
-        gradient_checkpointing: bool = False,
         export_dir: str | None = None,
         use_margin: bool = False,
         center_coef: float = 0.0,
@@ -127,11 +125,15 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         calibration_bins: int = 10,
         score_batch_size: int = 16,
         on_nonfinite: Literal["error", "skip"] = "error",
-        shared_prompt: bool = True,
         lora: dict[str, Any] | None = None,
-        optimizer_in_backward: bool = False,
-        release_host_memory: Literal["phases", "layers"] | None = None,
+        memory: Memory | None = None,
+        **moved: Any,
     ) -> None:
+        refuse_moved(type(self), moved)
+        memory = Memory() if memory is None else memory
+        if memory.frozen_placement != DEFAULTS.frozen_placement or memory.logprob_chunk_size != DEFAULTS.logprob_chunk_size:
+            raise ValueError("RewardModule: memory.frozen_placement and memory.logprob_chunk_size are a policy's settings "
+                             "(a reward model has no frozen models and scores one token per row); leave them unset")
         super().__init__()
         # hparams: the effective init args (`lit_rlhf.training.settings`). The CLI gives the
         # DataModule `tokenizer or model`: record the same resolved name, or a logger refuses to
@@ -139,14 +141,12 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         record_settings(self, inspect.currentframe(), tokenizer=tokenizer or model)
         self.set_training_settings(lr=lr, weight_decay=weight_decay, adam_eps=adam_eps, adam_betas=adam_betas,
                                    warmup_steps=warmup_steps, warmup_ratio=warmup_ratio, lr_scheduler=lr_scheduler,
-                                   export_dir=export_dir, on_nonfinite=on_nonfinite,
-                                   optimizer_in_backward=optimizer_in_backward, release_host_memory=release_host_memory)
+                                   export_dir=export_dir, on_nonfinite=on_nonfinite, memory=memory)
         if center_coef < 0:
             raise ValueError(f"center_coef must be >= 0, got {center_coef}")
         if score_batch_size < 1:
             raise ValueError(f"score_batch_size must be >= 1, got {score_batch_size}")
         self.use_margin, self.center_coef, self.score_batch_size = bool(use_margin), center_coef, score_batch_size
-        self.shared_prompt = bool(shared_prompt)
         self.model_name = model
         self.tokenizer_name = tokenizer or model  # the DataModule's tokenizer follows it (`lit_rlhf.cli`)
         self.tokenizer = models.load_tokenizer(self.tokenizer_name)
@@ -156,7 +156,7 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         else:  # the adapter `reward` on a frozen causal LM base, and a trained head
             self.reward_model, peft_model = scalar_adapters.lora_scalar_model(model, self.tokenizer, dtype, self.lora_config)
             object.__setattr__(self, "reward_peft", peft_model)  # the body is reward_model.backbone
-        if gradient_checkpointing:
+        if self.gradient_checkpointing:
             self.reward_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.init_pair_evaluation(group_columns, calibration_bins)
 

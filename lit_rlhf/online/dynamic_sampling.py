@@ -101,7 +101,7 @@ def dynamic_sample(module, batch: PromptBatch) -> tuple[Rollout, dict[str, Tenso
     n_kept = rounds = generated = 0
     current = batch
     while True:
-        rollout, per_source = module.training_rollout(current)
+        rollout, per_source, _ = module.training_rollout(current)
         rounds += 1
         generated += rollout.response_ids.shape[0]
         informative = informative_groups(rollout.scores.float(), group)  # (b,)

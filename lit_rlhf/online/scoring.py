@@ -23,16 +23,17 @@ from lit_rlhf.types import Rollout
 
 
 def checked_reward_sources(reward_model: str | None, reward_fns: list | None, reward_weights: list[float] | None,
-                           normalization: str, with_environment: bool) -> list:
-    """The reward functions, once the sources add up: at least one source, one weight each (the
-    reward model first, then `reward_fns` in order, then the environment's return)."""
+                           normalization: str, with_environment: bool, required: bool = True) -> list:
+    """The reward functions, once the sources add up: one weight each (the reward model first,
+    then `reward_fns` in order, then the environment's return), and at least one source unless
+    the method trains without (`required` False: every score is then 0)."""
     if normalization not in ("none", "group", "batch"):
         raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {normalization!r}")
     fns = list(reward_fns or [])
     if any(not callable(fn) for fn in fns):
         raise TypeError(f"reward_fns entries must be callables, got {fns!r}")
     n_sources = int(reward_model is not None) + len(fns) + int(with_environment)
-    if n_sources == 0:
+    if n_sources == 0 and required:
         raise ValueError("no reward source: set reward_model and/or reward_fns (or run an environment)")
     if reward_weights is not None and len(reward_weights) != n_sources:
         raise ValueError(f"reward_weights has {len(reward_weights)} entries for {n_sources} reward sources "
@@ -83,6 +84,8 @@ def score_rollout(module: Any, rollout: Rollout, group_size: int = 1) -> tuple[T
     if episodes is not None:  # the environment's return, after the other sources
         per_source["environment"] = torch.tensor([t.reward for t in episodes], dtype=torch.float32)
     device = rollout.response_ids.device
+    if not per_source:  # a method that trains without a reward source (`OnlineModule.reward_optional`)
+        return torch.zeros(rollout.num_rows, device=device), per_source
     per_source = {k: v.to(device) for k, v in per_source.items()}
     dropped = dropped_rows(rollout)  # groups dropped after an environment error: 0 from every source
     if dropped is not None:

@@ -41,6 +41,8 @@ from lit_rlhf import checks, host_memory, models, resume, rng
 from lit_rlhf.training.guard import NonFiniteError, SkipStep, nonfinite_grad_names, nonfinite_rows_message
 from lit_rlhf.lightning_compat import attached_trainer, replace_eval_mode_check, trust_checkpoint_instantiator
 from lit_rlhf.training.in_backward import InBackwardAdamW, startup_problems
+from lit_rlhf.training.memory import MOVED as MEMORY_MOVED
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.training.optim import build_adamw, lr_lambda
 from lit_rlhf.training.settings import INSTANTIATOR, rebuilt_by_us
 from lit_rlhf.training.step_logging import StepLoggingMixin, stats_to_log, step_stats_due, use_step_axis  # noqa: F401
@@ -77,6 +79,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     """
 
     batch_types: ClassVar[tuple[type, ...]] = ()
+    moved_options: ClassVar[dict[str, str]] = MEMORY_MOVED  # former arguments -> where they went
     # the shared settings a subclass gives `set_training_settings`; these defaults until it does
     on_nonfinite: str = "error"
     optimizer_in_backward: bool = False
@@ -92,21 +95,20 @@ class TrainingModule(StepLoggingMixin, LightningModule):
     def set_training_settings(self, *, lr: float, weight_decay: float, adam_eps: float,
                               adam_betas: tuple[float, float], warmup_steps: int, warmup_ratio: float,
                               lr_scheduler: str, export_dir: str | None, on_nonfinite: str,
-                              optimizer_in_backward: bool, release_host_memory: str | None) -> None:
+                              memory: Memory | None) -> None:
         """Refuse impossible values of the settings every trained module shares, and keep them as
-        the attributes read at run time (`lit_rlhf.training.settings`)."""
+        the attributes read at run time (`lit_rlhf.training.settings`; `memory`'s under their
+        own names: `self.gradient_checkpointing`, ...)."""
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if not 0.0 <= warmup_ratio < 1.0:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
         if on_nonfinite not in ("error", "skip"):
             raise ValueError(f"on_nonfinite must be 'error' or 'skip', got {on_nonfinite!r}")
-        if release_host_memory not in (None, "phases", "layers"):
-            raise ValueError(f"release_host_memory must be null, 'phases' or 'layers', got {release_host_memory!r}")
         self.lr, self.weight_decay, self.adam_eps, self.adam_betas = lr, weight_decay, adam_eps, tuple(adam_betas)
         self.warmup_steps, self.warmup_ratio, self.lr_scheduler = warmup_steps, warmup_ratio, lr_scheduler
         self.export_dir, self.on_nonfinite = export_dir, on_nonfinite
-        self.optimizer_in_backward, self.release_host_memory = bool(optimizer_in_backward), release_host_memory
+        (Memory() if memory is None else memory).apply_to(self)
 
     # ----------------------------------------------------------------------------------------
     # optimisation

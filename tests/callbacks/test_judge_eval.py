@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 import callbacks.judge_eval as judge_eval
 from callbacks import JudgeEvalCallback
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.cli import main
 from lit_rlhf.data import TLDRSFTDataModule
 from lit_rlhf.generation import SamplingConfig
@@ -254,7 +255,7 @@ def test_lora_policy_is_judged_with_its_adapter_against_its_adapter_free_base(tm
     loads = []
     real_load = models.load_causal_lm
     monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: loads.append(a) or real_load(*a, **k))
-    for cls, extra in ((DPOModule, {}), (SFTModule, {"gradient_checkpointing": True})):
+    for cls, extra in ((DPOModule, {}), (SFTModule, {"memory": Memory(gradient_checkpointing=True)})):
         torch.manual_seed(0)
         module = cls(model="tiny-random-llama", lora={"r": 4, "alpha": 8}, **extra).train()
         gen = torch.Generator().manual_seed(1)

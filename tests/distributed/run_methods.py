@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.generation import needs_synced_gpus  # noqa: E402
 from tests.distributed import workloads as W  # noqa: E402
 
@@ -80,7 +81,7 @@ class GradProbe(L.Callback):
         torch.save(out, self.path)
 
 
-JOB_OPTIONS = {"lora": {"lora": {"r": 4, "alpha": 8}}, "whole": {"frozen_placement": "whole"}}
+JOB_OPTIONS = {"lora": {"lora": {"r": 4, "alpha": 8}}, "whole": {"memory": Memory(frozen_placement="whole")}}
 
 
 def parse_job(job: str) -> tuple[str, dict]:
@@ -134,7 +135,7 @@ def fit_one(job: str, args, root: Path) -> dict:
         result["resume"] = save_and_resume(job, args, root, trainer)
     if probing:
         result["grad_probe"] = grad_probe_paths(root, rank)
-        for kind, overrides in (("dense", {"logprob_chunk_size": None}), ("shared", {"shared_prompt": True})):
+        for kind, overrides in (("dense", {"memory": Memory(logprob_chunk_size=None)}), ("shared", {"memory": Memory(shared_prompt=True)})):
             result[f"{kind}_after"] = one_probed_step(method, kind, overrides, args, root)
     return result
 

@@ -124,7 +124,7 @@ def test_grpo_with_skip_trains_on_the_other_groups_and_checkpoints_the_counts():
     tok = module.tokenizer
     rows = [{"_prompt_ids": tok(p, add_special_tokens=False)["input_ids"], "prompt": p, "fail_at": f}
             for p, f in (("fine", None), ("flaky", 0))]  # 0: its reset raises
-    rollout, per_source = module.make_rollout(PromptCollator(tok.pad_token_id)(rows), repeats=2)
+    rollout, per_source, _ = module.make_rollout(PromptCollator(tok.pad_token_id)(rows), repeats=2)
     assert rollout.loss_mask[2:].sum() == 0 and rollout.loss_mask[:2].sum() > 0  # the flaky prompt's group
     assert all(float(v[2:].abs().sum()) == 0 for v in per_source.values()) and float(rollout.scores[2:].abs().sum()) == 0
     source = module.rollout_source  # the module's own copy of the source it was given

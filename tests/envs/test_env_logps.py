@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.modules import GRPOModule
 from lit_rlhf.online import EnvironmentRollouts
 from tests.envs.conftest import make_eos_prone
@@ -25,10 +26,9 @@ def batch(tokenizer):
 def test_multi_turn_logps_on_every_path(lora):
     torch.manual_seed(0)
     module = GRPOModule(rollout=EnvironmentRollouts(CountingEnv(turns=3), max_turns=3, max_episode_tokens=96), max_new_tokens=6,
-                        num_generations=2, kl_coef=0.04, num_iterations=2, lora=lora, logprob_chunk_size=None,
-                        shared_prompt=False)
+                        num_generations=2, kl_coef=0.04, num_iterations=2, lora=lora, memory=Memory(logprob_chunk_size=None, shared_prompt=False))
     make_eos_prone(module.policy.get_base_model() if lora else module.policy, module.tokenizer)
-    rollout, per_source = module.make_rollout(batch(module.tokenizer), repeats=2)
+    rollout, per_source, _ = module.make_rollout(batch(module.tokenizer), repeats=2)
     assert rollout.action_mask is not None and (rollout.response_attention_mask & ~rollout.action_mask).any()  # env tokens
     assert rollout.scores.shape == (4,) and "environment" in per_source
     off = ~rollout.loss_mask

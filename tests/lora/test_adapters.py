@@ -6,6 +6,7 @@ import lightning as L
 import pytest
 import torch
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.models import adapters, load_causal_lm, load_reward_model, load_tokenizer, scalar_adapters
 from lit_rlhf.modules import DPOModule, DROVModule, PPOModule, RewardModule
 from lit_rlhf.rewards import CharacterFractionReward
@@ -62,7 +63,7 @@ def test_reference_is_the_base_with_the_adapter_disabled():
     assert trainable and all("lora_" in n and ".policy." in n for n in trainable)
     ids, mask, loss_mask = batch(module.tokenizer)
     plain = load_causal_lm("tiny-random-llama", module.tokenizer)
-    dense = DPOModule(model="tiny-random-llama", logprob_chunk_size=None)
+    dense = DPOModule(model="tiny-random-llama", memory=Memory(logprob_chunk_size=None))
     expected = dense.model_logps(plain, ids, mask, loss_mask)
     perturb(module.policy, adapters.POLICY)
     ref = module.frozen_logps("ref_model", ids, mask, loss_mask)
@@ -76,8 +77,8 @@ def test_reference_is_the_base_with_the_adapter_disabled():
 def test_chunked_log_probs_equal_dense_with_lora():
     """Values and gradients of the chunked output-layer path equal the dense logits (fp32)."""
     torch.manual_seed(0)
-    chunked = DPOModule(model="tiny-random-llama", lora=LORA, logprob_chunk_size=3)
-    dense = DPOModule(model="tiny-random-llama", lora=LORA, logprob_chunk_size=None)
+    chunked = DPOModule(model="tiny-random-llama", lora=LORA, memory=Memory(logprob_chunk_size=3))
+    dense = DPOModule(model="tiny-random-llama", lora=LORA, memory=Memory(logprob_chunk_size=None))
     perturb(chunked.policy, adapters.POLICY)
     dense.policy.load_state_dict(chunked.policy.state_dict())
     ids, mask, loss_mask = batch(chunked.tokenizer)
@@ -161,7 +162,7 @@ def test_gradients_of_one_adapter_never_reach_another(tmp_path):
         perturb(module.policy, "value", seed=1)
         return module.train()
 
-    module = build(gradient_checkpointing=True)
+    module = build(memory=Memory(gradient_checkpointing=True))
     reference = build()  # no checkpointing
     reference.load_state_dict(module.state_dict())  # the same weights (LoRA A starts random)
     ids, mask, loss_mask = batch(module.tokenizer)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lit_rlhf.cli import main
+from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.models import adapters, load_causal_lm, load_tokenizer
 from lit_rlhf.models.distillation import tokenizer_differences, with_context
 from lit_rlhf.modules import DistillationModule
@@ -77,6 +78,7 @@ def test_tokenizer_differences_catch_a_moved_id():
     (dict(teacher="base", teacher_context="x", teacher_top_k=4), "teacher_top_k"),
     (dict(teacher="base", teacher_context="x", reward_weight=1.0, num_generations=1), "num_generations >= 2"),
     (dict(teacher="base", teacher_context="x", loss="gkd", gamma=0.5), "gamma"),
+    (dict(teacher="base", teacher_context="x", reward_weight=1.0, num_generations=2), "no reward source is set"),
 ])
 def test_settings_that_cannot_work_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -105,6 +107,20 @@ def test_the_privileged_context_reaches_the_teacher_only():
     assert not torch.allclose(student[0], expected)  # the student's prompt has no context
 
 
+def test_pure_distillation_needs_no_reward_source_and_scores_zero():
+    """`reward_optional`: no reward source, no stand-in function; every score is 0 (a method that
+    needs a reward still refuses to start without one)."""
+    from lit_rlhf.modules import GRPOModule
+
+    module = DistillationModule(model=TINY, teacher="base", teacher_context="x", num_generations=2, max_new_tokens=4)
+    assert module.reward_fns == [] and module.reward_model_name is None
+    rows = [{"_prompt_ids": module.tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in ("hi", "a b")]
+    rollout, per_source, _ = module.make_rollout(PromptCollator(module.tokenizer.pad_token_id)(rows), repeats=2)
+    assert per_source == {} and torch.equal(rollout.scores, torch.zeros(rollout.num_rows))
+    with pytest.raises(ValueError, match="no reward source"):
+        GRPOModule(model=TINY)
+
+
 def test_lora_teacher_base_is_the_frozen_base_without_a_copy():
     module = DistillationModule(model=TINY, teacher="base", teacher_context="be brief", lora={"r": 4, "alpha": 8})
     assert isinstance(module.teacher_model, adapters.AdapterView) and module.teacher_model.adapter is None
@@ -121,10 +137,11 @@ def test_quickstart_recipe_fits_through_the_cli(tmp_path):
                     "--data.init_args.eval_batch_size=1", "--data.init_args.max_prompt_length=512",
                     "--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
                     "--trainer.val_check_interval=1", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+                    f"--trainer.default_root_dir={out}",  # where the CLI saves config.yaml (not the working directory)
                     f"--trainer.callbacks.init_args.dirpath={out / 'checkpoints'}"])
         metrics = cli.trainer.callback_metrics
         assert cli.trainer.global_step == 1 and torch.isfinite(metrics["train/loss/total"])
         assert "val/distill/reverse_kl" in metrics and "train/distill/reverse_kl" in metrics
         state = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
         assert not any(k.startswith("teacher_model.") for k in state) and any(k.startswith("policy.") for k in state)
-        assert (out / "export" / "config.json").is_file()
+        assert (out / "export" / "config.json").is_file() and (out / "config.yaml").is_file()

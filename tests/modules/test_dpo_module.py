@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.modules.dpo import DPOModule, sequence_keys
 from lit_rlhf.ops import masked_mean
 from lit_rlhf.types import PreferenceBatch, SingleBatch
@@ -107,7 +108,7 @@ def test_precompute_reference_respects_ref_model_and_reports_missing_rows(tiny_t
 
 @pytest.mark.parametrize("shared_prompt", [True, False])
 def test_one_concatenated_forward(tiny_tokenizer, shared_prompt):
-    module = DPOModule(shared_prompt=shared_prompt)
+    module = DPOModule(memory=Memory(shared_prompt=shared_prompt))
     calls = []
     # the decoder: the chunked log-prob path runs it and the output layer, not the model's forward
     module.policy.get_decoder().register_forward_hook(lambda mod, args, kwargs, out: calls.append(kwargs["input_ids"].shape), with_kwargs=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.modules import DPOModule
 from lit_rlhf.types import PreferenceBatch
 
@@ -29,7 +30,7 @@ def pair_batch(tokenizer):
 
 
 def test_whole_frozen_model_is_outside_the_module_tree_but_moves_with_it():
-    whole = DPOModule(model="tiny-random-llama", frozen_placement="whole")
+    whole = DPOModule(model="tiny-random-llama", memory=Memory(frozen_placement="whole"))
     partitioned = DPOModule(model="tiny-random-llama")
     assert "ref_model" in dict(partitioned.named_children())
     assert "ref_model" not in dict(whole.named_children())
@@ -43,7 +44,7 @@ def test_whole_frozen_model_is_outside_the_module_tree_but_moves_with_it():
 
 
 def test_placements_give_the_same_loss():
-    whole = DPOModule(model="tiny-random-llama", frozen_placement="whole")
+    whole = DPOModule(model="tiny-random-llama", memory=Memory(frozen_placement="whole"))
     partitioned = DPOModule(model="tiny-random-llama")
     batch = pair_batch(whole.tokenizer)
     with torch.no_grad():
@@ -54,4 +55,4 @@ def test_placements_give_the_same_loss():
 
 def test_unknown_placement_is_refused():
     with pytest.raises(ValueError, match="frozen_placement"):
-        DPOModule(model="tiny-random-llama", frozen_placement="sharded")
+        DPOModule(model="tiny-random-llama", memory=Memory(frozen_placement="sharded"))

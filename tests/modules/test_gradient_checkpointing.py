@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.models import load_causal_lm, load_tokenizer
 from lit_rlhf.modules import DPOModule, DROVModule, KTOModule, PPOModule, RewardModule, SFTModule
@@ -121,7 +122,7 @@ def single_batch() -> SingleBatch:
 
 @pytest.mark.parametrize("checkpointing", [True, False])
 def test_sft_recomputes_every_layer_in_backward_only_with_checkpointing(saved_tiny, tmp_path, checkpointing):
-    module = SFTModule(model=saved_tiny, gradient_checkpointing=checkpointing)
+    module = SFTModule(model=saved_tiny, memory=Memory(gradient_checkpointing=checkpointing))
     calls = Recomputations(lambda m: [m.policy])
     fit_one_step(module, sft_batch(), calls, tmp_path)
     assert calls.modes == [(True, True)]
@@ -129,7 +130,7 @@ def test_sft_recomputes_every_layer_in_backward_only_with_checkpointing(saved_ti
 
 
 def test_dpo_recomputes_the_policy_and_keeps_the_reference_in_eval_mode(saved_tiny, tmp_path):
-    module = DPOModule(model=saved_tiny, gradient_checkpointing=True)
+    module = DPOModule(model=saved_tiny, memory=Memory(gradient_checkpointing=True))
     calls = Recomputations(lambda m: [m.policy], frozen_of=lambda m: [m.ref_model])
     fit_one_step(module, preference_batch(), calls, tmp_path)
     assert calls.modes == [(True, True)]
@@ -138,7 +139,7 @@ def test_dpo_recomputes_the_policy_and_keeps_the_reference_in_eval_mode(saved_ti
 
 @pytest.mark.parametrize("lora", [None, {"r": 4, "alpha": 8}])
 def test_reward_model_recomputes_every_layer_in_backward(saved_tiny, tmp_path, lora):
-    module = RewardModule(model=saved_tiny, lora=lora, gradient_checkpointing=True)
+    module = RewardModule(model=saved_tiny, lora=lora, memory=Memory(gradient_checkpointing=True))
     calls = Recomputations(lambda m: [m.reward_model])
     fit_one_step(module, preference_batch(), calls, tmp_path)
     assert calls.modes == [(True, True)]
@@ -147,7 +148,7 @@ def test_reward_model_recomputes_every_layer_in_backward(saved_tiny, tmp_path, l
 
 def test_ppo_recomputes_the_policy_and_the_value_model(saved_tiny, tmp_path):
     module = PPOModule(model=saved_tiny, reward_fns=[CharacterFractionReward()], max_new_tokens=4, ppo_epochs=1,
-                       num_minibatches=1, total_episodes=2, gradient_checkpointing=True)
+                       num_minibatches=1, total_episodes=2, memory=Memory(gradient_checkpointing=True))
     calls = Recomputations(lambda m: [m.policy, m.value_model], frozen_of=lambda m: [m.ref_model])
     fit_one_step(module, prompt_loader(module.tokenizer), calls, tmp_path)
     assert calls.modes == [(True, True)]
@@ -157,7 +158,7 @@ def test_ppo_recomputes_the_policy_and_the_value_model(saved_tiny, tmp_path):
 
 @pytest.mark.parametrize("checkpointing", [True, False])
 def test_drov_recomputes_the_policy_and_the_value_network(saved_tiny, tmp_path, checkpointing):
-    module = DROVModule(model=saved_tiny, gradient_checkpointing=checkpointing)  # V(x): a separate network
+    module = DROVModule(model=saved_tiny, memory=Memory(gradient_checkpointing=checkpointing))  # V(x): a separate network
     calls = Recomputations(lambda m: [m.policy, m.value], frozen_of=lambda m: [m.ref_model])
     fit_one_step(module, single_batch(), calls, tmp_path)
     assert calls.modes == [(True, True)]
@@ -167,7 +168,7 @@ def test_drov_recomputes_the_policy_and_the_value_network(saved_tiny, tmp_path, 
 def test_drov_lora_value_on_its_own_base_is_recomputed(saved_tiny, tmp_path):
     # another checkpoint than the policy's: V(x) is a value adapter on its own frozen body
     module = DROVModule(model=saved_tiny, value_model="tiny-random-llama", lora={"r": 4, "alpha": 8},
-                        gradient_checkpointing=True)
+                        memory=Memory(gradient_checkpointing=True))
     assert module.value.backbone is not module.policy.get_base_model().model  # two bodies
     calls = Recomputations(lambda m: [m.policy, m.value])
     fit_one_step(module, single_batch(), calls, tmp_path)
@@ -176,7 +177,7 @@ def test_drov_lora_value_on_its_own_base_is_recomputed(saved_tiny, tmp_path):
 
 
 def test_kto_recomputes_the_policy_and_keeps_the_reference_in_eval_mode(saved_tiny, tmp_path):
-    module = KTOModule(model=saved_tiny, gradient_checkpointing=True)
+    module = KTOModule(model=saved_tiny, memory=Memory(gradient_checkpointing=True))
     batch = single_batch()._replace(rewards=None, labels=torch.tensor([True, False]))
     calls = Recomputations(lambda m: [m.policy], frozen_of=lambda m: [m.ref_model])
     fit_one_step(module, batch, calls, tmp_path)
@@ -201,7 +202,7 @@ def test_ppo_lora_value_on_a_separate_reward_model_is_recomputed(saved_tiny, tmp
     # a full reward model (not an adapter of the policy's base): the value (D22) is a LoRA adapter on its own body
     reward_dir = RewardModule(model=saved_tiny).export_hf(tmp_path / "reward")
     module = PPOModule(model=saved_tiny, reward_model=str(reward_dir), lora={"r": 4, "alpha": 8}, max_new_tokens=4,
-                       ppo_epochs=1, num_minibatches=1, total_episodes=2, gradient_checkpointing=True)
+                       ppo_epochs=1, num_minibatches=1, total_episodes=2, memory=Memory(gradient_checkpointing=True))
     assert module.value_model.backbone is not module.policy.get_base_model().model  # two bodies
     calls = Recomputations(lambda m: [m.policy, m.value_model], frozen_of=lambda m: [m.reward_model])
     fit_one_step(module, prompt_loader(module.tokenizer), calls, tmp_path)

@@ -24,7 +24,7 @@ def test_ultrafeedback_grpo_config_fits(tmp_path, exported_reward_model):
     run_config(CONFIGS / "ultrafeedback" / "grpo.yaml", tmp_path, exported_reward_model,
                "bundled:ultrafeedback_binarized",
                ["--data.init_args.batch_size=2", "--data.init_args.eval_batch_size=2",
-                "--model.init_args.num_generations=2", "--model.init_args.gradient_checkpointing=false"])
+                "--model.init_args.num_generations=2", "--model.init_args.memory.gradient_checkpointing=false"])
     assert (tmp_path / "export" / "config.json").is_file()
     scalars, _ = scalar_tags(tmp_path / "tb")
     assert {"train/objective/scores", "train/objective/kl", "val/objective/scores"} <= scalars

@@ -55,9 +55,11 @@ def test_each_variant_pins_its_papers_settings():
 
 
 def test_grpo_and_dr_grpo_advantages():
-    adv = GRPOModule(**TINY, kl_coef=0.0, eps=0.0).advantages(rollout())
-    # [1, 0]: mean 0.5, unbiased std sqrt(0.5); [0.25, 0.25]: all equal, exactly 0
-    assert adv.tolist() == pytest.approx([0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), 0.0, 0.0])
+    adv = GRPOModule(**TINY, kl_coef=0.0).advantages(rollout())
+    # [1, 0]: mean 0.5, unbiased std sqrt(0.5), plus the class's eps 1e-4; [0.25, 0.25]: all equal, exactly 0
+    scaled = 0.5 / (math.sqrt(0.5) + 1e-4)
+    assert adv.tolist() == pytest.approx([scaled, -scaled, 0.0, 0.0], rel=1e-6)
+    assert (GRPOModule.eps, DrGRPOModule.eps, ReinforcePPModule.eps) == (1e-4, 0.0, 1e-8)
     assert DrGRPOModule(**TINY, kl_coef=0.0).advantages(rollout()).tolist() == [0.5, -0.5, 0.0, 0.0]  # not scaled
     # the test-only hybrid: leave-one-out, r_i - r_other
     assert LeaveOneOutGRPO(**TINY, kl_coef=0.0).advantages(rollout()).tolist() == [1.0, -1.0, 0.0, 0.0]
@@ -115,7 +117,7 @@ def argument_help(text: str, name: str) -> str:
 
 
 ARGUMENTS = {  # listed by `--model.help`, and pinned ones not
-    "GRPOModule": (["num_generations", "scale", "eps", "clip_eps_low", "clip_eps_high", "kl_coef", "aggregation",
+    "GRPOModule": (["num_generations", "scale", "clip_eps_low", "clip_eps_high", "kl_coef", "aggregation",
                     "num_iterations", "num_minibatches", "temperature"], []),
     "DrGRPOModule": (["num_generations", "clip_eps_low", "clip_eps_high", "kl_coef", "num_iterations"],
                      ["scale", "eps", "aggregation"]),
@@ -151,12 +153,13 @@ def test_model_help_lists_the_arguments_and_kl_coef_has_one_meaning(capsys, name
     ("max_sampling_rounds", 3, "use DAPOModule"),
     ("mask_truncated", True, "use DAPOModule"),
     ("advantage", "reinforce_pp", "use ReinforcePPModule"),
+    ("eps", 0.0, "the class attribute `eps`"),
 ])
 def test_a_moved_option_names_its_new_place_from_python(option, value, where):
-    with pytest.raises(ValueError, match=rf"^{option} moved: {where}"):
+    with pytest.raises(TypeError, match=rf"^GRPOModule: `{option}` moved: {where}"):
         GRPOModule(**TINY, **{option: value})
     other = GSPOModule if option != "importance_sampling" else DAPOModule  # a variant refuses it as well
-    with pytest.raises(ValueError, match=rf"^{option} moved: {where}"):
+    with pytest.raises(TypeError, match=rf"^{other.__name__}: `{option}` moved: {where}"):
         other(**TINY, **{option: value})
 
 

@@ -19,7 +19,7 @@ def fit(tmp_path, *overrides):
         "--trainer.default_root_dir", str(tmp_path), "--trainer.logger=false", "--trainer.callbacks=[]",
         "--trainer.log_every_n_steps=1",
         "--model.init_args.model=tiny-random-llama", "--model.init_args.dtype=float32",
-        "--model.init_args.gradient_checkpointing=false", "--model.init_args.export_dir=null",
+        "--model.init_args.memory.gradient_checkpointing=false", "--model.init_args.export_dir=null",
         "--model.init_args.warmup_steps=1", "--model.init_args.lr=1e-3",
         "--data.init_args.path=bundled:ultrafeedback", "--data.init_args.train_split=train",
         "--data.init_args.val_split=null", "--data.init_args.limit=4",

@@ -38,7 +38,7 @@ def test_the_rollout_is_scored_at_the_log_prob_temperature():
     L.seed_everything(0)
     module = GRPOModule(temperature=0.5, logprob_temperature=1.0, num_generations=2, num_iterations=2, **SETTINGS)
     batch = next(iter(prompt_loader(module.tokenizer)))
-    rollout, _ = module.make_rollout(batch, 2)
+    rollout, _, _ = module.make_rollout(batch, 2)
     args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_attention_mask)
     with torch.no_grad():
         at_one = module.response_token_logps(module.policy, *args, 1.0)

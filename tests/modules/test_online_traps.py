@@ -88,7 +88,7 @@ def test_an_online_setting_given_where_it_used_to_live_names_its_new_place(tmp_p
             "--trainer.max_steps=1", "--trainer.default_root_dir", str(tmp_path)]
     for key, place in (("max_staleness=1", "lit_rlhf.online.AsyncRollouts"),
                        ("generation_backend=vllm", "lit_rlhf.online.VLLMSampler")):
-        with pytest.raises(OptionError, match=f"`{key.split('=')[0]}` moved to the rollout source: use .*{place}"):
+        with pytest.raises(OptionError, match=rf"model.init_args.{key.split('=')[0]} \(command line\) moved: use .*{place}.* \(the rollout source\)"):
             main([*args, f"--model.init_args.{key}"])
-    with pytest.raises(TypeError, match="`environment` moved to the rollout source: use rollout: .*EnvironmentRollouts"):
+    with pytest.raises(TypeError, match="^RLOOModule: `environment` moved: use rollout: .*EnvironmentRollouts"):
         RLOOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward()], environment=None)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf import checks
 from lit_rlhf.modules import GRPOModule, SFTModule
 from lit_rlhf.training.base import NonFiniteError
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # bitwise-reproducible CPU k
 HYPER = {"lr": 1e-2, "eps": 1e-5, "betas": (0.9, 0.95), "weight_decay": 0.1}
 # cosine decay after one warmup step, weight decay on the matrices: every group hyperparameter moves
 SCHEDULE = dict(lr_scheduler="cosine", warmup_steps=1, weight_decay=0.1)
-IN_BACKWARD = dict(SCHEDULE, optimizer_in_backward=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def final_values(setup: Setup, tmp_path):
     return checkpoint_values(tmp_path / "checkpoints" / "last.ckpt"), run
 
 
-@pytest.mark.parametrize("name,extra", [
+@pytest.mark.parametrize("name,memory", [
     ("sft", {}),
     ("dpo", {}),
     ("dpo", {"gradient_checkpointing": True}),
@@ -138,11 +138,12 @@ def final_values(setup: Setup, tmp_path):
     ("kto", {}),
     ("dpo_lora", {}),  # LoRA: the adapters only, the reference is the base with them off
 ])
-def test_same_run_as_the_whole_model_step(name, extra, tmp_path):
+def test_same_run_as_the_whole_model_step(name, memory, tmp_path):
     """4 steps, cosine schedule after warmup, weight decay: every weight, optimizer moment, step
     count, scheduler state and logged scalar bitwise equal."""
-    plain, plain_run = final_values(Setup(name, module_args={**SCHEDULE, **extra}), tmp_path / "plain")
-    ours, ours_run = final_values(Setup(name, module_args={**IN_BACKWARD, **extra}), tmp_path / "ours")
+    plain, plain_run = final_values(Setup(name, module_args={**SCHEDULE, "memory": Memory(**memory)}), tmp_path / "plain")
+    ours, ours_run = final_values(Setup(name, module_args={**SCHEDULE, "memory": Memory(optimizer_in_backward=True, **memory)}),
+                                  tmp_path / "ours")
     assert isinstance(ours_run.trainer.optimizers[0], InBackwardAdamW)
     assert plain.keys() == ours.keys()
     assert any(k.startswith("optimizer_states/0/state/") for k in ours)
@@ -160,10 +161,10 @@ def test_resume_equals_the_uninterrupted_run(first, then, tmp_path):
     either side: the same as 4 uninterrupted plain steps (weights, optimizer state, logged scalars)."""
     straight = fit(Setup("sft", module_args=SCHEDULE), tmp_path / "straight")
     root = tmp_path / "split"
-    stopped = fit(Setup("sft", module_args={**SCHEDULE, "optimizer_in_backward": first}), root,
+    stopped = fit(Setup("sft", module_args={**SCHEDULE, "memory": Memory(optimizer_in_backward=first)}), root,
                   Interrupt("on_train_batch_end", n=2))
     assert stopped.exit_code == 75 and 2 <= stopped.trainer.global_step < 4  # stopped mid-run, checkpointed
-    final = fit(Setup("sft", module_args={**SCHEDULE, "optimizer_in_backward": then}), root, None,
+    final = fit(Setup("sft", module_args={**SCHEDULE, "memory": Memory(optimizer_in_backward=then)}), root, None,
                 str(root / "checkpoints" / "last.ckpt"))
     assert final.exit_code is None
     assert_same_run(straight, [stopped], final, tmp_path / "straight", root)
@@ -192,7 +193,7 @@ def test_at_most_one_gradient_alive(in_backward, tmp_path):
     tracker = LiveGradients()
     module_cls, module_args, _, dm_cls, dm_args = CASES["sft"]
     L.seed_everything(0)
-    module = module_cls(model="tiny-random-llama", **module_args, optimizer_in_backward=in_backward)
+    module = module_cls(model="tiny-random-llama", **module_args, memory=Memory(optimizer_in_backward=in_backward))
     dm = dm_cls(tokenizer="tiny-random-llama", val_split=None, test_split=None, **dm_args)
     trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[tracker],
@@ -223,7 +224,7 @@ def fake_trainer(**overrides):
 
 @pytest.fixture(scope="module")
 def sft_in_backward():
-    return SFTModule(model="tiny-random-llama", optimizer_in_backward=True)
+    return SFTModule(model="tiny-random-llama", memory=Memory(optimizer_in_backward=True))
 
 
 @pytest.mark.parametrize("overrides,named", [
@@ -240,19 +241,19 @@ def test_refused_trainer_settings(sft_in_backward, overrides, named):
 
 
 def test_refused_module_settings():
-    skip = SFTModule(model="tiny-random-llama", optimizer_in_backward=True, on_nonfinite="skip")
+    skip = SFTModule(model="tiny-random-llama", memory=Memory(optimizer_in_backward=True), on_nonfinite="skip")
     assert "on_nonfinite: skip" in in_backward.startup_problems(fake_trainer(), skip, None)[0]
-    off = SFTModule(model="tiny-random-llama", on_nonfinite="skip", optimizer_in_backward=False)
+    off = SFTModule(model="tiny-random-llama", on_nonfinite="skip", memory=Memory(optimizer_in_backward=False))
     assert in_backward.startup_problems(fake_trainer(gradient_clip_val=1.0), off, None) == []
     grpo = GRPOModule(model="tiny-random-llama", reward_fns=[lambda prompts, completions, **_: [0.0] * len(prompts)],
-                      num_generations=2, max_grad_norm=1.0, optimizer_in_backward=True)
+                      num_generations=2, max_grad_norm=1.0, memory=Memory(optimizer_in_backward=True))
     problems = in_backward.startup_problems(fake_trainer(), grpo, None)  # online: see ..._online.py
     assert len(problems) == 1 and "max_grad_norm cannot clip" in problems[0], problems
 
 
 def test_a_fit_with_clipping_fails_at_setup_before_any_step(tmp_path):
     module_cls, module_args, _, dm_cls, dm_args = CASES["sft"]
-    module = module_cls(model="tiny-random-llama", **module_args, optimizer_in_backward=True)
+    module = module_cls(model="tiny-random-llama", **module_args, memory=Memory(optimizer_in_backward=True))
     dm = dm_cls(tokenizer="tiny-random-llama", val_split=None, test_split=None, **dm_args)
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,
@@ -272,7 +273,7 @@ class PoisonedGradient(SFTModule):
 
 def test_a_nonfinite_gradient_stops_the_fit_naming_the_parameter(tmp_path):
     module_cls, module_args, _, dm_cls, dm_args = CASES["sft"]
-    module = PoisonedGradient(model="tiny-random-llama", **module_args, optimizer_in_backward=True)
+    module = PoisonedGradient(model="tiny-random-llama", **module_args, memory=Memory(optimizer_in_backward=True))
     dm = dm_cls(tokenizer="tiny-random-llama", val_split=None, test_split=None, **dm_args)
     before = module.policy.model.norm.weight.detach().clone()
     trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.modules import GRPOModule, PPOModule, SFTModule
 from lit_rlhf.training import in_backward
 from lit_rlhf.training.in_backward import InBackwardAdamW
@@ -29,7 +30,7 @@ def test_same_run_as_the_whole_model_step(name, tmp_path):
     for in_backward in (False, True):
         root = tmp_path / ("ours" if in_backward else "plain")
         trackers.append(LiveGradients())
-        run = fit(Setup(name, module_args={**PLAIN, "optimizer_in_backward": in_backward}), root, trackers[-1])
+        run = fit(Setup(name, module_args={**PLAIN, "memory": Memory(optimizer_in_backward=in_backward)}), root, trackers[-1])
         assert run.exit_code is None and not run.killed
         runs.append(run)
         values.append(checkpoint_values(root / "checkpoints" / "last.ckpt"))
@@ -57,17 +58,17 @@ def reward(prompts, completions, **_):
     (PPOModule, dict(num_minibatches=1, micro_batch_size=1), 2, 2),
 ])
 def test_micro_batches_within_a_step_are_refused(module_cls, args, batch_size, rows):
-    module = module_cls(model="tiny-random-llama", reward_fns=[reward], max_grad_norm=0.0, optimizer_in_backward=True,
+    module = module_cls(model="tiny-random-llama", reward_fns=[reward], max_grad_norm=0.0, memory=Memory(optimizer_in_backward=True),
                         **args)
     trainer = SimpleNamespace(gradient_clip_val=None, accumulate_grad_batches=1, strategy=None, world_size=1,
                               precision="32-true", precision_plugin=SimpleNamespace(scaler=None))
     problems = in_backward.startup_problems(trainer, module, SimpleNamespace(batch_size=batch_size))
     assert len(problems) == 1, problems
     assert f"micro_batch_size={args['micro_batch_size']}" in problems[0] and f"minibatches of {rows} rows" in problems[0]
-    whole = module_cls(model="tiny-random-llama", reward_fns=[reward], max_grad_norm=0.0, optimizer_in_backward=True,
+    whole = module_cls(model="tiny-random-llama", reward_fns=[reward], max_grad_norm=0.0, memory=Memory(optimizer_in_backward=True),
                        **{**args, "micro_batch_size": rows})
     assert in_backward.startup_problems(trainer, whole, SimpleNamespace(batch_size=batch_size)) == []
-    clipped = module_cls(model="tiny-random-llama", reward_fns=[reward], optimizer_in_backward=True,
+    clipped = module_cls(model="tiny-random-llama", reward_fns=[reward], memory=Memory(optimizer_in_backward=True),
                          **{**args, "micro_batch_size": None})  # max_grad_norm 1.0 by default
     assert ["max_grad_norm" in p for p in in_backward.startup_problems(trainer, clipped, None)] == [True]
 
@@ -78,7 +79,7 @@ def test_a_manual_module_without_the_update_loop_is_refused():
             super().__init__(**kwargs)
             self.automatic_optimization = False
 
-    module = Manual(model="tiny-random-llama", optimizer_in_backward=True)
+    module = Manual(model="tiny-random-llama", memory=Memory(optimizer_in_backward=True))
     trainer = SimpleNamespace(gradient_clip_val=None, accumulate_grad_batches=1, strategy=None, world_size=1,
                               precision="32-true", precision_plugin=SimpleNamespace(scaler=None))
     problems = in_backward.startup_problems(trainer, module, None)

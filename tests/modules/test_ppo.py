@@ -158,7 +158,7 @@ def test_make_rollout_without_a_trainer_and_bad_rewards_are_named(tiny_tokenizer
     batch = next(iter(prompt_loader(tiny_tokenizer, batch_size=3)))
     module = PPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(), weights_seen],
                        reward_weights=[0.0, 0.5], max_new_tokens=5)
-    rollout, per_source = module.make_rollout(batch)
+    rollout, per_source, _ = module.make_rollout(batch)
     assert rollout.response_ids.shape == (3, 5) and rollout.values.shape == (3, 5)
     assert rollout.ref_logps is not None
     torch.testing.assert_close(rollout.logps, rollout.ref_logps)  # the reference is the initial policy

@@ -87,7 +87,7 @@ def test_cli_fit_ultrafeedback_config_with_data_margins(tmp_path):
         "--trainer.accumulate_grad_batches=1", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
         "--trainer.num_sanity_val_steps=0",
         "--model.init_args.model=tiny-random-llama", "--model.init_args.dtype=float32",
-        "--model.init_args.gradient_checkpointing=false", "--model.init_args.export_dir=null",
+        "--model.init_args.memory.gradient_checkpointing=false", "--model.init_args.export_dir=null",
         "--model.init_args.use_margin=true",
         "--data.init_args.path=bundled:ultrafeedback_binarized", "--data.init_args.margin_from=score_difference",
         "--data.init_args.limit=8", "--data.init_args.batch_size=2",

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, Qwen2Config
 
 import lit_rlhf.modules.sft as sft_module
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.data.collate import SFTCollator
 from lit_rlhf.data.packing import PackedSFTCollator
 from lit_rlhf.modules import SFTModule
@@ -50,7 +51,7 @@ def loss_and_grads(module, batch):
 @pytest.mark.parametrize("pack_length", [None, 64])
 def test_packed_loss_and_gradients_equal_the_padded(chunk_size, pack_length, monkeypatch):
     torch.manual_seed(0)
-    module = SFTModule(model="tiny-random-llama", logprob_chunk_size=chunk_size)
+    module = SFTModule(model="tiny-random-llama", memory=Memory(logprob_chunk_size=chunk_size))
     monkeypatch.setattr(sft_module, "unpack", None)  # the packed rows themselves are scored, not unpacked
     rows = examples(module.tokenizer)
     pad = module.tokenizer.pad_token_id
@@ -76,7 +77,7 @@ def _tiny(config_cls, attn, **extra):
 
 
 def test_packed_gradients_equal_the_padded_under_gradient_checkpointing(monkeypatch):
-    module = SFTModule(model="tiny-random-llama", gradient_checkpointing=True).train()
+    module = SFTModule(model="tiny-random-llama", memory=Memory(gradient_checkpointing=True)).train()
     monkeypatch.setattr(sft_module, "unpack", None)
     rows = examples(module.tokenizer, n=5, seed=2)
     pad = module.tokenizer.pad_token_id

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf import host_memory
 from lit_rlhf.modules import DPOModule, SFTModule
 from lit_rlhf.training.base import TrainingModule
@@ -129,7 +130,7 @@ class PhaseLog(L.Callback):
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_freed_heap_is_released_before_each_backward_pass_and_after_each_batch(accumulate, monkeypatch):
     log = PhaseLog(monkeypatch)
-    fit(SFTModule(model="tiny-random-llama", lr=1e-3, release_host_memory="phases"), sft_batches(4), accumulate, log)
+    fit(SFTModule(model="tiny-random-llama", lr=1e-3, memory=Memory(release_host_memory="phases")), sft_batches(4), accumulate, log)
     one = ["start", "backward", "release", "release"]  # forward, (release) backward, ..., (release) at the batch end
     stepped = ["start", "backward", "release", "step", "release"]
     expected = stepped * 4 if accumulate == 1 else (one + stepped) * 2
@@ -141,7 +142,7 @@ def test_online_methods_release_after_the_rollout_and_before_each_backward_pass(
     """The rollout (generation, frozen models' scores) is freed before the first backward pass of
     the update; PPO's policy and value parts are two backward passes, each preceded by a release."""
     log = PhaseLog(monkeypatch)
-    run = fit_setup(Setup(name, module_args={"release_host_memory": "phases"}), tmp_path, log)
+    run = fit_setup(Setup(name, module_args={"memory": Memory(release_host_memory="phases")}), tmp_path, log)
     assert run.exit_code is None and not run.killed
     events = log.events
     backwards = [i for i, e in enumerate(events) if e == "backward"]
@@ -154,7 +155,7 @@ def test_online_methods_release_after_the_rollout_and_before_each_backward_pass(
 def test_off_by_default_never_releases_and_neither_setting_changes_the_fit(monkeypatch):
     def trained(release: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
         torch.manual_seed(0)
-        module = DPOModule(model="tiny-random-llama", lr=1e-3, **({"release_host_memory": "phases"} if release else {}))
+        module = DPOModule(model="tiny-random-llama", lr=1e-3, memory=Memory(release_host_memory="phases" if release else None))
         log = PhaseLog(monkeypatch)
         fit(module, preference_batches(3), 1, log)
         monkeypatch.undo()
@@ -168,7 +169,7 @@ def test_off_by_default_never_releases_and_neither_setting_changes_the_fit(monke
 
 
 def test_release_on_cpu_only(monkeypatch):
-    module = SFTModule(model="tiny-random-llama", release_host_memory="phases")
+    module = SFTModule(model="tiny-random-llama", memory=Memory(release_host_memory="phases"))
     calls = []
     monkeypatch.setattr(host_memory, "release_freed_memory", lambda: calls.append(1) or True)
     module.release_freed_host_memory()
@@ -180,7 +181,7 @@ def test_release_on_cpu_only(monkeypatch):
 def test_warns_where_the_c_library_cannot_release(monkeypatch):
     monkeypatch.setattr(host_memory, "available", lambda: False)
     with pytest.warns(UserWarning, match="release_host_memory: phases has no effect here"):
-        fit(SFTModule(model="tiny-random-llama", release_host_memory="phases"), sft_batches(1), 1)
+        fit(SFTModule(model="tiny-random-llama", memory=Memory(release_host_memory="phases")), sft_batches(1), 1)
 
 
 def layer_count(module) -> int:
@@ -192,8 +193,7 @@ def test_layers_also_release_before_each_decoder_layer_run_with_gradients(checkp
     """`layers`: one release before each decoder layer of the training forward pass, and with
     gradient checkpointing again before each layer's recomputation in the backward pass."""
     log = PhaseLog(monkeypatch)
-    module = SFTModule(model="tiny-random-llama", lr=1e-3, release_host_memory="layers",
-                       gradient_checkpointing=checkpointing)
+    module = SFTModule(model="tiny-random-llama", lr=1e-3, memory=Memory(release_host_memory="layers", gradient_checkpointing=checkpointing))
     layers = layer_count(module)
     fit(module, sft_batches(2), 1, log)
     forward, recompute = ["release"] * layers, ["release"] * layers * checkpointing
@@ -205,7 +205,7 @@ def test_layers_leave_generation_and_the_frozen_models_alone(tmp_path, monkeypat
     """GRPO: between a batch's start and its first backward pass only the policy's training
     forward releases (one per layer): not the sampling, nor the reference's scoring."""
     log = PhaseLog(monkeypatch)
-    run = fit_setup(Setup("grpo", module_args={"release_host_memory": "layers"}), tmp_path, log)
+    run = fit_setup(Setup("grpo", module_args={"memory": Memory(release_host_memory="layers")}), tmp_path, log)
     assert run.exit_code is None and not run.killed
     layers = layer_count(run.module.policy)
     events = log.events
@@ -218,4 +218,4 @@ def test_layers_leave_generation_and_the_frozen_models_alone(tmp_path, monkeypat
 
 def test_unknown_release_setting_is_refused():
     with pytest.raises(ValueError, match="release_host_memory must be null, 'phases' or 'layers'"):
-        SFTModule(model="tiny-random-llama", release_host_memory="always")
+        SFTModule(model="tiny-random-llama", memory=Memory(release_host_memory="always"))

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lit_rlhf.training.memory import Memory
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.modules import DPOModule, GRPOModule, RewardModule
 from lit_rlhf.models import shared_prompt as sp
@@ -47,7 +48,7 @@ def assert_close_dicts(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], a
 def test_dpo_loss_stats_and_gradients_match_the_padded_rows(tiny_tokenizer, loss_type, shared_calls):
     results = []
     for shared in (False, True):
-        module = DPOModule(shared_prompt=shared, loss_type=loss_type, nll_coef=0.5)
+        module = DPOModule(memory=Memory(shared_prompt=shared), loss_type=loss_type, nll_coef=0.5)
         perturb(module.policy, seed=1)  # the policy moves away from its reference
         loss, stats = module.compute_loss(preference_batch(tiny_tokenizer))
         loss.backward()
@@ -64,7 +65,7 @@ def test_reward_module_loss_and_gradients_match_the_padded_rows(tiny_tokenizer, 
     results = []
     for shared in (False, True):
         torch.manual_seed(0)  # the same fresh head
-        module = RewardModule(shared_prompt=shared, center_coef=0.1)
+        module = RewardModule(memory=Memory(shared_prompt=shared), center_coef=0.1)
         out, chosen, rejected = module._loss(preference_batch(tiny_tokenizer))
         out.loss.backward()
         results.append((out.loss.detach(), chosen.detach(), rejected.detach(), grads(module.reward_model)))
@@ -84,7 +85,7 @@ def grpo_weights(shared: bool, tmp_path) -> dict[str, torch.Tensor]:
     module = GRPOModule(
         model="tiny-random-llama", reward_fns=[CharacterFractionReward("abcdefghijklmnopqrstuvwxyz")],
         num_generations=4, max_new_tokens=6, lr=1e-3, lr_scheduler="constant", kl_coef=0.05, num_iterations=2,
-        num_minibatches=2, micro_batch_size=3, total_episodes=32, shared_prompt=shared,
+        num_minibatches=2, micro_batch_size=3, total_episodes=32, memory=Memory(shared_prompt=shared),
     )
     rows = [{"_prompt_ids": module.tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p} for p in PROMPTS]
     loader = DataLoader(rows, batch_size=4, shuffle=True, collate_fn=PromptCollator(module.tokenizer.pad_token_id))
