@@ -8,8 +8,10 @@ from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_
 from lit_rlhf.losses.drov import DROVLossOutput, batch_value_estimate, drov_loss
 from lit_rlhf.losses.dapo import informative_groups
 from lit_rlhf.losses.distillation import (
+    ChunkedGKDOutput,
     DistillationPGOutput,
     GKDLossOutput,
+    chunked_gkd_loss,
     distillation_pg_loss,
     generalized_jsd,
     gkd_loss,
@@ -69,6 +71,8 @@ __all__ = [
     "best_of_n_kl",
     "bradley_terry_loss",
     "distillation_pg_loss",
+    "chunked_gkd_loss",
+    "ChunkedGKDOutput",
     "clipped_token_loss",
     "dpo_loss",
     "drov_loss",

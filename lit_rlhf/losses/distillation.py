@@ -28,7 +28,9 @@ with P = pi_t (teacher), Q = pi_s (student) and the mixture m = beta * P + (1 - 
 the endpoints being the two KLs themselves (the convention of the GKD paper's experiments and of
 TRL's `GKDTrainer`), since JSD(beta) / beta -> KL(P || Q) as beta -> 0. It is taken over the full
 vocabulary, or over the teacher's top-k tokens plus one bucket holding the rest of each
-distribution's mass (`topk_buckets`), and averaged over the response tokens of the batch.
+distribution's mass (`topk_buckets`), and averaged over the response tokens of the batch;
+`chunked_gkd_loss` computes the same from the two models' hidden states and output layers a chunk
+of tokens at a time, so the (B, T, V) log-probabilities never exist.
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor
+
+from lit_rlhf.ops.logprobs import apply_temperature
 
 from lit_rlhf.ops import masked_sum
 
@@ -212,3 +218,85 @@ def gkd_loss(
         tail = _token_mean(teacher[..., -1].exp(), mask).detach()
     divergence = torch.where(mask, generalized_jsd(student, teacher, beta), 0.0)  # (B, T)
     return GKDLossOutput(_token_mean(divergence, mask), divergence.detach(), tail)
+
+
+class ChunkedGKDOutput(NamedTuple):
+    loss: Tensor  # scalar, with gradient: the token mean of the divergence over M (as `gkd_loss`)
+    divergence: Tensor  # (B, T) detached per-token divergence, 0 off the mask
+    tail_mass: Tensor  # detached: the teacher's mean mass outside its top-k over M (0 without top-k)
+    student_logps: Tensor  # (B, T) detached: the student's log-probs of `targets`, 0 off the mask
+    teacher_logps: Tensor  # (B, T): the teacher's log-probs of `targets`, 0 off the mask
+
+
+def _gkd_chunk(hidden: Tensor, weight: Tensor, bias: Tensor | None, teacher_hidden: Tensor, teacher_weight: Tensor,
+               teacher_bias: Tensor | None, targets: Tensor, beta: float, temperature: float,
+               top_k: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One chunk of c scored tokens: (divergence (c,), student and teacher log-probs of the
+    targets (c,), the teacher's mass off its top-k (c,))."""
+    student = torch.log_softmax(apply_temperature(_at_least_float32(F.linear(hidden, weight, bias)), temperature), dim=-1)
+    with torch.no_grad():
+        logits = _at_least_float32(F.linear(teacher_hidden, teacher_weight, teacher_bias))
+        teacher = torch.log_softmax(apply_temperature(logits, temperature), dim=-1)
+    picked = targets[:, None]
+    if top_k is None:
+        student_b, teacher_b, tail = student, teacher, teacher.new_zeros(teacher.shape[0])
+    else:
+        top = teacher.topk(top_k, dim=-1)
+        student_b, teacher_b = topk_buckets(student, top.values, top.indices)
+        tail = teacher_b[:, -1].exp()
+    divergence = generalized_jsd(student_b, teacher_b, beta)
+    return divergence, student.gather(-1, picked).squeeze(-1).detach(), teacher.gather(-1, picked).squeeze(-1), tail
+
+
+def chunked_gkd_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    teacher_hidden: Tensor,
+    teacher_weight: Tensor,
+    teacher_bias: Tensor | None,
+    targets: Tensor,
+    mask: Tensor,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    chunk_size: int = 256,
+    top_k: int | None = None,
+) -> ChunkedGKDOutput:
+    """`gkd_loss` from the two models' last hidden states and output layers, `chunk_size` scored
+    tokens at a time: at most one chunk's (chunk_size, V) logits of each model exist at once, in the
+    forward and in the backward pass (each chunk is recomputed there, `torch.utils.checkpoint`),
+    never the (B, T, V) log-probabilities of `gkd_loss`. Same values and gradients up to float
+    rounding (tested against `gkd_loss`).
+
+    hidden: (B, T, H) the student's hidden states that predict `targets` (B, T), with gradient;
+    weight (V, H), bias (V,) or None: its output layer; teacher_hidden (B, T, Ht), teacher_weight
+    (V, Ht), teacher_bias: the teacher's (no gradient); mask: (B, T) bool, the tokens scored; logits
+    are divided by `temperature` (`apply_temperature`); `top_k`: the divergence on the teacher's
+    top-k tokens plus the tail bucket (`topk_buckets`), None: the full vocabulary.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    scored = mask.bool()
+    rows_h, rows_t, rows_y = hidden[scored], teacher_hidden[scored].detach(), targets[scored]  # (N, H), (N, Ht), (N,)
+    parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+    for start in range(0, rows_y.shape[0], chunk_size):
+        chunk = slice(start, start + chunk_size)
+        parts.append(torch.utils.checkpoint.checkpoint(
+            _gkd_chunk, rows_h[chunk], weight, bias, rows_t[chunk], teacher_weight.detach(),
+            None if teacher_bias is None else teacher_bias.detach(), rows_y[chunk], beta, temperature, top_k,
+            use_reentrant=False))
+    if parts:
+        divergence, student_logps, teacher_logps, tail = (torch.cat(p) for p in zip(*parts))
+    else:  # nothing scored: a zero loss that still reaches the student's graph
+        divergence = rows_h.sum(dim=-1) * 0.0
+        student_logps = teacher_logps = tail = divergence.detach()
+    count = max(int(rows_y.shape[0]), 1)
+
+    def spread(values: Tensor) -> Tensor:  # (N,) back to (B, T), 0 off the mask
+        out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+        out[scored] = values
+        return out
+
+    return ChunkedGKDOutput(divergence.sum() / count, spread(divergence.detach()),
+                            tail.sum().detach() / count if top_k is not None else tail.new_zeros(()),
+                            spread(student_logps), spread(teacher_logps))

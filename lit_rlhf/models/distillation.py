@@ -1,6 +1,7 @@
 """What on-policy distillation runs a model for: a teacher's prompt with a privileged context, the
-full next-token distributions over a sampled response (GKD's supervised form), and the check that
-a teacher reads the student's tokens as the student does.
+full next-token distributions over a sampled response (GKD's supervised form; or the hidden
+states and output layer they come from, for the chunked form), and the check that a teacher
+reads the student's tokens as the student does.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf.models import adapters
-from lit_rlhf.models.logprobs import forward_logits
+from lit_rlhf.models.logprobs import chunked_layers, forward_hidden, forward_logits
 from lit_rlhf.ops import apply_temperature
 
 # a probe whose token ids both tokenizers must agree on: words, digits, punctuation, accents, a
@@ -49,6 +50,24 @@ def response_vocab_logps(model: nn.Module | Any, prompt_ids: Tensor, prompt_mask
     with adapters.activated(model) as module:
         logits = forward_logits(module, input_ids, attention, logits_to_keep=width + 1)[:, :-1]  # (N, R, V)
     return torch.log_softmax(apply_temperature(logits.float(), temperature), dim=-1)
+
+
+def response_hidden(model: nn.Module | Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
+                    response_mask: Tensor) -> tuple[Tensor, nn.Linear] | None:
+    """(the last hidden states (N, R, H) that predict each response token, the output layer) for
+    `chunked_gkd_loss`, or None where the chunked path does not reproduce the model's logits
+    (`chunked_layers`) or the layer's weight is partitioned across ranks (DeepSpeed ZeRO-3: it
+    exists whole only inside the layer's own forward); differentiable unless called under
+    `torch.no_grad()`; an `AdapterView` runs its base with its adapter (or none)."""
+    width = response_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attention = torch.cat([prompt_mask.bool(), response_mask.bool()], dim=1)
+    with adapters.activated(model) as module:
+        layers = chunked_layers(module, input_ids)
+        if layers is None or hasattr(layers[1].weight, "ds_id"):
+            return None
+        decoder, head = layers
+        return forward_hidden(decoder, input_ids, attention)[:, -(width + 1):-1], head
 
 
 def tokenizer_differences(student: Any, teacher: Any, probe: str = TOKENIZER_PROBE) -> list[str]:

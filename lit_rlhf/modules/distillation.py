@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from lit_rlhf import models
-from lit_rlhf.losses import distillation_pg_loss, gkd_loss, grpo_advantages
+from lit_rlhf.losses import ChunkedGKDOutput, GKDLossOutput, chunked_gkd_loss, distillation_pg_loss, gkd_loss, grpo_advantages
 from lit_rlhf.models import adapters
-from lit_rlhf.models.distillation import response_vocab_logps, tokenizer_differences, with_context
+from lit_rlhf.models.distillation import response_hidden, response_vocab_logps, tokenizer_differences, with_context
+from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.modules.online import OnlineModule
+from lit_rlhf.online import hooks, scoring
+from lit_rlhf.online.fixed import reference_rollout
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rng import validation_rng
 from lit_rlhf.types import PromptBatch, Rollout
@@ -36,8 +40,10 @@ class DistillationModule(OnlineModule):
        `gkd`: one step on the token mean of GKD's generalized JSD between the teacher's and the
        student's whole next-token distributions at every sampled prefix (`losses.gkd_loss`; beta 0
        = KL(teacher || student), 1 = KL(student || teacher)), over the full vocabulary or the
-       teacher's `teacher_top_k` tokens plus a tail bucket. The logits of each micro-batch's
-       response positions only (`micro_batch_size` rows, `logits_to_keep`) exist at once;
+       teacher's `teacher_top_k` tokens plus a tail bucket, from the two models' hidden states
+       a chunk of `memory.logprob_chunk_size` tokens at a time (`losses.chunked_gkd_loss`: the
+       (N, R, V) log-probabilities never exist; without chunks, or for a model whose logits are
+       not its output layer's, each micro-batch's response positions' log-probs);
     3. with `reward_weight` > 0, the task reward's group-centred advantage r - mean_group (Dr. GRPO's,
        `losses.grpo_advantages` with `scale: none`) times `reward_weight` joins the per-token
        advantage; with `kl_coef` > 0, the k1 penalty -kl_coef * (log pi_s - log pi_ref) does.
@@ -61,9 +67,13 @@ class DistillationModule(OnlineModule):
         teacher_top_k: `gkd` over the teacher's k most likely tokens plus one tail bucket; None =
             the full vocabulary. (Named apart from `top_k`, the sampler's top-k.)
         gamma: `reverse_kl_pg`'s discount of later tokens' -KL in the advantage (0: each token's own).
-        lmbda: GKD's fraction of on-policy batches. Only 1 (every batch sampled by the student) is
-            implemented: the off-policy batches of lmbda < 1 need fixed completions, which the
-            prompt DataModules do not carry.
+        lmbda: GKD's fraction of on-policy batches (Agarwal et al. 2024, Sec. 3.2): each step is
+            sampled by the student with probability lmbda, else trained on the batch's fixed
+            completions, its `reference` column (`lit_rlhf.online.fixed`; scored by the reward
+            sources for the logs, `distill/on_policy` says which). The draw depends on the seed
+            and the rollout count only: every rank draws alike and a resumed run the same. Below 1
+            with `loss: gkd` only, no task reward and no reference penalty (their policy-gradient
+            terms need the student's own samples).
         reward_weight: weight of the task reward (the reward sources) in the advantage; 0 = pure
             distillation (then no reward source is needed).
         kl_coef: the k1 penalty to the reference per token (0: no reference is loaded).
@@ -92,9 +102,11 @@ class DistillationModule(OnlineModule):
     ) -> None:
         if loss not in ("reverse_kl_pg", "gkd"):
             raise ValueError(f"loss must be 'reverse_kl_pg' or 'gkd', got {loss!r}")
-        if lmbda != 1.0:
-            raise ValueError(f"lmbda={lmbda}: only lmbda 1 (every batch sampled by the student) is implemented; GKD's "
-                             "off-policy batches need fixed completions, which the prompt DataModules do not carry")
+        if not 0.0 <= lmbda <= 1.0:
+            raise ValueError(f"lmbda must be in [0, 1], got {lmbda}")
+        if lmbda < 1.0 and (loss != "gkd" or reward_weight or kl_coef):
+            raise ValueError(f"lmbda={lmbda} trains on fixed completions too: it needs loss 'gkd', reward_weight 0 and "
+                             "kl_coef 0 (the policy-gradient terms are correct on the student's own samples only)")
         if not 0.0 <= beta <= 1.0 or not 0.0 <= gamma <= 1.0:
             raise ValueError(f"beta and gamma must be in [0, 1], got {beta} and {gamma}")
         if teacher_top_k is not None and (teacher_top_k < 1 or loss != "gkd"):
@@ -116,6 +128,7 @@ class DistillationModule(OnlineModule):
         # the settings, read at run time (`lit_rlhf.training.settings`)
         self.teacher_name, self.teacher_context, self.loss = teacher, teacher_context, loss
         self.beta, self.teacher_top_k, self.gamma, self.lmbda = beta, teacher_top_k, gamma, lmbda
+        self.lmbda_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # the on/off-policy draws' seed
         self.reward_weight, self.num_generations = reward_weight, num_generations
         self.teacher_context_ids: list[int] = (
             self.tokenizer(teacher_context, add_special_tokens=False)["input_ids"] if teacher_context else [])
@@ -145,6 +158,19 @@ class DistillationModule(OnlineModule):
     def needs_rollout_logps(self) -> bool:
         return False  # one on-policy step: the update's own log-probs
 
+    def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
+        """The student's samples with probability `lmbda`, else the batch's fixed completions."""
+        if self.lmbda == 1.0:
+            return super().collect_rollout(batch)
+        draw = torch.Generator().manual_seed(hash((self.lmbda_seed, self.rollouts)) & (2**63 - 1))
+        if bool(torch.rand((), generator=draw) < self.lmbda):
+            rollout, per_source, stats = super().collect_rollout(batch)
+            return rollout, per_source, {**stats, "distill/on_policy": torch.tensor(1.0)}
+        rollout = reference_rollout(batch, self.tokenizer, self.repeats, self.sampling.max_new_tokens)
+        scores, per_source = scoring.score_rollout(self, rollout, self.repeats)
+        rollout = hooks.apply_rollout_hooks(attached_trainer(self), self, rollout.with_scores(scores))
+        return rollout, per_source, {"distill/on_policy": torch.tensor(0.0)}
+
     def teacher_prompts(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """The teacher's prompts (N, P + C): `teacher_context`'s tokens, then each prompt."""
         return with_context(rollout.prompt_ids, rollout.prompt_mask, self.teacher_context_ids, self.tokenizer.pad_token_id)
@@ -169,6 +195,32 @@ class DistillationModule(OnlineModule):
             return None
         return grpo_advantages(rollout.scores.float(), self.num_generations, "none", 0.0)
 
+    def gkd_terms(self, args: tuple[Tensor, ...], teacher_ids: Tensor, teacher_mask: Tensor,
+                  mask: Tensor) -> tuple[GKDLossOutput | ChunkedGKDOutput, Tensor, Tensor]:
+        """GKD's divergence on these rows, and the student's and the teacher's log-probs (n, R) of
+        the sampled tokens. With `memory.logprob_chunk_size` (the default) from the two models'
+        hidden states, a chunk of tokens at a time (`chunked_gkd_loss`); else, or where a model's
+        logits are not its output layer's (`response_hidden`), from the (n, R, V) log-probs."""
+        chunk = self.logprob_chunk_size
+        student = response_hidden(self.policy, *args) if chunk else None
+        with torch.no_grad():
+            teacher = None if student is None else response_hidden(self.teacher_model, teacher_ids, teacher_mask,
+                                                                   args[2], args[3])
+        if student is not None and teacher is not None:
+            (hidden, head), (teacher_hidden, teacher_head) = student, teacher
+            out = chunked_gkd_loss(hidden, head.weight, head.bias, teacher_hidden, teacher_head.weight, teacher_head.bias,
+                                   args[2], mask, self.beta, self.logprob_temperature, chunk, self.teacher_top_k)
+            return out, out.student_logps, out.teacher_logps
+        student_logps = response_vocab_logps(self.policy, *args, self.logprob_temperature)  # (n, R, V)
+        with torch.no_grad():
+            teacher_logps = response_vocab_logps(self.teacher_model, teacher_ids, teacher_mask, args[2], args[3],
+                                                 self.logprob_temperature)  # (n, R, V)
+        top = teacher_logps.topk(self.teacher_top_k, dim=-1) if self.teacher_top_k else None
+        out = gkd_loss(student_logps, teacher_logps if top is None else top.values, mask, self.beta,
+                       None if top is None else top.indices)
+        sampled = args[2][..., None]
+        return out, student_logps.gather(-1, sampled).squeeze(-1), teacher_logps.gather(-1, sampled).squeeze(-1)
+
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         mask, attention = rollout.loss_mask, rollout.response_attention_mask  # (N, R)
         task = self.task_advantages(rollout)  # (N,) or None
@@ -181,16 +233,7 @@ class DistillationModule(OnlineModule):
             args = (rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows], attention[rows])
             stats: dict[str, Tensor] = {}
             if self.loss == "gkd":
-                student = response_vocab_logps(self.policy, *args, self.logprob_temperature)  # (n, R, V)
-                with torch.no_grad():
-                    teacher = response_vocab_logps(self.teacher_model, teacher_ids[rows], teacher_mask[rows], args[2],
-                                                   args[3], self.logprob_temperature)  # (n, R, V)
-                top = teacher.topk(self.teacher_top_k, dim=-1) if self.teacher_top_k else None
-                out = gkd_loss(student, teacher if top is None else top.values, mask[rows], self.beta,
-                               None if top is None else top.indices)
-                logps = student.gather(-1, args[2][..., None]).squeeze(-1)  # (n, R) the sampled tokens'
-                picked = teacher.gather(-1, args[2][..., None]).squeeze(-1)
-                del teacher
+                out, logps, picked = self.gkd_terms(args, teacher_ids[rows], teacher_mask[rows], mask[rows])
                 stats.update({"distill/divergence": out.loss.detach(), "distill/reverse_kl":
                               masked_sum(logps.detach() - picked, mask[rows]) / mask[rows].sum().clamp(min=1)})
                 if self.teacher_top_k:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lit_rlhf.losses.distillation import (
+    chunked_gkd_loss,
     distillation_pg_loss,
     generalized_jsd,
     gkd_loss,
@@ -176,3 +177,47 @@ def test_without_a_teacher_only_the_task_and_reference_terms_remain():
     (grad,) = torch.autograd.grad(out.loss, logps)
     close(grad, -torch.tensor([[1.0, 1.0, 0.0], [-0.5, -0.5, -0.5]]) / 5)
     assert float(out.reverse_kl) == 0.0 and float(out.distill_advantage_mean) == 0.0
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("top_k", [None, 3])
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+def test_chunked_gkd_equals_the_dense_loss_and_its_gradients(beta, top_k, chunk_size):
+    """From hidden states and output layers, a chunk of tokens at a time: the value, the per-token
+    divergence, the sampled tokens' log-probs and the gradients of the hidden states, the weight
+    and the bias equal `gkd_loss` on the full log-probabilities."""
+    g = torch.Generator().manual_seed(0)
+    B, T, H, Ht, V, temperature = 2, 5, 6, 4, 11, 0.7
+    hidden = torch.randn(B, T, H, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, H, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(V, generator=g, dtype=torch.float64, requires_grad=True)
+    t_hidden, t_weight, t_bias = (torch.randn(B, T, Ht, generator=g, dtype=torch.float64),
+                                  torch.randn(V, Ht, generator=g, dtype=torch.float64), torch.randn(V, generator=g, dtype=torch.float64))
+    targets = torch.randint(0, V, (B, T), generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+
+    student = torch.log_softmax((hidden @ weight.T + bias) / temperature, dim=-1)
+    teacher = torch.log_softmax((t_hidden @ t_weight.T + t_bias) / temperature, dim=-1)
+    top = teacher.topk(top_k, dim=-1) if top_k else None
+    dense = gkd_loss(student, teacher if top is None else top.values, mask, beta, None if top is None else top.indices)
+    dense_grads = torch.autograd.grad(dense.loss, (hidden, weight, bias))
+
+    out = chunked_gkd_loss(hidden, weight, bias, t_hidden, t_weight, t_bias, targets, mask, beta, temperature,
+                           chunk_size, top_k)
+    grads = torch.autograd.grad(out.loss, (hidden, weight, bias))
+    torch.testing.assert_close(out.loss, dense.loss)
+    torch.testing.assert_close(out.divergence, dense.divergence)
+    torch.testing.assert_close(out.tail_mass, dense.tail_mass.to(out.tail_mass.dtype))
+    for got, want in zip(grads, dense_grads):
+        torch.testing.assert_close(got, want)
+    picked = student.gather(-1, targets[..., None]).squeeze(-1)
+    torch.testing.assert_close(out.student_logps, torch.where(mask, picked, 0.0).detach())
+    torch.testing.assert_close(out.teacher_logps, torch.where(mask, teacher.gather(-1, targets[..., None]).squeeze(-1), 0.0))
+
+
+def test_chunked_gkd_with_nothing_scored_is_zero_and_still_differentiable():
+    hidden = torch.randn(1, 3, 4, requires_grad=True)
+    out = chunked_gkd_loss(hidden, torch.randn(5, 4), None, torch.randn(1, 3, 4), torch.randn(5, 4), None,
+                           torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.bool))
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and hidden.grad is not None and not hidden.grad.any()

@@ -74,7 +74,9 @@ def test_tokenizer_differences_catch_a_moved_id():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(teacher="base"), "without teacher_context"),
-    (dict(teacher="base", teacher_context="x", lmbda=0.5), "only lmbda 1"),
+    (dict(teacher="base", teacher_context="x", lmbda=0.5), "needs loss 'gkd'"),
+    (dict(teacher="base", teacher_context="x", loss="gkd", lmbda=0.5, kl_coef=0.1), "kl_coef 0"),
+    (dict(teacher="base", teacher_context="x", loss="gkd", lmbda=1.5), r"lmbda must be in \[0, 1\]"),
     (dict(teacher="base", teacher_context="x", teacher_top_k=4), "teacher_top_k"),
     (dict(teacher="base", teacher_context="x", reward_weight=1.0, num_generations=1), "num_generations >= 2"),
     (dict(teacher="base", teacher_context="x", loss="gkd", gamma=0.5), "gamma"),
@@ -145,3 +147,85 @@ def test_quickstart_recipe_fits_through_the_cli(tmp_path):
         state = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
         assert not any(k.startswith("teacher_model.") for k in state) and any(k.startswith("policy.") for k in state)
         assert (out / "export" / "config.json").is_file() and (out / "config.yaml").is_file()
+
+
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_gkd_from_hidden_states_equals_the_dense_path(sharp_teacher, top_k):
+    """The module's GKD terms a chunk of tokens at a time (`memory.logprob_chunk_size`, the
+    default) and from the full (n, R, V) log-probabilities (`null`): same loss, sampled-token
+    log-probs and policy gradients."""
+    from lit_rlhf.training import Memory
+
+    results = []
+    for chunk in (3, None):
+        torch.manual_seed(0)
+        module = DistillationModule(model=TINY, teacher=sharp_teacher, loss="gkd", beta=0.5, teacher_top_k=top_k,
+                                    num_generations=2, memory=Memory(logprob_chunk_size=chunk))
+        g = torch.Generator().manual_seed(1)
+        prompt = torch.randint(3, 100, (2, 4), generator=g)
+        response = torch.randint(3, 100, (2, 5), generator=g)
+        prompt_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+        response_mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+        teacher_ids, teacher_mask = with_context(prompt, prompt_mask, [], module.tokenizer.pad_token_id)
+        out, logps, picked = module.gkd_terms((prompt, prompt_mask, response, response_mask), teacher_ids, teacher_mask,
+                                              response_mask)
+        out.loss.backward()
+        grads = [p.grad.clone() for p in module.policy.parameters() if p.grad is not None]
+        results.append((out.loss.detach(), torch.where(response_mask, logps.detach(), 0.0),
+                        torch.where(response_mask, picked, 0.0), grads, type(out).__name__))
+    (loss_c, logps_c, picked_c, grads_c, kind_c), (loss_d, logps_d, picked_d, grads_d, kind_d) = results
+    assert (kind_c, kind_d) == ("ChunkedGKDOutput", "GKDLossOutput")  # each path really ran
+    torch.testing.assert_close(loss_c, loss_d, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logps_c, logps_d, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(picked_c, picked_d, rtol=1e-5, atol=1e-5)
+    assert len(grads_c) == len(grads_d) > 0
+    for got, want in zip(grads_c, grads_d):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def prompt_rows(tokenizer, references):
+    return PromptCollator(tokenizer.pad_token_id)([
+        {"_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"], "prompt": p, "reference": r}
+        for p, r in zip(("hi there", "a b"), references)])
+
+
+def test_a_reference_rollout_lays_out_fixed_completions_like_samples():
+    from lit_rlhf.online.fixed import reference_rollout
+
+    tok = load_tokenizer(TINY)
+    batch = prompt_rows(tok, [" yes", " one two three four five six"])
+    width = 8
+    rollout = reference_rollout(batch, tok, repeats=2, max_new_tokens=width)
+    short = tok(" yes", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    long = tok(" one two three four five six", add_special_tokens=False)["input_ids"][:width]
+    assert len(short) < width < len(long) + 1
+    assert rollout.response_ids.shape == (4, width) and torch.equal(rollout.prompt_ids[0], rollout.prompt_ids[1])
+    for row in (0, 1):  # a prompt's copies are contiguous
+        assert rollout.response_ids[row, :len(short)].tolist() == short and rollout.has_eos[row]
+        assert rollout.loss_mask[row].tolist() == [True] * len(short) + [False] * (width - len(short))
+    for row in (2, 3):  # cut at max_new_tokens: no EOS, every token trained on
+        assert rollout.response_ids[row].tolist() == long and not rollout.has_eos[row] and rollout.loss_mask[row].all()
+    assert rollout.meta["reference"] == [" yes", " yes"] + [" one two three four five six"] * 2
+    with pytest.raises(ValueError, match=r"empty or missing in rows \[1\]"):
+        reference_rollout(prompt_rows(tok, [" yes", ""]), tok, 2, 4)
+
+
+def test_lmbda_mixes_student_samples_and_fixed_completions_by_a_seeded_draw():
+    """lmbda 0: every step trains on the references; 0.5: the draw follows the rollout count
+    (the same count, the same choice), and both kinds occur."""
+    tok = load_tokenizer(TINY)
+    batch = prompt_rows(tok, [" yes", " no"])
+    never = DistillationModule(model=TINY, teacher="base", teacher_context="x", loss="gkd", lmbda=0.0,
+                               num_generations=2, max_new_tokens=4)
+    rollout, _, stats = never.collect_rollout(batch)
+    assert stats == {"distill/on_policy": torch.tensor(0.0)}
+    assert rollout.response_ids[0, 0].item() == tok(" yes", add_special_tokens=False)["input_ids"][0]
+    half = DistillationModule(model=TINY, teacher="base", teacher_context="x", loss="gkd", lmbda=0.5,
+                              num_generations=2, max_new_tokens=4)
+    kinds = []
+    for count in range(12):
+        half.rollouts = count
+        kinds.append(float(half.collect_rollout(batch)[2]["distill/on_policy"]))
+    assert set(kinds) == {0.0, 1.0}
+    half.rollouts = 5
+    assert float(half.collect_rollout(batch)[2]["distill/on_policy"]) == kinds[5]

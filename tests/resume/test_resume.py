@@ -93,11 +93,12 @@ CASES = {
     "ppo_ptx": (PPOPtxModule, dict(ppo_epochs=2, num_minibatches=2, ptx_coef=1.0, ptx_data=PTX_DATA, **ONLINE), 4,
                 TLDRPromptDataModule, dict(PROMPTS)),
     # on-policy distillation from the starting weights given a privileged context (a frozen copy,
-    # never checkpointed), the task reward mixed in; GKD over the teacher's top-k with a tail bucket
+    # never checkpointed), the task reward mixed in; GKD over the teacher's top-k with a tail bucket,
+    # half its steps on the prompts' fixed references (lmbda 0.5: the draw follows the rollout count)
     "distill": (DistillationModule, dict(teacher="base", teacher_context="Answer in one line:", num_generations=2,
                                          reward_weight=0.5, **ONLINE), 1, TLDRPromptDataModule, dict(PROMPTS)),
     "distill_gkd": (DistillationModule, dict(teacher="base", teacher_context="Answer in one line:", loss="gkd",
-                                             beta=0.5, teacher_top_k=8, **ONLINE), 1, TLDRPromptDataModule,
+                                             beta=0.5, teacher_top_k=8, lmbda=0.5, **ONLINE), 1, TLDRPromptDataModule,
                     dict(PROMPTS)),
     # LoRA: adapters on one frozen base (PPO: policy and value adapters; the reference is the base)
     "dpo_lora": (DPOModule, dict(lr=1e-2, beta=0.5, lora=LORA), 1, TLDRPreferenceDataModule,
