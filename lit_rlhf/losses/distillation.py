@@ -104,14 +104,17 @@ def distillation_pg_loss(
     reward_weight: float = 0.0,
     ref_logps: Tensor | None = None,
     kl_coef: float = 0.0,
+    is_weights: Tensor | None = None,
 ) -> DistillationPGOutput:
     """REINFORCE on the student's sampled tokens with the distillation advantage (module docstring).
 
     A_t = reverse_kl_advantages(logps, teacher_logps, mask, gamma)_t
           + reward_weight * task_advantages            (one per row, broadcast to its tokens)
           - kl_coef * (log pi_s(y_t) - log pi_ref(y_t))  (k1 penalty to a reference, per token)
-    L = -sum(M * sg(A) * logps) / sum(M): a mean over the batch's response tokens, so over
-    micro-batches it is exact when each is weighted by its share of the tokens.
+    L = -sum(M * w * sg(A) * logps) / sum(M): a mean over the batch's response tokens, so over
+    micro-batches it is exact when each is weighted by its share of the tokens. w: the truncated
+    importance weights min(pi_train / pi_sampler, C) of samples drawn by another engine or an
+    older student (`is_weights`, (B, T), held fixed; None: 1, the samples are the student's own).
 
     logps: (B, T) the student's log-probs of its sampled tokens, with gradient (on-policy: they are
     also the sampling log-probs in A); teacher_logps, ref_logps: (B, T); task_advantages: (B,);
@@ -132,7 +135,8 @@ def distillation_pg_loss(
             raise ValueError("kl_coef > 0 needs ref_logps")
         advantages = advantages - kl_coef * (logps.detach().float() - ref_logps.float())
     advantages = torch.where(mask, advantages, 0.0)
-    loss = -_token_mean(advantages * logps, mask)
+    weighted = advantages if is_weights is None else advantages * is_weights.detach().float()
+    loss = -_token_mean(weighted * logps, mask)
     reverse_kl = distill.new_zeros(()) if teacher_logps is None else _token_mean(logps.detach().float() - teacher_logps.float(), mask)
     return DistillationPGOutput(loss, reverse_kl, _token_mean(advantages, mask).detach(), _token_mean(distill, mask))
 
@@ -224,7 +228,7 @@ class ChunkedGKDOutput(NamedTuple):
     loss: Tensor  # scalar, with gradient: the token mean of the divergence over M (as `gkd_loss`)
     divergence: Tensor  # (B, T) detached per-token divergence, 0 off the mask
     tail_mass: Tensor  # detached: the teacher's mean mass outside its top-k over M (0 without top-k)
-    student_logps: Tensor  # (B, T) detached: the student's log-probs of `targets`, 0 off the mask
+    student_logps: Tensor  # (B, T) the student's log-probs of `targets`, with gradient, 0 off the mask
     teacher_logps: Tensor  # (B, T): the teacher's log-probs of `targets`, 0 off the mask
 
 
@@ -245,7 +249,7 @@ def _gkd_chunk(hidden: Tensor, weight: Tensor, bias: Tensor | None, teacher_hidd
         student_b, teacher_b = topk_buckets(student, top.values, top.indices)
         tail = teacher_b[:, -1].exp()
     divergence = generalized_jsd(student_b, teacher_b, beta)
-    return divergence, student.gather(-1, picked).squeeze(-1).detach(), teacher.gather(-1, picked).squeeze(-1), tail
+    return divergence, student.gather(-1, picked).squeeze(-1), teacher.gather(-1, picked).squeeze(-1), tail
 
 
 def chunked_gkd_loss(
@@ -288,8 +292,8 @@ def chunked_gkd_loss(
     if parts:
         divergence, student_logps, teacher_logps, tail = (torch.cat(p) for p in zip(*parts))
     else:  # nothing scored: a zero loss that still reaches the student's graph
-        divergence = rows_h.sum(dim=-1) * 0.0
-        student_logps = teacher_logps = tail = divergence.detach()
+        divergence = student_logps = rows_h.sum(dim=-1) * 0.0
+        teacher_logps = tail = divergence.detach()
     count = max(int(rows_y.shape[0]), 1)
 
     def spread(values: Tensor) -> Tensor:  # (N,) back to (B, T), 0 off the mask

@@ -84,6 +84,10 @@ class DistillationModule(OnlineModule):
     """
 
     reward_optional = True  # reward_weight 0: pure distillation, no reward source needed
+    supports_tis = True
+    """Samples from another engine or an older student (`VLLMSampler(tis_cap=...)`,
+    `AsyncRollouts(tis_cap=...)`): the policy-gradient terms are weighted by the truncated
+    importance weights; GKD's divergence is not (it is a valid objective at any sampled prefix)."""
 
     def __init__(
         self,
@@ -247,7 +251,8 @@ class DistillationModule(OnlineModule):
             if teacher_logps is not None or task is not None or ref is not None:
                 pg = distillation_pg_loss(logps, teacher_logps, mask[rows], self.gamma,
                                           None if task is None else task[rows], self.reward_weight,
-                                          None if ref is None else ref[rows], self.kl_coef)
+                                          None if ref is None else ref[rows], self.kl_coef,
+                                          self.tis_weights(rollout, rows, logps.detach()))
                 loss = loss + pg.loss
                 stats["advantages/mean"] = pg.advantage_mean
                 if teacher_logps is not None:

@@ -200,18 +200,22 @@ def test_chunked_gkd_equals_the_dense_loss_and_its_gradients(beta, top_k, chunk_
     teacher = torch.log_softmax((t_hidden @ t_weight.T + t_bias) / temperature, dim=-1)
     top = teacher.topk(top_k, dim=-1) if top_k else None
     dense = gkd_loss(student, teacher if top is None else top.values, mask, beta, None if top is None else top.indices)
-    dense_grads = torch.autograd.grad(dense.loss, (hidden, weight, bias))
+    dense_grads = torch.autograd.grad(dense.loss, (hidden, weight, bias), retain_graph=True)
 
     out = chunked_gkd_loss(hidden, weight, bias, t_hidden, t_weight, t_bias, targets, mask, beta, temperature,
                            chunk_size, top_k)
-    grads = torch.autograd.grad(out.loss, (hidden, weight, bias))
+    grads = torch.autograd.grad(out.loss, (hidden, weight, bias), retain_graph=True)
     torch.testing.assert_close(out.loss, dense.loss)
     torch.testing.assert_close(out.divergence, dense.divergence)
     torch.testing.assert_close(out.tail_mass, dense.tail_mass.to(out.tail_mass.dtype))
     for got, want in zip(grads, dense_grads):
         torch.testing.assert_close(got, want)
     picked = student.gather(-1, targets[..., None]).squeeze(-1)
-    torch.testing.assert_close(out.student_logps, torch.where(mask, picked, 0.0).detach())
+    torch.testing.assert_close(out.student_logps, torch.where(mask, picked, 0.0))
+    # the sampled tokens' log-probs carry the student's gradient too (a policy-gradient term on them)
+    for got, want in zip(torch.autograd.grad(out.student_logps.sum(), (hidden, weight)),
+                         torch.autograd.grad(torch.where(mask, picked, 0.0).sum(), (hidden, weight))):
+        torch.testing.assert_close(got, want)
     torch.testing.assert_close(out.teacher_logps, torch.where(mask, teacher.gather(-1, targets[..., None]).squeeze(-1), 0.0))
 
 
@@ -221,3 +225,20 @@ def test_chunked_gkd_with_nothing_scored_is_zero_and_still_differentiable():
                            torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.bool))
     out.loss.backward()
     assert out.loss.item() == 0.0 and hidden.grad is not None and not hidden.grad.any()
+
+
+def test_distillation_pg_loss_weighs_each_token_by_its_importance_weight():
+    """L = -sum(M * w * sg(A) * logp) / sum(M): the gradient on each token is -M w A / sum(M);
+    weights of 1 give the unweighted loss."""
+    logps = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    teacher = torch.tensor([[-1.5, -1.0, -0.5]])
+    mask = torch.tensor([[True, True, False]])
+    weights = torch.tensor([[2.0, 0.5, 3.0]])
+    advantages = -(logps.detach() - teacher)  # gamma 0: each token's own -KL sample
+    out = distillation_pg_loss(logps, teacher, mask, is_weights=weights)
+    (grad,) = torch.autograd.grad(out.loss, logps)
+    expected = -(mask * weights * advantages) / mask.sum()
+    torch.testing.assert_close(grad, expected)
+    plain = distillation_pg_loss(logps, teacher, mask)
+    torch.testing.assert_close(distillation_pg_loss(logps, teacher, mask, is_weights=torch.ones(1, 3)).loss, plain.loss)
+    assert not torch.allclose(out.loss, plain.loss)
