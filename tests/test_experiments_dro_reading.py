@@ -165,7 +165,7 @@ def test_paired_difference_by_hand():
 
 
 # ------------------------------------------------------------------------------------------------
-# the committed reading: computed from the committed files
+# the committed reading: computed from the committed files, and shown as it is in the README
 # ------------------------------------------------------------------------------------------------
 
 def test_committed_reading_is_what_the_code_computes_from_the_files():
@@ -181,3 +181,12 @@ def test_committed_reading_is_what_the_code_computes_from_the_files():
     assert saved["fixed_points"]["per_prompt"]["kl"] == pytest.approx(results["optimum"]["kl"], abs=1e-9)
     assert (MAIN / "reading.md").read_text() == reading.markdown(saved)
 
+
+def test_readme_shows_the_committed_tables():
+    readme = (REPO_ROOT / "experiments" / "README.md").read_text()
+    begin, end = "<!-- reading:main -->\n", "<!-- /reading:main -->"
+    assert begin in readme and end in readme
+    block = readme.split(begin, 1)[1].split(end, 1)[0]
+    assert block == (MAIN / "reading.md").read_text()
+    table = (MAIN / "results.md").read_text().split("\n\n")[0]
+    assert table in readme
