@@ -190,3 +190,36 @@ def test_readme_shows_the_committed_tables():
     assert block == (MAIN / "reading.md").read_text()
     table = (MAIN / "results.md").read_text().split("\n\n")[0]
     assert table in readme
+
+
+def _numbers_not_in_the_files(readme: str) -> list[str]:
+    """The decimal numbers of the README's DRO reading (from its claims to the next section) that
+    no result file of the miniature carries (as printed in a table, or a JSON value at 2 or 3
+    decimals)."""
+    import re
+
+    results = MAIN.parent
+    section = readme.split("**Reading, against the paper's claims.**", 1)[1].split("### The value head", 1)[0]
+    tables = [MAIN / "reading.md", MAIN / "results.md", results / "d11_head" / "results.md",
+              results / "d11_head" / "value_first" / "results.md"]
+    known = {m.lstrip("+-") for path in tables for m in re.findall(r"[+-]?\d+\.\d+", path.read_text())}
+
+    def floats(node):
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            for item in node:
+                yield from floats(item)
+        elif isinstance(node, float):
+            yield node
+
+    for name in ("results.json", "reading.json"):
+        for x in floats(json.loads((MAIN / name).read_text())):
+            known |= {f"{abs(x):.3f}", f"{abs(x):.2f}", f"{abs(x):g}"}
+    return [n for n in re.findall(r"(?<![\w.])[+-]?\d+\.\d+", section) if n.lstrip("+-") not in known]
+
+
+def test_every_number_of_the_readme_reading_is_in_a_result_file():
+    readme = (REPO_ROOT / "experiments" / "README.md").read_text()
+    assert _numbers_not_in_the_files(readme) == []
+    assert _numbers_not_in_the_files(readme.replace("0.457 [0.424, 0.495], below", "0.475 [0.424, 0.495], below")) == ["0.475"]
