@@ -223,3 +223,23 @@ def test_every_number_of_the_readme_reading_is_in_a_result_file():
     readme = (REPO_ROOT / "experiments" / "README.md").read_text()
     assert _numbers_not_in_the_files(readme) == []
     assert _numbers_not_in_the_files(readme.replace("0.457 [0.424, 0.495], below", "0.475 [0.424, 0.495], below")) == ["0.475"]
+
+
+def test_render_into_replaces_only_its_block(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("before\n<!-- reading:main -->\nold\n<!-- /reading:main -->\nafter\n")
+    assert reading.render_into(readme, "main", "| new |\n")
+    assert readme.read_text() == "before\n<!-- reading:main -->\n| new |\n<!-- /reading:main -->\nafter\n"
+    assert not reading.render_into(readme, "main", "| new |\n")  # unchanged the second time
+    with pytest.raises(ValueError, match="no block"):
+        reading.render_into(readme, "d11_head", "x")
+
+
+def test_levels_are_rebuilt_only_for_the_saved_prompts():
+    results = json.loads((MAIN / "results.json").read_text())
+    samples = {"test_prompts": json.loads((MAIN / "samples.json").read_text())["test_prompts"]}
+    levels, valid = reading.graded_levels(results, samples)
+    assert levels.shape[0] == len(samples["test_prompts"]) and valid.sum(-1).max() == 10  # answers 0, 1, 8, 9: 10 levels
+    samples["test_prompts"] = samples["test_prompts"][::-1]
+    with pytest.raises(ValueError, match="does not give the saved held-out prompts"):
+        reading.graded_levels(results, samples)
