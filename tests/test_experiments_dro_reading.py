@@ -172,7 +172,7 @@ def test_committed_reading_is_what_the_code_computes_from_the_files():
     results = json.loads((MAIN / "results.json").read_text())
     samples = json.loads((MAIN / "samples.json").read_text())
     saved = json.loads((MAIN / "reading.json").read_text())
-    fresh = reading.analyse(results, samples, fixed_points=False)  # the fixed points take ~2 min
+    fresh = reading.analyse(results, samples, fixed_points=False)  # the fixed points: checked by hand above
     assert json.loads(json.dumps(fresh["arms"])) == saved["arms"]
     assert fresh["optimum"] == saved["optimum"] and fresh["frontier"] == saved["frontier"]
     # the level-scale optimum is run.py's token-scale pi* (exact.regularised_optimum)

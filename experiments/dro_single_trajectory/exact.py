@@ -211,20 +211,25 @@ def offline_fixed_point(start: Tensor, levels: Tensor, valid: Tensor, tau: float
     log_start = log_masses(start, valid)
     weights = start * valid
 
+    # the loss's curvature in a level's logit scales with its start mass (some are ~1e-9): L-BFGS
+    # runs on logits times sqrt(mass), where the curvature is about the same for every level
+    scale = torch.where(valid & (weights > 0), weights.clamp(min=1e-300).sqrt(), torch.ones_like(weights))
+
     def minimise(v: Tensor, theta: Tensor) -> Tensor:
-        theta = theta.clone().requires_grad_(True)
-        opt = torch.optim.LBFGS([theta], lr=1, max_iter=2000, tolerance_grad=1e-14, tolerance_change=0,
+        phi = (theta * scale).requires_grad_(True)
+        opt = torch.optim.LBFGS([phi], lr=1, max_iter=2000, tolerance_grad=1e-13, tolerance_change=0,
                                 history_size=50, line_search_fn="strong_wolfe")
 
         def closure():
             opt.zero_grad()
-            ratio = torch.where(valid, torch.log_softmax(log_start + theta, -1) - log_start, torch.zeros_like(theta))
+            logits = log_start + phi / scale
+            ratio = torch.where(valid, torch.log_softmax(logits, -1) - log_start, torch.zeros_like(phi))
             loss = 0.5 * (weights * (levels - v - tau * ratio) ** 2).sum()
             loss.backward()
             return loss
 
         opt.step(closure)
-        return theta.detach()
+        return phi.detach() / scale
 
     def target(theta: Tensor) -> Tensor:  # (P,) E_start[r - tau log pi/start]
         ratio = torch.where(valid, torch.log_softmax(log_start + theta, -1) - log_start, torch.zeros_like(theta))

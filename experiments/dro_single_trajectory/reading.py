@@ -312,7 +312,7 @@ def render_into(readme: str | Path, name: str, table: str) -> bool:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="a run's output directory (results.json, samples.json)")
-    parser.add_argument("--no-fixed-points", action="store_true", help="skip the tabular fixed points (2-5 min)")
+    parser.add_argument("--no-fixed-points", action="store_true", help="skip the tabular fixed points (~15 s)")
     parser.add_argument("--render", action="store_true",
                         help="only render reading.md and frontier.png again from the saved reading.json")
     parser.add_argument("--readme", default=None,
