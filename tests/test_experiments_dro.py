@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from experiments.dro_single_trajectory import exact, report, task
+from experiments.dro_single_trajectory import exact, reading, report, task
 from experiments.dro_single_trajectory import run as driver
 from experiments.dro_single_trajectory.triplets import (
     TripletDataModule,
@@ -260,6 +260,21 @@ def test_driver_end_to_end_on_a_tiny_model(tmp_path):
     assert "| start (no training) |" in table and "| optimum pi*" in table
     png = (out / "reward_vs_kl.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+    # the second reading, from the same files (reading.py): every arm read, pi* where Eq. 8 with
+    # V(x) converges, and the level-scale pi* equal to the token-scale one the driver computed
+    second = json.loads((out / "reading.json").read_text())
+    assert list(second["arms"]) == ["start"] + list(arms)
+    assert second["fixed_points"]["per_prompt"]["expected_reward"] == pytest.approx(results["optimum"]["expected_reward"])
+    assert second["fixed_points"]["per_prompt"]["kl"] == pytest.approx(results["optimum"]["kl"])
+    tau, mean, std = second["tau"], second["reward_mean"], second["reward_std"]
+    for name in arms:  # J = E[r_norm] - tau KL, the mean of the table's numbers
+        row = results["arms"][name]
+        assert second["arms"][name]["objective"]["mean"] == pytest.approx(
+            (row["expected_reward"]["mean"] - mean) / std - tau * row["kl"]["mean"])
+        assert second["arms"][name]["kl_to_optimum"]["low"] >= 0.0
+    assert (out / "reading.md").read_text() == reading.markdown(second)
+    assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_single_batches_hold_whole_prompts_shuffled_each_epoch(tmp_path, tiny_tokenizer):

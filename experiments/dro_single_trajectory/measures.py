@@ -1,6 +1,8 @@
 """What the DRO miniature measures of a trained policy and its value, exactly (`exact.py`).
 
 `evaluate`: per held-out prompt, expected and greedy reward, KL to the start and win rates.
+`regularised_objective` and `distance_to_optimum`: from a run's saved numbers, the objective
+DRO-V optimises and its distance to that objective's optimum pi*, exactly.
 `value_fit`: R^2 of DRO-V's V(x) against its exact target. `sample_mean_fit`: the same R^2 for
 the per-prompt mean of the training draws, the V a value network that memorised its training
 data would give: the scale `value_fit` is read on (with a few draws per prompt, the draws' noise
@@ -68,3 +70,22 @@ def sample_mean_fit(triplets: Sequence[dict[str, Any]], start_logp: torch.Tensor
     if (counts == 0).any():
         raise ValueError(f"{int((counts == 0).sum())} training prompts have no triplet")
     return r_squared(sums / counts, (start_logp.exp() * normalised).sum(-1))
+
+
+def normalised_expected(run: dict[str, Any], mean: float, std: float) -> torch.Tensor:
+    """(P,) E_pi[r_norm] per prompt from a run's saved E_pi[r] (r_norm = (r - mean) / std is linear in r)."""
+    return (torch.tensor(run["expected_reward"], dtype=torch.float64) - mean) / std
+
+
+def regularised_objective(run: dict[str, Any], mean: float, std: float, tau: float) -> list[float]:
+    """Per prompt, the objective DRO-V optimises (Richemond et al. 2024, Eq. 2, with the
+    normalised rewards it is trained on): J(pi) = E_pi[r_norm] - tau KL(pi || pi_start), from a
+    run's saved expected reward and exact KL."""
+    return (normalised_expected(run, mean, std) - tau * torch.tensor(run["kl"], dtype=torch.float64)).tolist()
+
+
+def distance_to_optimum(run: dict[str, Any], log_z: torch.Tensor, mean: float, std: float, tau: float) -> list[float]:
+    """Per prompt, KL(pi || pi*) exactly (`exact.kl_to_optimum`), pi* ∝ pi_start exp(r_norm / tau);
+    `log_z` (P,) from `exact.log_partition` of the start's level masses and the normalised levels."""
+    return exact.kl_to_optimum(normalised_expected(run, mean, std), torch.tensor(run["kl"], dtype=torch.float64),
+                               log_z, tau).tolist()

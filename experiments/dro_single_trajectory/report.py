@@ -14,6 +14,8 @@ win rates are computed from. Over seeds x prompts (`lit_rlhf.evaluation.paired`)
 Decision rule, fixed before the runs: a comparison is a win for DRO-V when the 95% interval of
 the expected-reward difference lies above 0, a loss when below, "no detectable difference"
 otherwise; the win rate and the sign test are reported beside it, not used to decide.
+`reading.py`, written after the run, reads the same files with a win-rate verdict of its own, the
+regularised objective, the distance to pi* and the reward-vs-KL frontier.
 """
 
 from __future__ import annotations

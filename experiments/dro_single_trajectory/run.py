@@ -22,7 +22,10 @@
    Statistics (`report.py`, `lit_rlhf.evaluation.paired`): hierarchical bootstrap over seeds
    then prompts, paired differences, the exact sign test; DRO-V against every arm and the start.
 5. Output in `<out>`: `results.json`, `results.md`, `reward_vs_kl.png`, and `samples.json`
-   (every per-prompt number of every run, for any re-analysis).
+   (every per-prompt number of every run and the held-out reward levels, for any re-analysis).
+6. The same files read four more ways (`reading.py`: win rates with their verdicts, the
+   regularised objective, the distance to pi*, the reward-vs-KL frontier and where Eq. 8
+   converges with each form of V): `reading.json`, `reading.md`, `frontier.png`.
 
 Every budget knob is in `budget.yaml` (`--profile`, `--set key=value`).
 """
@@ -43,7 +46,7 @@ import lightning as L
 import torch
 import yaml
 
-from experiments.dro_single_trajectory import exact, report, task
+from experiments.dro_single_trajectory import exact, reading, report, task
 from experiments.dro_single_trajectory.measures import evaluate, sample_mean_fit, value_fit
 from experiments.dro_single_trajectory.triplets import (TripletDataModule, draw_triplets, read_triplets,
                                                        reward_statistics, write_triplets)
@@ -290,6 +293,7 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
                "greedy_reward": float(exact.greedy_reward(optimum_logp, rewards["test"]).mean()),
                "kl": float(exact.kl(optimum_logp, start_logp["test"]).mean())}
     samples = {"test_prompts": [r["prompt"] for r in rows["test"]], "start": start_eval,
+               "reward_levels": [torch.unique(r).tolist() for r in rewards["test"]],  # `levels`' order
                "arms": {name: {"params": arm["params"], "runs": arm["runs"]} for name, arm in per_arm.items()}}
     seconds["total"] = time.perf_counter() - started
     results = {
@@ -307,6 +311,7 @@ def _run(profile, out, arms, overrides, token_rewards, log) -> dict[str, Any]:
     (out / "results.md").write_text(report.markdown_table(results))
     report.figure(results, out / "reward_vs_kl.png")
     log(report.markdown_table(results))
+    log(reading.markdown(reading.write(out)))
     return results
 
 
