@@ -3,9 +3,9 @@
     python -m benchmarks.compare_commits --base 1044d8f --methods grpo dpo --pairs 3 \
         --json benchmarks/results/commits_1044d8f.json -- --model smollm2-135m-instruct --steps 4 --warmup 1
 
-checks the base commit out in a temporary git worktree and runs `python -m benchmarks.bench_<method>
---frameworks ours --rounds 1 --no-bare` (plus the arguments after `--`) in the base tree and in this
-tree in turn, in alternating order (base first in odd pairs, head first in even ones), so a drift
+checks the base commit and the head commit (`--head`, default HEAD: uncommitted changes are not
+measured) out in temporary git worktrees and runs `python -m benchmarks.bench_<method> --frameworks
+ours --rounds 1 --no-bare` (plus the arguments after `--`) in the two trees in turn, in alternating order (base first in odd pairs, head first in even ones), so a drift
 of the machine's speed or load reaches both sides alike. Each run gives its median step time; the
 figure to quote is the median over pairs of head / base (below 1: the head is faster), with the
 range of the pairs beside it: on a shared machine one pair alone says little.
@@ -43,23 +43,22 @@ def step_median(tree: Path, method: str, bench_args: list[str], out: Path) -> fl
     return float(result["frameworks"]["ours"]["step_time_s"]["median"])
 
 
-def compare(base: str, methods: list[str], pairs: int, bench_args: list[str]) -> dict[str, Any]:
-    head = git("rev-parse", "HEAD")
-    base = git("rev-parse", base)
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+def compare(base: str, head: str, methods: list[str], pairs: int, bench_args: list[str]) -> dict[str, Any]:
+    base, head = git("rev-parse", base), git("rev-parse", head)
     out: dict[str, Any] = {
-        "base": base, "head": head, "head_has_uncommitted_changes": dirty, "pairs": pairs, "bench_args": bench_args,
+        "base": base, "head": head, "pairs": pairs, "bench_args": bench_args,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cores": os.cpu_count(), "load_average_before": os.getloadavg(),
         "methods": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        base_tree = Path(tmp) / "base"
+        base_tree, head_tree = Path(tmp) / "base", Path(tmp) / "head"
         git("worktree", "add", "--detach", str(base_tree), base)
+        git("worktree", "add", "--detach", str(head_tree), head)
         try:
             for method in methods:
                 rows = []
                 for i in range(pairs):
-                    order = [("base", base_tree), ("head", REPO)]
+                    order = [("base", base_tree), ("head", head_tree)]
                     if i % 2:
                         order.reverse()
                     row: dict[str, float] = {}
@@ -77,7 +76,8 @@ def compare(base: str, methods: list[str], pairs: int, bench_args: list[str]) ->
                     "head_step_s_median": statistics.median(r["head"] for r in rows),
                 }
         finally:
-            git("worktree", "remove", "--force", str(base_tree))
+            for tree in (base_tree, head_tree):
+                git("worktree", "remove", "--force", str(tree))
     out["load_average_after"] = os.getloadavg()
     return out
 
@@ -89,14 +89,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         split = argv.index("--")
         argv, bench_args = argv[:split], argv[split + 1:]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", required=True, help="the commit to compare this tree's HEAD with")
+    parser.add_argument("--base", required=True, help="the commit to compare with")
+    parser.add_argument("--head", default="HEAD", help="the commit measured against it (default HEAD)")
     parser.add_argument("--methods", nargs="+", default=["grpo", "dpo"], help="benchmarks.bench_<method> to run")
     parser.add_argument("--pairs", type=int, default=3, help="base/head pairs per method (order alternates)")
     parser.add_argument("--json", help="write the result there")
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error("--pairs must be >= 1")
-    result = compare(args.base, args.methods, args.pairs, bench_args)
+    result = compare(args.base, args.head, args.methods, args.pairs, bench_args)
     for method, figures in result["methods"].items():
         print(f"{method}: head/base step time {figures['ratio_median']:.3f} (pairs {figures['ratio_min']:.3f}-"
               f"{figures['ratio_max']:.3f}); medians base {figures['base_step_s_median']:.2f} s, "

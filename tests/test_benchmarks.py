@@ -103,7 +103,7 @@ def test_async_bench_runs_sync_and_async_on_the_tiny_model(tmp_path):
 
 
 def test_compare_commits_runs_both_trees_in_turn(tmp_path, monkeypatch):
-    """HEAD against itself on the tiny model: the base tree is checked out and removed again, each
+    """HEAD against itself on the tiny model: both trees are checked out and removed again, each
     pair's ratio is head / base, and the order alternates between pairs."""
     from benchmarks import compare_commits
 
@@ -111,15 +111,16 @@ def test_compare_commits_runs_both_trees_in_turn(tmp_path, monkeypatch):
     real = compare_commits.step_median
 
     def recorded(tree, method, bench_args, out):
-        calls.append(tree == compare_commits.REPO)
+        calls.append(tree.name)
         return real(tree, method, bench_args, out)
 
     monkeypatch.setattr(compare_commits, "step_median", recorded)
     result = compare_commits.main(["--base", "HEAD", "--methods", "dpo", "--pairs", "2", "--json", str(tmp_path / "c.json"),
                                    "--", *SMALL[:6], "--batch-size", "2", "--prompt-length", "12", "--completion-length", "6"])
-    assert calls == [False, True, True, False]  # base first, then head first
+    assert calls == ["base", "head", "head", "base"]  # base first, then head first
     figures = result["methods"]["dpo"]
     assert [p["ratio"] for p in figures["pairs"]] == [p["head"] / p["base"] for p in figures["pairs"]]
     assert figures["ratio_min"] <= figures["ratio_median"] <= figures["ratio_max"]
     assert json.loads((tmp_path / "c.json").read_text())["base"] == result["head"]
-    assert not any(line.split()[0].endswith("/base") for line in compare_commits.git("worktree", "list").splitlines())
+    trees = [line.split()[0] for line in compare_commits.git("worktree", "list").splitlines()]
+    assert not any(tree.endswith(("/base", "/head")) for tree in trees)  # both removed
