@@ -14,9 +14,11 @@ interval (`lit_rlhf.evaluation.paired`):
 - `reward`: the objective the policy optimised, before and after, as a paired difference: the
   reward model's score, read at the EOS or the last token of prompt + completion token ids exactly
   as the online modules score rollouts (D12), or `--missing_eos_score` for a completion without
-  EOS when training used the EOS trick (D23); `ended`: the fraction of completions with an EOS;
-- `gold`: the independent gold measure (`--gold keyfact`: `lit_rlhf.judges.keyfact`, recall of the
-  key fact each post carries, which neither the policy nor the reward model ever saw), as a paired
+  EOS when training used the EOS trick (D23, whose constant is -1; the quickstart's -1.5 is ours);
+  `ended`: the fraction of completions with an EOS;
+- `gold`: the gold measure (`--gold keyfact`: `lit_rlhf.judges.keyfact`, recall of the key fact
+  each post carries, which the policy never saw; the reward model was fitted to pairs labelled by
+  its generation-time version with noise, so it is not independent of the reward), as a paired
   difference, and `gold_win_rate`: how often the trained policy's completion beats the starting
   policy's on the gold, ties as half;
 - `reward_model`: accuracy on held-out preference pairs (`--pairs`), with its Wilson interval, and
