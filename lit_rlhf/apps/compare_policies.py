@@ -187,6 +187,13 @@ def objective(scores: Sequence[float], response_ids: Sequence[Sequence[int]], eo
     return [s if eos_token_id in ids else missing_eos_score for s, ids in zip(scores, response_ids)]
 
 
+def plain_text(text: str, tokenizer: Any) -> str:
+    """`text` without the tokenizer's special tokens ("<|im_end|>"), stripped."""
+    for token in getattr(tokenizer, "all_special_tokens", []):
+        text = text.replace(token, "")
+    return text.strip()
+
+
 def baseline_names(text: str) -> list[str]:
     """`--baselines`: comma-separated names of `lit_rlhf.evaluation.golds.EXTRACTIVE`."""
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -325,7 +332,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                args.pairs_class, args.pairs_gold)
         lap("heldout_pairs")
     if args.checks:
-        references = prompts.require_references()
+        # a chat template may leave its end-of-turn marker on the reference (the tiny test tokenizer's does)
+        references = [plain_text(r, tokenizer) for r in prompts.require_references()]
         rows = checks_for(references, load_checks(args.checks))
         extra = extractive_answers(args.baselines, rows)
         extra_ids = [[tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id] for t in texts]

@@ -170,7 +170,7 @@ def listed_matches(summary: str, patterns: Sequence[str]) -> list[str]:
     """The patterns (case-insensitive regular expressions, matched against the `normalise`d text)
     that `summary` matches: the false statements or distractor details a post's checks list."""
     text = normalise(summary)
-    return [p for p in patterns if re.search(p, text)]
+    return [p for p in patterns if re.search(p, text, re.IGNORECASE)]
 
 
 # --------------------------------------------------------------------------------------------

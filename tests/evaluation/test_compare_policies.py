@@ -139,3 +139,10 @@ def test_rescore_refuses_mismatched_prompts_and_missing_settings(tmp_path):
         main(["--prompts", "bundled:keyfact_chat"])
     with pytest.raises(ValueError, match="no checks row"):
         main(["--rescore", str(other), "--checks", "bundled:keyfact_checks"])
+
+
+def test_plain_text_drops_special_tokens(tiny_tokenizer):
+    from lit_rlhf.apps.compare_policies import plain_text
+
+    eos = tiny_tokenizer.eos_token
+    assert plain_text(f" Sister gave me two weeks to move out.{eos}\n", tiny_tokenizer) == "Sister gave me two weeks to move out."
