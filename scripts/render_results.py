@@ -122,6 +122,13 @@ def quickstart_block(results: list[dict[str, Any]], golds: dict[str, dict[str, A
         ended = f"{r['ended']['before']['rate']:.3f}, {r['ended']['after']['rate']:.3f}" if r.get("ended") else ""
         lines.append(f"| {s} | {r['reward']['mean_diff']:+.3f} {_ci(r['reward'])} | {ended} | " + " | ".join(cells)
                      + f" | {_minutes(r['wall_seconds'])} ({r['machine']['load_average_1_5_15'][0]}) |")
+    live = [r for r in results if r.get("answerers") and "reward" in r["answerers"].get("start", {})]
+    if live:
+        r = live[-1]
+        lines += ["", f"The optimised reward of every answer in seed {r['seed']}'s evaluation (an extractive answer "
+                      "scored as an answer that ended; 95% bootstrap intervals over posts): "
+                  + ", ".join(f"{ANSWERERS.get(a, a)} {m['reward']['mean']:+.3f} {_ci(m['reward'])}"
+                              for a, m in r["answerers"].items()) + "."]
     return "\n".join(lines)
 
 
