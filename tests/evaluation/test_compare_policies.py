@@ -146,3 +146,23 @@ def test_plain_text_drops_special_tokens(tiny_tokenizer):
 
     eos = tiny_tokenizer.eos_token
     assert plain_text(f" Sister gave me two weeks to move out.{eos}\n", tiny_tokenizer) == "Sister gave me two weeks to move out."
+
+
+def test_load_checks_refuses_bad_sources(tmp_path):
+    import json
+
+    from lit_rlhf.evaluation.golds import load_checks
+
+    assert len(load_checks("bundled:keyfact_checks")) == 256  # every post of every split, by its key fact
+    with pytest.raises(ValueError, match="no bundled dataset 'nope'"):
+        load_checks("bundled:nope")
+    with pytest.raises(ValueError, match="neither bundled:<name> nor a .jsonl file"):
+        load_checks(str(tmp_path / "missing.jsonl"))
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text(json.dumps({"summary": "x", "title": "t", "post": "p"}) + "\n")
+    with pytest.raises(ValueError, match=r"row 0 lacks \['distractors', 'false_claims'\]"):
+        load_checks(str(partial))
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text(2 * (json.dumps(ROW) + "\n"))
+    with pytest.raises(ValueError, match="names two posts"):
+        load_checks(str(twice))
