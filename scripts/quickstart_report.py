@@ -59,8 +59,10 @@ def collect(out: Path, seconds: int | None) -> dict[str, Any]:
         "gold_win_rate": comparison["gold_win_rate"],
         "ended": comparison.get("ended"),
         "evaluation": {k: comparison["settings"].get(k) for k in ("prompts", "split", "num_prompts", "max_new_tokens",
-                                                                  "gold", "missing_eos_score")},
+                                                                  "gold", "missing_eos_score", "checks", "baselines")},
         "timings": comparison.get("timings"),
+        # the key-fact golds of the start, the trained policy and the trivial answers (compare_policies --checks)
+        **{k: comparison[k] for k in ("answerers", "differences", "per_prompt") if k in comparison},
         "samples": comparison["samples"],
     }
 
@@ -97,6 +99,10 @@ def report(results: dict[str, Any], out: Path) -> list[str]:
         f"{gold['mean_diff']:+.3f}, 95% CI {interval(gold)}: {gold['verdict']}",
         f"gold win rate         {win['rate']:.3f} vs the starting policy (ties half), 95% CI {interval(win)}, n={win['n']}",
     ]
+    if results.get("answerers"):
+        lines.append("key-fact golds        " + "  ".join(f"{m}" for m in results["answerers"]["start"]))
+        for name, measures in results["answerers"].items():
+            lines.append(f"  {name:<19} " + "  ".join(f"{v['mean']:.3f}" for v in measures.values()))
     if results.get("ended"):
         before, after = results["ended"]["before"], results["ended"]["after"]
         lines.append(f"ended with EOS        {before['rate']:.0%} -> {after['rate']:.0%} of the held-out answers")

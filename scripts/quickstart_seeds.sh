@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # The main job over several seeds, each result kept for the README:
 #
-#   bash scripts/quickstart_seeds.sh 1 2 3 4 5     # default: 1 2 3 4 5
+#   bash scripts/quickstart_seeds.sh 6 7         # default: 1 2 3 4 5
 #
 # Each seed runs `scripts/quickstart.sh --seed_everything SEED` on an otherwise idle machine and
-# its results.json is copied to results/quickstart/seedSEED.json; then
-# `python scripts/render_results.py` rewrites the README's figures from those files.
+# its results.json is copied to results/quickstart/seedSEED.json; the golds of their saved answers,
+# beside the trivial answers and pooled over the seeds, go to results/quickstart/golds/seedsFIRST-LAST.json
+# (`python -m lit_rlhf.apps.compare_policies --rescore`); then `python scripts/render_results.py`
+# rewrites the README's figures from those files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p results/quickstart
-for seed in "${@:-1 2 3 4 5}"; do
-  for s in $seed; do
-    bash scripts/quickstart.sh --seed_everything "$s"
-    cp outputs/quickstart/results.json "results/quickstart/seed$s.json"
-  done
+seeds=(${@:-1 2 3 4 5})
+files=()
+for s in "${seeds[@]}"; do
+  bash scripts/quickstart.sh --seed_everything "$s"
+  cp outputs/quickstart/results.json "results/quickstart/seed$s.json"
+  files+=("results/quickstart/seed$s.json")
 done
+python -m lit_rlhf.apps.compare_policies --rescore "${files[@]}" \
+  --checks bundled:keyfact_checks --baselines first_sentence,title,post,reference \
+  --output "results/quickstart/golds/seeds${seeds[0]}-${seeds[-1]}.json" > /dev/null
 python scripts/render_results.py

@@ -45,23 +45,45 @@ def test_quickstart_pipeline_on_the_tiny_model(tmp_path):
     args = [a.replace('"$OUT', str(out)).strip('"') for a in args]
     settings = dict(zip(args[::2], args[1::2]))
     assert settings["--num_prompts"] == "64" and settings["--before"] == "smollm2-135m-instruct"
-    settings.update({"--before": "tiny-random-llama", "--num_prompts": "8", "--max_new_tokens": "6",
+    assert settings["--split"] == "$SPLIT" and "test_sft) PAIRS=bundled:keyfact_chat ;;" in command  # the default
+    assert settings["--baselines"] == "first_sentence,title,post,reference"
+    settings.update({"--split": "test_sft", "--pairs": "bundled:keyfact_chat","--before": "tiny-random-llama", "--num_prompts": "8", "--max_new_tokens": "6",
                      "--pairs_split": "test_prefs[:8]"})
     run([x for kv in settings.items() for x in kv], tmp_path, module="lit_rlhf.apps.compare_policies")
     report = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "quickstart_report.py"), str(out),
                              "--seconds", "61"], capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stdout + report.stderr
     for line in ("reward model          held-out pair accuracy", "optimised reward      ", "gold (key fact)", "ended with EOS",
-                 "gold win rate", "KL to the start", "wall time             1 min 1 s", "policy (HF)"):
+                 "gold win rate", "KL to the start", "wall time             1 min 1 s", "policy (HF)", "key-fact golds",
+                 "  first_sentence"):
         assert line in report.stdout, report.stdout
     results = json.loads((out / "results.json").read_text())
     assert results["seed"] == 1 and results["reward"]["n"] == 8 and len(results["samples"]) == 8
     assert results["reward_model"]["accuracy"]["n"] == 8
     sample = results["samples"][0]
     assert set(sample) >= {"prompt", "reference", "before", "after", "reward_before", "gold_after"}
+    # the trivial answers beside the policies, scored by every gold and the reward model
+    assert list(results["answerers"]) == ["start", "trained", "first_sentence", "title", "post", "reference"]
+    assert set(results["answerers"]["title"]) == {"recall_v1", "recall", "f1", "distractor", "false", "reward"}
+    assert results["answerers"]["reference"]["recall"]["mean"] == 1.0
+    assert results["answerers"]["post"]["distractor"]["mean"] == 1.0
+    assert "trained - first_sentence" in results["differences"]
+    # the validation posts, where settings are chosen: no held-out pairs (they are the test posts')
+    settings.update({"--split": "validation_sft", "--pairs": "", "--num_prompts": "64",
+                     "--output": str(tmp_path / "validation.json")})
+    run([x for kv in settings.items() for x in kv], tmp_path, module="lit_rlhf.apps.compare_policies")
+    validation = json.loads((tmp_path / "validation.json").read_text())
+    assert validation["reward"]["n"] == 32 and "reward_model" not in validation  # all 32 validation posts
+    assert validation["answerers"]["reference"]["f1"]["mean"] == 1.0
     # the tiny random model learns nothing in two rollouts: the report must say so, and --strict must fail
     if results["gold"]["ci_low"] <= 0:
         assert "did not show learning" in report.stderr
         strict = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "quickstart_report.py"), str(out),
                                  "--strict"], capture_output=True, text=True, timeout=120)
         assert strict.returncode == 1
+
+
+def test_quickstart_refuses_an_unknown_split():
+    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "quickstart.sh")], env={**subprocess_env(),
+                          "QUICKSTART_SPLIT": "test"}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "QUICKSTART_SPLIT must be test_sft or validation_sft" in done.stderr

@@ -25,7 +25,7 @@ def test_a_changed_number_is_caught(tmp_path):
     results = sorted((REPO_ROOT / "results" / "quickstart").glob("seed*.json"))
     assert results, "no committed quickstart result"
     result = json.loads(results[0].read_text())
-    shown = f"{result['gold']['mean_after']:.3f}"
+    shown = f"{result['reward']['mean_diff']:+.3f}"  # the per-seed table's reward difference
     assert shown in readme
     stale = tmp_path / "README.md"
     stale.write_text(readme.replace(shown, "9.999", 1))
@@ -36,3 +36,13 @@ def test_a_changed_number_is_caught(tmp_path):
 def test_every_block_is_present():
     with pytest.raises(ValueError, match="no block"):
         render_results.render("a README without blocks")
+
+
+def test_the_golds_table_is_rendered_from_the_rescored_answers():
+    """Each answerer's pooled golds appear as the rescoring wrote them, baselines beside the policies."""
+    path = next(p for p in render_results.GOLD_FILES if (REPO_ROOT / p).is_file())
+    golds = json.loads((REPO_ROOT / path).read_text())
+    block = render_results.golds_table(golds)
+    row = next(line for line in block if line.startswith("| copy the post's first sentence |"))
+    assert f"{golds['answerers']['first_sentence']['f1']['mean']:.3f}" in row
+    assert any(line.startswith("| **trained - first sentence** (paired) |") for line in block)

@@ -14,13 +14,34 @@ interval (`lit_rlhf.evaluation.paired`):
 - `reward`: the objective the policy optimised, before and after, as a paired difference: the
   reward model's score, read at the EOS or the last token of prompt + completion token ids exactly
   as the online modules score rollouts (D12), or `--missing_eos_score` for a completion without
-  EOS when training used the EOS trick (D23); `ended`: the fraction of completions with an EOS;
-- `gold`: the independent gold measure (`--gold keyfact`: `lit_rlhf.judges.keyfact`, recall of the
-  key fact each post carries, which neither the policy nor the reward model ever saw), as a paired
+  EOS when training used the EOS trick (D23, whose constant is -1; the quickstart's -1.5 is ours);
+  `ended`: the fraction of completions with an EOS;
+- `gold`: the gold measure (`--gold keyfact`: `lit_rlhf.judges.keyfact`, recall of the key fact
+  each post carries, which the policy never saw; the reward model was fitted to pairs labelled by
+  its generation-time version with noise, so it is not independent of the reward), as a paired
   difference, and `gold_win_rate`: how often the trained policy's completion beats the starting
   policy's on the gold, ties as half;
 - `reward_model`: accuracy on held-out preference pairs (`--pairs`), with its Wilson interval, and
   its agreement with the gold on the pairs where the gold orders the two summaries.
+
+- `answers`: with `--checks` (the posts' checks, `bundled:keyfact_checks`), every measure of
+  `lit_rlhf.evaluation.golds` (the generation-time and the fixed key-fact recall, the key-fact
+  F1, the rate of answers naming a distractor detail and of answers stating a listed false
+  statement) for the starting policy, the trained one and each trivial answer named by
+  `--baselines` (`first_sentence`, `title`, `post`, `reference`: extractive answers from the post
+  itself), with the reward model's score of each (an extractive answer scored as a completion
+  that ended); `differences`: trained minus start and minus each baseline, paired.
+
+    python -m lit_rlhf.apps.compare_policies --rescore results/quickstart/seed6.json \\
+        results/quickstart/seed7.json --checks bundled:keyfact_checks \\
+        --baselines first_sentence,title,post,reference --output results/quickstart/golds/seeds6-7.json
+
+rescores saved results (their per-prompt answers) with the same measures, no model loaded, and
+pools their seeds: means over seeds x prompts with hierarchical bootstrap intervals (seeds, then
+prompts; `lit_rlhf.evaluation.paired.paired_bootstrap`).
+
+Settings are chosen on `--split validation_sft` (32 posts; the pairs are test pairs, so leave
+`--pairs` out there); the test posts report a chosen setting, never choose it.
 
 The JSON result (`--output`) holds the settings, the date, the machine and its load, the summary
 and one row per prompt (both completions and all their scores) for re-analysis.
@@ -40,6 +61,15 @@ from typing import Any, Sequence
 
 import torch
 
+from lit_rlhf.evaluation.golds import (
+    EXTRACTIVE,
+    MEASURES,
+    checks_for,
+    extractive_answers,
+    load_checks,
+    pool,
+    score_answers,
+)
 from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, proportion
 from lit_rlhf.generation import SamplingConfig
 
@@ -157,15 +187,72 @@ def objective(scores: Sequence[float], response_ids: Sequence[Sequence[int]], eo
     return [s if eos_token_id in ids else missing_eos_score for s, ids in zip(scores, response_ids)]
 
 
+def plain_text(text: str, tokenizer: Any) -> str:
+    """`text` without the tokenizer's special tokens ("<|im_end|>"), stripped."""
+    for token in getattr(tokenizer, "all_special_tokens", []):
+        text = text.replace(token, "")
+    return text.strip()
+
+
+def baseline_names(text: str) -> list[str]:
+    """`--baselines`: comma-separated names of `lit_rlhf.evaluation.golds.EXTRACTIVE`."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in EXTRACTIVE]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown baselines {unknown}: choose from {', '.join(EXTRACTIVE)}")
+    return names
+
+
+def rescore(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """The golds of the answers saved in `args.rescore` (results of this app or of
+    `scripts/quickstart_report.py`), with `args.baselines`, pooled over the files (see the module
+    docstring). The files must hold the same prompts in the same order."""
+    results = []
+    for path in args.rescore:
+        result = json.loads(Path(path).read_text())
+        if not result.get("samples"):
+            raise ValueError(f"{path} holds no per-prompt samples to rescore")
+        results.append(result)
+    references = [s["reference"] for s in results[0]["samples"]]
+    for path, result in zip(args.rescore, results):
+        if [s["reference"] for s in result["samples"]] != references:
+            raise ValueError(f"{path} scores other prompts than {args.rescore[0]}: seeds of one run share them")
+    rows = checks_for(references, load_checks(args.checks)) if args.checks else None
+    extra = extractive_answers(args.baselines, rows) if args.baselines else {}
+    per_seed = []
+    for result in results:
+        scores = {"start": score_answers([s["before"] for s in result["samples"]], references, rows),
+                  "trained": score_answers([s["after"] for s in result["samples"]], references, rows)}
+        scores.update({name: score_answers(texts, references, rows) for name, texts in extra.items()})
+        per_seed.append(scores)
+    out: dict[str, Any] = {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+        "settings": vars(args),
+        "inputs": [{"file": path, "seed": r.get("seed"), "created": r.get("created"), "n": len(r["samples"]),
+                    **{k: (r.get("evaluation") or r.get("settings") or {}).get(k) for k in ("prompts", "split")}}
+                   for path, r in zip(args.rescore, results)],
+        "measures": {m: MEASURES[m] for m in per_seed[0]["start"]},
+        "per_seed": [{a: {m: sum(v) / len(v) for m, v in ms.items()} for a, ms in seed.items()} for seed in per_seed],
+        **pool(per_seed, against=["start", *args.baselines]),
+        "per_prompt": per_seed,
+    }
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k not in ("per_prompt", "settings")}, indent=1))
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", required=True, help="the starting policy: model name, exported dir or .ckpt")
-    parser.add_argument("--after", required=True, help="the trained policy, like --before")
-    parser.add_argument("--prompts", required=True, help="data path of the prompts (bundled:<name>, a file, a hub id)")
+    parser.add_argument("--before", help="the starting policy: model name, exported dir or .ckpt")
+    parser.add_argument("--after", help="the trained policy, like --before")
+    parser.add_argument("--prompts", help="data path of the prompts (bundled:<name>, a file, a hub id)")
     parser.add_argument("--data_class", default="lit_rlhf.data.TLDRPromptDataModule")
     parser.add_argument("--split", default="test")
     parser.add_argument("--num_prompts", type=int, default=64)
-    parser.add_argument("--reward_model", required=True, help="the reward model the policy optimised")
+    parser.add_argument("--reward_model", help="the reward model the policy optimised")
     parser.add_argument("--gold", choices=GOLDS, default="keyfact", help="the independent gold measure")
     parser.add_argument("--pairs", default=None, help="held-out preference pairs for the reward model's accuracy")
     parser.add_argument("--pairs_split", default="test")
@@ -177,8 +264,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "response without EOS")
     parser.add_argument("--max_new_tokens", type=int, default=24)
     parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--checks", default=None,
+                        help="the posts' checks (bundled:keyfact_checks): distractors, listed false statements, and "
+                             "the title and post the baselines copy")
+    parser.add_argument("--baselines", type=baseline_names, default=[],
+                        help=f"trivial answers scored beside the policies, comma-separated, of {', '.join(EXTRACTIVE)} "
+                             "(needs --checks)")
+    parser.add_argument("--rescore", nargs="+", default=None, metavar="RESULT",
+                        help="rescore the answers saved in these result files (seeds of one run) instead of "
+                             "generating; pooled over them")
     parser.add_argument("--output", default=None, help="write the JSON result here")
     args = parser.parse_args(argv)
+    if args.baselines and not args.checks:
+        parser.error("--baselines needs --checks (the title and post they copy)")
+    if args.rescore:
+        return rescore(args, argv)
+    missing = [f"--{k}" for k in ("before", "after", "prompts", "reward_model") if not getattr(args, k)]
+    if missing:
+        parser.error(f"the following arguments are required without --rescore: {', '.join(missing)}")
 
     from lit_rlhf.apps.judge_policy import load_policy, load_prompts
     from lit_rlhf.judges.keyfact import KeyFactJudge
@@ -228,6 +331,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["reward_model"] = heldout_pairs(reward_model, tokenizer, args.pairs, args.pairs_split, args.batch_size,
                                                args.pairs_class, args.pairs_gold)
         lap("heldout_pairs")
+    if args.checks:
+        # a chat template may leave its end-of-turn marker on the reference (the tiny test tokenizer's does)
+        references = [plain_text(r, tokenizer) for r in prompts.require_references()]
+        rows = checks_for(references, load_checks(args.checks))
+        extra = extractive_answers(args.baselines, rows)
+        extra_ids = [[tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id] for t in texts]
+                     for texts in extra.values()]
+        extra_rewards = reward_scores(reward_model, tokenizer.pad_token_id, prompts.prompt_ids, *extra_ids,
+                                      batch_size=args.batch_size) if extra else []
+        scores = {"start": {**score_answers(completions["before"][0], references, rows), "reward": rewards["before"]},
+                  "trained": {**score_answers(completions["after"][0], references, rows), "reward": rewards["after"]}}
+        for (name, texts), reward in zip(extra.items(), extra_rewards):
+            scores[name] = {**score_answers(texts, references, rows), "reward": reward}
+        result.update(pool([scores], against=["start", *args.baselines]))
+        result["per_prompt"] = scores
+        lap("golds")
     result["timings"] = timings
     result["samples"] = [
         {"prompt": p, "reference": ref, "before": completions["before"][0][i], "after": completions["after"][0][i],

@@ -2,7 +2,8 @@
 
 - `PairwiseJudge`: the interface, `judge(prompts, completions_a, completions_b) -> list[Judgement]`.
 - `RewardModelJudge`: the completion with the higher reward wins.
-- `KeyFactJudge`: a programmatic gold, the recall of each post's key fact (`lit_rlhf.judges.keyfact`).
+- `KeyFactJudge`: a programmatic gold, the recall of each post's key fact (`lit_rlhf.judges.keyfact`, with
+  its F1 and the listed checks of false statements and distractors).
 - `ChatAPIJudge`: an LLM behind an OpenAI-compatible chat-completions endpoint.
 - `LocalLMJudge`: a local causal LM, read from the next-token probabilities of "A" and "B".
 - `win_rate` / `win_rate_by_length_ratio`: win rate with a Wilson 95% interval, overall and
@@ -13,7 +14,7 @@ LM judges show each pair in a seeded random order and map verdicts back to the c
 
 from lit_rlhf.judges.base import Judgement, PairwiseJudge, RandomOrderJudge, order_is_swapped
 from lit_rlhf.judges.chat_api import ChatAPIJudge
-from lit_rlhf.judges.keyfact import KeyFactJudge, keyfact_recall
+from lit_rlhf.judges.keyfact import KeyFactJudge, keyfact_f1, keyfact_recall, listed_matches
 from lit_rlhf.judges.local_lm import LocalLMJudge
 from lit_rlhf.judges.reward import RewardModelJudge
 from lit_rlhf.judges.stats import (
@@ -41,7 +42,9 @@ __all__ = [
     "WinRateStats",
     "agreement",
     "get_template",
+    "keyfact_f1",
     "keyfact_recall",
+    "listed_matches",
     "order_is_swapped",
     "wilson_interval",
     "win_rate",

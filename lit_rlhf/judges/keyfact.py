@@ -1,18 +1,32 @@
-"""A programmatic gold judge for summaries: how much of the post's key fact a summary states.
+"""Programmatic gold judges for summaries: how much of the post's key fact a summary states, how
+much else it says, and whether it asserts something the post contradicts.
 
 The bundled `keyfact` data (`lit_rlhf/data/bundled/make_keyfact.py`) gives every post one key
-fact, stored as the row's reference summary. Its comparison pairs are labelled by this gold score
+fact, stored as the row's reference summary. Its comparison pairs are labelled by a gold score
 with Bradley-Terry noise, the synthetic-gold set-up of Gao et al. (2023, "Scaling Laws for Reward
 Model Overoptimization"): a reward model learns the gold from noisy pairs, a policy optimises the
 reward model, and the gold, which the policy never sees, measures whether it got better.
 
-    content words: lower-cased alphanumeric tokens ("$200" -> "200"), a trailing plural "s"
-        removed (not after "s": "boss" stays), stop words dropped;
-    key-fact recall(summary, reference) = |content(reference) & content(summary)| / |content(reference)|.
+    content words: lower-cased text, contractions expanded ("can't" -> "can not", "I'm" -> "I am",
+        a possessive or "is" "'s" dropped), alphanumeric tokens ("$200" -> "200"), stop words
+        dropped, each word reduced by `stem`;
+    key-fact recall(summary, reference) = |content(reference) & content(summary)| / |content(reference)|;
+    key-fact F1: the harmonic mean of that recall and the precision
+        |content(reference) & content(summary)| / |content(summary)|, so words beyond the key
+        fact (the post's distractor details, padding) cost score and the whole post is no answer.
 
-The score is in [0, 1]; it is 1 for the reference itself and 0 for a summary sharing no content
-word with it. Word order and paraphrase are ignored on purpose: the gold is a fixed, transparent
-function, not a model, so nothing trained here can share its errors.
+Both are in [0, 1], 1 for the reference itself. They cannot see meaning: "my sister has two weeks
+to move out" recalls most of "Sister gave me two weeks to move out". `listed_matches` is the
+meaning check the data allow: the generator, which knows each situation, writes per post the
+statements that contradict it and the distractor details it planted (`keyfact_checks`, as
+case-insensitive regular expressions), and an answer matching one is marked. A listed check finds
+the errors it lists, so its rate is a lower bound on the answers that state something false.
+
+`content_words_v1` / `keyfact_recall_v1` are the gold the bundled pairs were labelled with when
+they were generated, kept unchanged so the committed data stay exactly reproducible. Their
+tokenisation had two faults the current gold fixes: "can't" gave the content word "t" (and "I'm"
+the word "m"), which any answer with a negative contraction matched; and only a trailing "s" was
+stripped, so "quoted" did not match "quotes" or "paying" "pay".
 """
 
 from __future__ import annotations
@@ -28,11 +42,146 @@ STOP_WORDS = frozenset(
     "up out about into over after before again not no do does did has have had just very all "
     "any some what how when who why can will would should could keeps keep".split()
 )
+# the current gold's stop words: the list above plus the words the contractions expand to
+STOP_WORDS_EXPANDED = STOP_WORDS | frozenset("am shall".split())
 _WORD = re.compile(r"[a-z0-9]+")
+_CONTRACTIONS = [(re.compile(p), r) for p, r in [
+    (r"\bwon't\b", "will not"), (r"\bcan't\b", "can not"), (r"\bshan't\b", "shall not"), (r"n't\b", " not"),
+    (r"'m\b", " am"), (r"'re\b", " are"), (r"'ve\b", " have"), (r"'ll\b", " will"), (r"'d\b", " would"),
+    (r"'s\b", ""),
+]]
+
+
+# --------------------------------------------------------------------------------------------
+# Porter's (1980) step 1 (plurals, -ed, -ing, final y) and step 5a (final e): a light stemmer
+# --------------------------------------------------------------------------------------------
+
+
+def _consonant(word: str, i: int) -> bool:
+    if word[i] in "aeiou":
+        return False
+    return word[i] != "y" or i == 0 or not _consonant(word, i - 1)
+
+
+def _measure(stem: str) -> int:
+    """Porter's m: the number of vowel-consonant sequences in [C](VC)^m[V]."""
+    forms = re.sub(r"v+", "v", re.sub(r"c+", "c", "".join("c" if _consonant(stem, i) else "v" for i in range(len(stem)))))
+    return forms.count("vc")
+
+
+def _has_vowel(stem: str) -> bool:
+    return any(not _consonant(stem, i) for i in range(len(stem)))
+
+
+def _cvc(stem: str) -> bool:
+    """*o: the stem ends consonant-vowel-consonant, the last not w, x or y."""
+    n = len(stem)
+    return n >= 3 and _consonant(stem, n - 3) and not _consonant(stem, n - 2) and _consonant(stem, n - 1) and stem[-1] not in "wxy"
+
+
+def _step1(word: str) -> str:
+    # 1a: sses -> ss, ies -> i, ss -> ss, s -> ""
+    if word.endswith("sses") or word.endswith("ies"):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    # 1b: (m>0) eed -> ee; (*v*) ed -> ""; (*v*) ing -> "", then at/bl/iz -> +e, a double consonant
+    # other than l, s, z -> single, (m=1 and *o) -> +e
+    stripped = None
+    if word.endswith("eed"):
+        if _measure(word[:-3]) > 0:
+            word = word[:-1]
+    elif word.endswith("ed") and _has_vowel(word[:-2]):
+        stripped = word[:-2]
+    elif word.endswith("ing") and _has_vowel(word[:-3]):
+        stripped = word[:-3]
+    if stripped is not None:
+        word = stripped
+        if word.endswith(("at", "bl", "iz")):
+            word += "e"
+        elif len(word) >= 2 and word[-1] == word[-2] and _consonant(word, len(word) - 1) and word[-1] not in "lsz":
+            word = word[:-1]
+        elif _measure(word) == 1 and _cvc(word):
+            word += "e"
+    # 1c: (*v*) y -> i
+    if word.endswith("y") and _has_vowel(word[:-1]):
+        word = word[:-1] + "i"
+    return word
+
+
+def stem(word: str) -> str:
+    """Porter's (1980, "An algorithm for suffix stripping") steps 1a-1c and 5a on a lower-cased word.
+
+    Light on purpose: it conflates the inflections an answer paraphrases with ("quoted" /
+    "quotes" / "quote", "paying" / "pays", "moved" / "move") and leaves derivations alone (steps
+    2-4 would map "general" and "generous" together). Irregular forms ("paid", "ate") stay
+    apart. Words of one or two letters and tokens with a digit are returned unchanged."""
+    if len(word) <= 2 or any(c.isdigit() for c in word):
+        return word
+    word = _step1(word)
+    # 5a: (m>1) e -> ""; (m=1 and not *o) e -> ""
+    if word.endswith("e"):
+        m = _measure(word[:-1])
+        if m > 1 or (m == 1 and not _cvc(word[:-1])):
+            word = word[:-1]
+    return word
+
+
+def normalise(text: str) -> str:
+    """Lower-cased, typographic apostrophes made plain, contractions expanded (module docstring)."""
+    text = text.lower().replace("\u2019", "'").replace("\u2018", "'")
+    for pattern, replacement in _CONTRACTIONS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def content_words(text: str) -> frozenset[str]:
-    """The set of content words of `text` (see the module docstring)."""
+    """The set of stemmed content words of `text` (see the module docstring)."""
+    return frozenset(stem(w) for w in _WORD.findall(normalise(text)) if w not in STOP_WORDS_EXPANDED)
+
+
+def _key(reference: str) -> frozenset[str]:
+    key = content_words(reference)
+    if not key:
+        raise ValueError(f"the reference {reference!r} has no content words to recall")
+    return key
+
+
+def keyfact_recall(summary: str, reference: str) -> float:
+    """Fraction of the reference's content words that `summary` contains, in [0, 1].
+
+    A reference without content words is refused: its recall would be undefined."""
+    key = _key(reference)
+    return len(key & content_words(summary)) / len(key)
+
+
+def keyfact_f1(summary: str, reference: str) -> float:
+    """Harmonic mean of the key-fact recall and the precision of `summary`'s content words, in [0, 1];
+    0 for a summary without content words."""
+    key, said = _key(reference), content_words(summary)
+    hits = len(key & said)
+    if hits == 0:
+        return 0.0
+    precision, recall = hits / len(said), hits / len(key)
+    return 2 * precision * recall / (precision + recall)
+
+
+def listed_matches(summary: str, patterns: Sequence[str]) -> list[str]:
+    """The patterns (case-insensitive regular expressions, matched against the `normalise`d text)
+    that `summary` matches: the false statements or distractor details a post's checks list."""
+    text = normalise(summary)
+    return [p for p in patterns if re.search(p, text, re.IGNORECASE)]
+
+
+# --------------------------------------------------------------------------------------------
+# the gold of generation time (make_keyfact.py, make_keyfact_chat.py), kept exactly
+# --------------------------------------------------------------------------------------------
+
+
+def content_words_v1(text: str) -> frozenset[str]:
+    """The content words of the bundled pairs' labels: "'s" removed, alphanumeric tokens (so
+    "can't" gives "t"), stop words dropped, a trailing "s" removed from words over three letters
+    not ending "ss"."""
     words = set()
     for word in _WORD.findall(text.lower().replace("'s", "")):
         if word in STOP_WORDS:
@@ -43,14 +192,12 @@ def content_words(text: str) -> frozenset[str]:
     return frozenset(words)
 
 
-def keyfact_recall(summary: str, reference: str) -> float:
-    """Fraction of the reference's content words that `summary` contains, in [0, 1].
-
-    A reference without content words is refused: its recall would be undefined."""
-    key = content_words(reference)
+def keyfact_recall_v1(summary: str, reference: str) -> float:
+    """`keyfact_recall` with `content_words_v1`: the gold the bundled pairs were labelled with."""
+    key = content_words_v1(reference)
     if not key:
         raise ValueError(f"the reference {reference!r} has no content words to recall")
-    return len(key & content_words(summary)) / len(key)
+    return len(key & content_words_v1(summary)) / len(key)
 
 
 class KeyFactJudge(PairwiseJudge):

@@ -48,7 +48,7 @@ def test_bundled_files_are_what_the_script_writes(tmp_path):
 def test_aliases():
     table = bundled_aliases()
     assert set(table) == {"tldr_sft", "tldr_comparisons", "ultrafeedback_binarized", "ultrafeedback", "arithmetic",
-                          "keyfact_sft", "keyfact_comparisons", "keyfact_chat"}
+                          "keyfact_sft", "keyfact_comparisons", "keyfact_chat", "keyfact_checks"}
     assert set(table["tldr_sft"]) == {"train", "validation", "test"}
     assert set(table["ultrafeedback_binarized"]) == {"train_prefs", "test_prefs"}
     with pytest.raises(DataSourceError, match="unknown bundled dataset"):
@@ -113,7 +113,7 @@ def test_keyfact_pairs_are_noisy_graded_and_length_matched():
     through Bradley-Terry noise, and a length cue cannot split the pairs."""
     import json
 
-    from lit_rlhf.judges.keyfact import keyfact_recall
+    from lit_rlhf.judges.keyfact import keyfact_recall_v1 as keyfact_recall  # the gold of generation time
 
     for split in ("train", "test"):
         rows = [json.loads(line) for line in (BUNDLED_DIR / f"keyfact_comparisons.{split}.jsonl").open()]
@@ -141,7 +141,7 @@ def test_keyfact_chat_pairs_are_the_policy_answers_labelled_by_a_noisy_gold():
     labels go against the gold, near-ties are coin flips), never from the other split's posts."""
     import json
 
-    from lit_rlhf.judges.keyfact import keyfact_recall
+    from lit_rlhf.judges.keyfact import keyfact_recall_v1 as keyfact_recall  # the gold of generation time
 
     posts = {split: {json.loads(line)["id"]: json.loads(line) for line in open(BUNDLED_DIR / f"keyfact_sft.{split}.jsonl")}
              for split in ("train", "test")}
@@ -159,3 +159,66 @@ def test_keyfact_chat_pairs_are_the_policy_answers_labelled_by_a_noisy_gold():
             against += row["score_chosen"] < row["score_rejected"]
         decided = sum(r["score_chosen"] != r["score_rejected"] for r in rows)
         assert 0 < against < 0.25 * decided  # noisy, but mostly with the gold
+
+
+def test_the_fixed_gold_reorders_some_chat_pairs_and_reverses_none():
+    """The bundled pairs keep the labels of their generation-time gold (`keyfact_recall_v1`); under
+    the fixed gold (`keyfact_recall`: contractions expanded, Porter's light stemmer) 49 of the 216
+    training pairs have an answer whose gold changed, 11 change order (a tie becomes decided or
+    the reverse) and none is reversed (the README's reading states these counts)."""
+    import json
+
+    from lit_rlhf.judges.keyfact import keyfact_recall, keyfact_recall_v1
+
+    def order(gold, a, b, ref):
+        return (gold(a, ref) > gold(b, ref)) - (gold(a, ref) < gold(b, ref))
+
+    posts = {json.loads(line)["id"]: json.loads(line)["summary"] for line in open(BUNDLED_DIR / "keyfact_sft.train.jsonl")}
+    rows = [json.loads(line) for line in open(BUNDLED_DIR / "keyfact_chat.train_prefs.jsonl")]
+    changed = reordered = reversed_ = 0
+    for row in rows:
+        ref, a, b = posts[row["prompt_id"]], row["chosen"][-1]["content"], row["rejected"][-1]["content"]
+        changed += any(keyfact_recall(x, ref) != keyfact_recall_v1(x, ref) for x in (a, b))
+        old, new = order(keyfact_recall_v1, a, b, ref), order(keyfact_recall, a, b, ref)
+        reordered += old != new
+        reversed_ += old * new < 0
+    assert (len(rows), changed, reordered, reversed_) == (216, 49, 11, 0)
+
+
+def test_keyfact_checks_hold_each_post_and_never_flag_its_own_true_texts():
+    """Every post has its checks; no listed false claim matches the post's key fact, title or any
+    sentence of the post (a pattern that did would mark true answers false), and the listed
+    distractors are the ones the post names."""
+    import json
+    import re
+
+    from lit_rlhf.judges.keyfact import listed_matches
+
+    for split in ("train", "validation", "test"):
+        posts = [json.loads(line) for line in open(BUNDLED_DIR / f"keyfact_sft.{split}.jsonl")]
+        checks = [json.loads(line) for line in open(BUNDLED_DIR / f"keyfact_checks.{split}.jsonl")]
+        assert [(c["id"], c["title"], c["post"], c["summary"]) for c in checks] == \
+            [(p["id"], p["title"], p["post"], p["summary"]) for p in posts]
+        for c in checks:
+            assert len(c["false_claims"]) >= 2 and len(c["distractors"]) == 3
+            for text in [c["summary"], c["title"], *re.split(r"(?<=[.!?])\s+", c["post"])]:
+                assert listed_matches(text, c["false_claims"]) == [], (text, c["false_claims"])
+            assert listed_matches(c["post"], c["distractors"]) == c["distractors"]
+            assert listed_matches(c["summary"], c["distractors"]) == []
+
+
+@pytest.mark.parametrize("answer,false", [
+    # answers the trained policies gave (results/quickstart/seed1.json, seed4.json), and true ones
+    ("Your sister has two weeks to move out and has no other plans to leave Toronto.", True),
+    ("Your sister has agreed to move out of the house", True),
+    ("My sister gave me two weeks to move out.", False),
+    ("Your sister wants you to move out in two weeks.", False),
+])
+def test_keyfact_checks_mark_an_inverted_move_out(answer, false):
+    import json
+
+    from lit_rlhf.judges.keyfact import listed_matches
+
+    rows = [json.loads(line) for s in ("train", "validation", "test") for line in open(BUNDLED_DIR / f"keyfact_checks.{s}.jsonl")]
+    row = next(r for r in rows if r["summary"] == "Sister gave me two weeks to move out.")
+    assert bool(listed_matches(answer, row["false_claims"])) is false

@@ -125,11 +125,11 @@ def test_keyfact_recall_reward_is_the_gold_recall_by_hand():
     from lit_rlhf.rewards import KeyFactRecallReward, function_name
 
     fn = KeyFactRecallReward()
-    ref = "Roommate drums after midnight, I can't sleep."  # content words: roommate drum midnight can't->can t? sleep
+    ref = "Roommate drums after midnight, I can't sleep."
     got = fn(["p"] * 3, [ref, "My roommate drums a lot.", "Nothing relevant here."], reference=[ref] * 3)
-    # content(ref) = {roommate, drum, midnight, t, sleep} ("can" is a stop word, "'" splits "can't");
-    # "My roommate drums a lot." has {roommate, drum, lot}: 2 of 5
-    assert got == [1.0, pytest.approx(2 / 5), 0.0]
+    # content(ref) = {roommat, drum, midnight, sleep} ("can't" -> "can not": stop words);
+    # "My roommate drums a lot." has {roommat, drum, lot}: 2 of 4
+    assert got == [1.0, pytest.approx(2 / 4), 0.0]
     assert function_name(fn) == "keyfact_recall"
     with pytest.raises(KeyError, match="reference"):
         fn(["p"], ["x"], other=["y"])

@@ -19,7 +19,14 @@ The main job's data (scripts/quickstart.sh). Every text is synthetic, written by
   about one label in ten disagrees with the gold (train 11%, test 4%) (Gao et al. 2023's synthetic-gold labels).
   `extra.confidence` (1-9) grows with the gold gap; `note` holds the gold score of each summary.
   Train pairs come from train posts, test pairs from test posts. Summaries stay under 52 bytes,
-  so the byte-level tiny test tokenizer fits them in the default lengths.
+  so the byte-level tiny test tokenizer fits them in the default lengths. The labels use the
+  gold of generation time (`keyfact_recall_v1`), kept unchanged so these files stay reproducible.
+- `keyfact_checks.{train,validation,test}.jsonl`: what the generator knows about each post, for
+  the evaluation (`lit_rlhf.judges.keyfact.listed_matches`): `id, title, post, summary`, the
+  `distractors` it planted (age, city, years, as regular expressions) and `false_claims`: per
+  situation, hand-written regular expressions for statements the post contradicts (who did it
+  inverted, whose thing it was, the opposite outcome), matched against the normalised answer
+  (lower case, contractions expanded, possessive "'s" dropped).
 
 Run: `python lit_rlhf/data/bundled/make_keyfact.py [OUT_DIR]` (default: rewrites the files next to it; a test
 checks that the committed files are exactly what it writes).
@@ -30,9 +37,11 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
-from lit_rlhf.judges.keyfact import content_words, keyfact_recall
+from lit_rlhf.judges.keyfact import content_words_v1 as content_words
+from lit_rlhf.judges.keyfact import keyfact_recall_v1 as keyfact_recall
 
 HERE = Path(__file__).resolve().parent
 SEED = 20261125
@@ -78,6 +87,41 @@ SITUATIONS = [
     ("{Who} reads my texts", "My {who} goes through my phone when I shower.", "I caught them reading my texts twice.",
      "{who} reads my texts on my phone"),
 ]
+# per situation (same order), statements the post contradicts; {who} is the person. Subjects
+# "i" / "you" are the poster (an answer may address the poster as "you").
+_SUBJECT = r"\b(?:{who}|he|she|they)"
+FALSE_CLAIMS = [
+    [r"\bfull tank\b", r"\b(?:i|you) (?:borrow|borrowed|borrows|took|take)\b[^.]*\bcar\b",
+     _SUBJECT + r"(?: has| have| had)? (?:lent|lends|loaned|loans|gave|gives) (?:me|you)\b[^.]*\bcar\b"],
+    [r"\b(?:i|you) (?:owe|borrowed)\b", _SUBJECT + r"(?: has| have| had)? (?:lent|loaned|lends|gave) (?:me|you)\b",
+     r"\b(?:paid|pays|repaid) (?:me |you )?(?:it )?back\b"],
+    [r"\b(?:i|you) (?:practi[cs]e|practi[cs]ed|play|played)\b[^.]*\bdrums?\b", r"\bbefore midnight\b",
+     r"\b(?:i|you) (?:can|could) sleep\b"],
+    [r"\b(?:i|you) (?:read|found|quoted)\b[^.]*\b(?:his|her|their|{who}) diary\b",
+     r"\b(?:read|reads|reading|quoted) (?:his|her|their) (?:own )?diary\b"],
+    [r"\bforg[eo]t\w* (?:his|her|their) (?:own )?birthday\b", r"\b(?:i|you) (?:forgot|forget)\b",
+     r"\bremember(?:ed|s)?\b[^.]*\bbirthday\b"],
+    [r"\b(?:i|you) (?:present|presented|presents|take|took|steal|stole)\b[^.]*\bideas?\b",
+     r"\bpresents? (?:his|her|their) (?:own )?ideas\b"],
+    [_SUBJECT + r" (?:has|had|have|is|was|are|needs?|must|agreed|plans?|got|will|wants to)\b"
+     r"(?:(?!\b(?:me|i|you)\b)[^.,])*\bmov(?:e|es|ed|ing) out\b",
+     r"\b(?:i|you) (?:gave|have given|told)\b[^.]*\bmove out\b"],
+    [r"\b(?:i|you) (?:got|get|have|adopted|bought|own)\b[^.]*\bparrot\b", r"\bparrots? (?:is|are|was) (?:quiet|silent)\b",
+     r"\b(?:never|rarely|not) (?:scream|screams|squawk)\b"],
+    [r"\b(?:i|you) (?:ate|eat|eats|eaten|have eaten|took)\b[^.]*\blunch\b",
+     r"\b(?:eats?|eaten|eating|ate) (?:his|her|their) (?:own )?(?:packed )?lunch\b"],
+    [r"\bposted (?:his|her|their) (?:own )?baby photos\b", r"\b(?:i|you) posted\b", r"\bwith (?:my |your )?permission\b"],
+    [r"\b(?:i|you) (?:asked|want|wanted|need|needed|borrowed)\b[^.]*(?:5000|5,000|boat)",
+     _SUBJECT + r"(?: has| had)? (?:lent|loaned|gave|offered|lends) (?:me|you)\b"],
+    [r"\b(?:i|you) smoke", r"\b(?:stopped|quit|not|never) smok"],
+    [r"\b(?:i|you) (?:have |had )?cancel+ed\b", _SUBJECT + r" (?:has |had )?paid\b", r"\brefund"],
+    [r"\b(?:i|you) (?:gave|fed|give|feed)\b[^.]*\bchocolate\b", r"\b(?:gave|fed) (?:his|her|their) (?:own )?dog\b"],
+    [r"\b(?:i|you) (?:spilled|spilt|spill|broke)\b", r"\b(?:spilled|spilt|poured) coffee on (?:his|her|their) (?:own )?laptop\b",
+     r"\b(?:agreed|offered|promised|willing) to pay\b", r"\b(?:paid|will pay|pays) for\b"],
+    [r"\b(?:i|you) (?:read|go through|went through|check|checked)\b[^.]*\b(?:his|her|their) (?:phone|texts)\b",
+     r"\b(?:reads?|reading|goes through|went through|checks?) (?:his|her|their) (?:own )?(?:phone|texts)\b"],
+]
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 CITIES = ["Leeds", "Denver", "Austin", "Dublin", "Toronto", "Perth", "Boston", "Oslo"]
 QUESTIONS = ["What should I do?", "How do I bring it up?", "Am I overreacting?", "Any advice?"]
 VAGUE = ["Long story, need advice.", "Not sure what to do here.", "Drama at home, help?", "Need some advice please."]
@@ -102,7 +146,20 @@ def _post(combo: tuple[int, int], rng: random.Random, index: int) -> dict:
                         f"We have known each other for {years} years. {second}", rng.choice(QUESTIONS)])
     return {"id": f"keyfact_{index:04d}", "subreddit": subreddit, "title": title.format(**fill), "post": post,
             "summary": fact.format(**fill)[0].upper() + fact.format(**fill)[1:] + ".",
-            "_who": who, "_details": (age, city, years), "_sentences": (first.format(**fill), second.format(**fill))}
+            "_who": who, "_details": (age, city, years), "_sentences": (first.format(**fill), second.format(**fill)),
+            "_situation": combo[1]}
+
+
+def _checks(row: dict) -> dict:
+    """What the evaluation may check an answer to `row` against (see the module docstring)."""
+    age, city, years = row["_details"]
+    who = re.escape(row["_who"])
+    span = rf"\b(?:{years}|{NUMBER_WORDS[years]}) years?\b"
+    if re.search(span, row["summary"].lower()):  # "three years running" is the key fact, not a detail
+        span = r"\bknown each other\b"
+    return {"id": row["id"], "title": row["title"], "post": row["post"], "summary": row["summary"],
+            "distractors": [rf"(?<![\d$]){age}(?!\d)", rf"\b{city.lower()}\b", span],
+            "false_claims": [p.replace("{who}", who) for p in FALSE_CLAIMS[row["_situation"]]]}
 
 
 def _candidates(row: dict, rng: random.Random) -> dict[str, str]:
@@ -172,7 +229,8 @@ def keyfact(rng: random.Random) -> dict[str, dict[str, list[dict]]]:
         start += len(combos[split])
     public = {s: [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows] for s, rows in posts.items()}
     comparisons = {"train": _pairs(posts["train"], 160, rng, "train"), "test": _pairs(posts["test"], 96, rng, "test")}
-    return {"keyfact_sft": public, "keyfact_comparisons": comparisons}
+    checks = {s: [_checks(r) for r in rows] for s, rows in posts.items()}
+    return {"keyfact_sft": public, "keyfact_comparisons": comparisons, "keyfact_checks": checks}
 
 
 def main(out_dir: Path = HERE) -> None:

@@ -8,7 +8,9 @@ schema so the chat DataModules read it (`lit_rlhf.data.UltraFeedbackPreferenceDa
 - `keyfact_chat.{train,validation,test}_sft.jsonl` (160 / 32 / 64 rows; `prompt, prompt_id,
   messages`): the posts of `keyfact_sft` (same ids, same splits) as one user turn,
   INSTRUCTION + post, answered by the post's key fact, the reference the gold judge
-  (`lit_rlhf.judges.keyfact.keyfact_recall`) scores against.
+  (`lit_rlhf.judges.keyfact.keyfact_recall`) scores against. The pairs' labels and scores were
+  made with the gold of generation time, `keyfact_recall_v1` (whose tokenisation faults the
+  current gold fixes), and are kept as they were.
 - `keyfact_chat.{train,test}_prefs.jsonl` (`prompt, prompt_id, chosen, rejected, messages,
   score_chosen, score_rejected`): the set-up of Gao et al. (2023, "Scaling Laws for Reward Model
   Overoptimization", section 2): the starting policy (SmolLM2-135M-Instruct) samples SAMPLES
@@ -36,7 +38,7 @@ import random
 import sys
 from pathlib import Path
 
-from lit_rlhf.judges.keyfact import keyfact_recall
+from lit_rlhf.judges.keyfact import keyfact_recall_v1 as keyfact_recall  # the gold of generation time, kept
 
 HERE = Path(__file__).resolve().parent
 SEED = 20261126
