@@ -47,11 +47,12 @@ def test_quickstart_pipeline_on_the_tiny_model(tmp_path):
     assert settings["--num_prompts"] == "64" and settings["--before"] == "smollm2-135m-instruct"
     assert settings["--split"] == "$SPLIT" and "test_sft) PAIRS=bundled:keyfact_chat ;;" in command  # the default
     assert settings["--baselines"] == "first_sentence,title,post,reference"
-    settings.update({"--split": "test_sft", "--pairs": "bundled:keyfact_chat","--before": "tiny-random-llama", "--num_prompts": "8", "--max_new_tokens": "6",
-                     "--pairs_split": "test_prefs[:8]"})
+    settings.update({"--split": "test_sft", "--pairs": "bundled:keyfact_chat", "--before": "tiny-random-llama",
+                     "--num_prompts": "8", "--max_new_tokens": "6", "--pairs_split": "test_prefs[:8]"})
     run([x for kv in settings.items() for x in kv], tmp_path, module="lit_rlhf.apps.compare_policies")
     report = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "quickstart_report.py"), str(out),
-                             "--seconds", "61"], capture_output=True, text=True, timeout=120)
+                             "--seconds", "61"], capture_output=True, text=True, timeout=120,
+                            env=subprocess_env())
     assert report.returncode == 0, report.stdout + report.stderr
     for line in ("reward model          held-out pair accuracy", "optimised reward      ", "gold (key fact)", "ended with EOS",
                  "gold win rate", "KL to the start", "wall time             1 min 1 s", "policy (HF)", "key-fact golds",
@@ -79,7 +80,7 @@ def test_quickstart_pipeline_on_the_tiny_model(tmp_path):
     if results["gold"]["ci_low"] <= 0:
         assert "did not show learning" in report.stderr
         strict = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "quickstart_report.py"), str(out),
-                                 "--strict"], capture_output=True, text=True, timeout=120)
+                                 "--strict"], capture_output=True, text=True, timeout=120, env=subprocess_env())
         assert strict.returncode == 1
 
 
