@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error("--pairs must be >= 1")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still removes its worktrees
     result = compare(args.base, args.head, args.methods, args.pairs, bench_args)
     for method, figures in result["methods"].items():
         print(f"{method}: head/base step time {figures['ratio_median']:.3f} (pairs {figures['ratio_min']:.3f}-"
