@@ -44,10 +44,20 @@ from lit_rlhf.losses.reinforce_pp import clipped_token_loss, normalize_token_adv
 from lit_rlhf.losses.remax import remax_advantages
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
 from lit_rlhf.losses.rloo import rloo_advantages, rloo_loss
-from lit_rlhf.losses.tis import truncated_importance_weights
+from lit_rlhf.losses.rollout_correction import (
+    CorrectionOutput,
+    MismatchStats,
+    mismatch_stats,
+    rollout_correction,
+    truncated_importance_weights,
+)
 
 __all__ = [
     "truncated_importance_weights",
+    "CorrectionOutput",
+    "MismatchStats",
+    "mismatch_stats",
+    "rollout_correction",
     "KTO_WEIGHT_RATIO_RANGE",
     "AdvantageScale",
     "Aggregation",

@@ -96,7 +96,7 @@ def grpo_policy_loss(
                              defaults to T, the padded completion length.
 
     `token_weights` (N, T), no gradient: each token's clipped surrogate is multiplied by its
-    weight (truncated importance sampling, `losses.tis`); None = 1.
+    weight (truncated importance sampling, `losses.rollout_correction`); None = 1.
     """
     if kl_coef != 0.0 and ref_logps is None:
         raise ValueError("ref_logps is required when kl_coef != 0")

@@ -16,7 +16,7 @@ machinery (queue, producer, prompt schedule, samplers) is `lit_rlhf.async_rollou
 - **Off-policy correction.** A stale sample's tokens were drawn by older weights. The update's
   "old" log-probs are the learner's current ones (the proximal policy), so its clipped ratio
   starts at 1, and the truncated importance weight `min(pi_current / pi_sampler, tis_cap)`
-  (`lit_rlhf.losses.tis`) corrects for the sampler: the decoupled PPO objective (Hilton et al.
+  (`lit_rlhf.losses.rollout_correction`) corrects for the sampler: the decoupled PPO objective (Hilton et al.
   2022, as AReaL uses it for stale samples) with a truncated behaviour weight. It is on by
   default when `max_staleness` > 0 (`ASYNC_TIS_CAP` unless set; `tis_cap: 0` turns it off), so
   only methods with that correction (`OnlineModule.supports_tis`: GRPO, PPO) take this source.

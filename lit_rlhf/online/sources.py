@@ -13,7 +13,7 @@ the rollout hook, the update):
 A source holds the backend's settings (a vLLM engine's arguments, the staleness bound of
 asynchronous rollouts, an environment) so a method's constructor carries only the method's. Its
 `tis_cap` is the truncation of the importance weights the update applies when the sampler is
-not the trainer (`lit_rlhf.losses.tis`): None means off. A source with state worth a checkpoint
+not the trainer (`lit_rlhf.losses.rollout_correction`): None means off. A source with state worth a checkpoint
 (the asynchronous queue) returns it from `state_dict` and takes it back in `load_state_dict`.
 
 The sources here sample in this process: `HFSampler`, our KV-cache sampler on the policy itself
@@ -146,7 +146,7 @@ class VLLMSampler(RolloutSource):
         engine_kwargs: keyword arguments of the engine (`VLLMEngine.from_policy`: `max_model_len`,
             `gpu_memory_utilization`, ... passed to `vllm.LLM`).
         tis_cap: truncated importance sampling: the policy-gradient term of each token weighed by
-            min(pi_train / pi_sampler, tis_cap) (`losses.tis`; GRPO and PPO). None or 0 = off.
+            min(pi_train / pi_sampler, tis_cap) (`losses.rollout_correction`; GRPO and PPO). None or 0 = off.
     """
 
     runtime = ("engine",)
