@@ -156,7 +156,8 @@ class GRPOModule(OnlineModule):
                     mask: Tensor, token_weights: Tensor | None) -> GRPOLossOutput:
         """The loss of a micro-batch of n rows: logps (n, R) with gradient; old_logps (n, R) or None
         (on-policy); ref_logps (n, R) or None (`kl_coef` 0); advantages: the rows of `advantages`;
-        mask: the rows of `loss_mask`; token_weights: truncated importance weights (n, R) or None."""
+        mask: the rows of `loss_mask`; token_weights: the rollout correction's factor (n, R) or None
+        (`OnlineModule.tis_weights`)."""
         return grpo_policy_loss(logps, old_logps, ref_logps, advantages, mask, self.clip_eps_low, self.clip_eps_high,
                                 self.kl_coef, self.aggregation, max_completion_length=mask.shape[1],
                                 token_weights=token_weights)
@@ -189,7 +190,7 @@ class GRPOModule(OnlineModule):
                 filled[rows] = torch.where(mask[rows], logps.detach().float(), 0.0)  # 0 off the policy's tokens
             old = None if on_policy else rollout.logps[rows]
             ref = None if ref_logps is None else ref_logps[rows]
-            tis = self.tis_weights(rollout, rows, logps.detach() if on_policy else old)  # (n, R) or None
+            tis = self.tis_weights(rollout, rows, logps.detach() if on_policy else old, advantages[rows])  # (n, R) or None
             out = self.policy_loss(logps, old, ref, advantages[rows], loss_mask[rows], tis)
             return out.loss, {
                 "loss/total": out.loss.detach(),
