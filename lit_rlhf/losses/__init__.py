@@ -18,7 +18,7 @@ from lit_rlhf.losses.distillation import (
     reverse_kl_advantages,
     topk_buckets,
 )
-from lit_rlhf.losses.entropy_cov import clip_cov_keep, kl_cov_penalty, kl_cov_selected, token_covariance
+from lit_rlhf.losses.entropy_cov import CovarianceControl, clip_cov_keep, kl_cov_penalty, kl_cov_selected, token_covariance
 from lit_rlhf.losses.grpo import Aggregation, AdvantageScale, GRPOLossOutput, grpo_advantages, grpo_policy_loss
 from lit_rlhf.losses.gspo import gspo_policy_loss
 from lit_rlhf.losses.kto import (
@@ -59,6 +59,7 @@ __all__ = [
     "MismatchStats",
     "mismatch_stats",
     "rollout_correction",
+    "CovarianceControl",
     "clip_cov_keep",
     "kl_cov_penalty",
     "kl_cov_selected",

@@ -21,6 +21,9 @@ the KL-Cov penalty does.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -81,3 +84,44 @@ def kl_cov_penalty(logps: Tensor, old_logps: Tensor, selected: Tensor, coef: flo
     """(N, T) KL-Cov's per-token term coef * |logps - old_logps| on the `selected` tokens, 0
     elsewhere, with the gradient of `logps` (added to the policy loss before aggregation)."""
     return torch.where(selected, coef * (logps - old_logps.detach()).abs(), logps.new_zeros(()))
+
+
+@dataclasses.dataclass(frozen=True)
+class CovarianceControl:
+    """Clip-Cov or KL-Cov as an option of a clipped per-token policy loss (GRPO's).
+
+    Args:
+        method: `clip_cov` (detach the gradient of tokens drawn in the covariance band) or
+            `kl_cov` (penalise the tokens of largest covariance).
+        ratio: r, the fraction of the valid tokens acted on (2e-4).
+        lower, upper: Clip-Cov's covariance band (1, 5).
+        kl_coef: KL-Cov's beta (1).
+    """
+
+    method: Literal["clip_cov", "kl_cov"] = "clip_cov"
+    ratio: float = CLIP_COV_RATIO
+    lower: float = CLIP_COV_LOWER
+    upper: float = CLIP_COV_UPPER
+    kl_coef: float = KL_COV_COEF
+
+    def __post_init__(self) -> None:
+        if self.method not in ("clip_cov", "kl_cov"):
+            raise ValueError(f"the covariance control's method must be 'clip_cov' or 'kl_cov', got {self.method!r}")
+        if not 0 < self.ratio <= 1 or not self.lower < self.upper or not self.kl_coef >= 0:
+            raise ValueError(f"the covariance control needs 0 < ratio <= 1, lower < upper and kl_coef >= 0: {self}")
+
+    def apply(self, logps: Tensor, old_logps: Tensor | None, advantages: Tensor, mask: Tensor,
+              clip_eps_low: float, clip_eps_high: float) -> tuple[Tensor | None, Tensor | None]:
+        """(token weights (N, T) or None, token penalty (N, T) or None) for a micro-batch: Clip-Cov's
+        keep-mask as 0/1 weights (its candidates exclude the tokens the PPO clip already cut),
+        KL-Cov's penalty with gradient. The covariance is the micro-batch's."""
+        old = logps.detach() if old_logps is None else old_logps.detach()
+        cov = token_covariance(logps, advantages, mask)
+        if self.method == "kl_cov":
+            return None, kl_cov_penalty(logps, old, kl_cov_selected(cov, mask, self.ratio), self.kl_coef)
+        adv = advantages.detach().float()
+        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+        ratio = torch.exp(torch.where(mask, logps.detach().float() - old.float(), torch.zeros((), device=mask.device)))
+        clipped = mask & (-adv * ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) > -adv * ratio)
+        keep = clip_cov_keep(cov, mask, self.ratio, self.lower, self.upper, exclude=clipped)
+        return keep.float(), None

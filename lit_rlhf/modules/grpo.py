@@ -15,7 +15,14 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.distributed import gather_rows
-from lit_rlhf.losses import AdvantageScale, Aggregation, GRPOLossOutput, grpo_advantages, grpo_policy_loss
+from lit_rlhf.losses import (
+    AdvantageScale,
+    Aggregation,
+    CovarianceControl,
+    GRPOLossOutput,
+    grpo_advantages,
+    grpo_policy_loss,
+)
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.types import Rollout
 
@@ -83,6 +90,9 @@ class GRPOModule(OnlineModule):
         temperature: sampling temperature, also dividing the logits of every log-prob unless
             `logprob_temperature` is set apart (1.0: DeepSeekMath's GRPO samples from the policy
             itself).
+        entropy_control: Clip-Cov or KL-Cov (Cui et al. 2025; `losses.CovarianceControl`, in YAML
+            `{method: clip_cov, ratio: 2.0e-4, lower: 1.0, upper: 5.0}`) on each micro-batch's
+            tokens; None = off. GRPO, Dr. GRPO and DAPO (their loss is GRPO's per-token one).
         **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
             max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
     """
@@ -92,6 +102,8 @@ class GRPOModule(OnlineModule):
     moved_options: ClassVar[dict[str, str]] = MOVED_OPTIONS
     eps: ClassVar[float] = 1e-4
     """Added to the std that divides the advantages (a group of equal rewards gets 0, not NaN)."""
+    takes_entropy_control: ClassVar[bool] = True
+    """`policy_loss` is GRPO's per-token clipped loss, which `entropy_control` acts on."""
 
     def __init__(
         self,
@@ -104,9 +116,15 @@ class GRPOModule(OnlineModule):
         num_iterations: int = 1,
         num_minibatches: int = 1,
         temperature: float = 1.0,
+        entropy_control: CovarianceControl | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(temperature=temperature, **kwargs)
+        if isinstance(entropy_control, dict):
+            entropy_control = CovarianceControl(**entropy_control)
+        if entropy_control is not None and not self.takes_entropy_control:
+            raise ValueError(f"{type(self).__name__}'s loss is not GRPO's per-token one: entropy_control (Clip-Cov, "
+                             "KL-Cov) is for GRPOModule, DrGRPOModule and DAPOModule")
         if num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (advantages are relative to the group), got {num_generations}")
         if scale not in ("group", "batch", "none"):
@@ -119,6 +137,7 @@ class GRPOModule(OnlineModule):
         self.num_generations, self.scale = num_generations, scale
         self.clip_eps_low, self.clip_eps_high, self.aggregation = clip_eps_low, clip_eps_high, aggregation
         self.num_iterations, self.num_minibatches = num_iterations, num_minibatches
+        self.entropy_control = entropy_control
         self.init_kl(kl_coef)
 
     @property
@@ -157,10 +176,17 @@ class GRPOModule(OnlineModule):
         """The loss of a micro-batch of n rows: logps (n, R) with gradient; old_logps (n, R) or None
         (on-policy); ref_logps (n, R) or None (`kl_coef` 0); advantages: the rows of `advantages`;
         mask: the rows of `loss_mask`; token_weights: the rollout correction's factor (n, R) or None
-        (`OnlineModule.tis_weights`)."""
+        (`OnlineModule.tis_weights`); with `entropy_control`, Clip-Cov's keep-mask multiplies them
+        and KL-Cov's penalty is added per token."""
+        penalty = None
+        if self.entropy_control is not None:
+            keep, penalty = self.entropy_control.apply(logps, old_logps, advantages, mask, self.clip_eps_low,
+                                                       self.clip_eps_high)
+            if keep is not None:
+                token_weights = keep if token_weights is None else token_weights * keep
         return grpo_policy_loss(logps, old_logps, ref_logps, advantages, mask, self.clip_eps_low, self.clip_eps_high,
                                 self.kl_coef, self.aggregation, max_completion_length=mask.shape[1],
-                                token_weights=token_weights)
+                                token_weights=token_weights, token_penalty=penalty)
 
     @property
     def token_mean(self) -> bool:

@@ -38,6 +38,8 @@ class GSPOModule(GRPOModule):
             num_iterations, num_minibatches, temperature), `OnlineModule` and `PolicyModule`.
     """
 
+    takes_entropy_control = False  # one ratio per sequence
+
     def __init__(self, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4, kl_coef: float = 0.0,
                  **kwargs: Any) -> None:
         super().__init__(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, kl_coef=kl_coef,

@@ -52,3 +52,17 @@ def test_kl_cov_penalises_the_largest_covariances():
     assert torch.equal(logps.grad, torch.tensor([[2.0, 0.0], [-2.0, 0.0]]))
     with pytest.raises(ValueError, match="ratio"):
         kl_cov_selected(COV, MASK, ratio=0.0)
+
+
+def test_covariance_control_apply():
+    from lit_rlhf.losses import CovarianceControl
+
+    clip = CovarianceControl("clip_cov")
+    weights, penalty = clip.apply(LOGPS, None, ADV, MASK, 0.2, 0.2)  # on-policy: nothing clipped by PPO
+    assert penalty is None and weights.tolist() == [[0.0, 1.0], [1.0, 1.0]]
+    # token (0, 0) at ratio e^0.5 = 1.65 > 1.2 with A = 3 > 0: the PPO clip already cut it, no candidate left
+    old = LOGPS - torch.tensor([[0.5, 0.0], [0.0, 0.0]])
+    weights, _ = clip.apply(LOGPS, old, ADV, MASK, 0.2, 0.2)
+    assert weights.tolist() == [[1.0] * 2] * 2
+    weights, penalty = CovarianceControl("kl_cov", ratio=0.25, kl_coef=2.0).apply(LOGPS, old, ADV, MASK, 0.2, 0.2)
+    assert weights is None and torch.allclose(penalty, torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
