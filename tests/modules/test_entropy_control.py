@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lit_rlhf.losses import CovarianceControl
+from lit_rlhf.losses.entropy_bonus import EntropyBonus
 from lit_rlhf.modules import DAPOModule, GRPOModule, GSPOModule, ReinforcePPModule
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.modules.test_grpo import LETTERS, fit
@@ -55,3 +56,39 @@ def test_only_grpo_s_loss_takes_it():
         CovarianceControl("clip")
     with pytest.raises(ValueError, match="lower < upper"):
         CovarianceControl(lower=5.0, upper=1.0)
+
+
+def bonus_run(path, bonus):
+    L.seed_everything(0)
+    module = GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=2,
+                        max_new_tokens=4, lr=1e-3, lr_scheduler="constant", kl_coef=0.0, total_episodes=16,
+                        entropy_bonus=bonus)
+    _, metrics = fit(module, path)
+    return module, metrics
+
+
+def test_entropy_bonus_fixed_and_adaptive(tmp_path):
+    _, plain = run(tmp_path / "plain", None)
+    zero, metrics = bonus_run(tmp_path / "zero", EntropyBonus(coef=0.0))
+    assert same(plain, zero.policy.parameters())  # a coefficient of 0 is plain GRPO, bitwise
+    assert all(m["train/entropy/estimate"] > 0 for m in metrics)
+    fixed, metrics = bonus_run(tmp_path / "fixed", EntropyBonus(coef=0.5))
+    assert not same(plain, fixed.policy.parameters()) and all(m["train/entropy/coef"] == 0.5 for m in metrics)
+    # a target far above the entropy: the coefficient rises by `step` each rollout, up to its bound
+    adaptive, metrics = bonus_run(tmp_path / "adaptive", {"coef": 0.01, "target": 100.0, "step": 0.01, "max_coef": 0.015})
+    assert [round(m["train/entropy/coef"], 6) for m in metrics] == [0.01, 0.015]  # 2 rollouts, then clipped
+    assert adaptive.entropy_coef == 0.015
+
+
+def test_entropy_bonus_coefficient_resumes_exactly(tmp_path):
+    from tests.resume.harness import Interrupt, Setup, assert_same_run
+    from tests.resume.harness import fit as resume_fit
+    from tests.resume.harness import interrupted_then_resumed
+
+    setup = Setup("grpo", module_args={"entropy_bonus": EntropyBonus(0.01, 100.0, 0.01, 0.0, 1.0)})
+    straight = resume_fit(setup, tmp_path / "straight")
+    runs, final = interrupted_then_resumed(setup, tmp_path / "run", Interrupt("on_train_batch_end", 2))
+    assert_same_run(straight, runs, final, tmp_path / "straight", tmp_path / "run")
+    assert final.module.entropy_coef == straight.module.entropy_coef == pytest.approx(0.05)  # 0.01 + 4 steps
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["lit_rlhf"]["entropy_coef"] == pytest.approx(0.05)
