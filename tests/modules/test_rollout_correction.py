@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from lit_rlhf.cli import main
-from lit_rlhf.modules import GRPOModule, GSPOModule, OnlineDPOModule, RLOOModule
+from lit_rlhf.modules import GRPOModule, GSPOModule, OnlineDPOModule, PPOModule, RLOOModule
 from lit_rlhf.online import AsyncRollouts, HFSampler, RolloutCorrection, VLLMSampler
 from lit_rlhf.rewards import CharacterFractionReward
 from lit_rlhf.types import Rollout
@@ -43,9 +43,9 @@ class MatchedSampler(HFSampler):
 
 def run(cls, source, path):
     L.seed_everything(0)
-    options = {} if cls is RLOOModule else {"num_iterations": 2}  # GRPO's old log-probs from the rollout
-    module = cls(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=2,
-                 max_new_tokens=4, lr=1e-3, lr_scheduler="constant", kl_coef=0.0, total_episodes=16, rollout=source,
+    options = {PPOModule: {"ppo_epochs": 2}, RLOOModule: {"num_generations": 2}}.get(
+        cls, {"num_generations": 2, "num_iterations": 2})  # GRPO's old log-probs from the rollout
+    module = cls(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=4, lr=1e-3, lr_scheduler="constant", kl_coef=0.0, total_episodes=16, rollout=source,
                  **options)
     initial = [p.detach().clone() for p in module.policy.parameters()]
     _, metrics = fit(module, path)
@@ -61,7 +61,7 @@ CORRECTIONS = {
 }
 
 
-@pytest.mark.parametrize("cls", [GRPOModule, GSPOModule, RLOOModule], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [GRPOModule, GSPOModule, RLOOModule, PPOModule], ids=lambda c: c.__name__)
 def test_matched_engines_change_nothing(tmp_path, cls):
     plain, plain_metrics = run(cls, MatchedSampler(None), tmp_path / "off")
     assert plain_metrics[-1]["train/rollout_correction/kl_k1"] == 0.0  # logged with the correction off too
@@ -74,7 +74,7 @@ def test_matched_engines_change_nothing(tmp_path, cls):
         assert all(m["train/rollout_correction/kl_k3"] == 0.0 for m in metrics), name
 
 
-@pytest.mark.parametrize("cls", [GRPOModule, GSPOModule, RLOOModule], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [GRPOModule, GSPOModule, RLOOModule, PPOModule], ids=lambda c: c.__name__)
 def test_a_mismatch_is_corrected_in_the_update(tmp_path, cls):
     # the sampler's log-probs 1 below the learner's on every token: w_t = e = 2.72 > 2, every token dropped
     _, plain = run(cls, MatchedSampler(None, shift=1.0), tmp_path / "off")
