@@ -159,6 +159,16 @@ def truncated_importance_weights(train_logps: Tensor, sampler_logps: Tensor, mas
     return rollout_correction(train_logps, sampler_logps, mask, "truncate", "token", upper=cap).weights
 
 
+def sorted_quantiles(values: Tensor, qs: tuple[float, ...]) -> Tensor:
+    """Quantiles of a 1-D tensor, linearly interpolated as `torch.quantile` does, without its
+    size limit (2^24 elements: a large rollout's tokens exceed it)."""
+    ordered = values.float().sort().values  # (M,)
+    positions = torch.tensor(qs, device=values.device) * (ordered.numel() - 1)
+    low = positions.floor().long()
+    high = positions.ceil().long()
+    return ordered[low] + (positions - low) * (ordered[high] - ordered[low])
+
+
 def mismatch_stats(train_logps: Tensor, sampler_logps: Tensor, mask: Tensor,
                    correction: CorrectionOutput | None = None) -> MismatchStats:
     """How far the sampler's log-probs are from the trainer's, over the mask's tokens (detached).
@@ -175,7 +185,7 @@ def mismatch_stats(train_logps: Tensor, sampler_logps: Tensor, mask: Tensor,
     tokens = ratio[mask]  # (M,)
     if tokens.numel() == 0:
         tokens = torch.ones(1, device=mask.device)
-    quantiles = torch.quantile(tokens, torch.tensor([0.05, 0.5, 0.95], device=tokens.device))
+    quantiles = sorted_quantiles(tokens, (0.05, 0.5, 0.95))
     if correction is None:
         masked, weight_mean = torch.zeros((), device=mask.device), torch.ones((), device=mask.device)
     else:

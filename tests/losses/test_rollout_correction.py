@@ -157,3 +157,12 @@ def test_mismatch_stats_by_hand():
     plain = mismatch_stats(TRAIN, TRAIN, MASK)
     assert plain.kl_k1.item() == 0.0 and plain.kl_k3.item() == 0.0 and plain.ratio_max.item() == 1.0
     assert plain.masked_fraction.item() == 0.0 and plain.weight_mean.item() == 1.0
+
+
+def test_quantiles_match_torch_without_its_size_limit():
+    from lit_rlhf.losses.rollout_correction import sorted_quantiles
+
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(0))
+    qs = (0.0, 0.05, 0.5, 0.95, 1.0)
+    assert torch.allclose(sorted_quantiles(x, qs), torch.quantile(x, torch.tensor(qs)))
+    assert sorted_quantiles(torch.ones(2 ** 24 + 1), (0.5,)).item() == 1.0  # torch.quantile refuses this size
