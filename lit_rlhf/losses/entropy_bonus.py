@@ -11,7 +11,7 @@ aggregation maximises the entropy without the full distribution's logits (the lo
 return the sampled tokens' log-probs only). Its value is not the entropy: `sampled_entropy` is.
 
 The adaptive coefficient follows Skywork-OR1's adaptive entropy control (He et al. 2025,
-"Skywork Open Reasoner 1 Technical Report", Sec. 3.2.2): after each rollout,
+"Skywork Open Reasoner 1 Technical Report"): after each rollout,
 alpha <- clip(alpha + delta * sign(H_target - H), alpha_min, alpha_max), so the bonus grows
 while the entropy is below its target and shrinks above it.
 """

@@ -1,7 +1,7 @@
 """Clip-Cov and KL-Cov: entropy control through the tokens of highest covariance.
 
 Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models"
-(arXiv 2505.22617), Sec. 4: the policy's entropy falls in proportion to the covariance between a
+(arXiv 2505.22617): the policy's entropy falls in proportion to the covariance between a
 token's log-prob and its advantage, and a small set of high-covariance tokens drives the
 collapse. Over the N valid tokens of a batch, each token's centred covariance is
 

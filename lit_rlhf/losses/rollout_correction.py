@@ -20,7 +20,7 @@ and applied in one of two modes:
   M(w_t) = 1 if lower <= w_t <= upper else 0; at the sequence level, TRL's `sequence_mask`).
 
 Independently, DeepSeek-V3.2's off-policy sequence mask (DeepSeek-AI 2025, "DeepSeek-V3.2",
-Sec. 3.1, "Off-Policy Sequence Masking") drops a sequence with a negative advantage whose
+"Off-Policy Sequence Masking") drops a sequence with a negative advantage whose
 sampler/learner KL, estimated as mean_t (log pi_sampler - log pi_train) over its tokens, exceeds
 a threshold delta: M_i = 0 if A_i < 0 and KL_i > delta, else 1.
 
