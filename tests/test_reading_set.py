@@ -75,7 +75,7 @@ def lines(files: set[Path]) -> int:
     return sum(len(path.read_text().splitlines()) for path in files)
 
 
-BOUNDS = {  # method: (files, lines) at most; measured: RLOO 5 / 1,320, GRPO 6 / 1,597, PPO 6 / 1,555, DPO 6 / 1,184
+BOUNDS = {  # method: (files, lines) at most; measured: RLOO 5 / 1,320, GRPO 6 / 1,649, PPO 6 / 1,555, DPO 6 / 1,184
     "RLOOModule": (6, 1400),
     "GRPOModule": (6, 1650),
     "PPOModule": (7, 1650),
@@ -128,9 +128,10 @@ def help_options(class_name: str) -> list[str]:
     return sorted(a.dest for a in parser._actions if getattr(a, "dest", "").startswith("model."))
 
 
-# measured: GRPO 41 (61 with the mixins), PPO 46 (60), DPO 20 (24), RLOO 35; `memory` and
-# `rollout` each count twice (the option and its `.help`), their settings live with their objects
-@pytest.mark.parametrize("name,most", [("GRPOModule", 41), ("PPOModule", 46), ("DPOModule", 20), ("RLOOModule", 35)])
+# measured: GRPO 45 (61 with the mixins), PPO 46 (60), DPO 20 (24), RLOO 35; `memory`, `rollout`
+# and GRPO's `entropy_control` and `entropy_bonus` each count twice (the option and its `.help`), their settings live
+# with their objects
+@pytest.mark.parametrize("name,most", [("GRPOModule", 45), ("PPOModule", 46), ("DPOModule", 20), ("RLOOModule", 35)])
 def test_a_method_lists_few_options(name, most):
     options = help_options(name)
     print(f"{name}: {len(options)} options")

@@ -120,7 +120,7 @@ def sample_tokens(
     as a generator in the same state). With `return_logps`, also the log-prob (B, R') float32 of
     each drawn token under the distribution it was drawn from (temperature, top-k and top-p
     applied: vLLM's `processed_logprobs`; the greedy argmax's under the raw logits), the
-    sampler's side of an off-policy correction (`lit_rlhf.losses.tis`).
+    sampler's side of an off-policy correction (`lit_rlhf.losses.rollout_correction`).
     """
     from transformers import DynamicCache
 

@@ -18,6 +18,8 @@ from lit_rlhf.losses.distillation import (
     reverse_kl_advantages,
     topk_buckets,
 )
+from lit_rlhf.losses.entropy_bonus import EntropyBonus, adaptive_entropy_coef, entropy_bonus_penalty, sampled_entropy
+from lit_rlhf.losses.entropy_cov import CovarianceControl, clip_cov_keep, kl_cov_penalty, kl_cov_selected, token_covariance
 from lit_rlhf.losses.grpo import Aggregation, AdvantageScale, GRPOLossOutput, grpo_advantages, grpo_policy_loss
 from lit_rlhf.losses.gspo import gspo_policy_loss
 from lit_rlhf.losses.kto import (
@@ -44,10 +46,29 @@ from lit_rlhf.losses.reinforce_pp import clipped_token_loss, normalize_token_adv
 from lit_rlhf.losses.remax import remax_advantages
 from lit_rlhf.losses.reward import RewardLossOutput, bradley_terry_loss
 from lit_rlhf.losses.rloo import rloo_advantages, rloo_loss
-from lit_rlhf.losses.tis import truncated_importance_weights
+from lit_rlhf.losses.rollout_correction import (
+    CorrectionOutput,
+    MismatchStats,
+    mismatch_stats,
+    rollout_correction,
+    truncated_importance_weights,
+)
 
 __all__ = [
     "truncated_importance_weights",
+    "CorrectionOutput",
+    "MismatchStats",
+    "mismatch_stats",
+    "rollout_correction",
+    "CovarianceControl",
+    "EntropyBonus",
+    "adaptive_entropy_coef",
+    "entropy_bonus_penalty",
+    "sampled_entropy",
+    "clip_cov_keep",
+    "kl_cov_penalty",
+    "kl_cov_selected",
+    "token_covariance",
     "KTO_WEIGHT_RATIO_RANGE",
     "AdvantageScale",
     "Aggregation",

@@ -70,6 +70,7 @@ def grpo_policy_loss(
     aggregation: Aggregation = "token_mean",
     max_completion_length: int | None = None,
     token_weights: Tensor | None = None,
+    token_penalty: Tensor | None = None,
 ) -> GRPOLossOutput:
     """Clipped GRPO loss with the KL to the reference inside the loss (DeepSeekMath eq. 3).
 
@@ -96,7 +97,9 @@ def grpo_policy_loss(
                              defaults to T, the padded completion length.
 
     `token_weights` (N, T), no gradient: each token's clipped surrogate is multiplied by its
-    weight (truncated importance sampling, `losses.tis`); None = 1.
+    weight (truncated importance sampling, `losses.rollout_correction`); None = 1.
+    `token_penalty` (N, T), with gradient: added to each token's loss before aggregation
+    (KL-Cov's |log-ratio| term, `losses.entropy_cov`); None = 0.
     """
     if kl_coef != 0.0 and ref_logps is None:
         raise ValueError("ref_logps is required when kl_coef != 0")
@@ -119,6 +122,8 @@ def grpo_policy_loss(
     else:
         per_token = surrogate
         kl_mean = logps.new_zeros(())
+    if token_penalty is not None:
+        per_token = per_token + token_penalty
 
     def aggregate(values: Tensor) -> Tensor:
         if aggregation == "token_mean":

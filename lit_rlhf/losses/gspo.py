@@ -19,6 +19,7 @@ def gspo_policy_loss(
     clip_eps_low: float = 3e-4,
     clip_eps_high: float = 4e-4,
     kl_coef: float = 0.0,
+    token_weights: Tensor | None = None,
 ) -> GRPOLossOutput:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", Eq. 5-7).
 
@@ -31,6 +32,10 @@ def gspo_policy_loss(
     averaged over the N sequences. The paper's clip ranges are tiny (3e-4 / 4e-4) because s_i is
     a geometric mean. With `kl_coef` > 0 the k3 KL to the reference (token mean of each sequence,
     then mean over sequences) is added, as in GRPO. Clip fractions count sequences.
+
+    `token_weights` (N, T), no gradient (a rollout correction, `losses.rollout_correction`): each
+    sequence's clipped term l_i is multiplied by the mean of its tokens' weights (at the sequence
+    or geometric level, constant over the row: the sequence's weight); None = 1.
     """
     if kl_coef != 0.0 and ref_logps is None:
         raise ValueError("ref_logps is required when kl_coef != 0")
@@ -43,6 +48,8 @@ def gspo_policy_loss(
     adv = advantages.detach()
     clipped = torch.clamp(s, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     per_seq = -torch.minimum(s * adv, clipped * adv)  # (N,)
+    if token_weights is not None:
+        per_seq = per_seq * masked_mean(token_weights.detach().float(), mask, dim=1)  # (N,)
     policy_loss = per_seq.mean()
     loss = policy_loss
     kl_mean = zero

@@ -33,12 +33,16 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     return torch.where(all_equal, torch.zeros_like(advantages), advantages).reshape(-1)
 
 
-def rloo_loss(logps: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+def rloo_loss(logps: Tensor, advantages: Tensor, mask: Tensor, token_weights: Tensor | None = None) -> Tensor:
     """-1/n sum_i A_i * sum_t log pi(y_i,t | x, y_i,<t): REINFORCE on the summed sequence log-prob.
 
     logps: (n, T) per-token log-probs with gradient; advantages: (n,) (no gradient); mask: (n, T).
     The mean over rows is the mean over prompts of the 1/k sum of Ahmadian et al.'s RLOO
     estimator, as every prompt has k rows; over micro-batches it is exact when each micro-batch
     is weighted by its share of rows.
+
+    `token_weights` (n, T), no gradient (a rollout correction, `losses.rollout_correction`): each
+    token's log-prob is weighed, -1/n sum_i A_i * sum_t w_t log pi(y_i,t); None = 1.
     """
-    return -(advantages.detach() * masked_sum(logps, mask, dim=1)).mean()
+    weighted = logps if token_weights is None else logps * token_weights.detach()
+    return -(advantages.detach() * masked_sum(weighted, mask, dim=1)).mean()

@@ -86,8 +86,9 @@ class DistillationModule(OnlineModule):
     reward_optional = True  # reward_weight 0: pure distillation, no reward source needed
     supports_tis = True
     """Samples from another engine or an older student (`VLLMSampler(tis_cap=...)`,
-    `AsyncRollouts(tis_cap=...)`): the policy-gradient terms are weighted by the truncated
-    importance weights; GKD's divergence is not (it is a valid objective at any sampled prefix)."""
+    `AsyncRollouts(tis_cap=...)` or a `correction`): the policy-gradient terms are weighted by the
+    rollout correction's factor; GKD's divergence is not (it is a valid objective at any sampled
+    prefix). DeepSeek-V3.2's off-policy sequence mask reads advantages it has not: refused."""
 
     def __init__(
         self,
@@ -126,6 +127,9 @@ class DistillationModule(OnlineModule):
             raise ValueError("teacher 'base' without teacher_context is the student itself at step 0: nothing to "
                              "distil; give teacher_context (a privileged prompt) or a teacher model")
         super().__init__(temperature=temperature, **kwargs)
+        if getattr(self.rollout_source.correction, "offpolicy_kl", None) is not None:
+            raise ValueError("DistillationModule: the off-policy sequence mask (correction.offpolicy_kl) reads a "
+                             "sequence advantage the distillation losses do not have: leave it null")
         if reward_weight > 0 and self.reward_model_name is None and not self.reward_fns and not self.rollout_source.multi_turn:
             raise ValueError(f"reward_weight {reward_weight} weighs the task reward, but no reward source is set: set "
                              "reward_model and/or reward_fns, or reward_weight 0 (pure distillation)")

@@ -15,8 +15,19 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.distributed import gather_rows
-from lit_rlhf.losses import AdvantageScale, Aggregation, GRPOLossOutput, grpo_advantages, grpo_policy_loss
+from lit_rlhf.losses import (
+    AdvantageScale,
+    Aggregation,
+    CovarianceControl,
+    EntropyBonus,
+    GRPOLossOutput,
+    entropy_bonus_penalty,
+    grpo_advantages,
+    grpo_policy_loss,
+    sampled_entropy,
+)
 from lit_rlhf.modules.online import OnlineModule
+from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.types import Rollout
 
 # options GRPOModule once took that now belong to a variant (`lit_rlhf.training.moved`)
@@ -83,6 +94,12 @@ class GRPOModule(OnlineModule):
         temperature: sampling temperature, also dividing the logits of every log-prob unless
             `logprob_temperature` is set apart (1.0: DeepSeekMath's GRPO samples from the policy
             itself).
+        entropy_control: Clip-Cov or KL-Cov (Cui et al. 2025; `losses.CovarianceControl`, in YAML
+            `{method: clip_cov, ratio: 2.0e-4, lower: 1.0, upper: 5.0}`) on each micro-batch's
+            tokens; None = off. GRPO, Dr. GRPO and DAPO (their loss is GRPO's per-token one).
+        entropy_bonus: an entropy bonus, its coefficient fixed or adapted to a target entropy
+            (`losses.EntropyBonus`: `{coef, target, step, min_coef, max_coef}`; the coefficient is
+            checkpointed; logs `entropy/{coef,estimate}`); None = off. As `entropy_control`.
         **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
             max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
     """
@@ -92,6 +109,7 @@ class GRPOModule(OnlineModule):
     moved_options: ClassVar[dict[str, str]] = MOVED_OPTIONS
     eps: ClassVar[float] = 1e-4
     """Added to the std that divides the advantages (a group of equal rewards gets 0, not NaN)."""
+    takes_entropy_control: ClassVar[bool] = True  # `policy_loss` is GRPO's: entropy_control/_bonus act on it
 
     def __init__(
         self,
@@ -104,9 +122,16 @@ class GRPOModule(OnlineModule):
         num_iterations: int = 1,
         num_minibatches: int = 1,
         temperature: float = 1.0,
+        entropy_control: CovarianceControl | None = None,
+        entropy_bonus: EntropyBonus | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(temperature=temperature, **kwargs)
+        entropy_control = CovarianceControl(**entropy_control) if isinstance(entropy_control, dict) else entropy_control
+        entropy_bonus = EntropyBonus(**entropy_bonus) if isinstance(entropy_bonus, dict) else entropy_bonus
+        if (entropy_control is not None or entropy_bonus is not None) and not self.takes_entropy_control:
+            raise ValueError(f"{type(self).__name__}'s loss is not GRPO's per-token one: entropy_control (Clip-Cov, "
+                             "KL-Cov) and entropy_bonus are for GRPOModule, DrGRPOModule and DAPOModule")
         if num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (advantages are relative to the group), got {num_generations}")
         if scale not in ("group", "batch", "none"):
@@ -119,6 +144,8 @@ class GRPOModule(OnlineModule):
         self.num_generations, self.scale = num_generations, scale
         self.clip_eps_low, self.clip_eps_high, self.aggregation = clip_eps_low, clip_eps_high, aggregation
         self.num_iterations, self.num_minibatches = num_iterations, num_minibatches
+        self.entropy_control, self.entropy_bonus = entropy_control, entropy_bonus
+        self.entropy_coef = 0.0 if entropy_bonus is None else float(entropy_bonus.coef)  # checkpointed
         self.init_kl(kl_coef)
 
     @property
@@ -156,10 +183,20 @@ class GRPOModule(OnlineModule):
                     mask: Tensor, token_weights: Tensor | None) -> GRPOLossOutput:
         """The loss of a micro-batch of n rows: logps (n, R) with gradient; old_logps (n, R) or None
         (on-policy); ref_logps (n, R) or None (`kl_coef` 0); advantages: the rows of `advantages`;
-        mask: the rows of `loss_mask`; token_weights: truncated importance weights (n, R) or None."""
+        mask: the rows of `loss_mask`; token_weights: the rollout correction's factor (n, R) or None
+        (`OnlineModule.tis_weights`); with `entropy_control`, Clip-Cov's keep-mask multiplies them
+        and KL-Cov's penalty is added per token, as is the entropy bonus's term."""
+        keep, penalty = None, None
+        if self.entropy_control is not None:
+            keep, penalty = self.entropy_control.apply(logps, old_logps, advantages, mask, self.clip_eps_low,
+                                                       self.clip_eps_high)
+        token_weights = keep if token_weights is None else token_weights if keep is None else token_weights * keep
+        if self.entropy_bonus is not None and self.entropy_coef > 0:
+            bonus = entropy_bonus_penalty(logps, mask, self.entropy_coef)
+            penalty = bonus if penalty is None else penalty + bonus
         return grpo_policy_loss(logps, old_logps, ref_logps, advantages, mask, self.clip_eps_low, self.clip_eps_high,
                                 self.kl_coef, self.aggregation, max_completion_length=mask.shape[1],
-                                token_weights=token_weights)
+                                token_weights=token_weights, token_penalty=penalty)
 
     @property
     def token_mean(self) -> bool:
@@ -189,7 +226,7 @@ class GRPOModule(OnlineModule):
                 filled[rows] = torch.where(mask[rows], logps.detach().float(), 0.0)  # 0 off the policy's tokens
             old = None if on_policy else rollout.logps[rows]
             ref = None if ref_logps is None else ref_logps[rows]
-            tis = self.tis_weights(rollout, rows, logps.detach() if on_policy else old)  # (n, R) or None
+            tis = self.tis_weights(rollout, rows, logps.detach() if on_policy else old, advantages[rows])  # (n, R) or None
             out = self.policy_loss(logps, old, ref, advantages[rows], loss_mask[rows], tis)
             return out.loss, {
                 "loss/total": out.loss.detach(),
@@ -211,7 +248,19 @@ class GRPOModule(OnlineModule):
         stats["rewards/group_std"] = grouped.std(dim=1).mean()
         stats["rewards/zero_std_fraction"] = (grouped == grouped[:, :1]).all(dim=1).float().mean()
         stats["advantages/abs_mean"] = per_row.abs().mean()
+        if self.entropy_bonus is not None:  # the coefficient of this update, then the next one's
+            entropy = sampled_entropy(filled if on_policy else rollout.logps, mask)
+            stats["entropy/coef"], stats["entropy/estimate"] = torch.tensor(self.entropy_coef), entropy
+            self.entropy_coef = self.entropy_bonus.next_coef(self.entropy_coef, float(entropy))
         return (rollout._replace(logps=filled) if on_policy else rollout), stats
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[CHECKPOINT_KEY]["entropy_coef"] = self.entropy_coef
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.entropy_coef = float(checkpoint.get(CHECKPOINT_KEY, {}).get("entropy_coef", self.entropy_coef))
 
 
 class DrGRPOModule(GRPOModule):

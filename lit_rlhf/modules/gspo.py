@@ -24,8 +24,9 @@ class GSPOModule(GRPOModule):
     geometric mean its clip ranges are tiny: the paper's 3e-4 / 4e-4 are the defaults. Clip
     fractions count sequences.
 
-    With one ratio per sequence there is nothing for per-token truncated importance sampling to
-    weigh: `tis_cap` is refused.
+    A rollout correction (the source's `correction`) weighs each sequence's term by the mean of
+    its tokens' factors: at the `sequence` or `geometric` level (GSPO's own granularity) that is
+    the sequence's weight, or 0 for a dropped sequence.
 
     Args:
         clip_eps_low: lower clip range of the sequence ratio (1 - eps_low; the paper's 3e-4).
@@ -37,15 +38,14 @@ class GSPOModule(GRPOModule):
             num_iterations, num_minibatches, temperature), `OnlineModule` and `PolicyModule`.
     """
 
+    takes_entropy_control = False  # one ratio per sequence
+
     def __init__(self, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4, kl_coef: float = 0.0,
                  **kwargs: Any) -> None:
-        if getattr(kwargs.get("rollout"), "tis_cap", None) is not None:
-            raise ValueError("tis_cap weighs tokens; GSPO has one ratio per sequence: use GRPOModule with a tis_cap, or a "
-                             "source with tis_cap 0 (stale samples uncorrected)")
         super().__init__(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, kl_coef=kl_coef,
                          aggregation="sequence_mean", **kwargs)
 
     def policy_loss(self, logps: Tensor, old_logps: Tensor | None, ref_logps: Tensor | None, advantages: Tensor,
                     mask: Tensor, token_weights: Tensor | None) -> GRPOLossOutput:
         return gspo_policy_loss(logps, old_logps, ref_logps, advantages, mask, self.clip_eps_low, self.clip_eps_high,
-                                self.kl_coef)
+                                self.kl_coef, token_weights)

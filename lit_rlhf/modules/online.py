@@ -23,7 +23,7 @@ measured in episodes (sampled responses), which also size the learning-rate sche
 **What a method defines** (each documented below): `update`; and where it differs from the
 default, `repeats`, `updates_per_rollout`, `needs_rollout_logps`, `rollout_values`,
 `rollout_extras`, `step_loss`, `update_rows`, `check_config`, the attributes `supports_tis` (its
-loss applies the sampler correction `tis_weights`), `accepts_environment` (its maths is one
+loss applies the source's rollout correction `tis_weights`), `accepts_environment` (its maths is one
 trajectory per row: it may run episodes), `whole_groups` (its loss reads a group at once) and
 `reward_optional` (it trains without a reward source), and `kl_coef` through `init_kl`.
 """
@@ -45,6 +45,7 @@ from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.online import budget, hooks, scoring, update
 from lit_rlhf.online.async_source import SourceGuard
+from lit_rlhf.online.correction import correction_stats
 from lit_rlhf.online.environment import episode_stats
 from lit_rlhf.online.moved import MOVED
 from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, checked_source
@@ -99,8 +100,9 @@ class OnlineModule(PolicyModule):
 
     batch_types = (PromptBatch,)
     supports_tis = False
-    """The update weighs the policy-gradient term by `tis_weights` (GRPO, PPO): it may train on
-    samples from another engine or an older policy (`VLLMSampler(tis_cap=...)`, `AsyncRollouts`)."""
+    """The update weighs the policy-gradient term by `tis_weights` (the GRPO family, RLOO, PPO,
+    distillation): it may train on samples from another engine or an older policy
+    (`VLLMSampler(correction=...)` or `tis_cap`, `AsyncRollouts`)."""
     accepts_environment = False
     """The method's maths is one trajectory per row, so a row may be an episode with environment
     tokens (GRPO, PPO, RLOO, rejection sampling); any other refuses `EnvironmentRollouts`."""
@@ -247,6 +249,7 @@ class OnlineModule(PolicyModule):
         self.episodes += rollout.num_rows * max(1, trainer.world_size if trainer else 1)
         same_temperature = self.logprob_temperature == self.sampling.temperature  # sampler logps comparable
         stats.update(scoring.rollout_stats(rollout, self.kl_coef, same_temperature))
+        stats.update(correction_stats(rollout, self.rollout_source.correction) if same_temperature else {})
         stats.update(episode_stats(rollout))
         stats.update(sampling_stats)
         stats.update({f"rewards/{name}": r.float().mean() for name, r in per_source.items()})
@@ -344,15 +347,16 @@ class OnlineModule(PolicyModule):
         accumulated exactly over micro-batches (`lit_rlhf.online.update.run_updates`)."""
         return update.run_updates(self, n_rows, epochs, num_minibatches, loss_fn, row_weights, group_size)
 
-    def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor) -> Tensor | None:
-        """Truncated importance weights (n, R) of `rows` (the source's `tis_cap`), None when off.
-        `train_logps`: the trainer's log-probs of those rows at sampling time."""
-        from lit_rlhf.losses import truncated_importance_weights
-
-        cap = self.rollout_source.tis_cap
-        if cap is None or rollout.sampler_logps is None:
+    def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor, advantages: Tensor | None = None):
+        """The source's rollout correction (`lit_rlhf.online.correction`) of `rows` as one factor
+        (n, R), weights * keep (a dropped token weighs 0 and still counts in a token mean's
+        denominator); None when off or without the sampler's log-probs. `train_logps`: the
+        trainer's log-probs of the rows at sampling time; `advantages` (n,) or (n, R): theirs,
+        read by DeepSeek-V3.2's off-policy sequence mask."""
+        correction = self.rollout_source.correction
+        if correction is None or rollout.sampler_logps is None:
             return None
-        return truncated_importance_weights(train_logps, rollout.sampler_logps[rows], rollout.loss_mask[rows], cap)
+        return correction.apply(train_logps, rollout.sampler_logps[rows], rollout.loss_mask[rows], advantages).factor()
 
     # ------------------------------------------------------------------------------------------
     # Lightning hooks: checks, the source's life, the budget, checkpoints

@@ -160,7 +160,7 @@ class PPOModule(OnlineModule):
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
                 attention[rows], self.logprob_temperature,
             )  # (n, R)
-            tis = self.tis_weights(rollout, rows, rollout.logps[rows])  # (n, R): truncated IS, None when off
+            tis = self.tis_weights(rollout, rows, rollout.logps[rows], advantages[rows])  # (n, R), None when off
             adv = advantages[rows] if tis is None else advantages[rows] * tis  # w >= 0: weights each token's clipped term
             pg = ppo_policy_loss(logps, rollout.logps[rows], adv, mask[rows], self.clip_eps)
             yield pg.loss, {

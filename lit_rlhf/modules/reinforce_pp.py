@@ -43,6 +43,7 @@ class ReinforcePPModule(GRPOModule):
     """
 
     eps = 1e-8
+    takes_entropy_control = False  # `clipped_token_loss`, not GRPO's loss
 
     def __init__(self, baseline: bool = False, kl_coef: float = 0.01, **kwargs: Any) -> None:
         super().__init__(scale="batch", aggregation="token_mean", kl_coef=kl_coef, **kwargs)

@@ -47,6 +47,7 @@ class RLOOModule(OnlineModule):
     """
 
     accepts_environment = True  # one trajectory per row: a row may be an episode
+    supports_tis = True  # the source's rollout correction weighs each token's log-prob (`losses.rloo_loss`)
 
     def __init__(self, num_generations: int = 4, kl_coef: float = 0.05, temperature: float = 1.0, **kwargs: Any) -> None:
         super().__init__(temperature=temperature, **kwargs)
@@ -74,7 +75,8 @@ class RLOOModule(OnlineModule):
                 self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
                 attention[rows], self.logprob_temperature, groups=rows // group,
             )  # (n, R); a group's rows share one prompt computation
-            loss = rloo_loss(logps, advantages[rows], mask[rows])
+            tis = self.tis_weights(rollout, rows, rollout.logps[rows], advantages[rows])  # (n, R) or None
+            loss = rloo_loss(logps, advantages[rows], mask[rows], tis)
             return loss, {"policy/loss": loss.detach()}
 
         stats = self.run_updates(mask.shape[0], 1, 1, loss_fn)

@@ -3,6 +3,7 @@
 - rollout sources (`sources`, `async_source`, `server`, `environment`): the `rollout:` argument
   of every online module: `HFSampler` (default), `VLLMSampler`, `AsyncRollouts` (with an optional
   `VLLMServerBackend`), `EnvironmentRollouts`;
+- `correction`: a source's correction for its sampler (`RolloutCorrection`) and its statistics;
 - `scoring`: the reward sources on a rollout and the objective statistics;
 - `hooks`: the callbacks' rollout hooks;
 - `update`: passes over minibatches of whole groups with exact gradient accumulation;
@@ -10,9 +11,11 @@
 """
 
 from lit_rlhf.online.async_source import ASYNC_TIS_CAP, AsyncRollouts
+from lit_rlhf.online.correction import RolloutCorrection
 from lit_rlhf.online.environment import EnvironmentRollouts
 from lit_rlhf.online.server import VLLMServerBackend
 from lit_rlhf.online.sources import HFSampler, RolloutSource, VLLMSampler
 
-__all__ = ["ASYNC_TIS_CAP", "AsyncRollouts", "EnvironmentRollouts", "HFSampler", "RolloutSource", "VLLMSampler",
+__all__ = ["ASYNC_TIS_CAP", "AsyncRollouts", "EnvironmentRollouts", "HFSampler", "RolloutCorrection", "RolloutSource",
+           "VLLMSampler",
            "VLLMServerBackend"]

@@ -16,7 +16,7 @@ machinery (queue, producer, prompt schedule, samplers) is `lit_rlhf.async_rollou
 - **Off-policy correction.** A stale sample's tokens were drawn by older weights. The update's
   "old" log-probs are the learner's current ones (the proximal policy), so its clipped ratio
   starts at 1, and the truncated importance weight `min(pi_current / pi_sampler, tis_cap)`
-  (`lit_rlhf.losses.tis`) corrects for the sampler: the decoupled PPO objective (Hilton et al.
+  (`lit_rlhf.losses.rollout_correction`) corrects for the sampler: the decoupled PPO objective (Hilton et al.
   2022, as AReaL uses it for stale samples) with a truncated behaviour weight. It is on by
   default when `max_staleness` > 0 (`ASYNC_TIS_CAP` unless set; `tis_cap: 0` turns it off), so
   only methods with that correction (`OnlineModule.supports_tis`: GRPO, PPO) take this source.
@@ -60,7 +60,8 @@ from lit_rlhf.async_rollouts import (
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.generation.weight_sync import InMemoryWeightSync, trained_weights
 from lit_rlhf.online.server import VLLMServerBackend
-from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, checked_tis_cap, repeated_prompts
+from lit_rlhf.online.correction import RolloutCorrection, source_correction
+from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, repeated_prompts
 from lit_rlhf.types import PromptBatch, Rollout
 
 log = logging.getLogger(__name__)
@@ -87,17 +88,21 @@ class AsyncRollouts(RolloutSource):
             most s + 1 batches in flight; 0 is the synchronous run, bitwise.
         timeout: seconds the learner waits for a batch (and a checkpoint for the batches it holds),
             a vLLM server takes to start, and any one call to it, before it raises.
-        tis_cap: the truncated importance weight's cap; None = `ASYNC_TIS_CAP` when
-            `max_staleness` > 0 (off at 0); 0 = off (stale samples trained on uncorrected).
+        tis_cap: the truncated importance weight's cap (the shorthand of `correction: {mode:
+            truncate, level: token, upper: tis_cap}`); None = `ASYNC_TIS_CAP` when `max_staleness`
+            > 0 and no `correction` is given (off at 0); 0 = off (stale samples trained on
+            uncorrected).
         server: sample on a vLLM server in its own process (`VLLMServerBackend`); None = our
             sampler on a copy of the policy in a thread of this process.
+        correction: the rollout correction (`lit_rlhf.online.correction.RolloutCorrection`)
+            instead of `tis_cap`'s token-level truncation; not both.
     """
 
     asynchronous = True
     runtime = ("running", "published", "restored")
 
     def __init__(self, max_staleness: int = 1, timeout: float = 600.0, tis_cap: float | None = None,
-                 server: VLLMServerBackend | None = None) -> None:
+                 server: VLLMServerBackend | None = None, correction: RolloutCorrection | None = None) -> None:
         if max_staleness is None or int(max_staleness) < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         if not timeout > 0:
@@ -105,9 +110,8 @@ class AsyncRollouts(RolloutSource):
         if server is not None and not isinstance(server, VLLMServerBackend):
             raise TypeError(f"server must be a lit_rlhf.online.VLLMServerBackend, got {type(server).__name__}")
         self.max_staleness, self.timeout, self.server = int(max_staleness), float(timeout), server
-        if tis_cap is None and self.max_staleness > 0:  # stale samples: the correction on by default
-            tis_cap = ASYNC_TIS_CAP
-        self.tis_cap = checked_tis_cap(tis_cap)
+        # stale samples: the correction on by default
+        self.correction = source_correction(tis_cap, correction, ASYNC_TIS_CAP if self.max_staleness > 0 else None)
         self.local = HFSampler()  # validation, and a greedy baseline: the trainer's own policy
         self.running: Running | None = None
         self.published: int | None = None

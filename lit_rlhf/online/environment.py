@@ -41,6 +41,7 @@ from lit_rlhf.envs.errors import EnvErrorPolicy, OnEnvError
 from lit_rlhf.envs.rollout import environment_stats, run_episodes
 from lit_rlhf.envs.trajectory import Trajectory, to_tensors
 from lit_rlhf.generation import SamplingConfig, needs_synced_gpus
+from lit_rlhf.online.correction import RolloutCorrection
 from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource
 from lit_rlhf.types import PromptBatch, Rollout
 
@@ -110,8 +111,8 @@ class EnvironmentRollouts(RolloutSource):
         self.chat_format: ChatFormat | None = None
 
     @property
-    def tis_cap(self) -> float | None:  # the turns' sampler decides
-        return self.sampler.tis_cap
+    def correction(self) -> RolloutCorrection | None:  # the turns' sampler decides
+        return self.sampler.correction
 
     def episode_budget(self, module: Any) -> int:
         """The rollout's response width: `max_episode_tokens`, else `max_turns * max_new_tokens`."""

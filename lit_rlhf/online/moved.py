@@ -9,7 +9,7 @@ MOVED = {name: f"use {place} (the rollout source)" for name, place in {
                           "vllm_server: AsyncRollouts with server: {class_path: lit_rlhf.online.VLLMServerBackend})",
     "vllm_kwargs": "rollout: {class_path: lit_rlhf.online.VLLMSampler, init_args: {engine_kwargs: ...}} "
                    "(or VLLMServerBackend's engine_kwargs)",
-    "tis_cap": "VLLMSampler(tis_cap=...) or AsyncRollouts(tis_cap=...)",
+    "tis_cap": "VLLMSampler(tis_cap=...) or AsyncRollouts(tis_cap=...), or their correction: {mode, level, ...}",
     "environment": "rollout: {class_path: lit_rlhf.online.EnvironmentRollouts, init_args: {environment: ...}}",
     "max_turns": "EnvironmentRollouts(max_turns=...)",
     "max_episode_tokens": "EnvironmentRollouts(max_episode_tokens=...)",

@@ -12,8 +12,9 @@ the rollout hook, the update):
 
 A source holds the backend's settings (a vLLM engine's arguments, the staleness bound of
 asynchronous rollouts, an environment) so a method's constructor carries only the method's. Its
-`tis_cap` is the truncation of the importance weights the update applies when the sampler is
-not the trainer (`lit_rlhf.losses.tis`): None means off. A source with state worth a checkpoint
+`correction` (`lit_rlhf.online.correction.RolloutCorrection`; `tis_cap` is its token-truncate
+shorthand) is the importance weighting or masking the update applies when the sampler is not
+the trainer (`lit_rlhf.losses.rollout_correction`): None means off. A source with state worth a checkpoint
 (the asynchronous queue) returns it from `state_dict` and takes it back in `load_state_dict`.
 
 The sources here sample in this process: `HFSampler`, our KV-cache sampler on the policy itself
@@ -31,6 +32,7 @@ from torch import Tensor
 from lit_rlhf.generation import SamplingConfig, generate_responses, needs_synced_gpus
 from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.models import adapters
+from lit_rlhf.online.correction import RolloutCorrection, source_correction
 from lit_rlhf.types import PromptBatch, Rollout
 
 Responses = tuple[Tensor, Tensor, Tensor, "Tensor | None"]  # ids (N, R), mask (N, R), has_eos (N,), sampler logps
@@ -51,13 +53,18 @@ class RolloutSource:
     """Where a rollout's responses come from (see the module docstring). Subclasses define
     `generate`; the defaults sample one turn per row synchronously."""
 
-    tis_cap: float | None = None
-    """Truncation C of the importance weights min(pi_train / pi_sampler, C) the update applies
-    to the policy-gradient term (None: off, the sampler is the trainer)."""
+    correction: RolloutCorrection | None = None
+    """The correction of the sampler/trainer gap the update applies to the policy-gradient term
+    (`lit_rlhf.online.correction`; None: off, the sampler is the trainer)."""
     asynchronous: bool = False
     """True when responses are sampled ahead of the learner (the method must correct stale samples)."""
     multi_turn: bool = False
     """True when a rollout row is an episode with environment tokens (the method must opt in)."""
+
+    @property
+    def tis_cap(self) -> float | None:
+        """The correction's token-level truncation C (the `tis_cap` shorthand), else None."""
+        return None if self.correction is None else self.correction.tis_cap
 
     def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
         """One response per row of the left-padded `prompt_ids` (N, P), one turn."""
@@ -110,7 +117,7 @@ class HFSampler(RolloutSource):
 
 def checked_source(method: type, source: Any, temperature: float, logprob_temperature: float | None) -> RolloutSource:
     """`source` if `method` (an `OnlineModule` class) can train on what it gives: episodes only
-    for a method that accepts them, a sampler correction (`tis_cap`) only for one that applies it,
+    for a method that accepts them, a sampler correction (`correction`, `tis_cap`) only for one that applies it,
     and then at the sampling temperature."""
     name = method.__name__
     if not isinstance(source, RolloutSource):
@@ -118,22 +125,16 @@ def checked_source(method: type, source: Any, temperature: float, logprob_temper
     if source.multi_turn and not method.accepts_environment:
         raise ValueError(f"{name} does not run environments (EnvironmentRollouts): its loss is not one trajectory "
                          "per row; GRPO, PPO, RLOO and rejection sampling do")
-    if source.tis_cap is not None and not method.supports_tis:
-        raise ValueError(f"{name} has no truncated importance sampling (tis_cap): GRPO and PPO do")
+    if source.correction is not None and not method.supports_tis:
+        raise ValueError(f"{name} has no rollout correction (correction, tis_cap): the GRPO family, RLOO, PPO and "
+                         "distillation do")
     scoring = temperature if logprob_temperature is None else float(logprob_temperature)
     if not scoring > 0:
         raise ValueError(f"logprob_temperature must be > 0 or null (= temperature), got {logprob_temperature}")
-    if source.tis_cap is not None and scoring != temperature:
-        raise ValueError(f"tis_cap weighs tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
+    if source.correction is not None and scoring != temperature:
+        raise ValueError(f"the rollout correction weighs tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
                          f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")
     return source
-
-
-def checked_tis_cap(tis_cap: float | None) -> float | None:
-    """`tis_cap` as a source keeps it: a cap > 0, or None for off (0 and None)."""
-    if tis_cap is not None and tis_cap < 0:
-        raise ValueError(f"tis_cap must be > 0 (0 or null = off), got {tis_cap}")
-    return float(tis_cap) if tis_cap else None
 
 
 class VLLMSampler(RolloutSource):
@@ -146,14 +147,19 @@ class VLLMSampler(RolloutSource):
         engine_kwargs: keyword arguments of the engine (`VLLMEngine.from_policy`: `max_model_len`,
             `gpu_memory_utilization`, ... passed to `vllm.LLM`).
         tis_cap: truncated importance sampling: the policy-gradient term of each token weighed by
-            min(pi_train / pi_sampler, tis_cap) (`losses.tis`; GRPO and PPO). None or 0 = off.
+            min(pi_train / pi_sampler, tis_cap); the shorthand of `correction: {mode: truncate,
+            level: token, upper: tis_cap}`. None or 0 = off.
+        correction: the rollout correction (`lit_rlhf.online.correction.RolloutCorrection`:
+            truncated or masked ratios per token, sequence or geometric mean; DeepSeek-V3.2's
+            off-policy sequence mask); None = `tis_cap` decides. Not both.
     """
 
     runtime = ("engine",)
 
-    def __init__(self, engine_kwargs: dict[str, Any] | None = None, tis_cap: float | None = None) -> None:
+    def __init__(self, engine_kwargs: dict[str, Any] | None = None, tis_cap: float | None = None,
+                 correction: RolloutCorrection | None = None) -> None:
         self.engine_kwargs = dict(engine_kwargs or {})
-        self.tis_cap = checked_tis_cap(tis_cap)
+        self.correction = source_correction(tis_cap, correction)
         self.engine = None  # built on the first rollout
 
     def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:

@@ -23,7 +23,7 @@ from tests.resume.harness import Interrupt, Setup, assert_same_run, checkpoint_v
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-ASYNC_ONLY = ("async/", "sampler_logprob_diff")  # logged by asynchronous runs only
+ASYNC_ONLY = ("async/", "sampler_logprob_diff", "rollout_correction/")  # logged by asynchronous runs only
 
 
 class PromptCounter(Callback):

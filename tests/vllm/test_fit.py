@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lit_rlhf.data.collate import PromptCollator
-from lit_rlhf.modules import GRPOModule, GSPOModule, PPOModule, RLOOModule
+from lit_rlhf.modules import GRPOModule, PPOModule, ReMaxModule
 from lit_rlhf.online import VLLMSampler
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.resume.test_resume import Recorder, StopAfter
@@ -118,12 +118,10 @@ def test_resume_is_exact_on_vllm(vllm_model_dir, engine, tmp_path):
 
 
 def test_bad_backend_configuration_is_named(vllm_model_dir):
-    with pytest.raises(TypeError, match="`generation_backend` moved to the rollout source: use rollout: "):
+    with pytest.raises(TypeError, match="`generation_backend` moved: use rollout: "):
         GRPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], generation_backend="vllm")
-    with pytest.raises(ValueError, match="has no truncated importance sampling .tis_cap."):
-        RLOOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], rollout=VLLMSampler(tis_cap=2.0))
-    with pytest.raises(ValueError, match="GSPO has one ratio per sequence"):
-        GSPOModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], rollout=VLLMSampler(tis_cap=2.0))
+    with pytest.raises(ValueError, match="has no rollout correction .correction, tis_cap."):
+        ReMaxModule(model=vllm_model_dir, reward_fns=[CharacterFractionReward(LETTERS)], rollout=VLLMSampler(tis_cap=2.0))
 
 
 def test_judge_callback_samples_the_policy_with_the_engine(vllm_model_dir, engine, tmp_path):

@@ -11,8 +11,15 @@ import pytest
 import torch
 
 from lit_rlhf.generation import SamplingConfig, generate_responses
-from lit_rlhf.modules import DistillationModule, OnlineDPOModule, PPOPtxModule, RejectionSamplingModule, ReMaxModule
-from lit_rlhf.online import VLLMSampler
+from lit_rlhf.modules import (
+    DistillationModule,
+    GRPOModule,
+    OnlineDPOModule,
+    PPOPtxModule,
+    RejectionSamplingModule,
+    ReMaxModule,
+)
+from lit_rlhf.online import RolloutCorrection, VLLMSampler
 from lit_rlhf.rewards import CharacterFractionReward
 from tests.resume.test_resume import PTX_DATA
 from tests.vllm.conftest import attach
@@ -31,7 +38,11 @@ METHODS = {
     # the engine's samples weighed by min(pi_train / pi_engine, 2) in the policy-gradient term
     "distill_tis": (DistillationModule, dict(teacher="base", teacher_context="Answer:", num_generations=2,
                                              rollout=VLLMSampler(tis_cap=2.0)), [8]),
+    # GRPO with the engine's samples masked by their geometric-mean ratio (kept within [0.95, 1.05])
+    "grpo_correction": (GRPOModule, dict(num_generations=2, kl_coef=0.0, rollout=VLLMSampler(
+        correction=RolloutCorrection("mask", "geometric", 1.05, 0.95))), [8]),
 }
+WEIGHED = ("distill_tis", "grpo_correction")  # the methods given a rollout correction
 
 
 class FirstShaped(L.Callback):
@@ -68,7 +79,11 @@ def test_new_online_methods_sample_with_the_engine(name, vllm_model_dir, engine)
         engine.generate = generate
     assert calls == rows * 2  # every response of both rollouts came from the engine
     assert any(not torch.equal(v, initial[k]) for k, v in module.policy.state_dict().items())
-    assert all(w is None for w in weighed) != (name == "distill_tis"), weighed  # weights only with a tis_cap
+    assert all(w is None for w in weighed) != (name in WEIGHED), weighed  # weights only with a correction
+    if name == "grpo_correction":  # the engine agrees with the learner: nothing masked, the mismatch logged
+        assert all((((w >= 0.95) & (w <= 1.05)) | (w == 0)).all() for w in weighed)  # 0 on padding only
+        assert float(trainer.callback_metrics["train/rollout_correction/masked_fraction"]) == 0.0
+        assert 0.0 <= float(trainer.callback_metrics["train/rollout_correction/kl_k3"]) < 1e-3
     if name.startswith("distill"):  # the learner's log-probs of the engine's samples, against the engine's
         diff = trainer.callback_metrics["train/rollout/sampler_logprob_diff"]
         assert torch.isfinite(diff) and float(diff) < 0.05, float(diff)
