@@ -34,7 +34,7 @@ Modules:
 from lit_rlhf.rewards.examples import CharacterFractionReward, ReferenceMatchReward
 from lit_rlhf.rewards.gold import KeyFactRecallReward
 from lit_rlhf.rewards.judge import PairwiseJudgeReward
-from lit_rlhf.rewards.math_answer import MathAnswerReward, answers_match, final_answer_text, parse_answer
+from lit_rlhf.rewards.math_answer import MathAnswerReward, answer_keys, answers_match, final_answer_text, parse_answer
 from lit_rlhf.rewards.shaping import FormatReward, OverlongPenalty
 from lit_rlhf.rewards.sources import (
     RewardFn,
@@ -59,6 +59,7 @@ __all__ = [
     "RewardFn",
     "RewardFunctionError",
     "RewardNormalization",
+    "answer_keys",
     "answers_match",
     "call_reward_fn",
     "combine_rewards",
