@@ -27,6 +27,7 @@ from callbacks.eos_trick import EOSTrickCallback
 from callbacks.judge_eval import JudgeEvalCallback
 from callbacks.kl_control import KLControlCallback
 from callbacks.lr_monitor import LearningRateMonitor
+from callbacks.pass_at_k import PassAtKCallback
 from callbacks.preemption import PreemptionCheckpoint
 from callbacks.progress import CompactProgressBar
 from callbacks.reward_normalization import RewardNormalizationCallback
@@ -38,6 +39,7 @@ __all__ = [
     "JudgeEvalCallback",
     "KLControlCallback",
     "LearningRateMonitor",
+    "PassAtKCallback",
     "PreemptionCheckpoint",
     "RewardNormalizationCallback",
     "RunHealthCallback",
