@@ -23,6 +23,7 @@ it to every run by default. This package imports `lit_rlhf`, never the other way
 """
 
 from callbacks.defaults import default_callbacks
+from callbacks.divergence import DivergenceMonitor
 from callbacks.eos_trick import EOSTrickCallback
 from callbacks.judge_eval import JudgeEvalCallback
 from callbacks.kl_control import KLControlCallback
@@ -35,6 +36,7 @@ from callbacks.run_health import RunHealthCallback
 
 __all__ = [
     "CompactProgressBar",
+    "DivergenceMonitor",
     "EOSTrickCallback",
     "JudgeEvalCallback",
     "KLControlCallback",
