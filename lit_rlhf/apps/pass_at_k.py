@@ -75,6 +75,25 @@ def table(summary: dict[str, Any], difference: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def sample_policies(args: argparse.Namespace, data: dict[str, Any], sampling: Any) -> tuple[dict, dict, Any]:
+    """({role: SampledAnswers}, {role: seconds}, the problems) of `--before` (and `--after`), each
+    loaded in turn and sampled with the same settings and seed."""
+    from lit_rlhf.apps.judge_policy import load_policy
+    from lit_rlhf.evaluation.verifiable import sample_answers
+
+    roles = {"before": args.before, **({"after": args.after} if args.after else {})}
+    results, timings, prompts = {}, {}, None
+    for role, name in roles.items():
+        clock = time.perf_counter()
+        model, tokenizer = load_policy(name)
+        if prompts is None:
+            prompts = heldout_problems(data, tokenizer, args.split, args.num_problems)
+        results[role] = sample_answers(model, tokenizer, prompts, args.n, args.k, sampling, args.batch_size, args.seed)
+        timings[role] = round(time.perf_counter() - clock, 1)
+        del model
+    return results, timings, prompts
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the training recipe (its data section gives the problems)")
@@ -99,8 +118,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"every --k must be in 1..--n ({args.n}), got {args.k}")
 
     from lit_rlhf.apps.compare_policies import machine
-    from lit_rlhf.apps.judge_policy import load_policy
-    from lit_rlhf.evaluation.verifiable import sample_answers
     from lit_rlhf.generation import SamplingConfig
 
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -113,16 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     max_new_tokens = args.max_new_tokens or int(recipe_model.get("max_new_tokens", 64))
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                               top_p=args.top_p, do_sample=True)
-    roles = {"before": args.before, **({"after": args.after} if args.after else {})}
-    results, timings, prompts = {}, {}, None
-    for role, name in roles.items():
-        clock = time.perf_counter()
-        model, tokenizer = load_policy(name)
-        if prompts is None:
-            prompts = heldout_problems(data, tokenizer, args.split, args.num_problems)
-        results[role] = sample_answers(model, tokenizer, prompts, args.n, args.k, sampling, args.batch_size, args.seed)
-        timings[role] = round(time.perf_counter() - clock, 1)
-        del model
+    results, timings, prompts = sample_policies(args, data, sampling)
     summary = {role: summarise(r.values, args.num_resamples) for role, r in results.items()}
     difference = compare(results["before"].values, results["after"].values, args.num_resamples) \
         if "after" in results else None
