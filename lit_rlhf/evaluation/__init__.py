@@ -1,6 +1,9 @@
 """What judging a policy needs: evaluation prompts, the policy's completions, pairwise judging
 and its statistics, tables and figures. `callbacks.JudgeEvalCallback` (during training) and
-`python -m lit_rlhf.apps.judge_policy` (a saved policy) both use it.
+`python -m lit_rlhf.apps.judge_policy` (a saved policy) both use it. For verifiable tasks,
+`pass_at_k` (pass@k, avg@k, maj@k and their bootstrap intervals) and `verifiable` (n checked
+samples per problem) serve `callbacks.PassAtKCallback` and `python -m lit_rlhf.apps.pass_at_k`;
+`harness` writes such a task for lm-evaluation-harness (`python -m lit_rlhf.apps.lm_eval_task`).
 
 Conventions (both use them):
 - the policy is completion **a**, the baseline completion **b**: `win_rate` is the policy's win

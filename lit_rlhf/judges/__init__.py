@@ -6,6 +6,8 @@
   its F1 and the listed checks of false statements and distractors).
 - `ChatAPIJudge`: an LLM behind an OpenAI-compatible chat-completions endpoint.
 - `LocalLMJudge`: a local causal LM, read from the next-token probabilities of "A" and "B".
+- `RubricJudge`: pointwise scores on weighted `Criterion`s (mean / min / all-pass), each scored by
+  a `PointwiseScorer`: `LocalLMScorer` (P(Yes) of a local LM) or `ChatAPIScorer` (a chat API).
 - `win_rate` / `win_rate_by_length_ratio`: win rate with a Wilson 95% interval, overall and
   bucketed by log length ratio; `agreement`: how often two judges pick the same winner.
 
@@ -16,7 +18,9 @@ from lit_rlhf.judges.base import Judgement, PairwiseJudge, RandomOrderJudge, ord
 from lit_rlhf.judges.chat_api import ChatAPIJudge
 from lit_rlhf.judges.keyfact import KeyFactJudge, keyfact_f1, keyfact_recall, listed_matches
 from lit_rlhf.judges.local_lm import LocalLMJudge
+from lit_rlhf.judges.pointwise import ChatAPIScorer, LocalLMScorer
 from lit_rlhf.judges.reward import RewardModelJudge
+from lit_rlhf.judges.rubric import Criterion, PointScore, PointwiseScorer, RubricJudge, RubricResult
 from lit_rlhf.judges.stats import (
     AgreementStats,
     LengthRatioBuckets,
@@ -31,14 +35,21 @@ from lit_rlhf.judges.templates import JudgeTemplate, get_template
 __all__ = [
     "AgreementStats",
     "ChatAPIJudge",
+    "ChatAPIScorer",
+    "Criterion",
     "JudgeTemplate",
     "KeyFactJudge",
     "Judgement",
     "LengthRatioBuckets",
     "LocalLMJudge",
+    "LocalLMScorer",
     "PairwiseJudge",
+    "PointScore",
+    "PointwiseScorer",
     "RandomOrderJudge",
     "RewardModelJudge",
+    "RubricJudge",
+    "RubricResult",
     "WinRateStats",
     "agreement",
     "get_template",

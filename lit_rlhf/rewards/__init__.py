@@ -26,6 +26,8 @@ Modules:
   punishment);
 - `judge`: `PairwiseJudgeReward`, a pairwise judge (`lit_rlhf.judges`: local LM, chat API,
   reward model) as a reward: each sample's win rate against its prompt's other samples;
+- `rubric`: `RubricReward`, a pointwise rubric judge (`lit_rlhf.judges.RubricJudge`: weighted
+  criteria, each scored by an LLM judge, aggregated by mean, min or all-pass) as a reward;
 - `gold`: `KeyFactRecallReward`, the key-fact gold (`lit_rlhf.judges.keyfact`) as a reward: the
   positive control of a synthetic-gold experiment, or (weight 0) the gold logged beside the proxy;
 - `examples`: `CharacterFractionReward`, `ReferenceMatchReward` (small, for tests).
@@ -34,7 +36,8 @@ Modules:
 from lit_rlhf.rewards.examples import CharacterFractionReward, ReferenceMatchReward
 from lit_rlhf.rewards.gold import KeyFactRecallReward
 from lit_rlhf.rewards.judge import PairwiseJudgeReward
-from lit_rlhf.rewards.math_answer import MathAnswerReward, answers_match, final_answer_text, parse_answer
+from lit_rlhf.rewards.rubric import RubricReward
+from lit_rlhf.rewards.math_answer import MathAnswerReward, answer_keys, answers_match, final_answer_text, parse_answer
 from lit_rlhf.rewards.shaping import FormatReward, OverlongPenalty
 from lit_rlhf.rewards.sources import (
     RewardFn,
@@ -59,6 +62,8 @@ __all__ = [
     "RewardFn",
     "RewardFunctionError",
     "RewardNormalization",
+    "RubricReward",
+    "answer_keys",
     "answers_match",
     "call_reward_fn",
     "combine_rewards",

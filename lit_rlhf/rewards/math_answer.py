@@ -82,3 +82,25 @@ class MathAnswerReward:
             raise KeyError(f"MathAnswerReward needs the batch column {self.column!r}; the batch has {sorted(columns)}")
         return [self.correct if answers_match(ref, c) else self.incorrect
                 for c, ref in zip(completions, columns[self.column])]
+
+
+def answer_keys(completions: list[str]) -> list[int | None]:
+    """A key per completion for majority voting: equal keys for equivalent final answers (the
+    checker `MathAnswerReward` uses, `math_verify.verify` against each group's first answer),
+    None for a completion whose answer cannot be parsed. Keys number the groups in order of
+    first appearance."""
+    from math_verify import verify
+
+    groups: list[list] = []  # the parsed answer that opened each group
+    keys: list[int | None] = []
+    for text in completions:
+        pred = parse_answer(text)
+        if not pred:
+            keys.append(None)
+            continue
+        key = next((i for i, first in enumerate(groups) if verify(first, pred)), None)
+        if key is None:
+            groups.append(pred)
+            key = len(groups) - 1
+        keys.append(key)
+    return keys

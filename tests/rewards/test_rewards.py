@@ -63,6 +63,14 @@ def test_gsm8k_marker_and_bad_references():
         MathAnswerReward()(["q"], ["42"], answer=["42"])
 
 
+def test_answer_keys_group_equivalent_answers_for_majority_voting():
+    from lit_rlhf.rewards import answer_keys
+
+    texts = ["#### 0.5", "so it is \\frac{1}{2}", "no idea", "#### 3", "\\boxed{1/2}", "3.0"]
+    assert answer_keys(texts) == [0, 0, None, 1, 0, 1]
+    assert answer_keys([]) == []
+
+
 def test_format_reward_tags_and_search():
     tags = FormatReward(r"<think>.*?</think>\s*<answer>.*?</answer>")
     assert tags([""] * 4, [

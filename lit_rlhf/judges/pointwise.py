@@ -1,0 +1,153 @@
+"""Pointwise scorers for `RubricJudge` on the pairwise judges' backends.
+
+- `LocalLMScorer`: a local causal LM (`LocalLMJudge`'s loading, chat template, batching with left
+  padding and `max_length` guard), read from its next-token probabilities after the answer prefix
+  "Answer:": the score is P(Yes) / (P(Yes) + P(No)), each summed over the word's first-token
+  spellings (`verdict_token_ids`). Nothing is sampled.
+- `ChatAPIScorer`: an OpenAI-compatible chat endpoint (`ChatAPIJudge`'s retries, backoff, bounded
+  concurrency and key redaction); the reply's last `Verdict: YES` / `Verdict: NO` reads 1 / 0.
+
+The prompt is `template` with {prompt}, {completion} and {criterion} (the criterion's
+description); `lit_rlhf.judges.rubric.POINTWISE_TEMPLATE` by default. Both keep the pairwise
+judges' failure policy: an item that cannot be read is invalid, never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from lit_rlhf.judges.chat_api import ChatAPIJudge, _Fatal, _redact
+from lit_rlhf.judges.local_lm import LocalLMJudge, verdict_token_ids
+from lit_rlhf.judges.rubric import POINTWISE_TEMPLATE, Criterion, PointScore, PointwiseScorer
+
+_VERDICT = re.compile(r"verdict\s*:\s*\**\s*(yes|no)\b", re.IGNORECASE)
+CHAT_SUFFIX = "\n\nExplain briefly, then end with one line: `Verdict: YES` or `Verdict: NO`."
+
+
+def _check(template: str) -> str:
+    missing = [f for f in ("{prompt}", "{completion}", "{criterion}") if f not in template]
+    if missing:
+        raise ValueError(f"a pointwise template needs the fields {missing}, got {template!r}")
+    return template
+
+
+class LocalLMScorer(LocalLMJudge, PointwiseScorer):
+    """A local causal LM as a pointwise scorer: P(Yes) / (P(Yes) + P(No)) after the prompt.
+
+    Args:
+        model_name, batch_size, max_length, dtype, device, model, tokenizer: as `LocalLMJudge`.
+        template: the user message ({prompt}, {completion}, {criterion}).
+        answer_prefix: what the judge has "already written" before its Yes / No.
+
+    `raw` is "P(Yes)=<p> P(No)=<p>"; both 0 or non-finite make the item invalid.
+    """
+
+    def __init__(self, model_name: str, template: str = POINTWISE_TEMPLATE, answer_prefix: str = "Answer:",
+                 batch_size: int = 8, max_length: int | None = None, dtype: str | torch.dtype | None = None,
+                 device: str | torch.device = "cpu", model: Any = None, tokenizer: Any = None) -> None:
+        super().__init__(model_name, batch_size=batch_size, max_length=max_length, answer_prefix=answer_prefix,
+                         dtype=dtype, device=device, model=model, tokenizer=tokenizer)
+        self.pointwise_template = _check(template)
+
+    def _load(self) -> None:
+        super()._load()
+        self._verdict_ids = verdict_token_ids(self.tokenizer(), ("Yes", "No"))
+
+    def judge(self, prompts: list[str], completions_a: list[str], completions_b: list[str]):
+        raise TypeError("LocalLMScorer scores one answer against a criterion (score), it does not compare two")
+
+    def scoring_prompt(self, prompt: str, completion: str, criterion: Criterion) -> str:
+        """The full text the judge reads, ending where its Yes / No goes."""
+        tok = self.tokenizer()
+        user = self.pointwise_template.format(prompt=prompt, completion=completion, criterion=criterion.description)
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                           add_generation_prompt=True)
+        else:
+            text = user + "\n\n"
+        return text + self.answer_prefix
+
+    @torch.no_grad()
+    def score(self, prompts: list[str], completions: list[str], criterion: Criterion) -> list[PointScore]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+        if not prompts:
+            return []
+        if self._model is None or self._verdict_ids is None:
+            self._load()
+        tok = self._tokenizer
+        add_special = not getattr(tok, "chat_template", None)
+        encoded = [tok.encode(self.scoring_prompt(p, c, criterion), add_special_tokens=add_special)
+                   for p, c in zip(prompts, completions)]
+        results: list[PointScore | None] = [None] * len(encoded)
+        runnable = []
+        for i, ids in enumerate(encoded):
+            if self.max_length is not None and len(ids) > self.max_length:
+                results[i] = PointScore(None, "", f"judge prompt has {len(ids)} tokens > max_length={self.max_length}")
+            else:
+                runnable.append(i)
+        for start in range(0, len(runnable), self.batch_size):
+            rows = runnable[start:start + self.batch_size]
+            for i, (p_yes, p_no) in zip(rows, self._verdict_probs([encoded[k] for k in rows]).tolist()):
+                raw = f"P(Yes)={p_yes:.6g} P(No)={p_no:.6g}"
+                total = p_yes + p_no
+                ok = math.isfinite(total) and total > 0
+                results[i] = PointScore(p_yes / total if ok else None, raw, None if ok else "no Yes/No probability")
+        return results  # type: ignore[return-value]
+
+
+class ChatAPIScorer(ChatAPIJudge, PointwiseScorer):
+    """A chat model behind an OpenAI-compatible endpoint as a pointwise scorer: the reply's last
+    `Verdict: YES` scores 1, `Verdict: NO` 0, anything else is invalid (the reply kept in `raw`).
+
+    Args:
+        base_url, model, api_key_env, max_concurrency, timeout_s, max_retries, backoff_base_s,
+        backoff_max_s, temperature, max_tokens: as `ChatAPIJudge`.
+        template: the user message ({prompt}, {completion}, {criterion}); the verdict format
+            (`CHAT_SUFFIX`) is appended.
+    """
+
+    def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
+                 template: str = POINTWISE_TEMPLATE, max_concurrency: int = 8, timeout_s: float = 60.0,
+                 max_retries: int = 3, backoff_base_s: float = 1.0, backoff_max_s: float = 30.0,
+                 temperature: float = 0.0, max_tokens: int = 256) -> None:
+        super().__init__(base_url, model, api_key_env, max_concurrency=max_concurrency, timeout_s=timeout_s,
+                         max_retries=max_retries, backoff_base_s=backoff_base_s, backoff_max_s=backoff_max_s,
+                         temperature=temperature, max_tokens=max_tokens)
+        self.pointwise_template = _check(template)
+
+    def judge(self, prompts: list[str], completions_a: list[str], completions_b: list[str]):
+        raise TypeError("ChatAPIScorer scores one answer against a criterion (score), it does not compare two")
+
+    def score(self, prompts: list[str], completions: list[str], criterion: Criterion) -> list[PointScore]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+        if not prompts:
+            return []
+        workers = min(self.max_concurrency, len(prompts))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rubric-judge") as pool:
+            return list(pool.map(self._score_one, range(len(prompts)), prompts, completions,
+                                 [criterion] * len(prompts)))
+
+    def _score_one(self, index: int, prompt: str, completion: str, criterion: Criterion) -> PointScore:
+        user = self.pointwise_template.format(prompt=prompt, completion=completion, criterion=criterion.description)
+        body = {"model": self.model, "messages": [{"role": "user", "content": user + CHAT_SUFFIX}],
+                "temperature": self.temperature, "max_tokens": self.max_tokens}
+        try:
+            text = self._request_with_retries(index, json.dumps(body).encode("utf-8"))
+        except _Fatal as err:
+            return PointScore(None, "", str(err))
+        except Exception as err:  # anything unforeseen stays confined to its item
+            key = os.environ.get(self.api_key_env) if self.api_key_env else None
+            return PointScore(None, "", _redact(f"unexpected error: {type(err).__name__}: {err}", key))
+        found = _VERDICT.findall(text)
+        if not found:
+            return PointScore(None, text, "unparseable reply (no 'Verdict: YES|NO')")
+        return PointScore(1.0 if found[-1].lower() == "yes" else 0.0, text, None)
