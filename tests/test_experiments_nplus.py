@@ -196,3 +196,36 @@ def test_driver_end_to_end_on_a_tiny_model(tmp_path):
     assert (tmp_path / "gold_vs_kl.png").stat().st_size > 0 and "R3" in (tmp_path / "results.md").read_text()
     assert math.isfinite(results["minutes"])
 
+
+
+def test_a_claim_is_read_over_seeds_by_its_rule_on_every_seed(tmp_path):
+    from experiments.nplus_gold import pool
+
+    assert pool.reading([True, True, True]) == "replicated"
+    assert pool.reading([False, False, False]) == "not replicated"
+    assert pool.reading([True, False, True]) == "mixed"
+    assert pool.reading([True, None, True]) == "not read on every seed"
+    shown = _policies(arms={"ppo": (0.7, 1.0)}, snaps={3: (0.7, 0.5), 6: (0.9, 1.0), 9: (0.3, 2.0)})
+    failed = _policies(control_gold=0.5, arms={"ppo": (0.7, 1.0)}, snaps={3: (0.7, 0.5), 9: (0.6, 0.0)})
+    decisions = {"seed3": report.decisions(shown, EVALUATION, RULES), "seed4": report.decisions(shown, EVALUATION, RULES),
+                 "seed5": report.decisions(failed, EVALUATION, RULES)}
+    claims = pool.tally(decisions)
+    assert claims["R1 ppo beats SFT"] == {"seeds": {"seed3": True, "seed4": True, "seed5": None},
+                                          "reading": "not read on every seed"}
+    assert claims["R0 positive control beats SFT"]["reading"] == "mixed"
+    assert claims["R4 over-optimisation"]["reading"] == "mixed" and claims["R5 rise then fall"]["reading"] == "replicated"
+    assert claims["R2 learned its label source"]["reading"] == "replicated"
+    # the pooled differences over seeds x posts, from the seeds' files
+    for name, policies in (("seed3", shown), ("seed4", shown)):
+        d = tmp_path / name
+        d.mkdir()
+        budget = {"seed": int(name[-1]), "rules": RULES}
+        (d / "results.json").write_text(json.dumps({"budget": budget, "decisions": decisions[name],
+                                                    "over_optimisation_curve": report.curve(policies)}))
+        (d / "samples.json").write_text(json.dumps({"policies": policies}))
+    p = pool.pool([tmp_path / "seed3", tmp_path / "seed4"])
+    assert p["seeds"] == {"seed3": 3, "seed4": 4}
+    assert list(p["pooled_vs_sft"]) == ["dpo", "ppo", "grpo", "grpo_gold", "grpo_past_kl@3", "grpo_past_kl@9"]
+    assert p["pooled_vs_sft"]["ppo"]["gold"]["mean"] == pytest.approx(0.2)
+    assert p["pooled_vs_sft"]["grpo_past_kl@9"]["proxy"]["mean"] == pytest.approx(2.0)
+    assert "| R5 rise then fall | yes | yes | replicated |" in pool.markdown(p)
