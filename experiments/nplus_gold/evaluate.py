@@ -10,8 +10,10 @@ budget, so every comparison is paired post by post. Each answer is scored by:
   stage optimised except the positive control `grpo_gold`.
 
 Lengths are in tokens of the policy's tokenizer (EOS not counted). The reward model's held-out
-pair accuracy and its agreement with the gold (the N+ paper's D17, with the gold in the judge's
-place) are measured on the test posts' pairs.
+pair accuracy and its agreement with the gold are measured on the bundled test posts' pairs (the
+starting policy's answers, labelled with the gold of generation time). The gold is the source of
+the reward model's training labels, so the agreement measures how well the proxy learned its
+labelling function, not the N+ paper's D17 (agreement with a judge independent of the labels).
 """
 
 from __future__ import annotations
