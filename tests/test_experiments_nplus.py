@@ -123,7 +123,7 @@ def _policies(sft_gold=0.5, control_gold=0.8, arms=None, snaps=None):
     return out
 
 
-EVALUATION = {"reward_model": {"agreement_with_gold": {"ci_low": 0.6}}}
+EVALUATION = {"reward_model": {"agreement_with_gold": {"n": 40, "ci_low": 0.6}}}
 
 
 def test_over_optimisation_is_read_against_sft_at_the_fixed_snapshots():
@@ -162,6 +162,10 @@ def test_beats_sft_is_read_only_where_the_positive_control_passes():
     assert failed["R1_vs_sft"]["ppo"]["interval"] == "above 0"  # the numbers stay; the verdict is withheld
     assert not failed["P_proxy_raised"]["grpo"]["proxy_fails"]
     assert report.decisions(_policies(), EVALUATION, RULES)["R2_learned_label_source"] is True
+    chance = {"reward_model": {"agreement_with_gold": {"n": 40, "ci_low": 0.45}}}
+    assert report.decisions(_policies(), chance, RULES)["R2_learned_label_source"] is False
+    nothing = {"reward_model": {"agreement_with_gold": {"n": 0, "ci_low": 0.0}}}  # no held-out pair the gold orders
+    assert report.decisions(_policies(), nothing, RULES)["R2_learned_label_source"] is None
 
 
 def test_an_arm_that_never_raised_its_proxy_is_not_read_as_the_proxy_failing():
@@ -175,14 +179,18 @@ def test_an_arm_that_never_raised_its_proxy_is_not_read_as_the_proxy_failing():
 def test_driver_end_to_end_on_a_tiny_model(tmp_path):
     results = driver.run("smoke", tmp_path, log=lambda _: None)
     assert list(results["stages"]) == list(driver.ORDER)
-    assert results["stages"]["pairs"]["pairs"] > 0  # the SFT policy's own answers, gold-labelled
-    assert len((tmp_path / "pairs" / "train.jsonl").read_text().splitlines()) == results["stages"]["pairs"]["pairs"]
+    made = results["stages"]["pairs"]  # the SFT policy's own answers, gold-labelled: training and held-out
+    for split in ("train", "test"):
+        assert made[split]["pairs"] > 0 and made[split]["posts"] == 8, split
+        assert len((tmp_path / "pairs" / f"{split}.jsonl").read_text().splitlines()) == made[split]["pairs"]
+    assert results["reward_model"]["accuracy"]["n"] == made["test"]["pairs"]
+    assert results["reward_model"]["path"] == str(tmp_path / "pairs")
     assert list(results["policies"]) == ["start", "sft", "dpo", "ppo", "grpo", "grpo_gold",
                                          "grpo_past_kl@1", "grpo_past_kl@2"]
     for name, s in results["policies"].items():
         assert 0.0 <= s["gold"] <= 1.0 and s["win_rate_vs_reference"]["rate"] <= 0.5, name
         assert sum(b["n"] for b in s["win_rate_vs_reference_by_length"]) == 4
-    assert results["reward_model"]["accuracy"]["n"] > 0 and "agreement_with_gold" in results["reward_model"]
+    assert "agreement_with_gold" in results["reward_model"]
     assert set(results["decisions"]["R1_vs_sft"]) == {"dpo", "ppo", "grpo"}
     assert results["over_optimisation_curve"] == ["sft", "grpo_past_kl@1", "grpo_past_kl@2"]
     assert results["decisions"]["R5_rise_then_fall"]["rise_at"] == "grpo_past_kl@1"

@@ -9,7 +9,10 @@ post, the label drawn from Bradley-Terry on the gold, P(first preferred) =
 sigmoid((gold_first - gold_second) / pairs_bt_temperature)). The gold is the current key-fact
 recall (`lit_rlhf.judges.keyfact.keyfact_recall`), the one `evaluate.py` reads. The rows are
 written to `<out>/pairs/train.jsonl` in the `keyfact_chat` schema (`score_chosen` /
-`score_rejected` hold each answer's gold), the file the `reward` and `dpo` stages train on.
+`score_rejected` hold each answer's gold), the file the `reward` and `dpo` stages train on. The
+same is done on the held-out test posts (`<out>/pairs/test.jsonl`): pairs of the SFT policy's
+answers the reward model never saw, on which `evaluate.py` measures its accuracy and its
+agreement with the gold.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-SPLIT = "train"  # the file `train.jsonl`: split `train` of the directory (as `datasets` names it)
+SPLITS = ("train", "test")  # files `train.jsonl`, `test.jsonl`: the directory's splits (as `datasets` names them)
 
 
 def label_stats(rows: list[dict]) -> dict[str, int]:
@@ -29,12 +32,13 @@ def label_stats(rows: list[dict]) -> dict[str, int]:
 
 
 def make_pairs(policy: str, budget: dict[str, Any], out_dir: Path, seed: int,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Sample, label and write the pairs of `policy` (the SFT export dir); returns their statistics."""
+               log: Callable[[str], None] = print, split: str = "train") -> dict[str, Any]:
+    """Sample, label and write the pairs of `policy` (the SFT export dir) on the posts of `split`
+    (the first `pairs_posts` of them, all where null); returns their statistics."""
     from lit_rlhf.data.bundled import make_keyfact_chat as maker
     from lit_rlhf.judges.keyfact import keyfact_recall
 
-    posts = maker.read_posts("train")
+    posts = maker.read_posts(split)
     if budget["pairs_posts"] is not None:
         posts = posts[: budget["pairs_posts"]]
     answers = maker.sample_answers(posts, seed, batch_size=budget["eval_batch_size"], model_name=policy,
@@ -45,12 +49,12 @@ def make_pairs(policy: str, budget: dict[str, Any], out_dir: Path, seed: int,
     if not rows:
         raise RuntimeError(f"the policy {policy} gave no post two distinct answers that ended: no pairs to train on")
     out_dir.mkdir(parents=True, exist_ok=True)
-    maker.write(out_dir / f"{SPLIT}.jsonl", rows)
+    maker.write(out_dir / f"{split}.jsonl", rows)
     stats = {"posts": len(posts), "answers": sum(map(len, answers)), **label_stats(rows)}
-    log(f"   pairs: {stats}")
+    log(f"   {split} pairs: {stats}")
     return stats
 
 
-def read_pairs(out_dir: Path) -> list[dict]:
-    with open(out_dir / f"{SPLIT}.jsonl") as f:
+def read_pairs(out_dir: Path, split: str = "train") -> list[dict]:
+    with open(out_dir / f"{split}.jsonl") as f:
         return [json.loads(line) for line in f]

@@ -15,9 +15,10 @@ interval. The decision rules, fixed before the runs with their parameters in `bu
   interval above 0. Where it did not, "the proxy is what fails" is not read for that arm (its
   optimiser failed first); `proxy_fails` is True only where R0 passes, P holds and R1 is not "beats".
 - R2, the reward model learned its label source: its agreement with the gold on the held-out pairs
-  the gold orders has its Wilson interval above 0.5. The gold is the source of its training labels,
-  so this is not N+ D17 (agreement with a judge independent of the labels): it measures how well
-  the proxy fits the labelling function on held-out answers of the starting policy.
+  the gold orders (the SFT policy's answers to the test posts) has its Wilson interval above 0.5.
+  The gold is the source of its training labels, so this is not N+ D17 (agreement with a judge
+  independent of the labels): it measures how well the proxy fits the labelling function on
+  answers it never saw.
 - R3, the proxy's cost: GRPO on the proxy reaches less gold than the control when the interval of
   (proxy arm - control) lies below 0.
 - R4, over-optimisation (Gao et al. 2023): along the run past its KL budget, with SFT as snapshot
@@ -117,7 +118,7 @@ def decisions(policies: dict[str, Any], evaluation: dict[str, Any], rules: dict[
                                       "proxy_fails": passes and raised and out["R1_vs_sft"][arm]["interval"] != "above 0"}
     out["sft_vs_start"] = compare(gold["start"], gold["sft"])
     agreement = evaluation["reward_model"].get("agreement_with_gold")
-    out["R2_learned_label_source"] = None if agreement is None else agreement["ci_low"] > 0.5
+    out["R2_learned_label_source"] = None if not agreement or not agreement["n"] else agreement["ci_low"] > 0.5
     out["R3_proxy_vs_control"] = compare(gold[control], gold["grpo"])
     points = curve(policies)
     if len(points) >= 2:
@@ -175,12 +176,14 @@ def markdown(results: dict[str, Any]) -> str:
     if "agreement_with_gold" in rm:
         lines[-1] += (f"; agreement with its label source, the gold, {_rate(rm['agreement_with_gold'])} on the "
                       f"{rm['agreement_with_gold']['n']} pairs the gold orders (labels agree with it: "
-                      f"{_rate(rm['labels_agreeing_with_gold'])}; the starting policy's held-out answers)")
+                      f"{_rate(rm['labels_agreeing_with_gold'])}; pairs of the SFT policy's answers to the test posts)")
     pairs = results["stages"].get("pairs")
-    if pairs:
-        lines += ["", f"Reward model's training pairs: the SFT policy's answers to {pairs['posts']} training posts, "
-                      f"{pairs['pairs']} pairs, {pairs['against_gold']} labelled against the gold, "
-                      f"{pairs['gold_ties']} gold ties (labelled at random)."]
+    for split, what in (("train", "training pairs"), ("test", "held-out pairs")):
+        if pairs and split in pairs:
+            p = pairs[split]
+            lines += ["", f"Reward model's {what}: the SFT policy's answers to {p['posts']} {split} posts, "
+                          f"{p['pairs']} pairs, {p['against_gold']} labelled against the gold, "
+                          f"{p['gold_ties']} gold ties (labelled at random)."]
     r0 = dec["R0_positive_control"]
     lines += ["", "| policy | gold (recall) | proxy objective | ended | tokens | win rate vs reference | gold vs SFT | proxy vs SFT |",
               "|---|---|---|---|---|---|---|---|"]

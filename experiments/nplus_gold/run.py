@@ -10,7 +10,8 @@ al. 2023's synthetic-gold set-up; `lit_rlhf/data/bundled/make_keyfact_chat.py`).
 1. `sft`: SFT on the reference answers (N+: every later stage starts from the SFT policy);
 2. `pairs` (not a CLI stage, `pairs.py`): the SFT policy answers the training posts and its answers
    are paired and labelled by the gold through Bradley-Terry noise (N+ samples the comparisons
-   from its SFT policies), written to `<out>/pairs/train.jsonl`;
+   from its SFT policies), written to `<out>/pairs/train.jsonl` (and the same on the held-out
+   posts, `test.jsonl`, for the reward model's held-out accuracy);
 3. `reward`: the proxy reward model, from the SFT model, on those pairs (D15 normalised);
 4. `dpo`: DPO from SFT on the same pairs; `ppo`, `grpo`: online RL from SFT against the proxy,
    the gold logged on every rollout with weight 0 (never optimised);
@@ -168,13 +169,15 @@ def run(profile: str = "full", out: str | Path = "outputs/nplus_gold", overrides
     configs = {stage: stage_config(stage, budget, out) for stage in STAGES}
     for stage in ORDER:
         if stage == "pairs":  # the SFT policy's answers, gold-labelled: the reward and dpo stages' data
-            if skip_done and stage in records and (pairs_dir(out) / f"{pairs.SPLIT}.jsonl").is_file():
+            if skip_done and stage in records and all((pairs_dir(out) / f"{s}.jsonl").is_file() for s in pairs.SPLITS):
                 log(f"== pairs: done before ({pairs_dir(out)}), kept")
                 continue
-            log(f"== pairs: the SFT policy answers the training posts ({pairs_dir(out)})")
+            log(f"== pairs: the SFT policy answers the training and the held-out posts ({pairs_dir(out)})")
             start = time.perf_counter()
-            stats = pairs.make_pairs(str(export_dir(configs["sft"])), budget, pairs_dir(out), budget["seed"], log)
-            records[stage] = {"seconds": round(time.perf_counter() - start, 1), **stats}
+            records[stage] = {split: pairs.make_pairs(str(export_dir(configs["sft"])), budget, pairs_dir(out),
+                                                      budget["seed"] + k, log, split)
+                              for k, split in enumerate(pairs.SPLITS)}
+            records[stage]["seconds"] = round(time.perf_counter() - start, 1)
         elif skip_done and stage in records and (export_dir(configs[stage]) / "config.json").is_file():
             log(f"== {stage}: done before ({export_dir(configs[stage])}), kept")
             continue
@@ -188,7 +191,7 @@ def run(profile: str = "full", out: str | Path = "outputs/nplus_gold", overrides
     policies.pop("grpo_past_kl")
     policies.update({f"grpo_past_kl@{p.stem[len('step'):]}": str(p) for p in past})
     log(f"== evaluation of {len(policies)} policies on {budget['eval_prompts']} held-out posts")
-    evaluation = evaluate.evaluate(policies, str(export_dir(configs["reward"])), budget, log=log)
+    evaluation = evaluate.evaluate(policies, str(export_dir(configs["reward"])), budget, str(pairs_dir(out)), log=log)
     curves = {s: evaluate.training_curves(log_dir(configs[s])) for s in ("ppo", "grpo", "grpo_gold", "grpo_past_kl")}
     results = report.build(budget, profile, records, evaluation, curves, started=started)
     report.write(results, evaluation, out)
