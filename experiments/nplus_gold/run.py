@@ -1,10 +1,11 @@
 """The N+ pipeline in miniature, measured by a programmatic gold it never sees.
 
-    python -m experiments.nplus_gold.run --profile full --out outputs/nplus_gold
+    python -m experiments.nplus_gold.run --profile full --set seed=3 --out outputs/nplus_gold/seed3
 
-SmolLM2-135M-Instruct and the bundled `keyfact_chat` posts, whose preference pairs are the
-starting policy's own answers labelled by the key-fact gold through Bradley-Terry noise (Gao et
-al. 2023's synthetic-gold set-up; `lit_rlhf/data/bundled/make_keyfact_chat.py`). Stages
+SmolLM2-135M-Instruct and the bundled `keyfact_chat` posts; the preference pairs are the SFT
+policy's own answers labelled by the key-fact gold through Bradley-Terry noise (Gao et al. 2023's
+synthetic-gold set-up, sampled as `lit_rlhf/data/bundled/make_keyfact_chat.py` sampled the bundled
+pairs from the starting policy). Stages
 (`stages/*.yaml`, each run as `main.py fit --config` would, with the library's modules):
 
 1. `sft`: SFT on the reference answers (N+: every later stage starts from the SFT policy);
