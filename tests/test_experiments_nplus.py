@@ -34,7 +34,7 @@ def test_stage_configs_write_under_out_with_the_profiles_model_seed_and_override
 
 def test_the_rules_set_the_snapshots_and_are_checked(tmp_path):
     full = driver.load_budget("full")
-    assert full["rules"] == {"snapshot_every": 3, "rise_at": 9, "control": "grpo_gold"}
+    assert full["rules"] == {"snapshot_every": 3, "rise_at": 3, "control": "grpo_gold"}
     past = driver.stage_config("grpo_past_kl", full, tmp_path)
     assert driver.snapshot_callback(past)["every_n_train_steps"] == 3
     episodes = past["model"]["init_args"]["total_episodes"] // (4 * past["data"]["init_args"]["batch_size"])
