@@ -9,9 +9,12 @@ budget, so every comparison is paired post by post. Each answer is scored by:
 - the gold: the key-fact recall of the post's reference (`lit_rlhf.judges.keyfact`), which no
   stage optimised except the positive control `grpo_gold`.
 
-Lengths are in tokens of the policy's tokenizer (EOS not counted). The reward model's held-out
-pair accuracy and its agreement with the gold (the N+ paper's D17, with the gold in the judge's
-place) are measured on the test posts' pairs.
+Lengths are in tokens of the policy's tokenizer (EOS not counted). The reward model's accuracy
+and its agreement with the gold are measured on held-out pairs of the SFT policy's answers to the
+test posts (`pairs.py`, `<out>/pairs/test.jsonl`: the distribution it scores, labelled as its
+training pairs were). The gold is the source of its training labels, so the agreement measures
+how well the proxy learned its labelling function on answers it never saw, not the N+ paper's
+D17 (agreement with a judge independent of the labels).
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ PROMPTS = "bundled:keyfact_chat"
 PROMPT_CLASS = "lit_rlhf.data.UltraFeedbackPromptDataModule"
 PROMPT_SPLIT = "test_sft"
 PAIRS_CLASS = "lit_rlhf.data.UltraFeedbackPreferenceDataModule"
-PAIRS_SPLIT = "test_prefs"
+PAIRS_SPLIT = "test"  # the held-out pairs of pairs.py
 
 
-def evaluate(policies: dict[str, str], reward_model: str, budget: dict[str, Any],
+def evaluate(policies: dict[str, str], reward_model: str, budget: dict[str, Any], pairs: str,
              log: Callable[[str], None] = print) -> dict[str, Any]:
-    """{name: model name, export dir or .ckpt} -> every answer and score (see the module docstring)."""
+    """{name: model name, export dir or .ckpt} -> every answer and score (see the module docstring);
+    `pairs`: the directory of pairs.py's pairs, whose `test` split holds the held-out pairs."""
     from lit_rlhf.apps.compare_policies import complete, heldout_pairs, objective, reward_scores
     from lit_rlhf.apps.judge_policy import load_policy, load_prompts
     from lit_rlhf.judges.keyfact import keyfact_recall
@@ -67,7 +71,7 @@ def evaluate(policies: dict[str, str], reward_model: str, budget: dict[str, Any]
             "proxy": objective(scores, ids, eos, budget["missing_eos_score"]),
             "gold": [keyfact_recall(t, r) for t, r in zip(texts, references)],
         }
-    out["reward_model"] = heldout_pairs(proxy_model, tokenizer, PROMPTS, PAIRS_SPLIT, budget["eval_batch_size"],
+    out["reward_model"] = heldout_pairs(proxy_model, tokenizer, pairs, PAIRS_SPLIT, budget["eval_batch_size"],
                                         PAIRS_CLASS, gold="scores")
     return out
 

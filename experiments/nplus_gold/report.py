@@ -2,17 +2,30 @@
 
 Paired comparisons over the held-out posts (`lit_rlhf.evaluation.paired`): the mean difference
 with its Student-t 95% interval, the exact sign test, and the win rate (ties half) with its Wilson
-interval. The decision rules, fixed before the full run (README, "N+ in miniature"):
+interval. The decision rules, fixed before the runs with their parameters in `budget.yaml`'s
+`rules` (README, "N+ in miniature"); no rule picks a snapshot or an arm after seeing a result:
 
+- R0, the positive control: `rules.control` (GRPO with the gold as its reward) passes when the
+  interval of its held-out gold difference from SFT lies above 0.
 - R1, the pipeline helps: an arm (DPO, PPO, GRPO) beats its SFT start when the interval of its
   held-out gold difference lies above 0; below 0 it is worse; otherwise no detectable difference.
-- R2, the proxy learned the gold (D17): the reward model agrees with the gold on held-out pairs
-  more often than chance when the Wilson interval of its agreement lies above 0.5.
-- R3, the proxy's cost: GRPO on the proxy reaches less gold than GRPO on the gold itself (the
-  positive control) when the interval of (proxy arm - control) lies below 0.
-- R4, over-optimisation: shown when, along the run pushed past its KL budget, the proxy at the
-  last snapshot is above the first snapshot's (interval above 0) while the gold at the last
-  snapshot is below the best earlier snapshot's (interval below 0).
+  Read only where R0 passes (else the verdict is "not read": the method could not beat SFT even on
+  the gold at this budget, so a proxy arm's failure says nothing about the proxy).
+- P, the optimiser raised its proxy: an online arm's held-out proxy objective minus SFT's has its
+  interval above 0. Where it did not, "the proxy is what fails" is not read for that arm (its
+  optimiser failed first); `proxy_fails` is True only where R0 passes, P holds and R1 is not "beats".
+- R2, the reward model learned its label source: its agreement with the gold on the held-out pairs
+  the gold orders (the SFT policy's answers to the test posts) has its Wilson interval above 0.5.
+  The gold is the source of its training labels, so this is not N+ D17 (agreement with a judge
+  independent of the labels): it measures how well the proxy fits the labelling function on
+  answers it never saw.
+- R3, the proxy's cost: GRPO on the proxy reaches less gold than the control when the interval of
+  (proxy arm - control) lies below 0.
+- R4, over-optimisation (Gao et al. 2023): along the run past its KL budget, with SFT as snapshot
+  0, the proxy at the last snapshot is above SFT's (interval above 0) while the gold at the last
+  snapshot is below SFT's (interval below 0).
+- R5, rise then fall (Gao et al. Fig. 1): the gold at the snapshot `rules.rise_at` is above SFT's
+  (interval above 0) and the gold at the last snapshot is below it (interval below 0).
 """
 
 from __future__ import annotations
@@ -24,7 +37,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ARMS = ("dpo", "ppo", "grpo")
+ARMS = ("dpo", "ppo", "grpo")  # the arms trained on the proxy (DPO on its pairs)
+ONLINE = ("ppo", "grpo")  # the arms that optimise the proxy reward model online
 
 
 def _side(d: dict[str, Any]) -> str:
@@ -69,23 +83,56 @@ def policy_summary(p: dict[str, Any], evaluation: dict[str, Any], edges: list[fl
     }
 
 
-def decisions(policies: dict[str, Any], evaluation: dict[str, Any]) -> dict[str, Any]:
+SNAPSHOT = "grpo_past_kl@"  # the held-out snapshots of the run past its KL budget; SFT is snapshot 0
+
+
+def _verdict(c: dict[str, Any], control_passes: bool) -> str:
+    if not control_passes:
+        return "not read (the positive control did not beat SFT)"
+    return {"above 0": "beats SFT", "below 0": "worse than SFT"}.get(c["interval"], "no detectable difference")
+
+
+def curve(policies: dict[str, Any]) -> list[str]:
+    """The over-optimisation curve's points in rollout order: SFT (snapshot 0), then every snapshot."""
+    snaps = sorted((name for name in policies if name.startswith(SNAPSHOT)), key=lambda n: int(n[len(SNAPSHOT):]))
+    return ["sft", *snaps]
+
+
+def decisions(policies: dict[str, Any], evaluation: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
+    """R0-R5 and P (module docstring) on the held-out scores of every policy, by `rules` (budget.yaml)."""
     gold = {name: p["gold"] for name, p in policies.items()}
     proxy = {name: p["proxy"] for name, p in policies.items()}
-    out: dict[str, Any] = {"R1_vs_sft": {arm: compare(gold["sft"], gold[arm]) for arm in ARMS if arm in gold}}
-    out["R1_vs_sft"]["grpo_gold"] = compare(gold["sft"], gold["grpo_gold"])
+    control = rules["control"]
+    c0 = compare(gold["sft"], gold[control])
+    passes = c0["interval"] == "above 0"
+    out: dict[str, Any] = {"R0_positive_control": {"arm": control, **c0, "passes": passes}}
+    out["R1_vs_sft"] = {}
+    for arm in ARMS:
+        c = compare(gold["sft"], gold[arm])
+        out["R1_vs_sft"][arm] = {**c, "verdict": _verdict(c, passes)}
+    out["P_proxy_raised"] = {}
+    for arm in ONLINE:
+        p = compare(proxy["sft"], proxy[arm])
+        raised = p["interval"] == "above 0"
+        out["P_proxy_raised"][arm] = {**p, "raised": raised,
+                                      "proxy_fails": passes and raised and out["R1_vs_sft"][arm]["interval"] != "above 0"}
     out["sft_vs_start"] = compare(gold["start"], gold["sft"])
     agreement = evaluation["reward_model"].get("agreement_with_gold")
-    out["R2_agreement_above_chance"] = None if agreement is None else agreement["ci_low"] > 0.5
-    out["R3_proxy_vs_control"] = compare(gold["grpo_gold"], gold["grpo"])
-    snaps = [name for name in policies if name.startswith("grpo_past_kl@")]
-    if len(snaps) >= 2:
-        first, last = snaps[0], snaps[-1]
-        best = max(snaps[:-1], key=lambda s: sum(gold[s]))
-        proxy_rise, gold_drop = compare(proxy[first], proxy[last]), compare(gold[best], gold[last])
-        out["R4_over_optimisation"] = {"first": first, "last": last, "best_earlier_gold": best,
-                                       "proxy_last_vs_first": proxy_rise, "gold_last_vs_best_earlier": gold_drop,
+    out["R2_learned_label_source"] = None if not agreement or not agreement["n"] else agreement["ci_low"] > 0.5
+    out["R3_proxy_vs_control"] = compare(gold[control], gold["grpo"])
+    points = curve(policies)
+    if len(points) >= 2:
+        last, rise_at = points[-1], f"{SNAPSHOT}{rules['rise_at']}"
+        if rise_at not in points:
+            raise ValueError(f"rules.rise_at names {rise_at}, not a snapshot of this run ({points[1:]})")
+        proxy_rise, gold_drop = compare(proxy["sft"], proxy[last]), compare(gold["sft"], gold[last])
+        out["R4_over_optimisation"] = {"first": "sft", "last": last, "proxy_last_vs_sft": proxy_rise,
+                                       "gold_last_vs_sft": gold_drop,
                                        "shown": proxy_rise["interval"] == "above 0" and gold_drop["interval"] == "below 0"}
+        rise, fall = compare(gold["sft"], gold[rise_at]), compare(gold[rise_at], gold[last])
+        out["R5_rise_then_fall"] = {"rise_at": rise_at, "last": last, "gold_rise_vs_sft": rise,
+                                    "gold_last_vs_rise": fall,
+                                    "shown": rise["interval"] == "above 0" and fall["interval"] == "below 0"}
     return out
 
 
@@ -106,7 +153,8 @@ def build(budget: dict[str, Any], profile: str, stages: dict[str, Any], evaluati
         "stages": stages,
         "reward_model": evaluation["reward_model"],
         "policies": {name: policy_summary(p, evaluation, edges) for name, p in policies.items()},
-        "decisions": decisions(policies, evaluation),
+        "over_optimisation_curve": curve(policies),
+        "decisions": decisions(policies, evaluation, budget["rules"]),
         "training_curves": curves,
     }
 
@@ -126,27 +174,46 @@ def markdown(results: dict[str, Any]) -> str:
              f"seed {results['budget']['seed']}, {results['minutes']} min)", "",
              f"Reward model on {rm['accuracy']['n']} held-out pairs: accuracy {_rate(rm['accuracy'])}"]
     if "agreement_with_gold" in rm:
-        lines[-1] += (f"; agreement with the gold {_rate(rm['agreement_with_gold'])} on the "
+        lines[-1] += (f"; agreement with its label source, the gold, {_rate(rm['agreement_with_gold'])} on the "
                       f"{rm['agreement_with_gold']['n']} pairs the gold orders (labels agree with it: "
-                      f"{_rate(rm['labels_agreeing_with_gold'])})")
-    lines += ["", "| policy | gold (recall) | proxy objective | ended | tokens | win rate vs reference | gold vs SFT |",
-              "|---|---|---|---|---|---|---|"]
+                      f"{_rate(rm['labels_agreeing_with_gold'])}; pairs of the SFT policy's answers to the test posts)")
+    pairs = results["stages"].get("pairs")
+    for split, what in (("train", "training pairs"), ("test", "held-out pairs")):
+        if pairs and split in pairs:
+            p = pairs[split]
+            lines += ["", f"Reward model's {what}: the SFT policy's answers to {p['posts']} {split} posts, "
+                          f"{p['pairs']} pairs, {p['against_gold']} labelled against the gold, "
+                          f"{p['gold_ties']} gold ties (labelled at random)."]
+    r0 = dec["R0_positive_control"]
+    lines += ["", "| policy | gold (recall) | proxy objective | ended | tokens | win rate vs reference | gold vs SFT | proxy vs SFT |",
+              "|---|---|---|---|---|---|---|---|"]
     for name, s in pol.items():
-        vs = dec["R1_vs_sft"].get(name)
+        vs = r0 if name == r0["arm"] else dec["R1_vs_sft"].get(name)
+        pv = dec["P_proxy_raised"].get(name)
         lines.append(f"| {name} | {s['gold']:.3f} | {s['proxy']:+.3f} | {s['ended']['rate']:.2f} | {s['tokens']:.1f} | "
-                     f"{_rate(s['win_rate_vs_reference'])} | {_ci(vs) if vs else '-'} |")
-    lines += ["", "Decisions (rules in report.py, fixed before the run):"]
+                     f"{_rate(s['win_rate_vs_reference'])} | {_ci(vs) if vs else '-'} | {_ci(pv) if pv else '-'} |")
+    rules = results["budget"]["rules"]
+    lines += ["", f"Decisions (rules in report.py, parameters in budget.yaml's rules {rules}, fixed before the run):",
+              f"- R0 positive control {r0['arm']} vs SFT, gold: {_ci(r0)} ({r0['interval']}): passes: {r0['passes']}"]
     for arm, c in dec["R1_vs_sft"].items():
         lines.append(f"- R1 {arm} vs SFT, gold: {_ci(c)} ({c['interval']}), sign test {c['sign_test']['positive']} to "
-                     f"{c['sign_test']['negative']} (p {c['sign_test']['p_value']:.3g}), win rate {_rate(c['win_rate'])}")
-    lines.append(f"- R2 reward model agrees with the gold above chance: {dec['R2_agreement_above_chance']}")
+                     f"{c['sign_test']['negative']} (p {c['sign_test']['p_value']:.3g}), win rate {_rate(c['win_rate'])}: "
+                     f"{c['verdict']}")
+    for arm, c in dec["P_proxy_raised"].items():
+        lines.append(f"- P {arm} raised its held-out proxy over SFT's: {_ci(c)} ({c['interval']}): {c['raised']}"
+                     + ("" if c["raised"] else " (its optimiser did not raise the proxy: 'the proxy fails' not read)")
+                     + f"; the proxy fails (R0 passes, proxy raised, gold not above SFT): {c['proxy_fails']}")
+    lines.append(f"- R2 reward model agrees with its label source (the gold) above chance on held-out pairs "
+                 f"(not D17: the judge is the labels' source): {dec['R2_learned_label_source']}")
     c = dec["R3_proxy_vs_control"]
     lines.append(f"- R3 GRPO on the proxy minus GRPO on the gold, gold: {_ci(c)} ({c['interval']})")
-    r4 = dec.get("R4_over_optimisation")
+    r4, r5 = dec.get("R4_over_optimisation"), dec.get("R5_rise_then_fall")
     if r4:
-        lines.append(f"- R4 past the KL budget: proxy {r4['last']} vs {r4['first']} {_ci(r4['proxy_last_vs_first'])}; "
-                     f"gold {r4['last']} vs {r4['best_earlier_gold']} {_ci(r4['gold_last_vs_best_earlier'])}; "
-                     f"over-optimisation shown: {r4['shown']}")
+        lines.append(f"- R4 past the KL budget, {r4['last']} vs SFT (snapshot 0): proxy {_ci(r4['proxy_last_vs_sft'])}; "
+                     f"gold {_ci(r4['gold_last_vs_sft'])}; over-optimisation shown: {r4['shown']}")
+    if r5:
+        lines.append(f"- R5 rise then fall: gold {r5['rise_at']} vs SFT {_ci(r5['gold_rise_vs_sft'])}; "
+                     f"{r5['last']} vs {r5['rise_at']} {_ci(r5['gold_last_vs_rise'])}; shown: {r5['shown']}")
     lines += ["", "Gold win rate against the reference answers by log(policy tokens / reference tokens) "
               "(the reference's own gold is 1, so 0.5 is the ceiling: a tie for every answer that states the whole key fact):",
               "", "| policy | " + " | ".join(_bucket_name(b) for b in next(iter(pol.values()))["win_rate_vs_reference_by_length"]) + " |",
@@ -189,18 +256,19 @@ def figure(results: dict[str, Any], path: Path) -> None:
         if any(pt[2] is not None for pt in points):
             proxy_ax.plot(x, [pt[2] for pt in points], "o", ms=4, alpha=0.7, color=colours[name], label=name)
     snaps = {k: v for k, v in results["policies"].items() if k.startswith("grpo_past_kl@")}
-    curve = results["training_curves"].get("grpo_past_kl") or {"step": [], "kl": []}
-    kl_at = dict(zip(curve["step"], curve["kl"]))
+    past = results["training_curves"].get("grpo_past_kl") or {"step": [], "kl": []}
+    kl_at = {0: 0.0, **dict(zip(past["step"], past["kl"]))}  # SFT is snapshot 0, at KL 0 to itself
+    snaps = {"grpo_past_kl@0": results["policies"]["sft"], **snaps}
     for name, s in snaps.items():
         step = int(name.split("@")[1])
-        kl = kl_at.get(step - 1, kl_at.get(step))
+        kl = kl_at.get(step - 1, kl_at.get(step)) if step else 0.0
         if kl is not None:
             for ax, value in ((gold_ax, s["gold"]), (proxy_ax, s["proxy"])):
                 ax.plot([math.sqrt(max(kl, 0.0))], [value], "k*", ms=10)
                 ax.annotate(f"@{step}", (math.sqrt(max(kl, 0.0)), value), textcoords="offset points", xytext=(4, 4), fontsize=7)
     gold_ax.set_ylabel("gold (key-fact recall)")
     proxy_ax.set_ylabel("proxy (reward model)")
-    proxy_ax.set_xlabel("sqrt(KL to the SFT policy) of each training rollout; * held-out snapshots of grpo_past_kl")
+    proxy_ax.set_xlabel("sqrt(KL to the SFT policy) of each training rollout; * held-out snapshots of grpo_past_kl (@0: SFT)")
     proxy_ax.legend(fontsize=7)
     gold_ax.legend(fontsize=7)
     for name, s in results["policies"].items():

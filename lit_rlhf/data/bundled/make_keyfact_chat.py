@@ -37,6 +37,7 @@ import math
 import random
 import sys
 from pathlib import Path
+from typing import Callable
 
 from lit_rlhf.judges.keyfact import keyfact_recall_v1 as keyfact_recall  # the gold of generation time, kept
 
@@ -70,14 +71,19 @@ def sft_rows(posts: list[dict]) -> list[dict]:
     return out
 
 
-def sample_answers(posts: list[dict], seed: int, batch_size: int = 16) -> list[list[str]]:
-    """SAMPLES answers per post from the starting policy; only those that ended, as text."""
+def sample_answers(posts: list[dict], seed: int, batch_size: int = 16, model_name: str | None = None,
+                   samples: int = SAMPLES, max_new_tokens: int = MAX_NEW_TOKENS,
+                   keep_unended: bool = False) -> list[list[str]]:
+    """`samples` answers per post from `model_name` (default: the starting policy, SmolLM2-135M-Instruct;
+    any name or export dir `load_causal_lm` accepts); only those that ended, as text, unless
+    `keep_unended` (then an answer without EOS is kept as its decoded tokens: for random tiny models)."""
     import torch
 
     from lit_rlhf.models.loading import SMOLLM2_135M_INSTRUCT, load_causal_lm, load_tokenizer
 
-    tokenizer = load_tokenizer(SMOLLM2_135M_INSTRUCT, padding_side="left")
-    model = load_causal_lm(SMOLLM2_135M_INSTRUCT, tokenizer).eval()
+    model_name = model_name or SMOLLM2_135M_INSTRUCT
+    tokenizer = load_tokenizer(model_name, padding_side="left")
+    model = load_causal_lm(model_name, tokenizer).eval()
     torch.manual_seed(seed)
     out: list[list[str]] = []
     for start in range(0, len(posts), batch_size):
@@ -86,31 +92,36 @@ def sample_answers(posts: list[dict], seed: int, batch_size: int = 16) -> list[l
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
             ids = model.generate(**enc, do_sample=True, temperature=SAMPLING_TEMPERATURE, top_k=0, top_p=1.0,
-                                 max_new_tokens=MAX_NEW_TOKENS, num_return_sequences=SAMPLES,
+                                 max_new_tokens=max_new_tokens, num_return_sequences=samples,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         responses = ids[:, enc["input_ids"].shape[1]:].tolist()
         for i in range(len(chunk)):
             ended = []
-            for response in responses[i * SAMPLES : (i + 1) * SAMPLES]:
+            for response in responses[i * samples : (i + 1) * samples]:
                 if tokenizer.eos_token_id in response:
-                    text = tokenizer.decode(response[: response.index(tokenizer.eos_token_id)]).strip()
-                    if text:
-                        ended.append(text)
+                    response = response[: response.index(tokenizer.eos_token_id)]
+                elif not keep_unended:
+                    continue
+                text = tokenizer.decode(response, skip_special_tokens=keep_unended).strip()
+                if text:
+                    ended.append(text)
             out.append(ended)
         print(f"sampled {start + len(chunk)}/{len(posts)} posts", file=sys.stderr, flush=True)
     return out
 
 
-def pair_rows(posts: list[dict], answers: list[list[str]], rng: random.Random) -> list[dict]:
-    """Disjoint random pairs of distinct answers within each post, labelled by noisy gold."""
+def pair_rows(posts: list[dict], answers: list[list[str]], rng: random.Random,
+              gold: Callable[[str, str], float] = keyfact_recall, temperature: float = TEMPERATURE) -> list[dict]:
+    """Disjoint random pairs of distinct answers within each post, labelled by `gold` (default: the
+    gold of generation time) through Bradley-Terry noise of `temperature` (in gold units)."""
     out = []
     for row, texts in zip(posts, answers):
         texts = list(dict.fromkeys(texts))  # distinct, first-seen order
         rng.shuffle(texts)
         user = user_turn(row)
         for a, b in zip(texts[0::2], texts[1::2]):
-            gold_a, gold_b = keyfact_recall(a, row["summary"]), keyfact_recall(b, row["summary"])
-            first_wins = rng.random() < 1.0 / (1.0 + math.exp(-(gold_a - gold_b) / TEMPERATURE))
+            gold_a, gold_b = gold(a, row["summary"]), gold(b, row["summary"])
+            first_wins = rng.random() < 1.0 / (1.0 + math.exp(-(gold_a - gold_b) / temperature))
             (chosen, gold_c), (rejected, gold_r) = ((a, gold_a), (b, gold_b)) if first_wins else ((b, gold_b), (a, gold_a))
             chosen_messages = [user, {"role": "assistant", "content": chosen}]
             out.append({"prompt": user["content"], "prompt_id": row["id"], "chosen": chosen_messages,

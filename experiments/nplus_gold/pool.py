@@ -1,0 +1,110 @@
+"""The N+ miniature read over its seeds: each rule's outcome per seed, and the golds pooled.
+
+    python -m experiments.nplus_gold.pool experiments/nplus_gold/results/seed{3,4,5} \
+        --out experiments/nplus_gold/results/pooled
+
+A claim is read by its rule on every seed (README, "N+ in miniature"): replicated when the rule
+holds on every seed, not replicated when it holds on none, mixed otherwise, and "not read" on a
+seed where the rule withholds its verdict (R1 where the positive control failed). Beside the
+tally, the gold and proxy differences from SFT pooled over seeds x held-out posts by the
+hierarchical bootstrap (`lit_rlhf.evaluation.paired.paired_bootstrap`: seeds, then posts), a
+description of the spread over seeds that no rule reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from experiments.nplus_gold.report import ARMS, ONLINE
+
+
+def outcomes(decisions: dict[str, Any]) -> dict[str, bool | None]:
+    """One seed's decisions as {claim: True (rule holds), False, None (not read)}."""
+    out: dict[str, bool | None] = {"R0 positive control beats SFT": decisions["R0_positive_control"]["passes"]}
+    for arm, c in decisions["R1_vs_sft"].items():
+        out[f"R1 {arm} beats SFT"] = None if c["verdict"].startswith("not read") else c["verdict"] == "beats SFT"
+    for arm, c in decisions["P_proxy_raised"].items():
+        out[f"P {arm} raised its proxy"] = c["raised"]
+        out[f"P {arm}: the proxy fails"] = c["proxy_fails"]
+    out["R2 learned its label source"] = decisions["R2_learned_label_source"]
+    out["R3 the proxy costs gold"] = decisions["R3_proxy_vs_control"]["interval"] == "below 0"
+    for key, name in (("R4_over_optimisation", "R4 over-optimisation"), ("R5_rise_then_fall", "R5 rise then fall")):
+        out[name] = decisions[key]["shown"] if key in decisions else None
+    return out
+
+
+def reading(values: Sequence[bool | None]) -> str:
+    """The cross-seed reading of one claim from its per-seed outcomes."""
+    if any(v is None for v in values):
+        return "not read on every seed"
+    if all(values):
+        return "replicated"
+    return "not replicated" if not any(values) else "mixed"
+
+
+def tally(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """{seed name: decisions} -> {claim: {"seeds": {seed: outcome}, "reading": ...}}."""
+    by_seed = {seed: outcomes(d) for seed, d in per_seed.items()}
+    claims = list(next(iter(by_seed.values())))
+    return {claim: {"seeds": {seed: o.get(claim) for seed, o in by_seed.items()},
+                    "reading": reading([o.get(claim) for o in by_seed.values()])} for claim in claims}
+
+
+def pooled(samples: list[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Gold and proxy of each policy in `names` minus SFT's, over seeds x posts (hierarchical bootstrap)."""
+    from lit_rlhf.evaluation.paired import paired_bootstrap
+
+    out = {}
+    for name in names:
+        out[name] = {m: paired_bootstrap([s["policies"][name][m] for s in samples],
+                                         [s["policies"]["sft"][m] for s in samples]).as_dict() for m in ("gold", "proxy")}
+    return out
+
+
+def pool(dirs: Sequence[Path]) -> dict[str, Any]:
+    results = {d.name: json.loads((d / "results.json").read_text()) for d in dirs}
+    samples = [json.loads((d / "samples.json").read_text()) for d in dirs]
+    curves = {name: r["over_optimisation_curve"] for name, r in results.items()}
+    if len({tuple(c) for c in curves.values()}) != 1:
+        raise ValueError(f"the seeds' snapshots differ: {curves}")
+    first = next(iter(results.values()))
+    rise_at = first["decisions"]["R5_rise_then_fall"]["rise_at"]
+    names = [*ARMS, first["budget"]["rules"]["control"], rise_at, first["over_optimisation_curve"][-1]]
+    return {"seeds": {name: r["budget"]["seed"] for name, r in results.items()}, "online_arms": list(ONLINE),
+            "claims": tally({name: r["decisions"] for name, r in results.items()}),
+            "pooled_vs_sft": pooled(samples, names)}
+
+
+def markdown(p: dict[str, Any]) -> str:
+    seeds = list(p["seeds"])
+    lines = [f"# N+ in miniature over seeds {', '.join(str(s) for s in p['seeds'].values())}", "",
+             "| claim | " + " | ".join(seeds) + " | reading |", "|---" * (len(seeds) + 2) + "|"]
+    for claim, c in p["claims"].items():
+        cells = ["-" if v is None else "yes" if v else "no" for v in c["seeds"].values()]
+        lines.append(f"| {claim} | " + " | ".join(cells) + f" | {c['reading']} |")
+    lines += ["", "Pooled over seeds x held-out posts (hierarchical bootstrap; descriptive, no rule reads it):", "",
+              "| policy - SFT | gold [95% CI] | proxy [95% CI] |", "|---|---|---|"]
+    for name, d in p["pooled_vs_sft"].items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{d[m]['mean']:+.3f} [{d[m]['ci_low']:+.3f}, {d[m]['ci_high']:+.3f}]" for m in ("gold", "proxy")) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dirs", nargs="+", type=Path, help="one result directory per seed")
+    parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
+    args = parser.parse_args(argv)
+    p = pool(args.dirs)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(p, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(p))
+    print(markdown(p))
+    return p
+
+
+if __name__ == "__main__":
+    main()
