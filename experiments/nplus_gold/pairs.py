@@ -45,7 +45,7 @@ def make_pairs(policy: str, budget: dict[str, Any], out_dir: Path, seed: int,
                                    samples=budget["pairs_samples"], max_new_tokens=budget["eval_max_new_tokens"],
                                    keep_unended=budget["pairs_keep_unended"])
     rows = maker.pair_rows(posts, answers, random.Random(seed), gold=keyfact_recall,
-                           temperature=budget["pairs_bt_temperature"])
+                           noise_scale=budget["pairs_bt_temperature"])
     if not rows:
         raise RuntimeError(f"the policy {policy} gave no post two distinct answers that ended: no pairs to train on")
     out_dir.mkdir(parents=True, exist_ok=True)

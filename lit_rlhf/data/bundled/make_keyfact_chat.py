@@ -111,9 +111,10 @@ def sample_answers(posts: list[dict], seed: int, batch_size: int = 16, model_nam
 
 
 def pair_rows(posts: list[dict], answers: list[list[str]], rng: random.Random,
-              gold: Callable[[str, str], float] = keyfact_recall, temperature: float = TEMPERATURE) -> list[dict]:
+              gold: Callable[[str, str], float] = keyfact_recall, noise_scale: float = TEMPERATURE) -> list[dict]:
     """Disjoint random pairs of distinct answers within each post, labelled by `gold` (default: the
-    gold of generation time) through Bradley-Terry noise of `temperature` (in gold units)."""
+    gold of generation time) through Bradley-Terry noise of scale `noise_scale` (the labels'
+    temperature, in gold units)."""
     out = []
     for row, texts in zip(posts, answers):
         texts = list(dict.fromkeys(texts))  # distinct, first-seen order
@@ -121,7 +122,7 @@ def pair_rows(posts: list[dict], answers: list[list[str]], rng: random.Random,
         user = user_turn(row)
         for a, b in zip(texts[0::2], texts[1::2]):
             gold_a, gold_b = gold(a, row["summary"]), gold(b, row["summary"])
-            first_wins = rng.random() < 1.0 / (1.0 + math.exp(-(gold_a - gold_b) / temperature))
+            first_wins = rng.random() < 1.0 / (1.0 + math.exp((gold_b - gold_a) / noise_scale))
             (chosen, gold_c), (rejected, gold_r) = ((a, gold_a), (b, gold_b)) if first_wins else ((b, gold_b), (a, gold_a))
             chosen_messages = [user, {"role": "assistant", "content": chosen}]
             out.append({"prompt": user["content"], "prompt_id": row["id"], "chosen": chosen_messages,
