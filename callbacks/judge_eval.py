@@ -27,8 +27,9 @@ import logging
 from typing import Any, Literal
 
 import torch
-from lightning import Callback, LightningModule, Trainer
+from lightning import LightningModule, Trainer
 
+from callbacks.scheduled import ScheduledEvaluation
 from lit_rlhf.generation import SamplingConfig, needs_synced_gpus
 from lit_rlhf.evaluation import (
     GREEDY,
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 Baseline = Literal["reference", "initial"]
 
 
-class JudgeEvalCallback(Callback):
+class JudgeEvalCallback(ScheduledEvaluation):
     """Win rate of the policy against a baseline, judged by a pairwise judge.
 
     What is logged (to every logger, at `trainer.global_step`; `{prefix}` = `val/judge`):
@@ -173,22 +174,6 @@ class JudgeEvalCallback(Callback):
     # when
     # ----------------------------------------------------------------------------------------
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._last_step = None
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        step = trainer.global_step
-        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
-            self.evaluate(trainer, pl_module)
-
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self.at_validation_end or trainer.sanity_checking:
-            return
-        if trainer.state.fn == "fit" and trainer.global_step == self._last_step:
-            return  # already evaluated at this step by every_n_steps
-        self.evaluate(trainer, pl_module)
-
     # ----------------------------------------------------------------------------------------
     # what
     # ----------------------------------------------------------------------------------------
@@ -294,7 +279,7 @@ class JudgeEvalCallback(Callback):
         source = getattr(module, "rollout_source", None)
         if model is getattr(module, "policy", None) and isinstance(source, VLLMSampler):
             engine = source.synced_engine(module)
-        with trainer.precision_plugin.forward_context(), _sampler(model) as sampler:
+        with trainer.precision_plugin.forward_context(), policy_sampler(model) as sampler:
             return generate_completions(sampler, tokenizer, prompts.prompt_ids, self.sampling, self.batch_size,
                                         synced_gpus=synced, seed=self.seed, engine=engine)
 
@@ -341,7 +326,7 @@ class JudgeEvalCallback(Callback):
         self.history = [dict(h) for h in state_dict.get("history", [])]
 
 
-def _sampler(model: Any):
+def policy_sampler(model: Any):
     """A context giving the module `generate_completions` samples with: an `AdapterView`'s shared
     base under its adapter (the reference view: none), so the sampler switches the real model to
     eval mode (a training-mode model with gradient checkpointing drops the KV cache); a LoRA policy

@@ -23,9 +23,10 @@ import logging
 from typing import Any, Sequence
 
 import torch
-from lightning import Callback, LightningModule, Trainer
+from lightning import LightningModule, Trainer
 
-from callbacks.judge_eval import _sampler
+from callbacks.judge_eval import policy_sampler
+from callbacks.scheduled import ScheduledEvaluation
 from lit_rlhf.evaluation import EvalPrompts, prompts_from_dataset
 from lit_rlhf.evaluation.pass_at_k import summarise
 from lit_rlhf.evaluation.verifiable import sample_answers
@@ -40,7 +41,7 @@ def metric_key(prefix: str, name: str) -> str:
     return f"{prefix}/{name.replace('@', '_at_')}"
 
 
-class PassAtKCallback(Callback):
+class PassAtKCallback(ScheduledEvaluation):
     """Sampled accuracy of the policy on held-out verifiable problems.
 
     What is logged (to every logger, at `trainer.global_step`; `{prefix}` = `val/verifiable`), for
@@ -79,19 +80,6 @@ class PassAtKCallback(Callback):
         self._last_step: int | None = None
         self.history: list[dict[str, float]] = []
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        step = trainer.global_step
-        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
-            self.evaluate(trainer, pl_module)
-
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self.at_validation_end or trainer.sanity_checking:
-            return
-        if trainer.state.fn == "fit" and trainer.global_step == self._last_step:
-            return  # already evaluated at this step by every_n_steps
-        self.evaluate(trainer, pl_module)
-
     def evaluate(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, float]:
         """Sample, check and summarise (rank 0), log, and return the metrics (the same on every rank)."""
         self._last_step = trainer.global_step
@@ -103,7 +91,7 @@ class PassAtKCallback(Callback):
             source = getattr(pl_module, "rollout_source", None)
             if isinstance(source, VLLMSampler):
                 engine = source.synced_engine(pl_module)
-            with trainer.precision_plugin.forward_context(), _sampler(pl_module.policy) as sampler:
+            with trainer.precision_plugin.forward_context(), policy_sampler(pl_module.policy) as sampler:
                 answers = sample_answers(sampler, pl_module.tokenizer, prompts, self.n, self.ks, self.sampling,
                                          self.batch_size, self.seed, synced_gpus=synced, engine=engine)
             if trainer.is_global_zero:
