@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -136,10 +137,13 @@ def trl(cfg: BenchConfig) -> WorkerResult:
     dataset = Dataset.from_list([{"prompt": t} for t in texts])
     timer = trl_step_timer()
     with tempfile.TemporaryDirectory() as out:
-        # TRL builds its reference model from a path: hand it the same weights saved to disk
-        weights = f"{out}/model"
-        models.load_causal_lm(cfg.model, tokenizer, "float32").save_pretrained(weights)
-        tokenizer.save_pretrained(weights)
+        # TRL builds its reference model from a path: hand it the same weights saved to disk (a
+        # model directory with its tokenizer, e.g. the GPU benchmark's, is used as it is)
+        weights = cfg.model
+        if not (Path(cfg.model) / "config.json").is_file():
+            weights = f"{out}/model"
+            models.load_causal_lm(cfg.model, tokenizer, "float32").save_pretrained(weights)
+            tokenizer.save_pretrained(weights)
         args = GRPOConfig(
             **trl_training_args(cfg, out, learning_rate=LR, per_device_train_batch_size=cfg.batch_size * group,
                                  max_grad_norm=cfg.extra["max_grad_norm"]),

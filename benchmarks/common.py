@@ -82,6 +82,10 @@ class BenchConfig:
         release_host_memory: ours with the modules' `release_host_memory` (`phases` or `layers`):
             the heap a step frees goes back to the system (glibc's `malloc_trim`,
             `lit_rlhf.host_memory`).
+        accelerator: `cpu` (the CPU tables) or `gpu` (one CUDA device: `benchmarks.gpu`); both
+            sides train on it (TRL's `use_cpu` follows).
+        precision: Lightning's precision on our side (`32-true` or `bf16-mixed`); TRL's `bf16`
+            follows (`bf16-mixed` is TRL's `bf16=True`: float32 weights, bf16 autocast).
         json: write the full result there.
     """
 
@@ -101,6 +105,8 @@ class BenchConfig:
     no_bare: bool = False
     profile: bool = False
     release_host_memory: str | None = None
+    accelerator: str = "cpu"
+    precision: str = "32-true"
     json: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -198,9 +204,13 @@ class StepPeaks:
 
     peaks: list[float] = []  # this process's step peaks (each worker runs in its own process)
     process_peak = 0.0  # the whole process's peak: resetting VmHWM also resets ru_maxrss
+    cuda_peaks: list[float] = []  # on a GPU: each step's peak allocated device memory (MiB)
 
     @staticmethod
     def start() -> None:
+        _synchronize()  # on a GPU the previous step's kernels end before this step's clock starts
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
         StepPeaks.process_peak = max(StepPeaks.process_peak, peak_rss_mb())  # before the reset
         try:
             Path("/proc/self/clear_refs").write_text("5")
@@ -209,6 +219,9 @@ class StepPeaks:
 
     @staticmethod
     def stop() -> None:
+        _synchronize()  # the step's kernels are in its time
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            StepPeaks.cuda_peaks.append(torch.cuda.max_memory_allocated() / 2**20)
         if getattr(StepPeaks, "_unavailable", False):
             return
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -347,8 +360,14 @@ class StepTimer(_lightning_callback_base()):
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        StepPeaks.stop()  # synchronizes a GPU first
         self.times.append(time.perf_counter() - self._started)
-        StepPeaks.stop()
+
+
+def _synchronize() -> None:
+    """Wait for queued GPU work (a no-op on the CPU), so a wall-clock timer measures the work."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 class CallTimer:
@@ -368,9 +387,11 @@ class CallTimer:
         setattr(self._obj, self._name, self._inner)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _synchronize()
         started = time.perf_counter()
         try:
             result = self._inner(*args, **kwargs)
+            _synchronize()  # on a GPU the call's kernels count in its own time, not the next part's
         finally:
             self.times.append(time.perf_counter() - started)
         if self._measure is not None:
@@ -424,7 +445,7 @@ def fit_ours(module, batches: Sequence[Any], cfg: BenchConfig, bare: Callable[[A
     bare = None if cfg.no_bare else bare
     callbacks = [timer] + ([BareInterleave(bare)] if bare is not None else [])
     trainer = Trainer(
-        accelerator="cpu", devices=1, precision="32-true", max_steps=len(batches) * optimizer_steps_per_batch,
+        accelerator=cfg.accelerator, devices=1, precision=cfg.precision, max_steps=len(batches) * optimizer_steps_per_batch,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, log_every_n_steps=cfg.log_every,
     )
@@ -450,20 +471,21 @@ def trl_step_timer():
             self._started = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
+            StepPeaks.stop()  # synchronizes a GPU first
             self.times.append(time.perf_counter() - self._started)
-            StepPeaks.stop()
 
     return TRLStepTimer()
 
 
 def trl_training_args(cfg: BenchConfig, output_dir: str, **overrides: Any) -> dict[str, Any]:
-    """TrainingArguments shared by every TRL run: CPU, float32, no eval/saving/reporting, no
-    gradient checkpointing unless `--gradient-checkpointing` (then non-reentrant, as ours), workers 0,
-    the same steps, batch size, seed and schedule as ours."""
+    """TrainingArguments shared by every TRL run: our device and precision (`--accelerator`,
+    `--precision`), no eval/saving/reporting, no gradient checkpointing unless
+    `--gradient-checkpointing` (then non-reentrant, as ours), workers 0, the same steps, batch
+    size, seed and schedule as ours."""
     args = dict(
         output_dir=output_dir, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=1,
         max_steps=cfg.total_steps, learning_rate=1e-5, lr_scheduler_type="cosine", warmup_steps=0, weight_decay=0.0,
-        report_to=[], use_cpu=True, bf16=False, fp16=False, dataloader_num_workers=0, dataloader_pin_memory=False,
+        report_to=[], use_cpu=cfg.accelerator == "cpu", bf16=cfg.precision.startswith("bf16"), fp16=False, dataloader_num_workers=0, dataloader_pin_memory=False,
         save_strategy="no", eval_strategy="no", logging_steps=cfg.log_every, disable_tqdm=True, seed=cfg.seed, data_seed=cfg.seed,
         gradient_checkpointing=cfg.gradient_checkpointing, max_grad_norm=0.0,
     )
@@ -571,7 +593,11 @@ def _profiled(worker: Callable[[BenchConfig], WorkerResult], cfg: BenchConfig) -
 
 def _with_step_peak(result: WorkerResult) -> WorkerResult:
     """Report the largest training-step peak (`StepPeaks`) as the worker's peak memory, the
-    process peak next to it in `info`."""
+    process peak next to it in `info` (and on a GPU the largest step peak of allocated device
+    memory, `info["cuda_step_peak_mb"]`)."""
+    if StepPeaks.cuda_peaks:
+        result.info["cuda_step_peak_mb"] = round(max(StepPeaks.cuda_peaks), 1)
+        StepPeaks.cuda_peaks.clear()
     if StepPeaks.peaks:
         result.info["process_peak_rss_mb"] = max(StepPeaks.process_peak, result.peak_rss_mb)
         result.info["step_peaks_mb"] = [round(peak, 1) for peak in StepPeaks.peaks]  # warm-up steps first

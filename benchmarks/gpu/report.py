@@ -1,0 +1,140 @@
+"""Render a GPU benchmark result file (`benchmarks.gpu.run --out`) as Markdown tables.
+
+    python -m benchmarks.gpu.report benchmarks/results/gpu/2026-11-27-h100.json            # print
+    python -m benchmarks.gpu.report benchmarks/results/gpu/2026-11-27-h100.json --write    # into RESULTS.md
+
+`--write` replaces the text between the GPU markers of benchmarks/RESULTS.md (it adds them
+after the `## GPU paths` section the first time), so the tables there always come from a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS_MD = Path(__file__).resolve().parents[1] / "RESULTS.md"
+BEGIN, END = "<!-- gpu-benchmark:begin -->", "<!-- gpu-benchmark:end -->"
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _cell(text: str, limit: int = 160) -> str:
+    """One table cell from free text (an error's last line): no newlines, no column bars."""
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else "")[-limit:].replace("|", "/")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _ratio(ours: dict[str, Any] | None, trl: dict[str, Any] | None) -> str:
+    if not ours or not trl or ours.get("status") != "ok" or trl.get("status") != "ok":
+        return "-"
+    return f"{ours['step_s']['median'] / trl['step_s']['median']:.2f}"
+
+
+def header(doc: dict[str, Any], source: str) -> str:
+    gpu, v = doc["gpu"], doc["versions"]
+    peak = gpu.get("peak_bf16_flops")
+    measured = gpu.get("measured_bf16_matmul_flops")
+    load = doc["host"]
+    parts = [
+        f"Run on {doc['date'][:16].replace('T', ' ')} (UTC offset as recorded) on one {gpu['name']}"
+        + (f" ({gpu.get('memory_gib')} GiB, driver {gpu.get('driver', '?')}, CUDA {gpu.get('cuda')})" if "memory_gib" in gpu else "")
+        + f", commit {doc.get('commit') or '?'}; torch {v['torch']}, transformers {v['transformers']}, lightning "
+        f"{v['lightning']}" + (f", TRL {v['trl']}" if "trl" in v else ", TRL not installed") + f"; {doc['precision']}. "
+        f"Host load average {load['load_average_before'][0]:.1f} before, {load.get('load_average_after', [0])[0]:.1f} after "
+        f"({load['cpu_count']} cores); the whole run took {doc.get('elapsed_s', 0):.0f} s. Raw file: `{source}`.",
+        "",
+        f"MFU = the step's model FLOPs (`benchmarks/gpu/flops.py`: 6N per trained token, 2N per scored or generated "
+        f"token, plus attention) / (median step seconds x peak). Peak: {_f(peak and peak / 1e12, '.1f')} TFLOP/s, the "
+        f"datasheet's dense bf16 figure for this GPU"
+        + (f"; a bf16 8192^3 matmul measured {measured / 1e12:.0f} TFLOP/s on it" if measured else "") + ". "
+        "Update MFU counts only the trained passes against the update's time. Models: random weights from the "
+        "published SmolLM2 configs (Llama shape, the SmolLM2 tokenizer), the same directory for both frameworks.",
+    ]
+    return "\n".join(parts)
+
+
+def method_table(doc: dict[str, Any]) -> str:
+    rows = [
+        "| size | method | framework | batch | step s, median (min-max) | tok/s | compl./s | MFU | update MFU | peak GPU MiB | gen / log-prob / update share | ours/TRL step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_key = {(c["size"], c["method"], c["framework"]): c for c in doc["cases"]}
+    for c in doc["cases"]:
+        label = f"| {c['size']} ({c['parameters'] / 1e9:.2f}B) | {c['method']} | {c['framework']} |"
+        if c["status"] != "ok":
+            rows.append(f"{label} | {c['status']}: {_cell(c.get('reason') or c.get('error', ''))} | | | | | | | |")
+            continue
+        s, share = c["step_s"], c["phase_share"]
+        batch = f"{c['batch_size']}" + (f"x{c['extra']['generations']}" if c["method"] == "grpo" else "")
+        shares = " / ".join(_pct(share[k]) for k in ("generation", "logprob_passes", "update"))
+        ratio = _ratio(by_key.get((c["size"], c["method"], "ours")), by_key.get((c["size"], c["method"], "trl"))) if c["framework"] == "ours" else ""
+        rows.append(f"{label} {batch} | {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f}) | {c['tokens_per_s']:.0f} | "
+                    f"{_f(c.get('completions_per_s'), '.1f')} | {_pct(c['mfu'])} | {_pct(c['update_mfu'])} | "
+                    f"{_f(c['peak_gpu_mib'], '.0f')} | {shares} | {ratio} |")
+    return "\n".join(rows)
+
+
+def strategy_table(doc: dict[str, Any]) -> str:
+    if not doc.get("strategies"):
+        return ""
+    rows = ["| strategy overlay | size | step s, median (min-max) | tok/s | MFU | peak GPU MiB |", "|---|---|---|---|---|---|"]
+    for r in doc["strategies"]:
+        label = f"| {r['strategy']} | {r.get('size', '?')} |"
+        if r["status"] != "ok":
+            rows.append(f"{label} {r['status']}: {_cell(r.get('reason') or r.get('error', ''))} | | | |")
+            continue
+        s = r["step_s"]
+        rows.append(f"{label} {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f}) | {r['tokens_per_s']:.0f} | {_pct(r.get('mfu'))} | "
+                    f"{_f(r.get('peak_gpu_mib'), '.0f')} |")
+    return "\n".join(rows)
+
+
+def render(doc: dict[str, Any], source: str) -> str:
+    parts = [header(doc, source), "", method_table(doc)]
+    strategies = strategy_table(doc)
+    if strategies:
+        parts += ["", "SFT (the same batch) under each strategy overlay of `configs/strategy/` on this one GPU "
+                  "(`benchmarks/gpu/strategies.py`):", "", strategies]
+    return "\n".join(parts)
+
+
+def write(text: str, path: Path = RESULTS_MD) -> None:
+    """Put `text` between the GPU markers of RESULTS.md (adding a section after `## GPU paths`)."""
+    md = path.read_text()
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in md:
+        before, rest = md.split(BEGIN, 1)
+        md = before + block + rest.split(END, 1)[1]
+    else:
+        anchor = md.index("\n## ", md.index("## GPU paths") + 1)
+        section = "\n## On one GPU: step time, MFU and memory against TRL (`benchmarks/gpu/`)\n\n" + block + "\n"
+        md = md[:anchor] + "\n" + section + md[anchor:]
+    path.write_text(md)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("result")
+    p.add_argument("--write", action="store_true", help="write into benchmarks/RESULTS.md between its GPU markers")
+    ns = p.parse_args(argv)
+    doc = json.loads(Path(ns.result).read_text())
+    try:
+        source = str(Path(ns.result).resolve().relative_to(RESULTS_MD.parents[1]))
+    except ValueError:
+        source = ns.result
+    text = render(doc, source)
+    if ns.write:
+        write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
