@@ -86,9 +86,10 @@ def short_message(parser: Any, message: str) -> tuple[str, str | None]:
         name = rejected.group(1)
         prefix = f"{where}.init_args." if where in ("model", "data") else ""
         key = f"{prefix}{name}"
-        hint = moved_option(class_path, name)
+        former = name.split(".")[0]  # a mapping given to a former argument is rejected by its first field
+        hint = moved_option(class_path, former)
         if hint is not None:
-            return f"{key} moved: {hint}", key
+            return f"{prefix}{former} moved: {hint}", f"{prefix}{former}"
         return unknown_option(key, [f"{prefix}{n}" for n in class_arguments(class_path)],
                               f"an argument of {class_path}" + ("" if prefix else f" ({where})")), key
     return f"{where} ({class_path}): {reason}", where

@@ -5,9 +5,11 @@ project files its own file imports directly, leaving out `types.py`, `ops/` and 
 `__init__` files that define nothing (re-exports only). Measured at the last commit of the
 mixin design: RLOO 11 files / 2,559 lines, GRPO 13 / 2,968, PPO 14 / 3,248, DPO 7 / 1,873.
 The bounds below are the composed design's measures (`python -m tests.test_reading_set` prints
-them), held so the sets cannot grow back unnoticed: RLOO 5 / 1,320, GRPO 6 / 1,597, PPO 6 / 1,555,
-DPO 6 / 1,184 (PPO's value model is built by `PolicyModule.load_value_model`; DPO's precomputed
-reference is `lit_rlhf.training.reference_table`).
+them), held so the sets cannot grow back unnoticed: RLOO 5 / 1,175, GRPO 6 / 1,500, PPO 6 / 1,408,
+DPO 6 / 1,117 (PPO's value model is built by `PolicyModule.load_value_model`; DPO's precomputed
+reference is `lit_rlhf.training.reference_table`; an online method's rollout steps and fit plumbing
+are `lit_rlhf.online.rollout` and `lifecycle`, a module's optimizer set-up and non-finite guard
+`lit_rlhf.training.optim` and `guard`, which the methods do not import).
 """
 
 from __future__ import annotations
@@ -75,11 +77,11 @@ def lines(files: set[Path]) -> int:
     return sum(len(path.read_text().splitlines()) for path in files)
 
 
-BOUNDS = {  # method: (files, lines) at most; measured: RLOO 5 / 1,320, GRPO 6 / 1,649, PPO 6 / 1,555, DPO 6 / 1,184
-    "RLOOModule": (6, 1400),
-    "GRPOModule": (6, 1650),
-    "PPOModule": (7, 1650),
-    "DPOModule": (6, 1300),
+BOUNDS = {  # method: (files, lines) at most; measured: RLOO 5 / 1,175, GRPO 6 / 1,500, PPO 6 / 1,408, DPO 6 / 1,117
+    "RLOOModule": (6, 1250),
+    "GRPOModule": (6, 1530),
+    "PPOModule": (7, 1450),
+    "DPOModule": (6, 1200),
 }
 
 
@@ -103,7 +105,7 @@ def test_the_online_base_has_no_mixins():
     online_mro = OnlineModule.__mro__[:OnlineModule.__mro__.index(PolicyModule)]
     assert online_mro == (OnlineModule,)
     source = (REPO / "lit_rlhf/modules/online.py").read_text()
-    assert len(source.splitlines()) <= 430 and code_lines(source) <= 250  # measured: 421 and 238
+    assert len(source.splitlines()) <= 350 and code_lines(source) <= 180  # measured: 346 and 173
 
 
 def code_lines(source: str) -> int:
@@ -128,10 +130,10 @@ def help_options(class_name: str) -> list[str]:
     return sorted(a.dest for a in parser._actions if getattr(a, "dest", "").startswith("model."))
 
 
-# measured: GRPO 45 (61 with the mixins), PPO 46 (60), DPO 20 (24), RLOO 35; `memory`, `rollout`
-# and GRPO's `entropy_control` and `entropy_bonus` each count twice (the option and its `.help`), their settings live
-# with their objects
-@pytest.mark.parametrize("name,most", [("GRPOModule", 45), ("PPOModule", 46), ("DPOModule", 20), ("RLOOModule", 35)])
+# measured: GRPO 43 (61 with the mixins), PPO 46 (60), DPO 20 (24), RLOO 35; `memory`, `rollout`
+# and GRPO's `entropy` (Clip-Cov or KL-Cov and the entropy bonus, `losses.EntropyControl`) each count twice
+# (the option and its `.help`), their settings live with their objects
+@pytest.mark.parametrize("name,most", [("GRPOModule", 43), ("PPOModule", 46), ("DPOModule", 20), ("RLOOModule", 35)])
 def test_a_method_lists_few_options(name, most):
     options = help_options(name)
     print(f"{name}: {len(options)} options")

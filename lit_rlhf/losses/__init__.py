@@ -18,6 +18,7 @@ from lit_rlhf.losses.distillation import (
     reverse_kl_advantages,
     topk_buckets,
 )
+from lit_rlhf.losses.entropy import EntropyControl
 from lit_rlhf.losses.entropy_bonus import EntropyBonus, adaptive_entropy_coef, entropy_bonus_penalty, sampled_entropy
 from lit_rlhf.losses.entropy_cov import CovarianceControl, clip_cov_keep, kl_cov_penalty, kl_cov_selected, token_covariance
 from lit_rlhf.losses.grpo import Aggregation, AdvantageScale, GRPOLossOutput, grpo_advantages, grpo_policy_loss
@@ -62,6 +63,7 @@ __all__ = [
     "rollout_correction",
     "CovarianceControl",
     "EntropyBonus",
+    "EntropyControl",
     "adaptive_entropy_coef",
     "entropy_bonus_penalty",
     "sampled_entropy",

@@ -18,8 +18,7 @@ from lit_rlhf.distributed import gather_rows
 from lit_rlhf.losses import (
     AdvantageScale,
     Aggregation,
-    CovarianceControl,
-    EntropyBonus,
+    EntropyControl,
     GRPOLossOutput,
     entropy_bonus_penalty,
     grpo_advantages,
@@ -39,6 +38,8 @@ MOVED_OPTIONS = {
     "max_sampling_rounds": "use DAPOModule",
     "mask_truncated": "use DAPOModule",
     "eps": "the class attribute `eps` (GRPO 1e-4, Dr. GRPO 0, REINFORCE++ 1e-8): a subclass sets another",
+    "entropy_control": "use entropy: {covariance: {method: ..., ...}} (a lit_rlhf.losses.EntropyControl)",
+    "entropy_bonus": "use entropy: {bonus: {coef: ..., ...}} (a lit_rlhf.losses.EntropyControl)",
 }
 
 
@@ -94,12 +95,13 @@ class GRPOModule(OnlineModule):
         temperature: sampling temperature, also dividing the logits of every log-prob unless
             `logprob_temperature` is set apart (1.0: DeepSeekMath's GRPO samples from the policy
             itself).
-        entropy_control: Clip-Cov or KL-Cov (Cui et al. 2025; `losses.CovarianceControl`, in YAML
+        entropy: entropy control (`losses.EntropyControl`), in YAML `{covariance: ..., bonus: ...}`:
+            `covariance`, Clip-Cov or KL-Cov (Cui et al. 2025; `losses.CovarianceControl`:
             `{method: clip_cov, ratio: 2.0e-4, lower: 1.0, upper: 5.0}`) on each micro-batch's
-            tokens; None = off. GRPO, Dr. GRPO and DAPO (their loss is GRPO's per-token one).
-        entropy_bonus: an entropy bonus, its coefficient fixed or adapted to a target entropy
+            tokens; `bonus`, an entropy bonus, its coefficient fixed or adapted to a target entropy
             (`losses.EntropyBonus`: `{coef, target, step, min_coef, max_coef}`; the coefficient is
-            checkpointed; logs `entropy/{coef,estimate}`); None = off. As `entropy_control`.
+            checkpointed; logs `entropy/{coef,estimate}`); None = off. GRPO, Dr. GRPO and DAPO
+            (their loss is GRPO's per-token one).
         **kwargs: `OnlineModule` (reward sources, reference, sampling, micro_batch_size,
             max_grad_norm, total_episodes, completion logging) and `PolicyModule`.
     """
@@ -109,7 +111,7 @@ class GRPOModule(OnlineModule):
     moved_options: ClassVar[dict[str, str]] = MOVED_OPTIONS
     eps: ClassVar[float] = 1e-4
     """Added to the std that divides the advantages (a group of equal rewards gets 0, not NaN)."""
-    takes_entropy_control: ClassVar[bool] = True  # `policy_loss` is GRPO's: entropy_control/_bonus act on it
+    takes_entropy_control: ClassVar[bool] = True  # `policy_loss` is GRPO's: `entropy` acts on it
 
     def __init__(
         self,
@@ -122,16 +124,15 @@ class GRPOModule(OnlineModule):
         num_iterations: int = 1,
         num_minibatches: int = 1,
         temperature: float = 1.0,
-        entropy_control: CovarianceControl | None = None,
-        entropy_bonus: EntropyBonus | None = None,
+        entropy: EntropyControl | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(temperature=temperature, **kwargs)
-        entropy_control = CovarianceControl(**entropy_control) if isinstance(entropy_control, dict) else entropy_control
-        entropy_bonus = EntropyBonus(**entropy_bonus) if isinstance(entropy_bonus, dict) else entropy_bonus
+        entropy = EntropyControl(**entropy) if isinstance(entropy, dict) else entropy or EntropyControl()
+        entropy_control, entropy_bonus = entropy.covariance, entropy.bonus
         if (entropy_control is not None or entropy_bonus is not None) and not self.takes_entropy_control:
-            raise ValueError(f"{type(self).__name__}'s loss is not GRPO's per-token one: entropy_control (Clip-Cov, "
-                             "KL-Cov) and entropy_bonus are for GRPOModule, DrGRPOModule and DAPOModule")
+            raise ValueError(f"{type(self).__name__}'s loss is not GRPO's per-token one: entropy (Clip-Cov, KL-Cov, "
+                             "the entropy bonus) is for GRPOModule, DrGRPOModule and DAPOModule")
         if num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (advantages are relative to the group), got {num_generations}")
         if scale not in ("group", "batch", "none"):

@@ -1,20 +1,13 @@
 """`OnlineModule`: the base of the methods that sample their own training data (PPO, GRPO and its
 family, RLOO, ReMax, rejection sampling, online DPO).
 
-One training step is one rollout, then the method's update:
-
-1. **sample**: the rollout source (`rollout`, a `lit_rlhf.online` object: `HFSampler` by default,
-   `VLLMSampler`, `AsyncRollouts`, `EnvironmentRollouts`) gives `repeats` responses per prompt
-   (a prompt's copies contiguous), `max_new_tokens` each, cut after the first EOS and PAD-filled
-   (D23);
-2. **score once**, without grad, in micro-batches of `micro_batch_size` rows: the policy's
-   log-probs of the sampled tokens (the "old" ones; skipped when the update is on-policy,
-   `needs_rollout_logps`), the reference's (when there is one), PPO's values; all at
-   `logprob_temperature` (the sampling temperature unless set apart: one temperature, D-temp);
-3. **reward**: every reward source (`lit_rlhf.online.scoring`), then the method's own per-row
-   data (`rollout_extras`), then the callbacks' rollout hook (`lit_rlhf.online.hooks`);
-4. **update** (the method's `update`): passes over minibatches of whole groups, one optimizer step
-   each (`run_updates`, `lit_rlhf.online.update`); then `on_rollout_end` for the callbacks.
+One training step is one rollout, then the method's update: **sample** `repeats` responses per
+prompt from the rollout source (`rollout`: `HFSampler` by default), **score once** without grad
+(log-probs at `logprob_temperature`, values) and **reward** (the reward sources, the method's
+`rollout_extras`, the callbacks' rollout hook), as `lit_rlhf.online.rollout` details; then
+**update** (the method's `update`): passes over minibatches of whole groups, one optimizer step
+each (`run_updates`, `lit_rlhf.online.update`), and `on_rollout_end` for the callbacks. The fit's
+plumbing (set-up, the source's start, checkpoint state) is `lit_rlhf.online.lifecycle`'s.
 
 A non-finite score, value, loss or gradient never reaches the weights (`check_finite`). A run is
 measured in episodes (sampled responses), which also size the learning-rate schedule
@@ -31,30 +24,21 @@ trajectory per row: it may run episodes), `whole_groups` (its loss reads a group
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from typing import Any, Callable, Literal
 
-import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
-from lit_rlhf.online import budget, hooks, scoring, update
-from lit_rlhf.online.async_source import SourceGuard
-from lit_rlhf.online.correction import correction_stats
-from lit_rlhf.online.environment import episode_stats
+from lit_rlhf.online import budget, correction, hooks, lifecycle, rollout as rollouts, scoring, update
 from lit_rlhf.online.moved import MOVED
 from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, checked_source
-from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import RewardNormalization
 from lit_rlhf.rng import validation_rng
-from lit_rlhf.types import PromptBatch, Rollout, padding_fraction
-
-SOURCE_KEY = "rollout_source"
+from lit_rlhf.types import PromptBatch, Rollout
 
 
 class OnlineModule(PolicyModule):
@@ -247,19 +231,7 @@ class OnlineModule(PolicyModule):
 
         self.rollouts += 1
         self.episodes += rollout.num_rows * max(1, trainer.world_size if trainer else 1)
-        same_temperature = self.logprob_temperature == self.sampling.temperature  # sampler logps comparable
-        stats.update(scoring.rollout_stats(rollout, self.kl_coef, same_temperature))
-        stats.update(correction_stats(rollout, self.rollout_source.correction) if same_temperature else {})
-        stats.update(episode_stats(rollout))
-        stats.update(sampling_stats)
-        stats.update({f"rewards/{name}": r.float().mean() for name, r in per_source.items()})
-        stats["time/generation"] = torch.tensor(generated - started)
-        stats["time/update"] = torch.tensor(updated - generated)
-        stats["perf/tokens_per_sec"] = rollout.attention_mask.sum().float() / max(updated - started, 1e-9)
-        stats["data/padding_fraction"] = torch.tensor(padding_fraction(rollout))  # prompt and response PAD
-        stats["objective/episodes"] = torch.tensor(float(self.episodes))
-        if "time/rollout_wait" in stats:  # the share of the step the learner waited for its batch
-            stats["perf/trainer_idle_fraction"] = stats["time/rollout_wait"] / max(updated - started, 1e-9)
+        stats = rollouts.step_stats(self, stats, rollout, per_source, sampling_stats, started, generated, updated)
         self.log_stats("train", stats, prog_bar=("objective/scores", "objective/kl"))
         every = self.log_completions_every_n_steps
         if every and (self.rollouts - 1) % every == 0:
@@ -272,15 +244,7 @@ class OnlineModule(PolicyModule):
         with validation_rng(self.device, self.global_step, batch_idx):
             with_logps = getattr(self, "ref_model", None) is not None  # for the KL only
             rollout, _, _ = self.make_rollout(batch, 1, with_logps=with_logps, sampling=self.val_sampling)
-        stats = {
-            "objective/scores": rollout.scores.float().mean(),
-            "response/length": rollout.loss_mask.sum(dim=1).float().mean(),
-            "response/eos_fraction": rollout.has_eos.float().mean(),
-        }
-        if rollout.ref_logps is not None and rollout.logps is not None:
-            stats["objective/kl"] = masked_sum(rollout.logps - rollout.ref_logps, rollout.loss_mask, dim=1).mean()
-        stats.update(episode_stats(rollout))
-        self.log_stats("val", stats, batch_size=rollout.num_rows)
+        self.log_stats("val", rollouts.validation_stats(rollout), batch_size=rollout.num_rows)
 
     # ------------------------------------------------------------------------------------------
     # the rollout
@@ -292,50 +256,22 @@ class OnlineModule(PolicyModule):
         return self.training_rollout(batch)
 
     def training_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
-        """One round of a training step's sampling: `make_rollout` (`repeats` responses per prompt,
-        log-probs when `needs_rollout_logps`), the method's `rollout_extras`, the rollout hooks
-        -> (rollout, each source's rewards, sampling stats)."""
-        rollout, per_source, stats = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
-        extras = self.rollout_extras(batch, rollout)
-        if extras:
-            rollout = rollout.with_extras(**extras)
-        rollout = hooks.apply_rollout_hooks(attached_trainer(self), self, rollout)
-        return rollout, per_source, stats
+        """One round of a training step's sampling (`lit_rlhf.online.rollout.training_rollout`)."""
+        return rollouts.training_rollout(self, batch)
 
     def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True,
                      sampling: SamplingConfig | None = None) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
-        """Sample (the rollout source), score once (old and reference log-probs, values) and reward,
-        without grad -> (rollout with its unshaped scores, each source's (N,) rewards, the source's
-        sampling stats). `sampling` None: the training sampling, else validation."""
-        source = self.rollout_source
-        rollout, stats = source.sample(self, batch, repeats, sampling or self.sampling, training=sampling is None)
-        # a prompt's copies share one prompt computation (`shared_prompt`)
-        groups = torch.arange(rollout.num_rows, device=rollout.prompt_ids.device) // repeats if repeats > 1 else None
-        args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_attention_mask)
-        micro, temperature, ref = self.micro_batch_size, self.logprob_temperature, getattr(self, "ref_model", None)
-        with torch.no_grad():
-            logps = self.response_token_logps(self.policy, *args, temperature, micro, groups) if with_logps else None
-            ref_logps = None if ref is None else self.response_token_logps(ref, *args, temperature, micro, groups)
-            rollout = rollout._replace(logps=rollout.on_policy_tokens(logps), ref_logps=rollout.on_policy_tokens(ref_logps))
-            values = self.rollout_values(rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1])
-        rollout = rollout._replace(values=values)
-        scores, per_source = scoring.score_rollout(self, rollout, repeats)
-        self.check_finite(batch, scores=scores, values=values)
-        return rollout.with_scores(scores), per_source, stats
+        """Sample, score once and reward, without grad -> (rollout, each source's rewards, sampling
+        stats); `sampling` None: the training sampling (`lit_rlhf.online.rollout.make_rollout`)."""
+        return rollouts.make_rollout(self, batch, repeats, with_logps, sampling)
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
         """One response per row with the rollout source's sampler, one turn."""
         return self.rollout_source.generate(self, prompt_ids, prompt_mask, sampling)
 
     def greedy_rollout(self, batch: PromptBatch) -> Rollout:
-        """Each prompt's greedy response (B rows, `do_sample` off, the same sampler), scored and
-        shaped by the rollout hooks as the samples are; no log-probs. ReMax's baseline."""
-        prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
-        ids, mask, has_eos, _ = self.generate(prompt_ids, prompt_mask, dataclasses.replace(self.sampling, do_sample=False))
-        rollout = Rollout(prompt_ids, prompt_mask, ids, mask, has_eos, None, meta=dict(batch.meta))
-        scores, _ = scoring.score_rollout(self, rollout)
-        self.check_finite(batch, scores=scores)
-        return hooks.apply_rollout_hooks(attached_trainer(self), self, rollout.with_scores(scores))
+        """Each prompt's greedy response, scored and shaped; ReMax's baseline (`lit_rlhf.online.rollout`)."""
+        return rollouts.greedy_rollout(self, batch)
 
     # ------------------------------------------------------------------------------------------
     # the update
@@ -348,15 +284,9 @@ class OnlineModule(PolicyModule):
         return update.run_updates(self, n_rows, epochs, num_minibatches, loss_fn, row_weights, group_size)
 
     def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor, advantages: Tensor | None = None):
-        """The source's rollout correction (`lit_rlhf.online.correction`) of `rows` as one factor
-        (n, R), weights * keep (a dropped token weighs 0 and still counts in a token mean's
-        denominator); None when off or without the sampler's log-probs. `train_logps`: the
-        trainer's log-probs of the rows at sampling time; `advantages` (n,) or (n, R): theirs,
-        read by DeepSeek-V3.2's off-policy sequence mask."""
-        correction = self.rollout_source.correction
-        if correction is None or rollout.sampler_logps is None:
-            return None
-        return correction.apply(train_logps, rollout.sampler_logps[rows], rollout.loss_mask[rows], advantages).factor()
+        """The source's rollout correction of `rows` as one factor (n, R), or None when off or
+        without the sampler's log-probs (`lit_rlhf.online.correction.tis_weights`)."""
+        return correction.tis_weights(self.rollout_source.correction, rollout, rows, train_logps, advantages)
 
     # ------------------------------------------------------------------------------------------
     # Lightning hooks: checks, the source's life, the budget, checkpoints
@@ -369,19 +299,11 @@ class OnlineModule(PolicyModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        trainer = attached_trainer(self)
-        # under DeepSpeed the engine clips inside its step: hand it `max_grad_norm`
-        if trainer is not None and isinstance(trainer.strategy, DeepSpeedStrategy) and self.max_grad_norm:
-            trainer.strategy.config.setdefault("gradient_clipping", float(self.max_grad_norm))
-        if stage == "fit" and trainer is not None and not any(isinstance(c, SourceGuard) for c in trainer.callbacks):
-            trainer.callbacks.append(SourceGuard())  # stops the source if the fit fails
+        lifecycle.setup(self, stage)  # DeepSpeed's clipping, the source's guard
 
     def on_train_start(self) -> None:
         super().on_train_start()  # the random states first (a producer at max_staleness 0 draws from them)
-        if self.budget_reached():  # resumed from the checkpoint of the run's last step: nothing left
-            self.trainer.should_stop = True
-            return
-        self.rollout_source.start(self)
+        lifecycle.start(self)
 
     def on_train_end(self) -> None:
         super().on_train_end()
@@ -413,16 +335,11 @@ class OnlineModule(PolicyModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint[CHECKPOINT_KEY].update({"episodes": self.episodes, "rollouts": self.rollouts})
-        state = self.rollout_source.state_dict()
-        if state is not None:
-            checkpoint[CHECKPOINT_KEY][SOURCE_KEY] = state
+        lifecycle.save_state(self, checkpoint[CHECKPOINT_KEY])  # the counters, the source's state
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        info = checkpoint.get(CHECKPOINT_KEY, {})
-        self.episodes, self.rollouts = int(info.get("episodes", 0)), int(info.get("rollouts", 0))
-        self.rollout_source.load_state_dict(info.get(SOURCE_KEY))
+        lifecycle.load_state(self, checkpoint.get(CHECKPOINT_KEY, {}))
 
     def log_completions(self, rollout: Rollout) -> None:
         """Sample completions (or episodes) as a TensorBoard text table on rank 0."""

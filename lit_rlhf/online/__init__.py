@@ -5,6 +5,8 @@
   `VLLMServerBackend`), `EnvironmentRollouts`;
 - `correction`: a source's correction for its sampler (`RolloutCorrection`) and its statistics;
 - `scoring`: the reward sources on a rollout and the objective statistics;
+- `rollout`: one rollout of an online module (sample, score once, reward) and a step's statistics;
+- `lifecycle`: an online module's set-up, start and checkpoint state in a fit;
 - `hooks`: the callbacks' rollout hooks;
 - `update`: passes over minibatches of whole groups with exact gradient accumulation;
 - `budget`: episodes, the episode budget and the schedule's length.

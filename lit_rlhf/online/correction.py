@@ -98,3 +98,14 @@ def correction_stats(rollout: Rollout, correction: RolloutCorrection | None) -> 
     stats = mismatch_stats(train, sampler, mask, applied)
     return {f"rollout_correction/{name}": value for name, value in stats._asdict().items()}
 
+
+
+def tis_weights(correction: RolloutCorrection | None, rollout: Rollout, rows: Tensor, train_logps: Tensor,
+                advantages: Tensor | None = None) -> Tensor | None:
+    """`correction` of `rows` as one factor (n, R), weights * keep (a dropped token weighs 0 and
+    still counts in a token mean's denominator); None when off or without the sampler's log-probs.
+    `train_logps`: the trainer's log-probs of the rows at sampling time; `advantages` (n,) or
+    (n, R): theirs, read by DeepSeek-V3.2's off-policy sequence mask."""
+    if correction is None or rollout.sampler_logps is None:
+        return None
+    return correction.apply(train_logps, rollout.sampler_logps[rows], rollout.loss_mask[rows], advantages).factor()

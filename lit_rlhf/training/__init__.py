@@ -6,7 +6,8 @@
   checkpoint; `step_logging`: scalars at the optimizer step they belong to;
 - `memory`: `Memory`, the settings that trade time for memory (one `memory:` argument);
   `moved`: a class's former arguments and the one line naming where they went;
-- `optim` (AdamW groups and schedules) and `in_backward` (optimizer steps inside the backward pass);
+- `optim` (AdamW groups and schedules, a module's optimizer set-up) and `in_backward` (optimizer
+  steps inside the backward pass); `guard`: the non-finite guard (check, skip or error);
 - `reference_table`: DPO's reference log-probs computed once before training;
 - `reward_eval` and `reward_metrics`: a reward model's evaluation on preference pairs.
 """

@@ -8,7 +8,7 @@ models and log-probs every method shares) and of `RewardModule`. What lives here
   `lit_rlhf.training.optim`, overridable through `optimizer_param_groups`), stepped inside the
   backward pass with `optimizer_in_backward` (`lit_rlhf.training.in_backward`);
 - the non-finite guard: `check_finite` on losses and rewards, every gradient before the step
-  (`on_nonfinite: error | skip`);
+  (`on_nonfinite: error | skip`; `lit_rlhf.training.guard`);
 - metric logging under `{stage}/{group}/{name}`, tokens per second, every scalar at the optimizer
   steps done (`lit_rlhf.training.step_logging`: one step axis for training and validation);
 - export in Hugging Face format (`export_hf`), at the end of fit when `export_dir` is set, and
@@ -30,20 +30,18 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
 from lightning import LightningModule
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from lit_rlhf import checks, host_memory, models, resume, rng
-from lit_rlhf.training.guard import NonFiniteError, SkipStep, nonfinite_grad_names, nonfinite_rows_message
+from lit_rlhf.training import guard
+from lit_rlhf.training.guard import NonFiniteError  # noqa: F401  (imported from here)
 from lit_rlhf.lightning_compat import attached_trainer, replace_eval_mode_check, trust_checkpoint_instantiator
-from lit_rlhf.training.in_backward import InBackwardAdamW, startup_problems
+from lit_rlhf.training.in_backward import startup_problems
 from lit_rlhf.training.memory import MOVED as MEMORY_MOVED
 from lit_rlhf.training.memory import Memory
-from lit_rlhf.training.optim import build_adamw, lr_lambda
+from lit_rlhf.training.optim import clip_unscaled, configure_optimizers
 from lit_rlhf.training.settings import INSTANTIATOR, rebuilt_by_us
 from lit_rlhf.training.step_logging import StepLoggingMixin, stats_to_log, step_stats_due, use_step_axis  # noqa: F401
 from lit_rlhf.checkpoint_io import allow_hparam_globals, install_atomic_checkpoint_io
@@ -131,38 +129,14 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         return self.num_training_steps()
 
     def configure_optimizers(self):
-        trainer = attached_trainer(self)
-        clips = bool(getattr(trainer, "gradient_clip_val", None)) or bool(getattr(self, "max_grad_norm", None))
-        in_backward = self.optimizer_in_backward
-        optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, in_backward=in_backward, lr=self.lr,
-                                eps=self.adam_eps, betas=tuple(self.adam_betas), weight_decay=self.weight_decay)
-        if in_backward:
-            self._attach_in_backward(optimizer)
-        total = self.num_schedule_steps()
-        warmup = self.warmup_steps or int(self.warmup_ratio * total)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(self.lr_scheduler, warmup, total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        """AdamW and its schedule (`lit_rlhf.training.optim.configure_optimizers`)."""
+        return configure_optimizers(self)
 
     def gradient_factor(self) -> float | None:
         """A number every gradient of this optimizer step is multiplied by before the update
         (None: used as they are). With `optimizer_in_backward` the update hooks apply it, read
         once per step at the first completed gradient, i.e. after `training_step` returned."""
         return None
-
-    def _attach_in_backward(self, optimizer: InBackwardAdamW) -> None:
-        """`optimizer_in_backward`: each parameter is stepped by `optimizer` as soon as its gradient
-        is complete in the backward pass, and the gradient freed (`lit_rlhf.training.in_backward`)."""
-        previous = getattr(self, "_in_backward_optimizer", None)
-        if previous is not None:  # a second fit of this module: the hooks of the first go
-            previous.detach()
-        names = {id(param): name for name, param in self.named_parameters(remove_duplicate=False)}
-
-        def nonfinite(message: str) -> NonFiniteError:
-            return NonFiniteError(f"{message} at global step {self.global_step} (epoch {self.current_epoch}), "
-                                  "caught before its update (optimizer_in_backward)")
-
-        optimizer.attach(names, gradient_factor=self.gradient_factor, nonfinite_error=nonfinite)
-        self._in_backward_optimizer = optimizer
 
     def teardown(self, stage: str) -> None:
         """After a fit: the in-backward hooks go (a later backward pass only computes gradients)."""
@@ -176,21 +150,10 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         self._layer_release_hooks = []
 
     def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Lightning's `clip_gradients`, also for the fused AdamW under bf16 mixed precision.
-
-        Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales its
-        gradients inside its step (the fused AdamW), which only matters when a GradScaler scales
-        them (fp16). Under bf16 nothing is scaled: the gradients are clipped as they are. Under
-        fp16 with clipping `build_adamw` builds the non-fused AdamW, so the plugin's path works.
-        """
-        plugin = self.trainer.precision_plugin
-        if isinstance(plugin, MixedPrecision) and getattr(plugin, "scaler", None) is None:
-            if gradient_clip_val is None:
-                gradient_clip_val = self.trainer.gradient_clip_val or 0.0
-            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or self.trainer.gradient_clip_algorithm or "norm")
-            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
-            return
-        super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        """Lightning's `clip_gradients`, also for the fused AdamW under bf16 mixed precision
+        (`lit_rlhf.training.optim.clip_unscaled`)."""
+        if not clip_unscaled(self.trainer, optimizer, gradient_clip_val, gradient_clip_algorithm):
+            super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # ----------------------------------------------------------------------------------------
     # non-finite guard: nothing non-finite reaches the weights
@@ -201,51 +164,21 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         count a skipped step and return False (`skip`); the caller then skips its update.
 
         Per-example tensors (first dimension = batch rows) report which rows are bad, with the
-        dataset row ids of `batch.meta["index"]` when the batch carries them.
-        """
-        for name, tensor in tensors.items():
-            if tensor is not None and not bool(torch.isfinite(tensor).all()):
-                where = f"global step {self.global_step} (epoch {self.current_epoch})"
-                self._nonfinite(nonfinite_rows_message(name, tensor, batch, where))
-                return False
-        return True
-
-    def _nonfinite(self, message: str) -> None:
-        if self.on_nonfinite == "error":
-            raise NonFiniteError(message + ". Set on_nonfinite: skip to skip such steps instead.")
-        self.skipped_steps += 1
-        log.warning("skipping the optimizer step: %s (%d skipped so far)", message, self.skipped_steps)
-        if attached_trainer(self) is not None:
-            self.log("train/guard/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+        dataset row ids of `batch.meta["index"]` when the batch carries them
+        (`lit_rlhf.training.guard.check_finite`)."""
+        return guard.check_finite(self, batch, tensors)
 
     def gradients_finite(self) -> bool:
         """Check every gradient; same behaviour as `check_finite` (error or counted skip).
 
         Under fp16 mixed precision the GradScaler owns this: scaled gradients overflow by design
         and it skips those steps itself (lowering the scale), so nothing is checked here."""
-        if attached_trainer(self) is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            return True
-        bad = nonfinite_grad_names(self)
-        if not bad:
-            return True
-        more = " ..." if len(bad) > 5 else ""
-        self._nonfinite(f"non-finite gradient at global step {self.global_step} in {bad[:5]}{more}")
-        return False
+        return guard.gradients_finite(self)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        """Automatic optimisation: step only when the gradients are finite (see `on_nonfinite`)."""
-
-        def guarded_closure():
-            loss = optimizer_closure() if optimizer_closure is not None else None
-            if not self.gradients_finite():
-                optimizer.zero_grad()
-                raise SkipStep
-            return loss
-
-        try:
-            optimizer.step(closure=guarded_closure)
-        except SkipStep:
-            pass
+        """Automatic optimisation: step only when the gradients are finite (see `on_nonfinite`;
+        `lit_rlhf.training.guard.guarded_step`)."""
+        guard.guarded_step(self, optimizer, optimizer_closure)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:

@@ -197,6 +197,25 @@ class InBackwardAdamW(torch.optim.AdamW):
 # --------------------------------------------------------------------------------------------
 
 
+def attach_to(module: Any, optimizer: InBackwardAdamW) -> None:
+    """`optimizer_in_backward`: each parameter of `module` is stepped by `optimizer` as soon as its
+    gradient is complete in the backward pass, and the gradient freed; the hooks of a previous fit
+    of the module go first."""
+    from lit_rlhf.training.guard import NonFiniteError
+
+    previous = getattr(module, "_in_backward_optimizer", None)
+    if previous is not None:  # a second fit of this module: the hooks of the first go
+        previous.detach()
+    names = {id(param): name for name, param in module.named_parameters(remove_duplicate=False)}
+
+    def nonfinite(message: str) -> NonFiniteError:
+        return NonFiniteError(f"{message} at global step {module.global_step} (epoch {module.current_epoch}), "
+                              "caught before its update (optimizer_in_backward)")
+
+    optimizer.attach(names, gradient_factor=module.gradient_factor, nonfinite_error=nonfinite)
+    module._in_backward_optimizer = optimizer
+
+
 def startup_problems(trainer: Any, module: Any, dm: Any) -> list[str]:
     """What `optimizer_in_backward` cannot do exactly: each parameter is stepped as its gradient
     completes in the (one) backward pass, so nothing may need all gradients, or a later one.

@@ -1,7 +1,8 @@
-"""Clip-Cov and KL-Cov as `GRPOModule(entropy_control=...)` (`losses.CovarianceControl`): KL-Cov on
+"""Clip-Cov and KL-Cov as `GRPOModule(entropy={"covariance": ...})` (`losses.CovarianceControl`): KL-Cov on
 a single on-policy pass is plain GRPO bitwise (|log-ratio| is 0 there, and so is its gradient);
 Clip-Cov with every token in its band trains nothing; KL-Cov over two passes changes the update;
-variants whose loss is not GRPO's refuse it."""
+variants whose loss is not GRPO's refuse it; the entropy bonus (`entropy={"bonus": ...}`) fixed,
+adaptive and resumed exactly; the former `entropy_control` and `entropy_bonus` name their new place."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 
-from lit_rlhf.losses import CovarianceControl
+from lit_rlhf.losses import CovarianceControl, EntropyControl
 from lit_rlhf.losses.entropy_bonus import EntropyBonus
 from lit_rlhf.modules import DAPOModule, GRPOModule, GSPOModule, ReinforcePPModule
 from lit_rlhf.rewards import CharacterFractionReward
@@ -22,7 +23,7 @@ def run(path, control, num_iterations=1):
     L.seed_everything(0)
     module = GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=2,
                         max_new_tokens=4, lr=1e-3, lr_scheduler="constant", kl_coef=0.0, total_episodes=16,
-                        num_iterations=num_iterations, entropy_control=control)
+                        num_iterations=num_iterations, entropy={"covariance": control})
     initial = [p.detach().clone() for p in module.policy.parameters()]
     fit(module, path)
     return initial, list(module.policy.parameters())
@@ -48,10 +49,15 @@ def test_covariance_controls_in_grpo(tmp_path):
 
 def test_only_grpo_s_loss_takes_it():
     control = CovarianceControl()
-    DAPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], entropy_control=control)
+    DAPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)],
+               entropy=EntropyControl(covariance=control))
     for cls in (GSPOModule, ReinforcePPModule):
-        with pytest.raises(ValueError, match="entropy_control"):
-            cls(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], entropy_control=control)
+        with pytest.raises(ValueError, match="entropy"):
+            cls(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)],
+                entropy=EntropyControl(covariance=control))
+    for former, new in (("entropy_control", "entropy: {covariance"), ("entropy_bonus", "entropy: {bonus")):
+        with pytest.raises(TypeError, match=f"GRPOModule: `{former}` moved: use {new}"):
+            GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], **{former: {}})
     with pytest.raises(ValueError, match="method"):
         CovarianceControl("clip")
     with pytest.raises(ValueError, match="lower < upper"):
@@ -62,7 +68,7 @@ def bonus_run(path, bonus):
     L.seed_everything(0)
     module = GRPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], num_generations=2,
                         max_new_tokens=4, lr=1e-3, lr_scheduler="constant", kl_coef=0.0, total_episodes=16,
-                        entropy_bonus=bonus)
+                        entropy={"bonus": bonus})
     _, metrics = fit(module, path)
     return module, metrics
 
@@ -85,7 +91,7 @@ def test_entropy_bonus_coefficient_resumes_exactly(tmp_path):
     from tests.resume.harness import fit as resume_fit
     from tests.resume.harness import interrupted_then_resumed
 
-    setup = Setup("grpo", module_args={"entropy_bonus": EntropyBonus(0.01, 100.0, 0.01, 0.0, 1.0)})
+    setup = Setup("grpo", module_args={"entropy": EntropyControl(bonus=EntropyBonus(0.01, 100.0, 0.01, 0.0, 1.0))})
     straight = resume_fit(setup, tmp_path / "straight")
     runs, final = interrupted_then_resumed(setup, tmp_path / "run", Interrupt("on_train_batch_end", 2))
     assert_same_run(straight, runs, final, tmp_path / "straight", tmp_path / "run")

@@ -154,6 +154,8 @@ def test_model_help_lists_the_arguments_and_kl_coef_has_one_meaning(capsys, name
     ("mask_truncated", True, "use DAPOModule"),
     ("advantage", "reinforce_pp", "use ReinforcePPModule"),
     ("eps", 0.0, "the class attribute `eps`"),
+    ("entropy_control", {"method": "clip_cov"}, "use entropy: {covariance"),
+    ("entropy_bonus", {"coef": 0.001}, "use entropy: {bonus"),
 ])
 def test_a_moved_option_names_its_new_place_from_python(option, value, where):
     with pytest.raises(TypeError, match=rf"^GRPOModule: `{option}` moved: {where}"):
@@ -173,3 +175,9 @@ def test_a_moved_option_names_its_new_place_from_the_cli(tmp_path, capsys):
     line = config.splitlines().index("    dynamic_sampling: true") + 1
     err = run_lines(capsys, "fit", "--config", str(path))
     assert err[0] == f"error: model.init_args.dynamic_sampling ({path}, line {line}) moved: use DAPOModule", err
+    # a mapping given to a former argument (jsonargparse rejects its first field) names it as well
+    config = (QUICK / "grpo.yaml").read_text().replace("    scale: group\n", "    scale: group\n    entropy_bonus: {coef: 0.001}\n")
+    path.write_text(config)
+    line = config.splitlines().index("    entropy_bonus: {coef: 0.001}") + 1
+    err = run_lines(capsys, "fit", "--config", str(path))
+    assert err[0].startswith(f"error: model.init_args.entropy_bonus ({path}, line {line}) moved: use entropy: {{bonus"), err

@@ -140,7 +140,7 @@ def test_sources_take_a_correction_or_its_shorthand():
 
 
 def test_cli_fit_grpo_with_a_correction_on_async_rollouts(tmp_path):
-    """Also GRPO's entropy_control and entropy_bonus from YAML (a target far above the entropy)."""
+    """Also GRPO's entropy control (covariance and bonus) from YAML (a target far above the entropy)."""
     config = {
         "seed_everything": 0,
         "trainer": {"accelerator": "cpu", "devices": 1, "precision": "32", "max_epochs": -1, "log_every_n_steps": 1,
@@ -152,7 +152,8 @@ def test_cli_fit_grpo_with_a_correction_on_async_rollouts(tmp_path):
             "model": "tiny-random-llama", "dtype": "float32",
             "reward_fns": [{"class_path": "lit_rlhf.rewards.CharacterFractionReward"}],
             "num_generations": 2, "max_new_tokens": 4, "kl_coef": 0.0, "lr": 1.0e-3, "total_episodes": 12,
-            "entropy_control": {"method": "clip_cov"}, "entropy_bonus": {"coef": 0.001, "target": 20.0, "step": 0.001},
+            "entropy": {"covariance": {"method": "clip_cov"},
+                        "bonus": {"coef": 0.001, "target": 20.0, "step": 0.001}},
             "rollout": {"class_path": "lit_rlhf.online.AsyncRollouts", "init_args": {
                 "max_staleness": 1,
                 "correction": {"mode": "mask", "level": "token", "lower": 0.5, "upper": 2.0, "offpolicy_kl": 0.5}}}}},
