@@ -42,14 +42,16 @@ def header(doc: dict[str, Any], source: str) -> str:
     gpu, v = doc["gpu"], doc["versions"]
     peak = gpu.get("peak_bf16_flops")
     measured = gpu.get("measured_bf16_matmul_flops")
-    load = doc["host"]
+    runs = doc.get("runs") or [{"date": doc["date"], "commit": doc.get("commit"), "elapsed_s": doc.get("elapsed_s"),
+                                "load_average_before": doc["host"]["load_average_before"][0]}]
+    when = "; ".join(f"{r['date'][:16].replace('T', ' ')} (commit {r.get('commit') or '?'}, {r.get('elapsed_s') or 0:.0f} s, "
+                     f"host load average {r['load_average_before']:.1f} at the start)" for r in runs)
     parts = [
-        f"Run on {doc['date'][:16].replace('T', ' ')} (UTC offset as recorded) on one {gpu['name']}"
+        f"Run on one {gpu['name']}"
         + (f" ({gpu.get('memory_gib')} GiB, driver {gpu.get('driver', '?')}, CUDA {gpu.get('cuda')})" if "memory_gib" in gpu else "")
-        + f", commit {doc.get('commit') or '?'}; torch {v['torch']}, transformers {v['transformers']}, lightning "
+        + f", {doc['host']['cpu_count']} host cores; torch {v['torch']}, transformers {v['transformers']}, lightning "
         f"{v['lightning']}" + (f", TRL {v['trl']}" if "trl" in v else ", TRL not installed") + f"; {doc['precision']}. "
-        f"Host load average {load['load_average_before'][0]:.1f} before, {load.get('load_average_after', [0])[0]:.1f} after "
-        f"({load['cpu_count']} cores); the whole run took {doc.get('elapsed_s', 0):.0f} s. Raw file: `{source}`.",
+        f"{'Runs' if len(runs) > 1 else 'Run'}: {when}. Raw {'files' if len(runs) > 1 else 'file'}: `{source}`.",
         "",
         f"MFU = the step's model FLOPs (`benchmarks/gpu/flops.py`: 6N per trained token, 2N per scored or generated "
         f"token, plus attention) / (median step seconds x peak). Peak: {_f(peak and peak / 1e12, '.1f')} TFLOP/s, the "
@@ -120,17 +122,43 @@ def write(text: str, path: Path = RESULTS_MD) -> None:
     path.write_text(md)
 
 
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs on one machine as one: the first run's header, each case and strategy from the
+    last run that measured it (a later run reruns what an earlier one skipped); the files must
+    name the same GPU and versions."""
+    first = docs[0]
+    for doc in docs[1:]:
+        if doc["gpu"]["name"] != first["gpu"]["name"] or doc["versions"] != first["versions"]:
+            raise ValueError("the result files come from different GPUs or software versions: render them apart")
+    cases: dict[tuple, dict[str, Any]] = {}
+    strategies: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        for c in doc["cases"]:
+            key = (c["size"], c["method"], c["framework"])
+            if c["status"] == "ok" or key not in cases or cases[key]["status"] != "ok":
+                cases[key] = c
+        for r in doc.get("strategies", []):
+            if r["status"] == "ok" or r["strategy"] not in strategies or strategies[r["strategy"]]["status"] != "ok":
+                strategies[r["strategy"]] = r
+    merged = dict(first, cases=list(cases.values()), strategies=list(strategies.values()))
+    merged["runs"] = [{"date": d["date"], "commit": d.get("commit"), "elapsed_s": d.get("elapsed_s"),
+                       "load_average_before": d["host"]["load_average_before"][0]} for d in docs]
+    return merged
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("result")
+    p.add_argument("results", nargs="+", help="result files of runs on one machine (later files' cases win)")
     p.add_argument("--write", action="store_true", help="write into benchmarks/RESULTS.md between its GPU markers")
     ns = p.parse_args(argv)
-    doc = json.loads(Path(ns.result).read_text())
-    try:
-        source = str(Path(ns.result).resolve().relative_to(RESULTS_MD.parents[1]))
-    except ValueError:
-        source = ns.result
-    text = render(doc, source)
+    docs = [json.loads(Path(f).read_text()) for f in ns.results]
+    sources = []
+    for f in ns.results:
+        try:
+            sources.append(str(Path(f).resolve().relative_to(RESULTS_MD.parents[1])))
+        except ValueError:
+            sources.append(f)
+    text = render(merge(docs), ", ".join(f"`{s}`" for s in sources).strip("`"))
     if ns.write:
         write(text)
     print(text)

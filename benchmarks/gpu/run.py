@@ -179,7 +179,7 @@ def measure(result: common.WorkerResult, method: str, shape: F.ModelShape, cfg: 
 
 
 def run_case(method: str, framework: str, worker, shape: F.ModelShape, model_dir: Path, args: argparse.Namespace,
-             peak: float | None) -> dict[str, Any]:
+             peak: float | None, case_key: str = "") -> dict[str, Any]:
     spec = WORKLOADS[method]
     extra = dict(EXTRA_DEFAULTS, **spec.get("extra", {}))
     cfg = common.BenchConfig(
@@ -187,6 +187,7 @@ def run_case(method: str, framework: str, worker, shape: F.ModelShape, model_dir
         prompt_length=args.prompt_length, completion_length=args.completion_length,
         warmup=spec["warmup"] if not args.dry_run else 1, steps=spec["steps"] if not args.dry_run else 1,
         rounds=1, frameworks=framework, threads=args.threads, seed=args.seed, in_process=True, no_bare=True,
+        profile=bool(case_key) and case_key in {c.strip() for c in args.profile.split(",")},
         accelerator="gpu" if torch.cuda.is_available() and not args.dry_run else "cpu",
         precision="bf16-mixed" if torch.cuda.is_available() and not args.dry_run else "32-true", extra=extra,
     )
@@ -194,6 +195,8 @@ def run_case(method: str, framework: str, worker, shape: F.ModelShape, model_dir
     started = time.perf_counter()
     result = common._run_worker(WORKER_MODULES[method], worker, cfg, [], framework)
     record = measure(result, method, shape, cfg, peak)
+    if result.profile:
+        record["profile"] = result.profile[:20000]
     record.update(case_seconds=time.perf_counter() - started, gpu_mib_held_before=held, batch_size=cfg.batch_size, warmup=cfg.warmup,
                   prompt_length=cfg.prompt_length, completion_length=cfg.completion_length, extra=extra)
     return record
@@ -210,8 +213,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=8, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=0.0, help="skip cases that would start after this many seconds (0: none)")
+    p.add_argument("--only", default="", help="comma list of size/method/framework cases to run (e.g. "
+                   "smollm2-360m/grpo/trl); empty: every case of --sizes x --methods x --frameworks")
     p.add_argument("--strategies", default="", help="comma list of configs/strategy overlays to compare on SFT "
                    "(e.g. none,deepspeed_zero2,deepspeed_zero3,fsdp2); empty: no comparison")
+    p.add_argument("--strategy-size", default=None, help="the size the strategies train (default: the last of --sizes)")
+    p.add_argument("--profile", default="", help="comma list of size/method/framework cases to run under cProfile "
+                   "(the top functions by cumulative time go into the case's record)")
+    p.add_argument("--commit", default=None, help="the commit to record (default: `git rev-parse` of the tree)")
     p.add_argument("--out", required=True, help="the result file (JSON), rewritten after every case")
     p.add_argument("--dry-run", action="store_true", help="CPU, the tiny shape, 16+8 tokens, 1 measured step: checks the script")
     args = p.parse_args(argv)
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     peak = gpu["peak_bf16_flops"]
     doc: dict[str, Any] = {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "gpu": gpu, "versions": versions(),
-        "commit": _commit(), "host": {"cpu_count": os.cpu_count(), "load_average_before": os.getloadavg()},
+        "commit": args.commit or _commit(), "host": {"cpu_count": os.cpu_count(), "load_average_before": os.getloadavg()},
         "precision": "bf16-mixed (float32 weights, bf16 autocast)" if torch.cuda.is_available() and not args.dry_run else "32-true",
         "dry_run": args.dry_run, "flops_counting": "benchmarks/gpu/flops.py (6N per trained token + attention, PaLM App. B)",
         "cases": [], "strategies": [],
@@ -247,16 +256,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     tokenizer = models.load_tokenizer(args.tokenizer)
     frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    only = {c.strip() for c in args.only.split(",") if c.strip()}
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
+    built: dict[str, tuple[F.ModelShape, Path]] = {}
     with tempfile.TemporaryDirectory(prefix="lit_rlhf_gpu_bench_") as tmp:
-        largest = None
-        for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-            shape = F.SHAPES[size]
-            shape = dataclasses.replace(shape, vocab=len(tokenizer))  # no embedding resize at load (D3 adds PAD)
-            model_dir = build_model(shape, tokenizer, Path(tmp) / size, "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu", args.seed)
-            largest = (size, shape, model_dir)
+
+        def model_of(size: str) -> tuple[F.ModelShape, Path]:
+            if size not in built:
+                shape = dataclasses.replace(F.SHAPES[size], vocab=len(tokenizer))  # no embedding resize at load (D3 adds PAD)
+                built[size] = (shape, build_model(shape, tokenizer, Path(tmp) / size, device, args.seed))
+            return built[size]
+
+        for size in sizes:
             for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
                 ours, trl = _workers(method)
                 for framework in frameworks:
+                    if only and f"{size}/{method}/{framework}" not in only:
+                        continue
+                    shape, model_dir = model_of(size)
                     case = {"size": size, "parameters": shape.parameters(), "shape": shape.to_dict(), "method": method,
                             "framework": framework}
                     worker = ours if framework == common.OURS else trl
@@ -268,7 +286,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     else:
                         print(f"[gpu-bench] {size} {method} {framework} ...", file=sys.stderr, flush=True)
                         try:
-                            case.update(status="ok", **run_case(method, framework, worker, shape, model_dir, args, peak))
+                            case.update(status="ok", **run_case(method, framework, worker, shape, model_dir, args, peak,
+                                                                f"{size}/{method}/{framework}"))
                         except Exception as error:  # noqa: BLE001 - one failed case must not lose the others
                             case.update(status="error", error=f"{type(error).__name__}: {error}"[-2000:],
                                         traceback=traceback.format_exc()[-4000:])
@@ -276,10 +295,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     doc["cases"].append(case)
                     print(_line(case), flush=True)
                     save()
-        if args.strategies and largest is not None:
+        if args.strategies:
             from benchmarks.gpu import strategies
 
-            size, shape, model_dir = largest
+            size = args.strategy_size or sizes[-1]
+            shape, model_dir = model_of(size)
             for name in [s.strip() for s in args.strategies.split(",") if s.strip()]:
                 if args.budget_s and time.perf_counter() - clock > args.budget_s:
                     record = {"strategy": name, "status": "skipped", "reason": f"time budget of {args.budget_s:.0f} s spent"}
