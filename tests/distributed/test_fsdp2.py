@@ -1,0 +1,91 @@
+"""FSDP2 through Lightning's `ModelParallelStrategy` with 2 CPU processes (gloo): every model of a
+module sharded in `configure_model` (`lit_rlhf.training.sharding`), `configs/strategy/fsdp2.yaml`.
+
+- SFT (packed rows), DPO, PPO, GRPO and LoRA-DPO train: every trained parameter is a `DTensor`
+  shard, the frozen reference too, and the ranks end with the same weights (gradients reduced).
+  The log-probs take the chunked path (the default), which reads the output layer outside the
+  model's forward: it runs as the root's forward (`lit_rlhf.models.logprobs.as_root_forward`);
+- DPO and GRPO stopped after 2 optimizer steps resume from their checkpoint (a directory of
+  shards) to the same weights, bit for bit, as 3 uninterrupted steps;
+- the export at fit end (`export_dir`) and `python -m lit_rlhf.export <sharded dir> <out>` load
+  with `from_pretrained` and hold the consolidated weights; the vLLM sync's gather
+  (`gathered_parameters`) and the LoRA merge (`merged_weights`) hand out whole tensors.
+
+All of it is one launch: the `fsdp2_run` fixture of conftest.py (run_fsdp2.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lit_rlhf.export import main as export_main
+from tests.distributed.checks import check_method_results
+
+METHODS = ("sft", "dpo", "ppo", "grpo")
+
+
+def _hf_names(state: dict[str, torch.Tensor], prefix: str = "policy.") -> dict[str, torch.Tensor]:
+    return {k.removeprefix(prefix): v for k, v in state.items()}
+
+
+def _assert_same(model, expected: dict[str, torch.Tensor]) -> None:
+    own = model.state_dict()
+    assert expected and set(expected) <= set(own), sorted(set(expected) - set(own))[:5]
+    for name, tensor in expected.items():
+        assert torch.equal(own[name], tensor), name
+
+
+def test_sft_dpo_ppo_grpo_train_with_every_model_sharded(fsdp2_run):
+    check_method_results(fsdp2_run, METHODS, "ModelParallelStrategy")
+    for rank in (0, 1):
+        for method in METHODS:
+            res = fsdp2_run[rank][method]
+            assert res["all_dtensor"], (rank, method)
+            assert res["sharded"], (rank, method)  # each rank holds a part of the weights
+        for method in ("dpo", "grpo"):  # the frozen reference is sharded too (forward only)
+            assert fsdp2_run[rank][method]["frozen_dtensor"] == ["ref_model"], (rank, method)
+        for method in ("ppo", "grpo"):  # every forward all-gathers: the ranks generate in step
+            assert fsdp2_run[rank][method]["synced"] == [True], (rank, method)
+
+
+def test_lora_policy_trains_sharded_and_merges_whole(fsdp2_run):
+    check_method_results(fsdp2_run, ("dpo:lora",), "ModelParallelStrategy")
+    for rank in (0, 1):
+        res = fsdp2_run[rank]["dpo:lora"]
+        assert res["all_dtensor"] and res["merged_is_plain"], rank
+    res = fsdp2_run[0]["dpo:lora"]
+    merged = torch.load(res["policy_pt"])["merged"]
+    exported = AutoModelForCausalLM.from_pretrained(res["export_dir"])
+    own = exported.state_dict()
+    for name, tensor in merged.items():  # the export at fit end is the base with the adapter merged
+        torch.testing.assert_close(own[name], tensor, rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("method", ["dpo", "grpo"])
+def test_resume_from_the_sharded_checkpoint_is_bitwise_exact(fsdp2_run, method):
+    resume = fsdp2_run[0][method]["resume"]
+    assert resume["ckpt_is_dir"], "an FSDP2 checkpoint is a directory of shards"
+    assert (resume["stopped_at"], resume["global_step"], resume["straight_step"]) == (2, 3, 3)
+    assert resume["compared"] > 0 and resume["moved"]
+    assert resume["resume_equal"], f"differ after resuming: {resume['differ']}"
+
+
+def test_export_at_fit_end_and_from_the_sharded_checkpoint_hold_the_trained_weights(fsdp2_run, tmp_path):
+    dpo = fsdp2_run[0]["dpo"]
+    full = _hf_names(torch.load(dpo["policy_pt"])["full"])  # consolidated by the strategy's own reader
+    _assert_same(AutoModelForCausalLM.from_pretrained(dpo["export_dir"]), full)
+    assert dpo["ckpt_is_dir"]
+    export_main([dpo["ckpt"], str(tmp_path / "hf")])  # consolidated from the shards in one process
+    _assert_same(AutoModelForCausalLM.from_pretrained(tmp_path / "hf"), full)
+
+
+def test_vllm_weight_gather_hands_out_the_whole_tensors(fsdp2_run):
+    for rank in (0, 1):
+        assert fsdp2_run[rank]["dpo"]["gathered_is_plain"], rank
+    saved = torch.load(fsdp2_run[0]["dpo"]["policy_pt"])
+    full, gathered = _hf_names(saved["full"]), saved["gathered"]
+    assert set(full) <= set(gathered)
+    for name, tensor in full.items():
+        assert torch.equal(gathered[name], tensor), name
