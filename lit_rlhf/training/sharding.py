@@ -141,14 +141,12 @@ def keep_frozen_out_of_checkpoints(module: nn.Module) -> None:
 
 
 def unsupported(module: nn.Module, trainer: Any) -> list[str]:
-    """What this module asks of FSDP2 that it cannot do, one line each."""
+    """What this module asks of FSDP2 that it cannot do, one line each (`optimizer_in_backward` is
+    refused by the start-up checks, `lit_rlhf.training.in_backward.startup_problems`)."""
     problems = []
     mesh = trainer.strategy.device_mesh
     if mesh["tensor_parallel"].size() != 1:
         problems.append(f"tensor_parallel_size must be 1 (FSDP2 only), got {mesh['tensor_parallel'].size()}")
-    if getattr(module, "optimizer_in_backward", False):
-        problems.append("optimizer_in_backward cannot run on sharded parameters (FSDP2 reduces a gradient "
-                        "after its layer's backward, not per parameter): turn it off")
     from lit_rlhf.models.scalar_adapters import AdapterScalarModel
 
     shared = [name for name, m in module.named_children() if isinstance(m, AdapterScalarModel)]

@@ -1,7 +1,7 @@
 """FSDP2 (Lightning's `ModelParallelStrategy`, `lit_rlhf.training.sharding`) in every rank: fits,
 exact resume, export and the vLLM weight gather; writes JSON results (`launch.py` starts it).
 
-    python tests/distributed/run_fsdp2.py --jobs dpo,grpo,ppo,sft,dpo:lora --resume dpo,grpo --out DIR
+    python tests/distributed/run_fsdp2.py --jobs dpo,grpo,ppo,sft,dpo:lora,dpo:file --resume dpo,grpo,dpo:file --out DIR
 
 Per job: a fit of a few optimizer steps on the tiny model (`workloads`), then per rank the logged
 metrics, the fingerprint of the trained weights (gathered: equal on every rank when the gradients
@@ -9,7 +9,9 @@ were reduced), whether every trained parameter is a `DTensor` shard and the shar
 `dpo` job also exports at fit end (`export_dir`), saves its checkpoint (a directory of shards)
 and, on rank 0, the policy's consolidated state (`sharding.full_state_dict`) next to what
 `gathered_parameters` (the vLLM sync's gather) returned: the test compares them with the export.
-`dpo:lora` saves the LoRA merge (`merged_weights`) beside its export. `--resume` jobs: the fit
+`dpo:lora` saves the LoRA merge (`merged_weights`) beside its export; `dpo:file` checkpoints as one
+consolidated file (`save_distributed_checkpoint: false`). Offline fits clip their gradients at a
+norm below the tiny model's (`ClipProbe` records the norms around Lightning's clipping). `--resume` jobs: the fit
 stopped after 2 steps is resumed from its checkpoint for a 3rd, and compared tensor by tensor
 with 3 uninterrupted steps (`resume_equal`, the first differing names otherwise).
 """
@@ -32,11 +34,43 @@ from tests.distributed import workloads as W  # noqa: E402
 from tests.distributed.run_methods import BATCH, LengthProbe, parse_job  # noqa: E402
 
 ONLINE = ("ppo", "grpo")
+CLIP = 0.05
+
+
+def split_job(job: str) -> tuple[str, dict, str]:
+    """`method[:lora|:file]` -> (method, module overrides, strategy): `file` checkpoints as one
+    consolidated file (`save_distributed_checkpoint: false`)."""
+    if job.endswith(":file"):
+        return job.partition(":")[0], {}, "fsdp2_file"
+    return (*parse_job(job), "fsdp2")
+
+
+class ClipProbe(L.Callback):
+    """The total gradient norm before and after Lightning's clipping (`trainer.gradient_clip_val`),
+    at every optimizer step: the norms of `DTensor` gradients, reduced over the shards."""
+
+    def __init__(self) -> None:
+        self.before: list[float] = []
+        self.after: list[float] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        own = pl_module.clip_gradients
+
+        def norm() -> float:
+            total = torch.nn.utils.get_total_norm([p.grad for p in pl_module.parameters() if p.grad is not None])
+            return float(total.full_tensor() if isinstance(total, DTensor) else total)
+
+        def clip(optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            self.before.append(norm())
+            own(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            self.after.append(norm())
+
+        pl_module.clip_gradients = clip
 
 
 def build(job: str, rollouts: int, **extra):
     rank, size = W.world()
-    method, options = parse_job(job)
+    method, options, _ = split_job(job)
     L.seed_everything(1 + rank)
     batch = BATCH[method]
     overrides = {"total_episodes": batch * (2 if method == "grpo" else 1) * size * rollouts} if method in ONLINE else {}
@@ -56,13 +90,17 @@ def loader(method: str, tokenizer) -> DataLoader:
 
 def fit(job: str, root: Path, steps: int, rollouts: int = 1, ckpt_path: str | None = None, **extra):
     method, module = build(job, rollouts, **extra)
+    strategy = split_job(job)[2]
     record = W.RecordMetrics()
     record.before = W.fingerprint(module)  # not sharded yet
     online = method in ONLINE
     # online: one epoch of prompts for a whole fit (steps -1), else as many epochs as the steps take
     epochs = ({"max_epochs": 1 if steps == -1 else -1} if online else {})
-    record.lengths = LengthProbe()
-    trainer = W.trainer_for("fsdp2", root, max_steps=steps, callbacks=[record, record.lengths], **epochs)
+    record.lengths, record.clip = LengthProbe(), ClipProbe()
+    # offline: Lightning's clipping at a norm the tiny model's gradients exceed (online: max_grad_norm 1.0)
+    clip = {} if online else {"gradient_clip_val": CLIP}
+    trainer = W.trainer_for(strategy, root, max_steps=steps, callbacks=[record, record.lengths, record.clip],
+                            **epochs, **clip)
     trainer.fit(module, loader(method, module.tokenizer), ckpt_path=ckpt_path)
     return module, trainer, record
 
@@ -79,7 +117,8 @@ def describe(module, trainer, record) -> dict:
     return {
         "metrics": record.steps, "global_step": trainer.global_step, "strategy": type(trainer.strategy).__name__,
         "before": record.before, "after": W.fingerprint(module),
-        "lengths": record.lengths.lengths, "synced": record.lengths.synced, "all_dtensor": all(isinstance(p, DTensor) for p in params),
+        "lengths": record.lengths.lengths, "synced": record.lengths.synced,
+        "clip": {"before": record.clip.before, "after": record.clip.after, "value": CLIP}, "all_dtensor": all(isinstance(p, DTensor) for p in params),
         "sharded": [n for n, p in module.named_parameters() if isinstance(p, DTensor) and p.to_local().numel() < p.numel()][:3],
         "frozen_dtensor": [name for name in getattr(module, "_frozen_names", ())
                            if all(isinstance(p, DTensor) for p in getattr(module, name).parameters())],
@@ -88,7 +127,7 @@ def describe(module, trainer, record) -> dict:
 
 def run_job(job: str, args, root: Path) -> dict:
     rank, _ = W.world()
-    method, _ = parse_job(job)
+    method = split_job(job)[0]
     name = job.replace(":", "_")
     export = {} if method in ONLINE else {"export_dir": str(root / f"{name}_export")}
     steps = 2 if method not in ONLINE else -1
@@ -96,6 +135,8 @@ def run_job(job: str, args, root: Path) -> dict:
     result = describe(module, trainer, record)
     if export:
         result["export_dir"] = export["export_dir"]
+    if job == "dpo:file":
+        return {**result, "resume": resume(job, root, trainer, module)}  # a checkpoint file, resumed
     if job in ("dpo", "dpo:lora"):
         ckpt = root / f"{name}.ckpt"
         trainer.save_checkpoint(ckpt)
@@ -125,7 +166,7 @@ def run_job(job: str, args, root: Path) -> dict:
 def resume(job: str, root: Path, first_trainer, first_module) -> dict:
     """The fit of `run_job` stopped after 2 optimizer steps (its checkpoint), resumed for a 3rd;
     against 3 uninterrupted steps: every trained tensor bitwise."""
-    method, _ = parse_job(job)
+    method = split_job(job)[0]
     name = job.replace(":", "_")
     online = method in ONLINE
     ckpt = root / f"{name}_stopped.ckpt"
@@ -142,7 +183,7 @@ def resume(job: str, root: Path, first_trainer, first_module) -> dict:
     straight_state = trained_state(straight)
     differ = [k for k in straight_state if not torch.equal(straight_state[k], resumed_state.get(k, torch.empty(0)))]
     return {
-        "ckpt_is_dir": ckpt.is_dir(), "stopped_at": stopped_at, "global_step": resumed_step,
+        "ckpt": str(ckpt), "ckpt_is_dir": ckpt.is_dir(), "ckpt_is_file": ckpt.is_file(), "stopped_at": stopped_at, "global_step": resumed_step,
         "straight_step": trainer.global_step, "compared": len(straight_state), "differ": differ[:5],
         "resume_equal": not differ, "moved": W.fingerprint(resumed) != W.fingerprint(first_module),
         "resumed_metrics": record.steps, "straight_metrics": straight_record.steps,

@@ -6,7 +6,10 @@ module sharded in `configure_model` (`lit_rlhf.training.sharding`), `configs/str
   The log-probs take the chunked path (the default), which reads the output layer outside the
   model's forward: it runs as the root's forward (`lit_rlhf.models.logprobs.as_root_forward`);
 - DPO and GRPO stopped after 2 optimizer steps resume from their checkpoint (a directory of
-  shards) to the same weights, bit for bit, as 3 uninterrupted steps;
+  shards; for DPO also one consolidated file, `save_distributed_checkpoint: false`) to the same
+  weights, bit for bit, as 3 uninterrupted steps;
+- Lightning's gradient clipping (`trainer.gradient_clip_val`) clips the sharded gradients to the
+  norm asked for (PPO and GRPO clip with `max_grad_norm`);
 - the export at fit end (`export_dir`) and `python -m lit_rlhf.export <sharded dir> <out>` load
   with `from_pretrained` and hold the consolidated weights; the vLLM sync's gather
   (`gathered_parameters`) and the LoRA merge (`merged_weights`) hand out whole tensors.
@@ -63,10 +66,13 @@ def test_lora_policy_trains_sharded_and_merges_whole(fsdp2_run):
         torch.testing.assert_close(own[name], tensor, rtol=1e-6, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("method", ["dpo", "grpo"])
+@pytest.mark.parametrize("method", ["dpo", "grpo", "dpo:file"])
 def test_resume_from_the_sharded_checkpoint_is_bitwise_exact(fsdp2_run, method):
     resume = fsdp2_run[0][method]["resume"]
-    assert resume["ckpt_is_dir"], "an FSDP2 checkpoint is a directory of shards"
+    if method == "dpo:file":  # save_distributed_checkpoint: false
+        assert resume["ckpt_is_file"], "one consolidated file"
+    else:
+        assert resume["ckpt_is_dir"], "an FSDP2 checkpoint is a directory of shards"
     assert (resume["stopped_at"], resume["global_step"], resume["straight_step"]) == (2, 3, 3)
     assert resume["compared"] > 0 and resume["moved"]
     assert resume["resume_equal"], f"differ after resuming: {resume['differ']}"
@@ -89,3 +95,18 @@ def test_vllm_weight_gather_hands_out_the_whole_tensors(fsdp2_run):
     assert set(full) <= set(gathered)
     for name, tensor in full.items():
         assert torch.equal(gathered[name], tensor), name
+
+
+def test_a_consolidated_checkpoint_file_exports_the_trained_weights(fsdp2_run, tmp_path):
+    job = fsdp2_run[0]["dpo:file"]
+    export_main([job["resume"]["ckpt"], str(tmp_path / "hf")])  # saved when the fit ended
+    at_fit_end = AutoModelForCausalLM.from_pretrained(job["export_dir"]).state_dict()
+    _assert_same(AutoModelForCausalLM.from_pretrained(tmp_path / "hf"), at_fit_end)
+
+
+def test_lightning_clips_the_sharded_gradients(fsdp2_run):
+    for rank in (0, 1):
+        for job in ("sft", "dpo", "dpo:lora"):
+            clip = fsdp2_run[rank][job]["clip"]
+            assert len(clip["before"]) == 2 and min(clip["before"]) > clip["value"], (rank, job, clip)
+            assert clip["after"] == pytest.approx([clip["value"]] * 2, rel=1e-3), (rank, job, clip)

@@ -118,10 +118,12 @@ def make_strategy(name: str):
         strategy = CPUDeepSpeedStrategy(stage=int(name[-1]), process_group_backend="gloo", exclude_frozen_parameters=True)
         strategy.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
         return strategy
-    if name == "fsdp2":  # configs/strategy/fsdp2.yaml on CPU: every process shards (lit_rlhf.training.sharding)
+    if name in ("fsdp2", "fsdp2_file"):  # configs/strategy/fsdp2.yaml on CPU (lit_rlhf.training.sharding)
         from lightning.pytorch.strategies import ModelParallelStrategy
 
-        return ModelParallelStrategy(data_parallel_size=world()[1], tensor_parallel_size=1, process_group_backend="gloo")
+        # fsdp2_file: checkpoints as one consolidated file written by rank 0
+        return ModelParallelStrategy(data_parallel_size=world()[1], tensor_parallel_size=1, process_group_backend="gloo",
+                                     save_distributed_checkpoint=name == "fsdp2")
     if name == "single":
         return "auto"
     raise ValueError(f"unknown strategy {name!r}")
