@@ -9,7 +9,8 @@ were reduced), whether every trained parameter is a `DTensor` shard and the shar
 `dpo` job also exports at fit end (`export_dir`), saves its checkpoint (a directory of shards)
 and, on rank 0, the policy's consolidated state (`sharding.full_state_dict`) next to what
 `gathered_parameters` (the vLLM sync's gather) returned: the test compares them with the export.
-`dpo:lora` saves the LoRA merge (`merged_weights`) beside its export; `dpo:file` checkpoints as one
+PPO's ranks sample responses of different lengths (3 + 5 r tokens: every forward all-gathers, so
+generation must be synced). `dpo:lora` saves the LoRA merge (`merged_weights`) beside its export; `dpo:file` checkpoints as one
 consolidated file (`save_distributed_checkpoint: false`). Offline fits clip their gradients at a
 norm below the tiny model's (`ClipProbe` records the norms around Lightning's clipping). `--resume` jobs: the fit
 stopped after 2 steps is resumed from its checkpoint for a 3rd, and compared tensor by tensor
@@ -19,6 +20,7 @@ with 3 uninterrupted steps (`resume_equal`, the first differing names otherwise)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -74,7 +76,10 @@ def build(job: str, rollouts: int, **extra):
     L.seed_everything(1 + rank)
     batch = BATCH[method]
     overrides = {"total_episodes": batch * (2 if method == "grpo" else 1) * size * rollouts} if method in ONLINE else {}
-    return method, W.build_module(method, **overrides, **options, **extra)
+    module = W.build_module(method, **overrides, **options, **extra)
+    if method == "ppo":  # rank r samples 3 + 5 r tokens: the ranks stop generating at different steps
+        module.sampling = dataclasses.replace(module.sampling, max_new_tokens=3 + 5 * rank)
+    return method, module
 
 
 def loader(method: str, tokenizer) -> DataLoader:

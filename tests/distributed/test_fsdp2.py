@@ -2,7 +2,8 @@
 module sharded in `configure_model` (`lit_rlhf.training.sharding`), `configs/strategy/fsdp2.yaml`.
 
 - SFT (packed rows), DPO, PPO, GRPO and LoRA-DPO train: every trained parameter is a `DTensor`
-  shard, the frozen reference too, and the ranks end with the same weights (gradients reduced).
+  shard, the frozen reference too, and the ranks end with the same weights (gradients reduced);
+  PPO's ranks generate responses of different lengths (synced generation, as under ZeRO-3).
   The log-probs take the chunked path (the default), which reads the output layer outside the
   model's forward: it runs as the root's forward (`lit_rlhf.models.logprobs.as_root_forward`);
 - DPO and GRPO stopped after 2 optimizer steps resume from their checkpoint (a directory of
@@ -51,6 +52,9 @@ def test_sft_dpo_ppo_grpo_train_with_every_model_sharded(fsdp2_run):
             assert fsdp2_run[rank][method]["frozen_dtensor"] == ["ref_model"], (rank, method)
         for method in ("ppo", "grpo"):  # every forward all-gathers: the ranks generate in step
             assert fsdp2_run[rank][method]["synced"] == [True], (rank, method)
+    # PPO's ranks stopped generating at different steps: <= 3 tokens on rank 0, 4..8 on rank 1
+    rank0, rank1 = fsdp2_run[0]["ppo"]["lengths"], fsdp2_run[1]["ppo"]["lengths"]
+    assert rank0[0] <= 3 < rank1[0] <= 8, (rank0, rank1)
 
 
 def test_lora_policy_trains_sharded_and_merges_whole(fsdp2_run):
