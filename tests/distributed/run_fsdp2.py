@@ -10,7 +10,8 @@ were reduced), whether every trained parameter is a `DTensor` shard and the shar
 and, on rank 0, the policy's consolidated state (`sharding.full_state_dict`) next to what
 `gathered_parameters` (the vLLM sync's gather) returned: the test compares them with the export.
 PPO's ranks sample responses of different lengths (3 + 5 r tokens: every forward all-gathers, so
-generation must be synced). `dpo:lora` saves the LoRA merge (`merged_weights`) beside its export; `dpo:file` checkpoints as one
+generation must be synced). `dpo:lora` saves the LoRA merge (`merged_weights`) beside its export; `dpo:dense` takes the dense
+log-prob path (the reference the chunked path of `dpo` is compared with); `dpo:file` checkpoints as one
 consolidated file (`save_distributed_checkpoint: false`). Offline fits clip their gradients at a
 norm below the tiny model's (`ClipProbe` records the norms around Lightning's clipping). `--resume` jobs: the fit
 stopped after 2 steps is resumed from its checkpoint for a 3rd, and compared tensor by tensor
@@ -32,6 +33,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 from lit_rlhf.training import sharding  # noqa: E402
+from lit_rlhf.training.memory import Memory  # noqa: E402
 from tests.distributed import workloads as W  # noqa: E402
 from tests.distributed.run_methods import BATCH, LengthProbe, parse_job  # noqa: E402
 
@@ -44,6 +46,8 @@ def split_job(job: str) -> tuple[str, dict, str]:
     consolidated file (`save_distributed_checkpoint: false`)."""
     if job.endswith(":file"):
         return job.partition(":")[0], {}, "fsdp2_file"
+    if job.endswith(":dense"):  # the dense log-prob path, the reference of the chunked one
+        return job.partition(":")[0], {"memory": Memory(logprob_chunk_size=None)}, "fsdp2"
     return (*parse_job(job), "fsdp2")
 
 
@@ -140,6 +144,11 @@ def run_job(job: str, args, root: Path) -> dict:
     result = describe(module, trainer, record)
     if export:
         result["export_dir"] = export["export_dir"]
+    if job == "dpo:dense":
+        full = sharding.full_state_dict(module.policy)  # collective
+        if rank == 0:
+            torch.save({"full": full}, root / "dpo_dense_policy.pt")
+        return {**result, "policy_pt": str(root / "dpo_dense_policy.pt")}
     if job == "dpo:file":
         return {**result, "resume": resume(job, root, trainer, module)}  # a checkpoint file, resumed
     if job in ("dpo", "dpo:lora"):

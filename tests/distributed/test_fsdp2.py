@@ -57,6 +57,17 @@ def test_sft_dpo_ppo_grpo_train_with_every_model_sharded(fsdp2_run):
     assert rank0[0] <= 3 < rank1[0] <= 8, (rank0, rank1)
 
 
+def test_chunked_logprobs_train_as_the_dense_logits_do(fsdp2_run):
+    """The chunked path reads the embedding and the output layer outside the model's forward,
+    as the sharded root's forward: its 2 DPO steps land where the dense path's do (gradients of
+    the root's weights reduced like every other)."""
+    chunked = torch.load(fsdp2_run[0]["dpo"]["policy_pt"])["full"]
+    dense = torch.load(fsdp2_run[0]["dpo:dense"]["policy_pt"])["full"]
+    assert set(chunked) == set(dense)
+    for name in chunked:
+        torch.testing.assert_close(chunked[name], dense[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_lora_policy_trains_sharded_and_merges_whole(fsdp2_run):
     check_method_results(fsdp2_run, ("dpo:lora",), "ModelParallelStrategy")
     for rank in (0, 1):
@@ -114,3 +125,56 @@ def test_lightning_clips_the_sharded_gradients(fsdp2_run):
             clip = fsdp2_run[rank][job]["clip"]
             assert len(clip["before"]) == 2 and min(clip["before"]) > clip["value"], (rank, job, clip)
             assert clip["after"] == pytest.approx([clip["value"]] * 2, rel=1e-3), (rank, job, clip)
+
+
+# --------------------------------------------------------------------------------------------
+# in one process, without a fit
+# --------------------------------------------------------------------------------------------
+
+
+def test_data_parallel_size_auto_is_every_process():
+    """Lightning 2.6 resolves `data_parallel_size: auto` to the number of nodes (1 here): the
+    overlay's `auto` must become the world size before the mesh is built (`lit_rlhf.cli` calls
+    this on the Trainer it builds)."""
+    import lightning as L
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from lit_rlhf.training.sharding import resolve_data_parallel_size
+
+    strategy = ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, enable_checkpointing=False)
+    resolve_data_parallel_size(trainer)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (2, 1)
+
+
+def test_every_decoder_layer_is_a_unit_also_under_lora():
+    from lit_rlhf import models
+    from lit_rlhf.models import adapters
+    from lit_rlhf.training.sharding import decoder_layers, shard_root
+
+    tokenizer = models.load_tokenizer("tiny-random-llama")
+    model = models.load_causal_lm("tiny-random-llama", tokenizer, "float32")
+    layers = decoder_layers(model)
+    assert layers and [type(m).__name__ for m in layers] == ["LlamaDecoderLayer"] * model.config.num_hidden_layers
+    assert shard_root(model) is model
+    lora = adapters.add_lora(model, adapters.lora_config({"r": 4, "alpha": 8}), adapters.POLICY)
+    assert len(decoder_layers(lora)) == model.config.num_hidden_layers
+    assert shard_root(lora) is lora.get_base_model()  # generate() and the adapter's forward both enter it
+
+
+def test_a_value_adapter_on_the_policys_base_is_refused():
+    """PPO with LoRA: the value is an adapter on the policy's own base, whose forward runs the
+    base's decoder outside the policy's (sharded root's) forward."""
+    from types import SimpleNamespace
+
+    from lit_rlhf.modules import PPOModule
+    from lit_rlhf.rewards import CharacterFractionReward
+    from lit_rlhf.training.sharding import unsupported
+
+    mesh = {"tensor_parallel": SimpleNamespace(size=lambda: 1)}
+    trainer = SimpleNamespace(strategy=SimpleNamespace(device_mesh=mesh))
+    ppo = PPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward("abc")], lora={"r": 4, "alpha": 8})
+    problems = unsupported(ppo, trainer)
+    assert len(problems) == 1 and problems[0].startswith("value_model: an adapter on the policy's base"), problems
+    plain = PPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward("abc")])
+    assert unsupported(plain, trainer) == []
