@@ -37,6 +37,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lit_rlhf import console, hub, resume
 from lit_rlhf.cli_errors import OptionError, ProjectArgumentParser, TrainerSettingError, locate
 from lit_rlhf.preemption import PreemptionCheckpoint
+from lit_rlhf.training.sharding import resolve_data_parallel_size
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,11 @@ class RLHFCLI(LightningCLI):
         if self.more_default_callbacks is not None:
             extra += self.more_default_callbacks(trainer_config, listed + extra)
         try:
-            return super().instantiate_trainer(**{**kwargs, "callbacks": listed + extra})
+            trainer = super().instantiate_trainer(**{**kwargs, "callbacks": listed + extra})
         except MisconfigurationException as err:  # a refused value (max_steps: -5): one line, not a traceback
             raise TrainerSettingError(f"trainer: {err}") from err
+        resolve_data_parallel_size(trainer)  # FSDP2: `data_parallel_size: auto` is every process
+        return trainer
 
 
 def default_callbacks(trainer_config: dict[str, Any], listed: list[Callback] = (), *,

@@ -1,7 +1,7 @@
 """Export a trained module from a Lightning checkpoint in Hugging Face format.
 
     python -m lit_rlhf.export path/to/last.ckpt path/to/hf_dir
-    python -m lit_rlhf.export path/to/last.ckpt/ path/to/hf_dir    # a DeepSpeed checkpoint directory
+    python -m lit_rlhf.export path/to/last.ckpt/ path/to/hf_dir    # a DeepSpeed or FSDP2 checkpoint directory
 
 The module class is read from the checkpoint (every lit_rlhf module records it), the module is
 rebuilt from its saved init args and weights, and its `export_hf` writes what plain
@@ -13,6 +13,13 @@ Under DeepSpeed a checkpoint is a directory of ZeRO shards (`<name>.ckpt/latest`
 `lightning.pytorch.utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict` (pure file
 operations: one process, no GPU, no DeepSpeed engine), then exported as a regular checkpoint.
 Frozen models (reference, reward model) are not in it; they are rebuilt from their names.
+
+Under FSDP2 (`ModelParallelStrategy`, `configs/strategy/fsdp2.yaml`) a checkpoint is a directory
+of torch distributed-checkpoint shards (`<name>.ckpt/__<rank>_0.distcp`, `.metadata`) and
+Lightning's `meta.pt` (everything but the weights and optimizer states); it is consolidated into
+one Lightning checkpoint file the same way (`torch.distributed.checkpoint.format_utils.dcp_to_torch_save`:
+one process, no process group), then exported. With `save_distributed_checkpoint: false` the
+strategy writes one consolidated `.ckpt` file already.
 """
 
 from __future__ import annotations
@@ -51,15 +58,41 @@ def consolidate_deepspeed_checkpoint(ckpt_dir: str | Path, output_file: str | Pa
     return output_file
 
 
+def is_distributed_checkpoint(path: str | Path) -> bool:
+    """True for a sharded checkpoint directory as Lightning's ModelParallelStrategy (FSDP2) saves
+    it: torch distributed-checkpoint files (`.metadata`) and Lightning's `meta.pt`."""
+    path = Path(path)
+    return path.is_dir() and (path / ".metadata").is_file() and (path / "meta.pt").is_file()
+
+
+def consolidate_distributed_checkpoint(ckpt_dir: str | Path, output_file: str | Path) -> Path:
+    """Merge the FSDP2 shards of `ckpt_dir` into one Lightning checkpoint file: `meta.pt` with the
+    full `state_dict` (the optimizer states are left out: an export does not need them)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    ckpt_dir, output_file = Path(ckpt_dir), Path(output_file)
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    dcp_to_torch_save(ckpt_dir, output_file)
+    state = torch.load(output_file, map_location="cpu", weights_only=False)
+    checkpoint = torch.load(ckpt_dir / "meta.pt", map_location="cpu", weights_only=False)
+    checkpoint["state_dict"] = state["state_dict"]
+    torch.save(checkpoint, output_file)
+    return output_file
+
+
 def load_module(ckpt_path: str | Path, map_location: str = "cpu"):
-    """Rebuild the LightningModule saved in `ckpt_path`: a `.ckpt` file or a DeepSpeed directory."""
+    """Rebuild the LightningModule saved in `ckpt_path`: a `.ckpt` file, a DeepSpeed or an FSDP2
+    (distributed checkpoint) directory."""
     ckpt_path = Path(ckpt_path)
-    if is_deepspeed_checkpoint(ckpt_path):
-        with tempfile.TemporaryDirectory() as tmp:
-            return load_module(consolidate_deepspeed_checkpoint(ckpt_path, Path(tmp) / "consolidated.ckpt"), map_location)
+    for is_sharded, consolidate in ((is_deepspeed_checkpoint, consolidate_deepspeed_checkpoint),
+                                    (is_distributed_checkpoint, consolidate_distributed_checkpoint)):
+        if is_sharded(ckpt_path):
+            with tempfile.TemporaryDirectory() as tmp:
+                return load_module(consolidate(ckpt_path, Path(tmp) / "consolidated.ckpt"), map_location)
     if ckpt_path.is_dir():
         raise FileNotFoundError(
-            f"{ckpt_path} is a directory but not a DeepSpeed checkpoint (no 'latest' file, no '*/*model_states.pt')"
+            f"{ckpt_path} is a directory but not a DeepSpeed checkpoint (no 'latest' file, no '*/*model_states.pt') "
+            "nor a distributed (FSDP2) one (no '.metadata' and 'meta.pt')"
         )
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"checkpoint {ckpt_path} does not exist or is not a file")
@@ -76,7 +109,7 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a Lightning .ckpt file or DeepSpeed checkpoint directory written by a lit_rlhf module")
+    parser.add_argument("checkpoint", help="a Lightning .ckpt file, or a DeepSpeed or FSDP2 checkpoint directory, written by a lit_rlhf module")
     parser.add_argument("out_dir", help="directory to write the Hugging Face model and tokenizer to")
     args = parser.parse_args(argv)
     out = export_checkpoint(args.checkpoint, args.out_dir)

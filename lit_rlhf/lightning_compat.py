@@ -23,7 +23,7 @@ LIGHTNING_VERSION = "2.6"  # the version every function below was written agains
 __all__ = [
     "LIGHTNING_VERSION", "accumulating", "attached_trainer", "checkpoint_dir", "last_checkpoints_in_dir",
     "learning_rates", "logger_version_unset", "logger_writes_this_step", "replace_eval_mode_check",
-    "set_logger_version", "signal_handlers_restored_at_teardown", "stop_after_this_batch", "take_lightning_sigterm",
+    "set_logger_version", "set_model_parallel_sizes", "signal_handlers_restored_at_teardown", "stop_after_this_batch", "take_lightning_sigterm",
     "trust_checkpoint_instantiator", "uncount_stepped_batch",
 ]
 
@@ -187,6 +187,27 @@ def set_logger_version(logger: Any, version: int | str) -> None:
     Why private: the loggers take `version` only in their constructor; a logger the CLI already
     built is pointed at another version through `_version` (Lightning 2.6)."""
     logger._version = version
+
+
+# ----------------------------------------------------------------------------------------------
+# strategies
+# ----------------------------------------------------------------------------------------------
+
+
+def set_model_parallel_sizes(strategy: Any, world_size: int) -> None:
+    """Resolve a `ModelParallelStrategy`'s `data_parallel_size: auto` to `world_size` divided by
+    its tensor-parallel size (1 unless set), before `setup_environment` builds the device mesh;
+    sizes given as numbers are left alone.
+
+    Why private: Lightning 2.6 keeps the two sizes in `_data_parallel_size` and
+    `_tensor_parallel_size` and resolves `auto` only inside `setup_environment`, the data-parallel
+    one to the number of nodes; no public setter exists, and FSDP2 alone wants every process in
+    the data-parallel dimension (`lit_rlhf.training.sharding.resolve_data_parallel_size`)."""
+    if strategy._data_parallel_size != "auto":
+        return
+    tensor = 1 if strategy._tensor_parallel_size == "auto" else int(strategy._tensor_parallel_size)
+    strategy._tensor_parallel_size = tensor
+    strategy._data_parallel_size = max(1, world_size // tensor)
 
 
 # ----------------------------------------------------------------------------------------------

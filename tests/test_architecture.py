@@ -169,7 +169,7 @@ OTHER_LIBRARIES = {
     "_replace", "_asdict", "_fields", "_make",  # NamedTuple's public API
     "_apply", "_non_persistent_buffers_set", "_foreach_mul_",  # torch
     "_active_adapter", "_disable_adapters",  # peft layers
-    "_attn_implementation",  # transformers configs
+    "_attn_implementation", "_no_split_modules",  # transformers configs and models
     "_fingerprint",  # datasets
     "_actions",  # argparse
 }

@@ -264,3 +264,28 @@ def test_write_metrics_at(tmp_path):
     connector.log_metrics({"loss": 1.0})
     connector.log_metrics({"loss": 2.0, "step": 5})
     assert written == [({"epoch": trainer.current_epoch, "loss": 1.0}, 41), ({"loss": 2.0, "step": 5}, None)]
+
+
+class _MeshProbe(BoringModel):
+    def configure_model(self):
+        self.mesh_shape = tuple(self.device_mesh.shape)
+
+
+def test_set_model_parallel_sizes_sets_the_sizes_the_mesh_is_built_from(tmp_path):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size="auto")
+    compat.set_model_parallel_sizes(strategy, world_size=4)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (4, 1)
+    # Lightning builds its mesh from them: 4 x 1 in a 1-process world is refused ...
+    with pytest.raises(RuntimeError, match="should equal the world size"):
+        tiny_trainer(tmp_path, max_steps=1, devices=1, strategy=strategy).fit(_MeshProbe())
+    # ... 1 x 1 is the mesh the module sees
+    strategy = ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+    compat.set_model_parallel_sizes(strategy, world_size=1)
+    module = _MeshProbe()
+    tiny_trainer(tmp_path, max_steps=1, devices=1, strategy=strategy).fit(module)
+    assert module.mesh_shape == (1, 1)
+    fixed = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+    compat.set_model_parallel_sizes(fixed, world_size=4)
+    assert fixed._data_parallel_size == 2  # a number is left alone

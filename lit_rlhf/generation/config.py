@@ -79,14 +79,16 @@ def finish_responses(responses: Tensor, max_new_tokens: int, eos_token_id: int,
 
 
 def needs_synced_gpus(trainer) -> bool:
-    """True when the strategy shards parameters across ranks (DeepSpeed ZeRO-3, FSDP)."""
+    """True when the strategy shards parameters across ranks (DeepSpeed ZeRO-3, FSDP, FSDP2)."""
     if trainer is None or trainer.world_size <= 1:
         return False
     strategy = trainer.strategy
     zero_stage = getattr(strategy, "config", None) or {}
     if isinstance(zero_stage, dict) and zero_stage.get("zero_optimization", {}).get("stage", 0) == 3:
         return True
-    return type(strategy).__name__.startswith("FSDP")
+    from lightning.pytorch.strategies import ModelParallelStrategy  # FSDP2 (lit_rlhf.training.sharding)
+
+    return type(strategy).__name__.startswith("FSDP") or isinstance(strategy, ModelParallelStrategy)
 
 
 def decode_responses(tokenizer, response_ids: Tensor, response_mask: Tensor) -> list[str]:

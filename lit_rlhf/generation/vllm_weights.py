@@ -21,7 +21,8 @@ one `modules_to_save` module is accepted, and the engine would be a second code 
 full-weight one; the merged engine samples at the base model's cost through the path full
 fine-tuning uses. Which is faster on a GPU (smaller syncs or cheaper decoding) is not measured.
 Under DeepSpeed ZeRO-3 each LoRA layer is gathered before it is merged (written for ZeRO-3, not
-tested on GPUs).
+tested on GPUs); under FSDP2 (`lit_rlhf.training.sharding`) each parameter is gathered with
+`DTensor.full_tensor()`, and a LoRA model's units are unsharded while it is merged.
 """
 
 from __future__ import annotations
@@ -39,13 +40,18 @@ from lit_rlhf.models import adapters, merging
 
 def gathered_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """(name, full tensor) for every parameter and buffer of `model`, in Hugging Face names;
-    a DeepSpeed ZeRO-3 parameter is gathered (one at a time) before it is handed out."""
+    a DeepSpeed ZeRO-3 parameter is gathered (one at a time) before it is handed out, an FSDP2
+    shard (a `DTensor`) too (`full_tensor()`). Both are collectives: every rank iterates."""
+    from torch.distributed.tensor import DTensor
+
     for name, param in model.named_parameters():
         if hasattr(param, "ds_id"):  # ZeRO-3 shard
             import deepspeed
 
             with deepspeed.zero.GatheredParameters([param]):
                 yield name, param.data.detach().clone()
+        elif isinstance(param, DTensor):  # FSDP2 shard
+            yield name, param.detach().full_tensor()
         else:
             yield name, param.detach()
     for name, buf in model.named_buffers():

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf.models import adapters
-from lit_rlhf.models.logprobs import chunked_layers, forward_hidden, forward_logits
+from lit_rlhf.models.logprobs import chunked_layers, forward_hidden, forward_logits, sharded_root
 from lit_rlhf.ops import apply_temperature
 
 # a probe whose token ids both tokenizers must agree on: words, digits, punctuation, accents, a
@@ -57,14 +57,14 @@ def response_hidden(model: nn.Module | Any, prompt_ids: Tensor, prompt_mask: Ten
     """(the last hidden states (N, R, H) that predict each response token, the output layer) for
     `chunked_gkd_loss`, or None where the chunked path does not reproduce the model's logits
     (`chunked_layers`) or the layer's weight is partitioned across ranks (DeepSpeed ZeRO-3: it
-    exists whole only inside the layer's own forward); differentiable unless called under
-    `torch.no_grad()`; an `AdapterView` runs its base with its adapter (or none)."""
+    exists whole only inside the layer's own forward; FSDP2: only inside its root's forward);
+    differentiable unless called under `torch.no_grad()`; an `AdapterView` runs its base with its adapter (or none)."""
     width = response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
     attention = torch.cat([prompt_mask.bool(), response_mask.bool()], dim=1)
     with adapters.activated(model) as module:
         layers = chunked_layers(module, input_ids)
-        if layers is None or hasattr(layers[1].weight, "ds_id"):
+        if layers is None or hasattr(layers[1].weight, "ds_id") or sharded_root(module) is not None:
             return None
         decoder, head = layers
         return forward_hidden(decoder, input_ids, attention)[:, -(width + 1):-1], head

@@ -80,6 +80,36 @@ def forward_hidden(decoder: nn.Module, input_ids: Tensor, attention_mask: Tensor
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
+def sharded_root(model: nn.Module) -> nn.Module | None:
+    """The outermost FSDP2 unit of `model` (`torch.distributed.fsdp.fully_shard`; the transformers
+    model inside a `peft` wrapper), or None when nothing in it is sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next((m for m in model.modules() if isinstance(m, FSDPModule)), None)
+
+
+def as_root_forward(model: nn.Module, fn, *args):
+    """`fn(*args)`, run as the forward of `model`'s FSDP2 root when it has one.
+
+    The chunked path calls the decoder and the output layer itself. Under FSDP2 the embedding,
+    the final norm and the output layer belong to the root's unit, gathered only around the root's
+    forward, whose hooks also reduce their gradients after the backward pass: so the computation
+    runs as that forward (its `__call__` with `fn` in place of `forward`), as `output_layer_logps`
+    does for the output layer under ZeRO-3. Without a sharded root: `fn(*args)`."""
+    root = sharded_root(model)
+    if root is None:
+        return fn(*args)
+    own = root.__dict__.get("forward")
+    root.forward = fn
+    try:
+        return root(*args)
+    finally:
+        if own is None:
+            del root.forward
+        else:
+            root.forward = own
+
+
 @torch.no_grad()
 def _probe(model: nn.Module, decoder: nn.Module, head: nn.Linear, input_ids: Tensor) -> str | None:
     """Compare the model's logits with `head(decoder(...))` on a few tokens: catches a final
@@ -87,7 +117,7 @@ def _probe(model: nn.Module, decoder: nn.Module, head: nn.Linear, input_ids: Ten
     ids = input_ids[:1, :8]
     mask = torch.ones_like(ids)
     full = forward_logits(model, ids, mask).float()
-    mine = head(forward_hidden(decoder, ids, mask)).float()
+    mine = as_root_forward(model, lambda i, m: head(forward_hidden(decoder, i, m)), ids, mask).float()
     if torch.allclose(mine, full, rtol=1e-3, atol=1e-3):
         return None
     return f"its logits differ from the output layer applied to the decoder's last hidden state (max {float((mine - full).abs().max()):.3g})"
@@ -156,8 +186,12 @@ def per_token_logps(
         scored = loss_mask.bool()[:, 1:]  # column t scores token t from position t - 1; column 0 never
         if not bool(scored.any()):
             return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-        hidden = forward_hidden(decoder, input_ids, attention_mask)  # (B, T, H)
-        logps = output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored, temperature, chunk_size)
+
+        def chunked(input_ids: Tensor, attention_mask: Tensor, scored: Tensor) -> Tensor:
+            hidden = forward_hidden(decoder, input_ids, attention_mask)  # (B, T, H)
+            return output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored, temperature, chunk_size)
+
+        logps = as_root_forward(model, chunked, input_ids, attention_mask, scored)  # (B, T - 1)
         return F.pad(logps, (1, 0), value=0.0)
     scored_columns = loss_mask.any(dim=0).nonzero()
     if scored_columns.numel() == 0:
@@ -189,12 +223,16 @@ def response_logps(
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         decoder, head = layers
-        hidden = forward_hidden(decoder, input_ids, attention_mask)  # (B, T, H)
         scored = attention_mask.bool()[:, -response_length:]  # (B, R)
         if not bool(scored.any()):
             return torch.zeros(scored.shape, dtype=torch.float32, device=input_ids.device)
-        context = hidden[:, -(response_length + 1):-1]  # position t - 1 predicts token t
-        return output_layer_logps(head, context, input_ids[:, -response_length:], scored, temperature, chunk_size)
+
+        def chunked(input_ids: Tensor, attention_mask: Tensor, scored: Tensor) -> Tensor:
+            hidden = forward_hidden(decoder, input_ids, attention_mask)  # (B, T, H)
+            context = hidden[:, -(response_length + 1):-1]  # position t - 1 predicts token t
+            return output_layer_logps(head, context, input_ids[:, -response_length:], scored, temperature, chunk_size)
+
+        return as_root_forward(model, chunked, input_ids, attention_mask, scored)  # (B, R)
     logits = forward_logits(model, input_ids, attention_mask, logits_to_keep=response_length + 1)
     logps = token_logps_from_logits(logits, input_ids[:, -(response_length + 1):], temperature)
     return logps[:, 1:]

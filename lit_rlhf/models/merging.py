@@ -9,7 +9,7 @@ those need sending again after the first load.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
 import torch
@@ -26,6 +26,23 @@ def _gathered(params: list[Tensor]):
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(sharded)
+
+
+@contextmanager
+def _unsharded(model: nn.Module):
+    """Every FSDP2 unit of `model` unsharded for the block inside (its modules then hold plain,
+    whole tensors in the units' compute dtype: one full copy per rank), resharded after; a no-op
+    for a model FSDP2 did not shard. A collective: every rank enters it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+    try:
+        yield bool(units)
+    finally:
+        for unit in units:
+            unit.reshard()
 
 
 def _inner_model(model: nn.Module) -> nn.Module:
@@ -70,7 +87,8 @@ def merged_weights(model: nn.Module, adapter: str, modules: set[str] | None = No
     where it has one; a module `adapter` trains in full (`modules_to_save`) gives its trained
     copy; every other tensor is the base's own (not copied). Other adapters are ignored. Nothing
     of `model` is modified. Under DeepSpeed ZeRO-3 each layer is gathered (and its tensors
-    copied) before it is handed out.
+    copied) before it is handed out; under FSDP2 every unit is unsharded while the weights are
+    handed out (copies, as the units reshard after).
 
     `modules`: only the tensors of these modules (Hugging Face module names) and their submodules.
     """
@@ -133,4 +151,6 @@ def merged_weights(model: nn.Module, adapter: str, modules: set[str] | None = No
         for name, child in module.named_children():
             yield from walk(child, f"{prefix}{name}.", take)
 
-    yield from walk(_inner_model(model), "", modules is None)
+    with _unsharded(model) as sharded:
+        for name, tensor in walk(_inner_model(model), "", modules is None):
+            yield name, tensor.clone() if sharded else tensor

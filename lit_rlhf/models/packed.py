@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN, boundaries_from_positions, boundaries_given
-from lit_rlhf.models.logprobs import chunked_layers, output_layer_logps
+from lit_rlhf.models.logprobs import as_root_forward, chunked_layers, output_layer_logps
 from lit_rlhf.ops.logprobs import token_logps_from_logits
 
 log = logging.getLogger(__name__)
@@ -112,9 +112,13 @@ def packed_token_logps(
     layers = chunked_layers(model, input_ids) if chunk_size else None
     if layers is not None:
         decoder, head = layers
-        out = _packed_forward(decoder, input_ids, position_ids)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # (R, L, H)
-        logps = output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored[:, 1:], temperature, chunk_size)
+
+        def chunked(input_ids: Tensor, position_ids: Tensor, scored: Tensor) -> Tensor:  # as the FSDP2 root's forward
+            out = _packed_forward(decoder, input_ids, position_ids)
+            hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # (R, L, H)
+            return output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored[:, 1:], temperature, chunk_size)
+
+        logps = as_root_forward(model, chunked, input_ids, position_ids, scored)
         return F.pad(logps, (1, 0), value=0.0)
     logits = _packed_forward(model, input_ids, position_ids).logits
     logps = token_logps_from_logits(logits, input_ids, temperature)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN
-from lit_rlhf.models.logprobs import chunked_layers, output_layer_logps, per_token_logps
+from lit_rlhf.models.logprobs import as_root_forward, chunked_layers, output_layer_logps, per_token_logps
 from lit_rlhf.ops.logprobs import apply_temperature, selective_log_softmax
 from lit_rlhf.ops.rl import last_true_index
 from lit_rlhf.ops.shared_prompt import build_layout, longest, shares_anything
@@ -105,9 +105,13 @@ def shared_per_token_logps(
     layers = chunked_layers(model, input_ids) if chunk_size else None
     if layers is not None:
         decoder, head = layers
-        hidden = layout_hidden(decoder, layout)[where]  # (S, H)
-        ones = torch.ones((1, where.shape[0]), dtype=torch.bool, device=where.device)
-        picked = output_layer_logps(head, hidden[None], targets[None], ones, temperature, chunk_size)[0]  # (S,)
+
+        def chunked(where: Tensor, targets: Tensor) -> Tensor:  # as the FSDP2 root's forward, if sharded
+            hidden = layout_hidden(decoder, layout)[where]  # (S, H)
+            ones = torch.ones((1, where.shape[0]), dtype=torch.bool, device=where.device)
+            return output_layer_logps(head, hidden[None], targets[None], ones, temperature, chunk_size)[0]  # (S,)
+
+        picked = as_root_forward(model, chunked, where, targets)
     else:  # the logits from the first context position of any packed row on (`logits_to_keep`)
         length = layout.input_ids.shape[1]
         first = int((where % length).min())
@@ -143,8 +147,12 @@ def shared_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Te
     shared-prompt layout: the same values as `model.score(input_ids, attention_mask)`."""
     layout = build_layout(input_ids, attention_mask, sharing)
     last = layout.token_index.gather(1, last_true_index(attention_mask.bool())[:, None]).squeeze(1)  # (N,)
-    hidden = layout_hidden(model.backbone, layout)[last]  # (N, H)
-    return model.head(hidden.to(model.head.weight.dtype)).squeeze(-1)
+
+    def scores(last: Tensor) -> Tensor:  # as the FSDP2 root's forward, if sharded (`as_root_forward`)
+        hidden = layout_hidden(model.backbone, layout)[last]  # (N, H)
+        return model.head(hidden.to(model.head.weight.dtype)).squeeze(-1)
+
+    return as_root_forward(model, scores, last)
 
 
 def grouped_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, sharing: PromptSharing | None) -> Tensor:

@@ -35,7 +35,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from lit_rlhf import checks, host_memory, models, resume, rng
-from lit_rlhf.training import guard
+from lit_rlhf.training import guard, sharding
 from lit_rlhf.training.guard import NonFiniteError  # noqa: F401  (imported from here)
 from lit_rlhf.lightning_compat import attached_trainer, replace_eval_mode_check, trust_checkpoint_instantiator
 from lit_rlhf.training.in_backward import startup_problems
@@ -215,6 +215,11 @@ class TrainingModule(StepLoggingMixin, LightningModule):
             install_atomic_checkpoint_io(self.trainer)
             allow_hparam_globals(self.hparams)  # resume from our own checkpoints with weights_only loading
 
+    def configure_model(self) -> None:
+        """Under Lightning's `ModelParallelStrategy`: FSDP2 on every model of this module
+        (`lit_rlhf.training.sharding`); nothing under any other strategy."""
+        sharding.shard_module(self)
+
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
         """The start-up problems of this module's own settings, one message each (`lit_rlhf.checks`
         raises them with the others). Here: `optimizer_in_backward` against what needs all
@@ -318,5 +323,7 @@ class TrainingModule(StepLoggingMixin, LightningModule):
         if attached_trainer(self) is not None and self.trainer.is_global_zero:  # one line: why the run stopped
             log.warning("run stopped: %s", stop_reason(self.trainer, self, getattr(self, "_resumed_from_step", None)))
         export_dir = self.export_dir
-        if export_dir and self.trainer.is_global_zero:
+        if export_dir and sharding.is_sharded(self):  # every rank gathers, rank 0 writes
+            sharding.export_sharded(self, export_dir)
+        elif export_dir and self.trainer.is_global_zero:
             self.export_hf(export_dir)

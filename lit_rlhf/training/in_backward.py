@@ -220,7 +220,7 @@ def startup_problems(trainer: Any, module: Any, dm: Any) -> list[str]:
     """What `optimizer_in_backward` cannot do exactly: each parameter is stepped as its gradient
     completes in the (one) backward pass, so nothing may need all gradients, or a later one.
     One message per problem (`lit_rlhf.checks` raises them together at start-up)."""
-    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
     if not getattr(module, "optimizer_in_backward", False):
         return []
@@ -240,7 +240,7 @@ def startup_problems(trainer: Any, module: Any, dm: Any) -> list[str]:
     if isinstance(strategy, DeepSpeedStrategy):
         problems.append(f"{why}, but the DeepSpeed engine owns the gradients and the step: set "
                         "optimizer_in_backward: false under DeepSpeed")
-    elif isinstance(strategy, FSDPStrategy):
+    elif isinstance(strategy, (FSDPStrategy, ModelParallelStrategy)):
         problems.append(f"{why}, but FSDP shards the gradients after the backward: set optimizer_in_backward: false")
     elif int(getattr(trainer, "world_size", 1) or 1) > 1:
         problems.append(f"{why}, before data parallelism averages it over the {trainer.world_size} processes: "

@@ -50,3 +50,16 @@ def zero3_run(tmp_path_factory) -> list[dict]:
     jobs = DEEPSPEED_METHODS + ("grpo:whole",) + lora_jobs("zero3")
     return _run("zero3", tmp_path_factory, jobs, "--uneven_lengths", "--checkpoint", "dpo,dpo:lora",
                 "--grad_probe", timeout=1200)
+
+
+FSDP2_JOBS = ("sft", "dpo", "ppo", "grpo", "dpo:lora", "dpo:file", "dpo:dense")
+
+
+@pytest.fixture(scope="session")
+def fsdp2_run(tmp_path_factory) -> list[dict]:
+    """FSDP2 (ModelParallelStrategy): SFT, DPO, PPO, GRPO and LoRA-DPO; DPO (sharded and
+    consolidated checkpoints) and GRPO stopped, resumed and compared with straight runs; exports,
+    weight gathers, gradient clipping (run_fsdp2.py)."""
+    out = tmp_path_factory.mktemp("fsdp2")
+    script = Path(__file__).with_name("run_fsdp2.py")
+    return launch(script, ["--jobs", ",".join(FSDP2_JOBS), "--resume", "dpo,grpo,dpo:file"], 2, out, timeout=600)

@@ -2,7 +2,7 @@
 
 Data are short hand-made strings through the real collators (no dataset loading: the CPU is
 shared and every second counts); the models are `tiny-random-llama`. The strategies are the
-ones of configs/strategy, on CPU with gloo: `ddp`, and DeepSpeed `zero2` / `zero3` through the
+ones of configs/strategy, on CPU with gloo: `ddp`, `fsdp2` (ModelParallelStrategy), and DeepSpeed `zero2` / `zero3` through the
 test-only `CPUDeepSpeedStrategy` (with `stage3_param_persistence_threshold: 0`, so even the
 tiny model's small tensors are really partitioned).
 """
@@ -118,6 +118,12 @@ def make_strategy(name: str):
         strategy = CPUDeepSpeedStrategy(stage=int(name[-1]), process_group_backend="gloo", exclude_frozen_parameters=True)
         strategy.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
         return strategy
+    if name in ("fsdp2", "fsdp2_file"):  # configs/strategy/fsdp2.yaml on CPU (lit_rlhf.training.sharding)
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        # fsdp2_file: checkpoints as one consolidated file written by rank 0
+        return ModelParallelStrategy(data_parallel_size=world()[1], tensor_parallel_size=1, process_group_backend="gloo",
+                                     save_distributed_checkpoint=name == "fsdp2")
     if name == "single":
         return "auto"
     raise ValueError(f"unknown strategy {name!r}")
@@ -150,8 +156,11 @@ def trained_parameters(module) -> list[torch.nn.Parameter]:
 
 
 def fingerprint(module, zero3: bool = False) -> float:
-    """Sum of every trainable parameter (float64); gathers the ZeRO-3 partitions first (collective)."""
-    params = trained_parameters(module)
+    """Sum of every trainable parameter (float64); gathers the ZeRO-3 partitions and FSDP2 shards
+    first (collectives)."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p.full_tensor() if isinstance(p, DTensor) else p for p in trained_parameters(module)]
     if zero3:
         import deepspeed
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy
 
 from lit_rlhf.training.memory import Memory
 from lit_rlhf import checks
@@ -232,6 +232,7 @@ def sft_in_backward():
     ({"accumulate_grad_batches": 2}, "trainer.accumulate_grad_batches=2"),
     ({"world_size": 2}, "the 2 processes"),
     ({"strategy": DeepSpeedStrategy(stage=2)}, "DeepSpeed"),
+    ({"strategy": ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)}, "FSDP shards"),  # FSDP2
     ({"precision": "16-mixed", "precision_plugin": SimpleNamespace(scaler=object())}, "GradScaler"),
 ])
 def test_refused_trainer_settings(sft_in_backward, overrides, named):
