@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,9 @@ def worker(ns: argparse.Namespace) -> dict[str, Any]:
     cfg = common.BenchConfig(model=ns.model, batch_size=2 if ns.dry_run else 8, prompt_length=ns.prompt_length,
                              completion_length=ns.completion_length, warmup=1 if ns.dry_run else 2, steps=1 if ns.dry_run else 5)
     common.setup_worker(cfg)
+    started = time.perf_counter()
     module = SFTModule(model=cfg.model, lr=LR, lr_scheduler="cosine")
+    built = time.perf_counter()
     batches = [sft_batch(rows) for rows in common.step_rows(cfg, module.tokenizer)]
     timer = common.StepTimer()
     trainer = Trainer(accelerator="gpu" if gpu else "cpu", devices=1, precision="bf16-mixed" if gpu else "32-true",
@@ -83,6 +86,8 @@ def worker(ns: argparse.Namespace) -> dict[str, Any]:
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       num_sanity_val_steps=0, limit_val_batches=0, callbacks=[timer])
     loader = DataLoader(batches, batch_size=None, shuffle=False, collate_fn=lambda item: item)
+    first_step = []
+    timer.on_train_batch_start = lambda *a, _start=timer.on_train_batch_start: (first_step or first_step.append(time.perf_counter()), _start(*a))
     trainer.fit(module, train_dataloaders=loader)
     steps = timer.times[cfg.warmup:]
     config = module.policy.config
@@ -94,6 +99,8 @@ def worker(ns: argparse.Namespace) -> dict[str, Any]:
     return {"strategy": ns.strategy, "status": "ok", "strategy_class": type(trainer.strategy).__name__,
             "step_s": {"median": median, "min": min(steps), "max": max(steps), "n": len(steps)},
             "tokens_per_s": tokens / median, "batch_size": cfg.batch_size, "shape": shape.to_dict(),
+            # set-up: the module's construction (model loading), then fit's start to the first step
+            "module_init_s": built - started, "fit_setup_s": first_step[0] - built if first_step else None,
             "peak_gpu_mib": round(max(common.StepPeaks.cuda_peaks), 1) if common.StepPeaks.cuda_peaks else None}
 
 
