@@ -16,7 +16,9 @@ The README and the pages under `docs/` hold generated blocks between `<!-- resul
   `scripts/run_recipes.py`, which runs each quickstart recipe as a new user would), and
   `recipe-NAME` one recipe's row of it, for its method's page;
 - `verifiable_math`: the verifiable-reward example's before/after table, from
-  `examples/results/verifiable_math/results.json` (written by `examples/verifiable_math.py`).
+  `examples/results/verifiable_math/results.json` (written by `examples/verifiable_math.py`);
+- `envs`: the environment recipes' held-out comparisons, from `results/envs/*.json` (written by
+  `python -m lit_rlhf.apps.compare_env_policies`).
 
 Every block is shown somewhere, and nothing in a block is typed by hand, so no page can drift from
 what the code measured (`tests/test_readme_results.py` runs `--check`).
@@ -208,6 +210,30 @@ def verifiable_math_block(result: dict[str, Any]) -> str:
                       f"{result['rise']:+.3f} | [{low:+.3f}, {high:+.3f}] |"])
 
 
+# the environment recipes' held-out comparisons (`python -m lit_rlhf.apps.compare_env_policies`): file -> what
+# was compared
+ENV_FILES = {"results/envs/arithmetic_calculator_sft.json": "SmolLM2 -> SFT on 64 demonstrations",
+             "results/envs/arithmetic_calculator_grpo.json": "cold start (8 demonstrations) -> GRPO"}
+
+
+def envs_block(results: dict[str, dict[str, Any]]) -> str:
+    """Accuracy and working tool calls before and after, paired, per compared pair of policies."""
+    lines = ["| Policies (before -> after) | n | Accuracy before -> after | Paired difference, 95% CI | Sign test (+/-) "
+             "| Episodes with a working call | Measured |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for path, label in ENV_FILES.items():
+        if path not in results:
+            continue
+        r = results[path]
+        d, sign = r["rewards"]["MathAnswerReward"]["difference"], r["rewards"]["MathAnswerReward"]["sign_test"]
+        calls = r["tool_use"]["episodes_with_a_working_call"]
+        lines.append(f"| {label} (`{path}`) | {d['n']} | {d['mean_before']:.2f} -> {d['mean_after']:.2f} | "
+                     f"{d['mean_diff']:+.2f} [{d['ci_low']:.2f}, {d['ci_high']:.2f}] | {sign['positive']} / "
+                     f"{sign['negative']} | {calls['before']['rate']:.2f} -> {calls['after']['rate']:.2f} | "
+                     f"{r['created'][:10]}, load {r['machine']['load_average_1_5_15'][0]} |")
+    return "\n".join(lines)
+
+
 def load(pattern: str) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(ROOT.glob(pattern))]
 
@@ -223,6 +249,7 @@ BLOCKS = {
     **{f"recipe-{name}": (lambda name=name: recipes_block(load("results/recipes/*.json"), only=name))
        for name in RECIPES},
     "verifiable_math": lambda: verifiable_math_block(json.loads((ROOT / VERIFIABLE_MATH).read_text())),
+    "envs": lambda: envs_block({p: json.loads((ROOT / p).read_text()) for p in ENV_FILES if (ROOT / p).is_file()}),
 }
 
 
