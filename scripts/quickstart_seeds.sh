@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job over several seeds, each result kept for the README:
+# The main job over several seeds, each result kept for the README and docs/getting-started.md:
 #
 #   bash scripts/quickstart_seeds.sh 6 7         # default: 1 2 3 4 5
 #
@@ -7,7 +7,7 @@
 # its results.json is copied to results/quickstart/seedSEED.json; the golds of their saved answers,
 # beside the trivial answers and pooled over the seeds, go to results/quickstart/golds/seedsFIRST-LAST.json
 # (`python -m lit_rlhf.apps.compare_policies --rescore`); then `python scripts/render_results.py`
-# rewrites the README's figures from those files.
+# rewrites the figures of the README and the docs pages from those files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p results/quickstart

@@ -1,19 +1,27 @@
-"""Render the README's measured figures from the committed result files, or check that they match.
+"""Render the measured figures of the README and the documentation pages from the committed
+result files, or check that they match.
 
-    python scripts/render_results.py            # rewrite the README's generated blocks
-    python scripts/render_results.py --check    # exit 1 when the README differs from the files
+    python scripts/render_results.py            # rewrite the generated blocks of every page
+    python scripts/render_results.py --check    # exit 1 when a page differs from the files
 
-The README holds generated blocks between `<!-- results:NAME -->` and `<!-- /results:NAME -->`:
+The README and the pages under `docs/` hold generated blocks between `<!-- results:NAME -->` and
+`<!-- /results:NAME -->`:
 
 - `quickstart`: the main job, from `results/quickstart/seed*.json` (written by
   `scripts/quickstart_report.py`; `scripts/quickstart_seeds.sh` reruns every seed) and the golds
   of their saved answers beside the trivial answers, `results/quickstart/golds/*.json` (written by
-  `python -m lit_rlhf.apps.compare_policies --rescore`);
+  `python -m lit_rlhf.apps.compare_policies --rescore`); `quickstart-clean` is its first table
+  alone (the seeds run after the last choice), for the README;
 - `recipes`: the per-method table, from `results/recipes/*.json` (written by
-  `scripts/run_recipes.py`, which runs each quickstart recipe as a new user would).
+  `scripts/run_recipes.py`, which runs each quickstart recipe as a new user would), and
+  `recipe-NAME` one recipe's row of it, for its method's page;
+- `verifiable_math`: the verifiable-reward example's before/after table, from
+  `examples/results/verifiable_math/results.json` (written by `examples/verifiable_math.py`);
+- `envs`: the environment recipes' held-out comparisons, from `results/envs/*.json` (written by
+  `python -m lit_rlhf.apps.compare_env_policies`).
 
-Nothing in those blocks is typed by hand, so the README cannot drift from what the code measured
-(`tests/test_readme_results.py` runs `--check`).
+Every block is shown somewhere, and nothing in a block is typed by hand, so no page can drift from
+what the code measured (`tests/test_readme_results.py` runs `--check`).
 """
 
 from __future__ import annotations
@@ -82,6 +90,23 @@ def _seeds(golds: dict[str, Any]) -> str:
     return ", ".join(str(i["seed"]) for i in golds["inputs"])
 
 
+def golds_section(path: str, kind: str, g: dict[str, Any]) -> list[str]:
+    """One gold file's heading line and table."""
+    n = g["answerers"]["trained"]["f1"]
+    head = (f"**Seeds {_seeds(g)}: {kind}**" if kind == "clean" else f"Seeds {_seeds(g)} ({kind})")
+    return [f"{head}: golds of the saved answers (`{path}`), means over {n['num_seeds']} seeds x "
+            f"{n['num_prompts']} held-out posts with 95% hierarchical bootstrap intervals (seeds, then posts; "
+            "the baselines are one answer per post):", "", *golds_table(g)]
+
+
+def quickstart_clean_block(golds: dict[str, dict[str, Any]]) -> str:
+    """The clean seeds' table alone (the README's summary of the main job)."""
+    for path, kind in GOLD_FILES.items():
+        if kind == "clean" and path in golds:
+            return "\n".join(golds_section(path, kind, golds[path]))
+    return "No clean quickstart result is committed yet."
+
+
 def quickstart_block(results: list[dict[str, Any]], golds: dict[str, dict[str, Any]] | None = None) -> str:
     if not results:
         return "No quickstart result is committed yet."
@@ -90,14 +115,8 @@ def quickstart_block(results: list[dict[str, Any]], golds: dict[str, dict[str, A
     shipped = by_seed.get(SHIPPED_SEED, results[0])
     lines: list[str] = []
     for path, kind in GOLD_FILES.items():
-        if path not in golds:
-            continue
-        g = golds[path]
-        n = g["answerers"]["trained"]["f1"]
-        head = (f"**Seeds {_seeds(g)}: {kind}**" if kind == "clean" else f"Seeds {_seeds(g)} ({kind})")
-        lines += [f"{head}: golds of the saved answers (`{path}`), means over {n['num_seeds']} seeds x "
-                  f"{n['num_prompts']} held-out posts with 95% hierarchical bootstrap intervals (seeds, then posts; "
-                  "the baselines are one answer per post):", "", *golds_table(g), ""]
+        if path in golds:
+            lines += [*golds_section(path, kind, golds[path]), ""]
     rm = shipped["reward_model"]
     acc = rm["accuracy"]
     agree = rm.get("agreement_with_gold")
@@ -160,11 +179,14 @@ RECIPES = {
 }
 
 
-def recipes_block(results: list[dict[str, Any]]) -> str:
+def recipes_block(results: list[dict[str, Any]], only: str | None = None) -> str:
+    """The quickstart recipes' table; `only`: that recipe's row alone (under the same header)."""
     by_config = {r["config"]: r for r in results}
     lines = ["| Method | Command | Needs first | Time (2 cores) | Result (first -> last validation) | Measured |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name, (label, needs, _) in RECIPES.items():
+        if only is not None and name != only:
+            continue
         config = f"configs/quickstart/{name}.yaml"
         command = f"| {label} | `python main.py fit --config {config}` | {f'the {needs} recipe' if needs else '-'} | "
         r = by_config.get(config)
@@ -176,44 +198,112 @@ def recipes_block(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+VERIFIABLE_MATH = "examples/results/verifiable_math/results.json"
+
+
+def verifiable_math_block(result: dict[str, Any]) -> str:
+    """The example's greedy accuracy before and after training, with the paired rise's interval."""
+    low, high = result["rise_95ci"]
+    return "\n".join(["| split | n | greedy accuracy before | after | rise | 95% interval of the rise |",
+                      "| --- | --- | --- | --- | --- | --- |",
+                      f"| test (held out) | {result['n']} | {result['before']:.3f} | {result['after']:.3f} | "
+                      f"{result['rise']:+.3f} | [{low:+.3f}, {high:+.3f}] |"])
+
+
+# the environment recipes' held-out comparisons (`python -m lit_rlhf.apps.compare_env_policies`): file -> what
+# was compared
+ENV_FILES = {"results/envs/arithmetic_calculator_sft.json": "SmolLM2 -> SFT on 64 demonstrations",
+             "results/envs/arithmetic_calculator_grpo.json": "cold start (8 demonstrations) -> GRPO"}
+
+
+def envs_block(results: dict[str, dict[str, Any]]) -> str:
+    """Accuracy and working tool calls before and after, paired, per compared pair of policies."""
+    lines = ["| Policies (before -> after) | n | Accuracy before -> after | Paired difference, 95% CI | Sign test (+/-) "
+             "| Episodes with a working call | Measured |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for path, label in ENV_FILES.items():
+        if path not in results:
+            continue
+        r = results[path]
+        d, sign = r["rewards"]["MathAnswerReward"]["difference"], r["rewards"]["MathAnswerReward"]["sign_test"]
+        calls = r["tool_use"]["episodes_with_a_working_call"]
+        lines.append(f"| {label} (`{path}`) | {d['n']} | {d['mean_before']:.2f} -> {d['mean_after']:.2f} | "
+                     f"{d['mean_diff']:+.2f} [{d['ci_low']:.2f}, {d['ci_high']:.2f}] | {sign['positive']} / "
+                     f"{sign['negative']} | {calls['before']['rate']:.2f} -> {calls['after']['rate']:.2f} | "
+                     f"{r['created'][:10]}, load {r['machine']['load_average_1_5_15'][0]} |")
+    return "\n".join(lines)
+
+
 def load(pattern: str) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(ROOT.glob(pattern))]
 
 
+def _golds() -> dict[str, dict[str, Any]]:
+    return {p: json.loads((ROOT / p).read_text()) for p in GOLD_FILES if (ROOT / p).is_file()}
+
+
 BLOCKS = {
-    "quickstart": lambda: quickstart_block(load("results/quickstart/seed*.json"),
-                                           {p: json.loads((ROOT / p).read_text()) for p in GOLD_FILES
-                                            if (ROOT / p).is_file()}),
+    "quickstart": lambda: quickstart_block(load("results/quickstart/seed*.json"), _golds()),
+    "quickstart-clean": lambda: quickstart_clean_block(_golds()),
     "recipes": lambda: recipes_block(load("results/recipes/*.json")),
+    **{f"recipe-{name}": (lambda name=name: recipes_block(load("results/recipes/*.json"), only=name))
+       for name in RECIPES},
+    "verifiable_math": lambda: verifiable_math_block(json.loads((ROOT / VERIFIABLE_MATH).read_text())),
+    "envs": lambda: envs_block({p: json.loads((ROOT / p).read_text()) for p in ENV_FILES if (ROOT / p).is_file()}),
 }
 
 
+def pages() -> list[Path]:
+    """The README and every documentation page."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- results:{re.escape(name)} -->\n)(?:.*?\n)?(<!-- /results:{re.escape(name)} -->)", re.S)
+
+
+def blocks_in(text: str, blocks: dict[str, Any] = BLOCKS) -> list[str]:
+    return [name for name in blocks if _pattern(name).search(text)]
+
+
 def render(text: str, blocks: dict[str, Any] = BLOCKS) -> str:
-    """`text` with every generated block replaced by its rendering from the result files."""
-    for name, make in blocks.items():
-        pattern = re.compile(rf"(<!-- results:{name} -->\n)(?:.*?\n)?(<!-- /results:{name} -->)", re.S)
-        if not pattern.search(text):
-            raise ValueError(f"the README has no block <!-- results:{name} --> ... <!-- /results:{name} -->")
-        body = make()
-        text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+    """`text` with every generated block it holds replaced by its rendering from the result files."""
+    names = blocks_in(text, blocks)
+    if not names:
+        raise ValueError("the page has no block <!-- results:NAME --> ... <!-- /results:NAME --> "
+                         f"(NAME one of {', '.join(blocks)})")
+    for name in names:
+        body = blocks[name]()
+        text = _pattern(name).sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="only check; exit 1 when the README is stale")
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--check", action="store_true", help="only check; exit 1 when a page is stale")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="one page to render or check (default: the README and every page under docs/)")
     args = parser.parse_args(argv)
-    current = args.readme.read_text()
-    wanted = render(current)
-    if args.check:
-        if wanted != current:
-            print(f"error: {args.readme} differs from the committed result files: run python scripts/render_results.py",
-                  file=sys.stderr)
+    targets = [args.readme] if args.readme else [p for p in pages() if blocks_in(p.read_text())]
+    if args.readme is None:
+        shown = {name for p in targets for name in blocks_in(p.read_text())}
+        missing = [name for name in BLOCKS if name not in shown]
+        if missing:
+            print(f"error: no page shows the blocks {', '.join(missing)}", file=sys.stderr)
             return 1
-        return 0
-    args.readme.write_text(wanted)
-    return 0
+    stale = 0
+    for path in targets:
+        current = path.read_text()
+        wanted = render(current)
+        if wanted == current:
+            continue
+        if args.check:
+            print(f"error: {path} differs from the committed result files: run python scripts/render_results.py",
+                  file=sys.stderr)
+            stale += 1
+        else:
+            path.write_text(wanted)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Each recipe runs as `python main.py fit --config configs/quickstart/<name>.yaml`
 repository root, with no override; its wall time (model loading included) is measured around the
 command. The validation scalars it logged (first and last value, and the steps) are read from its
 TensorBoard event files; `results/recipes/<name>.json` gets them with the date, the machine and
-its load. `python scripts/render_results.py` turns the files into the README's table.
+its load. `python scripts/render_results.py` turns the files into the README's table and each method page's row.
 """
 
 from __future__ import annotations

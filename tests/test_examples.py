@@ -76,14 +76,14 @@ def test_simpo_example_computes_each_pair_prompt_once(tiny_tokenizer, monkeypatc
 BEAT_GREEDY_CONFIG = "examples/beat_greedy.yaml"
 
 
-def test_readme_shows_the_online_example_as_it_is_run():
-    """The README's "Write a new method" online example is examples/beat_greedy.py's class, line for line."""
+def test_docs_show_the_online_example_as_it_is_run():
+    """The online example of docs/guides/new-method.md is examples/beat_greedy.py's class, line for line."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    readme = (root / "README.md").read_text()
-    start = readme.index("class BeatGreedySFTModule(OnlineModule):")
-    shown = readme[start: readme.index("```", start)].rstrip()
+    page = (root / "docs" / "guides" / "new-method.md").read_text()
+    start = page.index("class BeatGreedySFTModule(OnlineModule):")
+    shown = page[start: page.index("```", start)].rstrip()
     assert shown in (root / "examples" / "beat_greedy.py").read_text()
     assert "stats[\"rewards/kept_fraction\"]" in shown  # the whole class, to its last line
 

@@ -1,4 +1,4 @@
-"""A new user's first hour: the promises of the README's "Every method in one command" section.
+"""A new user's first hour: the promises of "Every method in one command" (README, docs/getting-started.md).
 
 - every method has a quickstart recipe that runs as written: here each runs in-process in a
   fresh directory with only the model swapped to the tiny one and the run shortened, and must
@@ -95,12 +95,12 @@ def test_quickstart_recipe_runs_as_written(method, tmp_path, monkeypatch, caplog
         assert bar.train_progress_bar.desc.startswith("rollouts")
 
 
-def test_bundled_data_aliases_are_listed_in_the_readme():
+def test_bundled_data_aliases_are_listed_in_the_docs():
     from lit_rlhf.data import bundled_aliases
 
-    readme = (REPO_ROOT / "README.md").read_text()
+    page = (REPO_ROOT / "docs" / "guides" / "data.md").read_text()
     for alias in bundled_aliases():
-        assert f"bundled:{alias}" in readme, alias
+        assert f"bundled:{alias}" in page, alias
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The README's measured figures are rendered from the committed result files, never typed."""
+"""The measured figures of the README and the documentation pages are rendered from the committed
+result files, never typed."""
 
 from __future__ import annotations
 
@@ -14,23 +15,43 @@ render_results = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(render_results)
 
 
-def test_readme_matches_the_result_files():
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert render_results.render(readme) == readme, "README is stale: run python scripts/render_results.py"
+def test_readme_and_pages_match_the_result_files():
+    pages = [p for p in render_results.pages() if render_results.blocks_in(p.read_text())]
+    assert REPO_ROOT / "README.md" in pages and len(pages) > 1
+    for page in pages:
+        text = page.read_text()
+        assert render_results.render(text) == text, f"{page} is stale: run python scripts/render_results.py"
     assert render_results.main(["--check"]) == 0
 
 
-def test_a_changed_number_is_caught(tmp_path):
+def test_every_block_is_shown_on_some_page():
+    shown = {name for p in render_results.pages() for name in render_results.blocks_in(p.read_text())}
+    assert shown == set(render_results.BLOCKS)
     readme = (REPO_ROOT / "README.md").read_text()
+    assert {"quickstart-clean", "recipes"} <= set(render_results.blocks_in(readme))  # the main job's table, every method
+
+
+def test_a_changed_number_is_caught(tmp_path):
+    page = (REPO_ROOT / "docs" / "getting-started.md").read_text()
     results = sorted((REPO_ROOT / "results" / "quickstart").glob("seed*.json"))
     assert results, "no committed quickstart result"
     result = json.loads(results[0].read_text())
     shown = f"{result['reward']['mean_diff']:+.3f}"  # the per-seed table's reward difference
+    assert shown in page
+    stale = tmp_path / "getting-started.md"
+    stale.write_text(page.replace(shown, "9.999", 1))
+    assert render_results.main(["--check", "--readme", str(stale)]) == 1
+    assert render_results.main(["--readme", str(stale)]) == 0 and stale.read_text() == page
+
+
+def test_a_changed_number_in_the_readme_is_caught(tmp_path):
+    readme = (REPO_ROOT / "README.md").read_text()
+    golds = json.loads((REPO_ROOT / "results" / "quickstart" / "golds" / "seeds6-7.json").read_text())
+    shown = f"{golds['answerers']['trained']['f1']['mean']:.3f}"
     assert shown in readme
     stale = tmp_path / "README.md"
-    stale.write_text(readme.replace(shown, "9.999", 1))
+    stale.write_text(readme.replace(shown, "0.999", 1))
     assert render_results.main(["--check", "--readme", str(stale)]) == 1
-    assert render_results.main(["--readme", str(stale)]) == 0 and stale.read_text() == readme
 
 
 def test_every_block_is_present():

@@ -130,7 +130,8 @@ class QADataModule(RLHFDataModule):
         prompt_template: the user message; `{question}` is replaced by the question.
         system_prompt: an optional system message (chat only).
         chat: render the prompt with the tokenizer's chat template (True) or as plain text.
-        Other arguments: `RLHFDataModule` (splits, lengths, batch sizes, bad-row policy, limit).
+
+    The other arguments are `RLHFDataModule`'s (splits, lengths, batch sizes, bad-row policy, limit).
     """
 
     def __init__(

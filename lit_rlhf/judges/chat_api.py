@@ -68,9 +68,11 @@ class ChatAPIJudge(RandomOrderJudge):
         max_concurrency: requests in flight at once.
         timeout_s: socket timeout of one attempt (connect, and each read of the reply).
         max_retries: extra attempts after the first on retryable failures.
-        backoff_base_s, backoff_max_s: the wait before retry k (k = 0, 1, ...) is drawn uniformly
-            from [d/2, d] with d = min(backoff_max_s, backoff_base_s * 2**k).
-        temperature, max_tokens: sampling settings sent with each request (greedy by default).
+        backoff_base_s: the wait before retry k (k = 0, 1, ...) is drawn uniformly from [d/2, d]
+            with d = min(backoff_max_s, backoff_base_s * 2**k).
+        backoff_max_s: the longest wait before a retry (d above).
+        temperature: the sampling temperature sent with each request (greedy by default).
+        max_tokens: the longest reply asked for in each request.
     """
 
     def __init__(

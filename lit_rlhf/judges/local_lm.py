@@ -54,15 +54,18 @@ class LocalLMJudge(RandomOrderJudge):
     Args:
         model_name: e.g. "smollm2-135m-instruct", a local directory, a .gguf file.
         template: "tldr", "mt_bench", a custom string with {prompt}/{a}/{b}, or a JudgeTemplate.
-        seed, randomise_order: the per-item A/B presentation order (as in every LM judge).
+        seed: seeds the per-item A/B presentation order (as in every LM judge).
+        randomise_order: False shows every pair as (a, b).
         batch_size: rows per forward pass.
         max_length: a judge prompt longer than this many tokens makes its item invalid (nothing is
             truncated: cutting a judge prompt silently changes what is judged). None = no limit.
         answer_prefix: what the judge has "already written" before the verdict letter; None = the
             template's own.
-        dtype, device: where and how the model runs.
-        model, tokenizer: already loaded objects to use instead of loading `model_name` (e.g. to
-            share weights); the tokenizer must have a PAD token.
+        dtype: the dtype the model runs in.
+        device: where the model runs.
+        model: an already loaded model to use instead of loading `model_name` (e.g. to share
+            weights).
+        tokenizer: its tokenizer, given with `model`; it must have a PAD token.
 
     `raw` is "P(A)=<p> P(B)=<p>": the next-token probabilities of the verdicts as shown (A = the
     completion shown first). Equal probabilities are a tie; non-finite ones make the item invalid.

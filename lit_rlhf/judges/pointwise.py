@@ -42,9 +42,11 @@ class LocalLMScorer(LocalLMJudge, PointwiseScorer):
     """A local causal LM as a pointwise scorer: P(Yes) / (P(Yes) + P(No)) after the prompt.
 
     Args:
-        model_name, batch_size, max_length, dtype, device, model, tokenizer: as `LocalLMJudge`.
         template: the user message ({prompt}, {completion}, {criterion}).
         answer_prefix: what the judge has "already written" before its Yes / No.
+
+    `model_name`, `batch_size`, `max_length`, `dtype`, `device`, `model` and `tokenizer` are as
+    in `LocalLMJudge`.
 
     `raw` is "P(Yes)=<p> P(No)=<p>"; both 0 or non-finite make the item invalid.
     """
@@ -108,10 +110,11 @@ class ChatAPIScorer(ChatAPIJudge, PointwiseScorer):
     `Verdict: YES` scores 1, `Verdict: NO` 0, anything else is invalid (the reply kept in `raw`).
 
     Args:
-        base_url, model, api_key_env, max_concurrency, timeout_s, max_retries, backoff_base_s,
-        backoff_max_s, temperature, max_tokens: as `ChatAPIJudge`.
         template: the user message ({prompt}, {completion}, {criterion}); the verdict format
             (`CHAT_SUFFIX`) is appended.
+
+    `base_url`, `model`, `api_key_env`, `max_concurrency`, `timeout_s`, `max_retries`,
+    `backoff_base_s`, `backoff_max_s`, `temperature` and `max_tokens` are as in `ChatAPIJudge`.
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",

@@ -53,7 +53,8 @@ class EntropyBonus:
         coef: alpha at the start (fixed when `target` is None).
         target: H_target, the token entropy (nats) the adaptive coefficient steers to; None = fixed.
         step: delta, the coefficient's change per rollout.
-        min_coef, max_coef: the coefficient's bounds.
+        min_coef: the coefficient's lower bound.
+        max_coef: the coefficient's upper bound.
     """
 
     coef: float = 0.0

@@ -94,7 +94,8 @@ class CovarianceControl:
         method: `clip_cov` (detach the gradient of tokens drawn in the covariance band) or
             `kl_cov` (penalise the tokens of largest covariance).
         ratio: r, the fraction of the valid tokens acted on (2e-4).
-        lower, upper: Clip-Cov's covariance band (1, 5).
+        lower: the lower end of Clip-Cov's covariance band (1).
+        upper: the upper end of Clip-Cov's covariance band (5).
         kl_coef: KL-Cov's beta (1).
     """
 

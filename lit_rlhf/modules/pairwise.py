@@ -50,9 +50,8 @@ class PairwiseModule(PolicyModule):
     """Base of pairwise-preference methods: one forward pass over a `PreferenceBatch`, the steps
     and their logging. Subclasses implement `compute_loss`.
 
-    Args:
-        **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, LoRA,
-            `shared_prompt`, export).
+    Its arguments are `PolicyModule`'s (model, tokenizer, dtype, optimiser, schedule, LoRA,
+    `shared_prompt`, export).
     """
 
     batch_types = (PreferenceBatch,)  # the start-up checks refuse any other DataModule

@@ -1,0 +1,29 @@
+"""MkDocs hooks of the documentation site (`mkdocs.yml`).
+
+The replications' and the benchmarks' own pages (`experiments/README.md`, `benchmarks/*.md`) and
+the committed figures they show live beside their code, outside `docs/`. They join the site from
+where they are, under the same relative paths, so their image links resolve and nothing is copied
+(a copy would drift from the files the tests check).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parent.parent
+# repository files published as they are: pages, and the figures those pages (and docs/) show
+OUTSIDE_DOCS = ("experiments/README.md", "benchmarks/README.md", "benchmarks/RESULTS.md", "benchmarks/gpu/README.md")
+FIGURES = ("experiments/**/*.png", "examples/results/**/*.png")
+
+
+def on_files(files, config):
+    for path in OUTSIDE_DOCS:
+        files.append(File(path, src_dir=str(ROOT), dest_dir=config["site_dir"],
+                          use_directory_urls=config["use_directory_urls"]))
+    for pattern in FIGURES:
+        for figure in sorted(ROOT.glob(pattern)):
+            files.append(File(figure.relative_to(ROOT).as_posix(), src_dir=str(ROOT), dest_dir=config["site_dir"],
+                              use_directory_urls=config["use_directory_urls"]))
+    return files

@@ -1,0 +1,135 @@
+"""The documentation site (`mkdocs.yml`, `docs/`) builds with `--strict`, and the code of its pages runs.
+
+- `mkdocs build --strict`: a broken link or anchor, a page missing from the navigation, a
+  docstring the API reference cannot parse or an unresolved cross-reference fails the build.
+- Every `bash`/`sh` and `python` block of the README and of the pages under `docs/` (the API
+  reference holds no code) runs, from the repository root, unless the line before it says why not:
+  `<!-- not run: REASON -->` (a GPU, minutes of training, a cluster). A block in another language
+  must be marked too, except data (`yaml` and `json` blocks are parsed; `text` is shown as is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO_ROOT, subprocess_env
+
+RUN = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
+DATA = {"yaml", "json", "text"}
+NOT_RUN = re.compile(r"^<!-- not run: (\S.*\S) -->$")
+FENCE = re.compile(r"^(\s*)(`{3,})([\w+-]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    language: str
+    code: str
+    not_run: str | None  # the reason given on the line before, if any
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(REPO_ROOT)}:{self.line}"
+
+
+def pages() -> list[Path]:
+    docs = REPO_ROOT / "docs"
+    return [REPO_ROOT / "README.md", *sorted(p for p in docs.rglob("*.md") if "reference" not in p.relative_to(docs).parts)]
+
+
+def blocks(page: Path, text: str | None = None) -> list[Block]:
+    """The fenced code blocks of a page, each with the reason it is not run (None: it runs)."""
+    lines = (page.read_text() if text is None else text).split("\n")
+    found, i = [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, language = m.groups()
+        end = next(j for j in range(i + 1, len(lines)) if re.match(rf"^{indent}{fence}\s*$", lines[j]))
+        before = next((lines[k].strip() for k in range(i - 1, -1, -1) if lines[k].strip()), "")
+        reason = NOT_RUN.match(before)
+        code = "\n".join(line[len(indent):] for line in lines[i + 1:end])
+        found.append(Block(page, i + 1, language or "", code + "\n", reason.group(1) if reason else None))
+        i = end + 1
+    return found
+
+
+ALL = [b for p in pages() for b in blocks(p)]
+RUNNABLE = [b for b in ALL if b.not_run is None and b.language in RUN]
+
+
+def test_site_builds_strict(tmp_path):
+    """The whole site, API reference included, with every warning an error."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=REPO_ROOT, env={**subprocess_env(), "NO_MKDOCS_2_WARNING": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert "No module named mkdocs" not in done.stderr, "the docs tools are missing: pip install -e '.[docs]'"
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    site = tmp_path / "site"
+    assert (site / "reference" / "losses" / "index.html").is_file()
+    assert "lit_rlhf.losses.dpo_loss" in (site / "reference" / "losses" / "index.html").read_text()
+    assert (site / "experiments" / "dro_single_trajectory" / "results" / "main" / "frontier.png").is_file()
+    assert time.monotonic() - started < 120
+
+
+def test_every_page_is_in_the_navigation():
+    """`mkdocs build --strict` fails on a page left out of `nav`; this names it without building."""
+    config = yaml.safe_load((REPO_ROOT / "mkdocs.yml").read_text().replace("!!python", "#"))
+
+    def entries(nav):
+        for item in nav:
+            if isinstance(item, str):
+                yield item
+            else:
+                for value in item.values():
+                    yield from ([value] if isinstance(value, str) else entries(value))
+
+    listed = set(entries(config["nav"]))
+    docs = REPO_ROOT / "docs"
+    assert {p.relative_to(docs).as_posix() for p in docs.rglob("*.md")} <= listed
+
+
+def test_every_block_runs_or_says_why_not():
+    unmarked = [f"{b.name} ({b.language or 'no language'})" for b in ALL
+                if b.not_run is None and b.language not in RUN and b.language not in DATA]
+    assert not unmarked, "blocks that neither run nor say why not (<!-- not run: REASON -->): " + ", ".join(unmarked)
+    assert len(RUNNABLE) >= 8  # the pages keep runnable examples
+
+
+def test_the_block_reader_sees_markers_and_languages(tmp_path):
+    page = tmp_path / "page.md"
+    text = ("Intro.\n\n<!-- not run: needs a GPU -->\n```bash\nnvidia-smi\n```\n\n```python\nprint(1)\n```\n\n"
+            "- a list item\n\n  ```console\n  $ ls\n  ```\n")
+    found = blocks(page, text)
+    assert [(b.line, b.language, b.not_run) for b in found] == [(4, "bash", "needs a GPU"), (8, "python", None),
+                                                              (14, "console", None)]
+    assert found[2].code == "$ ls\n"
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if b.not_run is None and b.language in ("yaml", "json")],
+                         ids=lambda b: b.name)
+def test_data_block_parses(block):
+    (yaml.safe_load if block.language == "yaml" else json.loads)(block.code)
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.name)
+def test_block_runs(block):
+    env = {**subprocess_env(), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    command = ["bash", "-euo", "pipefail", "-c", block.code] if RUN[block.language] == "bash" else \
+        [sys.executable, "-c", block.code]
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{block.name} failed:\n{block.code}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
