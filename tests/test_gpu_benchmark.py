@@ -80,3 +80,14 @@ def test_dry_run_measures_every_method_and_renders(tmp_path):
     md = results_md.read_text()
     assert md.count(report.BEGIN) == 1 and md.index("## GPU paths") < md.index(report.BEGIN) < md.index("## Next")
     assert "| tiny (0.00B) | grpo | ours | 2x4 |" in md
+
+
+def test_results_md_shows_the_committed_gpu_runs():
+    """The GPU table in benchmarks/RESULTS.md is the committed result files rendered, not typed."""
+    files = sorted((report.RESULTS_MD.parent / "results" / "gpu").glob("*.json"))
+    assert files, "no committed GPU run"
+    docs = [json.loads(f.read_text()) for f in files]
+    sources = ", ".join(f"`{f.relative_to(report.RESULTS_MD.parents[1])}`" for f in files).strip("`")
+    md = report.RESULTS_MD.read_text()
+    shown = md.split(report.BEGIN, 1)[1].split(report.END, 1)[0].strip("\n")
+    assert shown == report.render(report.merge(docs), sources), "stale: python -m benchmarks.gpu.report <files> --write"
