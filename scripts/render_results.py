@@ -17,6 +17,9 @@ The README and the pages under `docs/` hold generated blocks between `<!-- resul
   `recipe-NAME` one recipe's row of it, for its method's page;
 - `verifiable_math`: the verifiable-reward example's before/after table, from
   `examples/results/verifiable_math/results.json` (written by `examples/verifiable_math.py`);
+- `verifiable_pass_at_k`: the same example's sampled accuracy before and after (avg@k, pass@k,
+  maj@k), from `examples/results/verifiable_math/pass_at_k.json` (written by
+  `python -m lit_rlhf.apps.pass_at_k`);
 - `envs`: the environment recipes' held-out comparisons, from `results/envs/*.json` (written by
   `python -m lit_rlhf.apps.compare_env_policies`).
 
@@ -210,6 +213,30 @@ def verifiable_math_block(result: dict[str, Any]) -> str:
                       f"{result['rise']:+.3f} | [{low:+.3f}, {high:+.3f}] |"])
 
 
+VERIFIABLE_PASS_AT_K = "examples/results/verifiable_math/pass_at_k.json"
+
+
+def pass_at_k_block(result: dict[str, Any]) -> str:
+    """Sampled accuracy of two policies on the same problems: each metric with its bootstrap
+    interval over problems, and the paired difference after - before."""
+    settings = result["settings"]
+
+    def cell(s: dict[str, Any], sign: str = "") -> str:
+        return f"{s['mean']:{sign}.3f} [{s['ci_low']:{sign}.3f}, {s['ci_high']:{sign}.3f}]"
+
+    lines = [f"{settings['num_problems_used']} held-out problems (`{settings['split']}`), n = {settings['n']} samples each "
+             f"at temperature {settings['temperature']}, up to {settings['max_new_tokens']} new tokens, seed "
+             f"{settings['seed']}; 95% bootstrap intervals over problems ({settings['num_resamples']} resamples); "
+             f"measured {result['created'][:10]} ({result['seconds']:.0f} s, load {result['machine']['load_average_1_5_15'][0]}).",
+             "",
+             f"| metric | before (`{settings['before']}`) | after (`{settings['after']}`) | after - before |",
+             "| --- | --- | --- | --- |"]
+    for metric in result["metrics"]:
+        before, after = result["summary"]["before"][metric], result["summary"]["after"][metric]
+        lines.append(f"| {metric} | {cell(before)} | {cell(after)} | {cell(result['difference'][metric], '+')} |")
+    return "\n".join(lines)
+
+
 # the environment recipes' held-out comparisons (`python -m lit_rlhf.apps.compare_env_policies`): file -> what
 # was compared
 ENV_FILES = {"results/envs/arithmetic_calculator_sft.json": "SmolLM2 -> SFT on 64 demonstrations",
@@ -249,6 +276,7 @@ BLOCKS = {
     **{f"recipe-{name}": (lambda name=name: recipes_block(load("results/recipes/*.json"), only=name))
        for name in RECIPES},
     "verifiable_math": lambda: verifiable_math_block(json.loads((ROOT / VERIFIABLE_MATH).read_text())),
+    "verifiable_pass_at_k": lambda: pass_at_k_block(json.loads((ROOT / VERIFIABLE_PASS_AT_K).read_text())),
     "envs": lambda: envs_block({p: json.loads((ROOT / p).read_text()) for p in ENV_FILES if (ROOT / p).is_file()}),
 }
 
