@@ -10,8 +10,9 @@ dimension, no tensor parallelism):
   policy: the frozen base and its trainable adapters in the same units), so `generate` and the
   adapter's forward both enter it;
 - the trained models (the policy, PPO's value model, DRO-V's value) and the frozen ones (the
-  reference, a reward model, a teacher) alike: a frozen model is gathered layer by layer in its
-  forward passes and never holds more than one layer whole. `memory.frozen_placement: whole`
+  reference, a reward model, a teacher) alike: a frozen model is gathered unit by unit in its
+  forward passes (a layer, or the root's embeddings and output layer, at a time) and resharded
+  after each, since it has no backward pass. `memory.frozen_placement: whole`
   keeps the frozen models out of the module tree, so they stay replicated on every process (no
   all-gathers; the memory of one full copy each);
 - mixed precision follows the trainer: under `bf16-mixed` the units compute in bf16 and reduce
@@ -19,8 +20,10 @@ dimension, no tensor parallelism):
 
 Code that reads weights outside a model's forward sees `DTensor` shards and handles them where it
 does: the chunked log-prob path runs as the root's forward (`lit_rlhf.models.logprobs`), the vLLM
-weight sync and LoRA merging gather full tensors (`DTensor.full_tensor()`), the export at fit end
-consolidates the state on rank 0 first (`full_state_dict`).
+weight sync gathers full tensors (`DTensor.full_tensor()`), the LoRA merge unshards the units
+while it reads them (`lit_rlhf.models.merging`), the export at fit end consolidates the state
+first (`export_sharded`), and frozen weights stay out of checkpoints
+(`keep_frozen_out_of_checkpoints`).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def zero3_run(tmp_path_factory) -> list[dict]:
                 "--grad_probe", timeout=1200)
 
 
-FSDP2_JOBS = ("sft", "dpo", "ppo", "grpo", "dpo:lora", "dpo:file", "dpo:dense")
+FSDP2_JOBS = ("sft", "dpo", "ppo", "grpo", "grpo:whole", "dpo:lora", "dpo:file", "dpo:dense")
 
 
 @pytest.fixture(scope="session")

@@ -57,6 +57,13 @@ def test_sft_dpo_ppo_grpo_train_with_every_model_sharded(fsdp2_run):
     assert rank0[0] <= 3 < rank1[0] <= 8, (rank0, rank1)
 
 
+def test_frozen_placement_whole_keeps_the_reference_replicated(fsdp2_run):
+    check_method_results(fsdp2_run, ("grpo:whole",), "ModelParallelStrategy")
+    for rank in (0, 1):
+        res = fsdp2_run[rank]["grpo:whole"]
+        assert res["all_dtensor"] and res["frozen_plain"] == ["ref_model"] and res["frozen_dtensor"] == [], rank
+
+
 def test_chunked_logprobs_train_as_the_dense_logits_do(fsdp2_run):
     """The chunked path reads the embedding and the output layer outside the model's forward,
     as the sharded root's forward: its 2 DPO steps land where the dense path's do (gradients of
