@@ -177,10 +177,14 @@ def export_sharded(module: Any, directory: str) -> None:
     directory; the other ranks wait for it."""
     from lit_rlhf.training.settings import rebuild_module
 
-    state = full_state_dict(module)
+    state = full_state_dict(module)  # the trained weights: the frozen ones are rebuilt from their names
     trainer = attached_trainer(module)
     if trainer.is_global_zero:
         plain = rebuild_module(type(module), {k: v for k, v in module.hparams.items() if k != "_instantiator"})
-        plain.load_state_dict(state)
+        missing, unexpected = plain.load_state_dict(state, strict=False)
+        trained = {name for name, p in plain.named_parameters() if p.requires_grad}
+        if unexpected or trained & set(missing):
+            raise RuntimeError(f"export of the sharded {type(module).__name__}: unexpected weights {unexpected[:5]}, "
+                               f"trained weights missing {sorted(trained & set(missing))[:5]}")
         plain.export_hf(directory)
     trainer.strategy.barrier("export")

@@ -1,8 +1,9 @@
 """FSDP2 through Lightning's `ModelParallelStrategy` with 2 CPU processes (gloo): every model of a
 module sharded in `configure_model` (`lit_rlhf.training.sharding`), `configs/strategy/fsdp2.yaml`.
 
-- SFT (packed rows), DPO, PPO, GRPO and LoRA-DPO train: every trained parameter is a `DTensor`
-  shard, the frozen reference too, and the ranks end with the same weights (gradients reduced);
+- SFT (packed rows), the reward model, DPO, KTO, DRO-V, PPO, GRPO, and DPO and the reward model
+  with LoRA train: every trained parameter is a `DTensor` shard, the frozen reference too, and the
+  ranks end with the same weights (gradients reduced);
   PPO's ranks generate responses of different lengths (synced generation, as under ZeRO-3).
   The log-probs take the chunked path (the default), which reads the output layer outside the
   model's forward: it runs as the root's forward (`lit_rlhf.models.logprobs.as_root_forward`);
@@ -27,7 +28,7 @@ from transformers import AutoModelForCausalLM
 from lit_rlhf.export import main as export_main
 from tests.distributed.checks import check_method_results
 
-METHODS = ("sft", "dpo", "ppo", "grpo")
+METHODS = ("sft", "reward", "dpo", "kto", "drov", "ppo", "grpo")
 
 
 def _hf_names(state: dict[str, torch.Tensor], prefix: str = "policy.") -> dict[str, torch.Tensor]:
@@ -41,14 +42,14 @@ def _assert_same(model, expected: dict[str, torch.Tensor]) -> None:
         assert torch.equal(own[name], tensor), name
 
 
-def test_sft_dpo_ppo_grpo_train_with_every_model_sharded(fsdp2_run):
+def test_every_method_trains_with_every_model_sharded(fsdp2_run):
     check_method_results(fsdp2_run, METHODS, "ModelParallelStrategy")
     for rank in (0, 1):
         for method in METHODS:
             res = fsdp2_run[rank][method]
             assert res["all_dtensor"], (rank, method)
             assert res["sharded"], (rank, method)  # each rank holds a part of the weights
-        for method in ("dpo", "grpo"):  # the frozen reference is sharded too (forward only)
+        for method in ("dpo", "kto", "drov", "grpo"):  # the frozen reference is sharded too (forward only)
             assert fsdp2_run[rank][method]["frozen_dtensor"] == ["ref_model"], (rank, method)
         for method in ("ppo", "grpo"):  # every forward all-gathers: the ranks generate in step
             assert fsdp2_run[rank][method]["synced"] == [True], (rank, method)
@@ -76,10 +77,11 @@ def test_chunked_logprobs_train_as_the_dense_logits_do(fsdp2_run):
 
 
 def test_lora_policy_trains_sharded_and_merges_whole(fsdp2_run):
-    check_method_results(fsdp2_run, ("dpo:lora",), "ModelParallelStrategy")
+    check_method_results(fsdp2_run, ("dpo:lora", "reward:lora"), "ModelParallelStrategy")
     for rank in (0, 1):
         res = fsdp2_run[rank]["dpo:lora"]
         assert res["all_dtensor"] and res["merged_is_plain"], rank
+        assert fsdp2_run[rank]["reward:lora"]["all_dtensor"], rank  # a reward adapter and its head
     res = fsdp2_run[0]["dpo:lora"]
     merged = torch.load(res["policy_pt"])["merged"]
     exported = AutoModelForCausalLM.from_pretrained(res["export_dir"])
