@@ -11,7 +11,7 @@ and, on rank 0, the policy's consolidated state (`sharding.full_state_dict`) nex
 `gathered_parameters` (the vLLM sync's gather) returned: the test compares them with the export.
 PPO's ranks sample responses of different lengths (3 + 5 r tokens: every forward all-gathers, so
 generation must be synced). `dpo:lora` saves the LoRA merge (`merged_weights`) beside its export; `grpo:whole` keeps its reference whole on every rank
-(`frozen_placement: whole`). `dpo:dense` takes the dense
+(`frozen_placement: whole`). `<method>:ddp` is the same fit under DDP. `dpo:dense` takes the dense
 log-prob path (the reference the chunked path of `dpo` is compared with); `dpo:file` checkpoints as one
 consolidated file (`save_distributed_checkpoint: false`). Offline fits clip their gradients at a
 norm below the tiny model's (`ClipProbe` records the norms around Lightning's clipping). `--resume` jobs: the fit
@@ -47,6 +47,8 @@ def split_job(job: str) -> tuple[str, dict, str]:
     consolidated file (`save_distributed_checkpoint: false`)."""
     if job.endswith(":file"):
         return job.partition(":")[0], {}, "fsdp2_file"
+    if job.endswith(":ddp"):  # the same fit under DDP: what FSDP2 must compute too
+        return job.partition(":")[0], {}, "ddp"
     if job.endswith(":dense"):  # the dense log-prob path, the reference of the chunked one
         return job.partition(":")[0], {"memory": Memory(logprob_chunk_size=None)}, "fsdp2"
     return (*parse_job(job), "fsdp2")

@@ -10,6 +10,7 @@ module sharded in `configure_model` (`lit_rlhf.training.sharding`), `configs/str
 - DPO and GRPO stopped after 2 optimizer steps resume from their checkpoint (a directory of
   shards; for DPO also one consolidated file, `save_distributed_checkpoint: false`) to the same
   weights, bit for bit, as 3 uninterrupted steps;
+- each method's fit ends with the weights the same fit under DDP ends with (to float rounding);
 - Lightning's gradient clipping (`trainer.gradient_clip_val`) clips the sharded gradients to the
   norm asked for (PPO and GRPO clip with `max_grad_norm`);
 - the export at fit end (`export_dir`) and `python -m lit_rlhf.export <sharded dir> <out>` load
@@ -56,6 +57,18 @@ def test_every_method_trains_with_every_model_sharded(fsdp2_run):
     # PPO's ranks stopped generating at different steps: <= 3 tokens on rank 0, 4..8 on rank 1
     rank0, rank1 = fsdp2_run[0]["ppo"]["lengths"], fsdp2_run[1]["ppo"]["lengths"]
     assert rank0[0] <= 3 < rank1[0] <= 8, (rank0, rank1)
+
+
+@pytest.mark.parametrize("method", ["sft", "reward", "dpo", "drov", "ppo", "grpo"])
+def test_fsdp2_trains_to_the_weights_ddp_trains_to(fsdp2_run, method):
+    """The same fit (same rows per rank, same seeds; PPO and GRPO sample the same responses)
+    under DDP: the weights after it agree to float rounding (reductions in another order)."""
+    for rank in (0, 1):
+        sharded, replicated = fsdp2_run[rank][method], fsdp2_run[rank][f"{method}:ddp"]
+        assert replicated["strategy"] == "DDPStrategy" and sharded["before"] == replicated["before"]
+        assert sharded["lengths"] == replicated["lengths"], (rank, method)
+        assert sharded["after"] != pytest.approx(sharded["before"], rel=1e-7, abs=0), (rank, method)
+        assert sharded["after"] == pytest.approx(replicated["after"], rel=1e-7), (rank, method)
 
 
 def test_frozen_placement_whole_keeps_the_reference_replicated(fsdp2_run):
