@@ -200,3 +200,29 @@ def test_a_value_adapter_on_the_policys_base_is_refused():
     assert len(problems) == 1 and problems[0].startswith("value_model: an adapter on the policy's base"), problems
     plain = PPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward("abc")])
     assert unsupported(plain, trainer) == []
+
+
+def test_the_overlay_runs_from_the_command_line_in_two_processes(tmp_path):
+    """`main.py fit --config <quickstart> --config configs/strategy/fsdp2.yaml` under torchrun: the
+    overlay's `data_parallel_size: auto` becomes both processes (Lightning alone would build a
+    1-process mesh and refuse the world of 2), the checkpoint is a directory of shards, and the
+    export at fit end loads. (The reference log-probs are computed per step here: precomputing
+    them fails with 2 processes under any strategy, DDP included.)"""
+    import os
+    import subprocess
+    import sys
+
+    from tests.distributed.launch import REPO_ROOT, free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(REPO_ROOT / "main.py"), "fit", "--config", str(REPO_ROOT / "configs/quickstart/dpo.yaml"),
+           "--config", str(REPO_ROOT / "configs/strategy/fsdp2.yaml"), "--trainer.accelerator=cpu",
+           "--trainer.devices=2", "--trainer.max_steps=2", "--model.init_args.model=tiny-random-llama",
+           "--model.init_args.precompute_ref_logps=false"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = tmp_path / "outputs/quickstart/dpo/checkpoints/last.ckpt"
+    assert last.is_dir() and (last / "meta.pt").is_file() and len(list(last.glob("*.distcp"))) == 2
+    AutoModelForCausalLM.from_pretrained(tmp_path / "outputs/quickstart/dpo_model")
