@@ -206,8 +206,8 @@ def test_the_overlay_runs_from_the_command_line_in_two_processes(tmp_path):
     """`main.py fit --config <quickstart> --config configs/strategy/fsdp2.yaml` under torchrun: the
     overlay's `data_parallel_size: auto` becomes both processes (Lightning alone would build a
     1-process mesh and refuse the world of 2), the checkpoint is a directory of shards, and the
-    export at fit end loads. (The reference log-probs are computed per step here: precomputing
-    them fails with 2 processes under any strategy, DDP included.)"""
+    export at fit end loads. The quickstart precomputes the reference log-probs: each rank scores
+    its own rows of the train loader (`lit_rlhf.training.reference_table`)."""
     import os
     import subprocess
     import sys
@@ -217,8 +217,7 @@ def test_the_overlay_runs_from_the_command_line_in_two_processes(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(REPO_ROOT / "main.py"), "fit", "--config", str(REPO_ROOT / "configs/quickstart/dpo.yaml"),
            "--config", str(REPO_ROOT / "configs/strategy/fsdp2.yaml"), "--trainer.accelerator=cpu",
-           "--trainer.devices=2", "--trainer.max_steps=2", "--model.init_args.model=tiny-random-llama",
-           "--model.init_args.precompute_ref_logps=false"]
+           "--trainer.devices=2", "--trainer.max_steps=2", "--model.init_args.model=tiny-random-llama"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
