@@ -5,7 +5,8 @@ in memory during the fit.
 - `sequence_keys`: a content fingerprint per row, valid across epochs, ranks, shuffling and
   resumed runs;
 - `precompute_reference_logps`: the reference loaded for the time of one pass over the
-  DataModule's loaders (each rank every world_size-th batch, the tables merged on all ranks),
+  DataModule's loaders (each rank its own rows of the train loader and every world_size-th batch
+  of the others, the tables merged on all ranks),
   then freed;
 - `datamodule_loaders`: the loaders of a fit, a validation or a test.
 """
@@ -22,6 +23,7 @@ import torch
 from lightning.pytorch.utilities import move_data_to_device
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from lit_rlhf import checks, models
 from lit_rlhf.lightning_compat import attached_trainer
@@ -55,8 +57,9 @@ def precompute_reference_logps(module: Any, dataloaders: Iterable[Iterable[Prefe
     `sequence_keys`. `module` is a `PairwiseModule`: the reference is its `ref_model_name`, or the
     `model` checkpoint itself (the initial policy), loaded here and freed at the end, so it is the
     same on a resumed run (with LoRA and no `ref_model_name`: the policy's own base with the
-    adapter disabled, nothing loaded). Under data parallelism each rank scores every
-    world_size-th batch and the tables are merged on all ranks."""
+    adapter disabled, nothing loaded). Under data parallelism each rank scores its own rows of a
+    loader with a distributed sampler (the train loader) and every world_size-th batch of any
+    other one, and the tables are merged on all ranks."""
     if module.ref_model_name is None and getattr(module, "lora_config", None) is not None:
         ref = adapters.AdapterView(module.policy, None)  # LoRA: the policy's base, adapter disabled
     else:
@@ -66,13 +69,20 @@ def precompute_reference_logps(module: Any, dataloaders: Iterable[Iterable[Prefe
     world_size = trainer.world_size if trainer is not None else 1
     rank = trainer.global_rank if trainer is not None else 0
     context = trainer.precision_plugin.forward_context() if trainer is not None else torch.autocast("cpu", enabled=False)
+    # the shared LoRA base under a sharding strategy (FSDP2, ZeRO-3): every forward is a collective,
+    # so every rank runs the same batches
+    collective = isinstance(ref, adapters.AdapterView) and any(
+        isinstance(p, DTensor) or hasattr(p, "ds_id") for p in module.policy.parameters())
     table: dict[bytes, float] = {}
     step = 0
     with context:
         for loader in dataloaders:
+            # a loader with a distributed sampler (the DataModule's train loader) yields this rank's
+            # own rows already: they are all scored here; any other one is split over the ranks
+            own_rows = getattr(getattr(loader, "sampler", None), "num_replicas", 1) > 1
             for batch in loader:
                 step += 1
-                if (step - 1) % world_size != rank:
+                if not (own_rows or collective) and (step - 1) % world_size != rank:
                     continue
                 batch = move_data_to_device(batch, module.device)
                 per_token = module.model_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask,

@@ -10,8 +10,9 @@ dimension, no tensor parallelism):
   policy: the frozen base and its trainable adapters in the same units), so `generate` and the
   adapter's forward both enter it;
 - the trained models (the policy, PPO's value model, DRO-V's value) and the frozen ones (the
-  reference, a reward model, a teacher) alike: a frozen model is gathered layer by layer in its
-  forward passes and never holds more than one layer whole. `memory.frozen_placement: whole`
+  reference, a reward model, a teacher) alike: a frozen model is gathered unit by unit in its
+  forward passes (a layer, or the root's embeddings and output layer, at a time) and resharded
+  after each, since it has no backward pass. `memory.frozen_placement: whole`
   keeps the frozen models out of the module tree, so they stay replicated on every process (no
   all-gathers; the memory of one full copy each);
 - mixed precision follows the trainer: under `bf16-mixed` the units compute in bf16 and reduce
@@ -19,8 +20,10 @@ dimension, no tensor parallelism):
 
 Code that reads weights outside a model's forward sees `DTensor` shards and handles them where it
 does: the chunked log-prob path runs as the root's forward (`lit_rlhf.models.logprobs`), the vLLM
-weight sync and LoRA merging gather full tensors (`DTensor.full_tensor()`), the export at fit end
-consolidates the state on rank 0 first (`full_state_dict`).
+weight sync gathers full tensors (`DTensor.full_tensor()`), the LoRA merge unshards the units
+while it reads them (`lit_rlhf.models.merging`), the export at fit end consolidates the state
+first (`export_sharded`), and frozen weights stay out of checkpoints
+(`keep_frozen_out_of_checkpoints`).
 """
 
 from __future__ import annotations
@@ -174,10 +177,14 @@ def export_sharded(module: Any, directory: str) -> None:
     directory; the other ranks wait for it."""
     from lit_rlhf.training.settings import rebuild_module
 
-    state = full_state_dict(module)
+    state = full_state_dict(module)  # the trained weights: the frozen ones are rebuilt from their names
     trainer = attached_trainer(module)
     if trainer.is_global_zero:
         plain = rebuild_module(type(module), {k: v for k, v in module.hparams.items() if k != "_instantiator"})
-        plain.load_state_dict(state)
+        missing, unexpected = plain.load_state_dict(state, strict=False)
+        trained = {name for name, p in plain.named_parameters() if p.requires_grad}
+        if unexpected or trained & set(missing):
+            raise RuntimeError(f"export of the sharded {type(module).__name__}: unexpected weights {unexpected[:5]}, "
+                               f"trained weights missing {sorted(trained & set(missing))[:5]}")
         plain.export_hf(directory)
     trainer.strategy.barrier("export")

@@ -52,14 +52,15 @@ def zero3_run(tmp_path_factory) -> list[dict]:
                 "--grad_probe", timeout=1200)
 
 
-FSDP2_JOBS = ("sft", "dpo", "ppo", "grpo", "dpo:lora", "dpo:file", "dpo:dense")
+FSDP2_JOBS = ("sft", "reward", "dpo", "kto", "drov", "ppo", "grpo", "grpo:whole", "dpo:lora", "reward:lora", "dpo:file",
+              "dpo:dense", "sft:ddp", "reward:ddp", "dpo:ddp", "drov:ddp", "ppo:ddp", "grpo:ddp")
 
 
 @pytest.fixture(scope="session")
 def fsdp2_run(tmp_path_factory) -> list[dict]:
-    """FSDP2 (ModelParallelStrategy): SFT, DPO, PPO, GRPO and LoRA-DPO; DPO (sharded and
+    """FSDP2 (ModelParallelStrategy): every method, LoRA DPO and reward model; DPO (sharded and
     consolidated checkpoints) and GRPO stopped, resumed and compared with straight runs; exports,
-    weight gathers, gradient clipping (run_fsdp2.py)."""
+    weight gathers, gradient clipping; the same fits under DDP (run_fsdp2.py)."""
     out = tmp_path_factory.mktemp("fsdp2")
     script = Path(__file__).with_name("run_fsdp2.py")
     return launch(script, ["--jobs", ",".join(FSDP2_JOBS), "--resume", "dpo,grpo,dpo:file"], 2, out, timeout=600)

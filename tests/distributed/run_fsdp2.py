@@ -10,7 +10,8 @@ were reduced), whether every trained parameter is a `DTensor` shard and the shar
 and, on rank 0, the policy's consolidated state (`sharding.full_state_dict`) next to what
 `gathered_parameters` (the vLLM sync's gather) returned: the test compares them with the export.
 PPO's ranks sample responses of different lengths (3 + 5 r tokens: every forward all-gathers, so
-generation must be synced). `dpo:lora` saves the LoRA merge (`merged_weights`) beside its export; `dpo:dense` takes the dense
+generation must be synced). `dpo:lora` saves the LoRA merge (`merged_weights`) beside its export; `grpo:whole` keeps its reference whole on every rank
+(`frozen_placement: whole`). `<method>:ddp` is the same fit under DDP. `dpo:dense` takes the dense
 log-prob path (the reference the chunked path of `dpo` is compared with); `dpo:file` checkpoints as one
 consolidated file (`save_distributed_checkpoint: false`). Offline fits clip their gradients at a
 norm below the tiny model's (`ClipProbe` records the norms around Lightning's clipping). `--resume` jobs: the fit
@@ -46,6 +47,8 @@ def split_job(job: str) -> tuple[str, dict, str]:
     consolidated file (`save_distributed_checkpoint: false`)."""
     if job.endswith(":file"):
         return job.partition(":")[0], {}, "fsdp2_file"
+    if job.endswith(":ddp"):  # the same fit under DDP: what FSDP2 must compute too
+        return job.partition(":")[0], {}, "ddp"
     if job.endswith(":dense"):  # the dense log-prob path, the reference of the chunked one
         return job.partition(":")[0], {"memory": Memory(logprob_chunk_size=None)}, "fsdp2"
     return (*parse_job(job), "fsdp2")
@@ -131,6 +134,8 @@ def describe(module, trainer, record) -> dict:
         "sharded": [n for n, p in module.named_parameters() if isinstance(p, DTensor) and p.to_local().numel() < p.numel()][:3],
         "frozen_dtensor": [name for name in getattr(module, "_frozen_names", ())
                            if all(isinstance(p, DTensor) for p in getattr(module, name).parameters())],
+        "frozen_plain": [name for name in getattr(module, "_frozen_names", ())
+                         if not any(isinstance(p, DTensor) for p in getattr(module, name).parameters())],
     }
 
 

@@ -1,14 +1,16 @@
 """FSDP2 through Lightning's `ModelParallelStrategy` with 2 CPU processes (gloo): every model of a
 module sharded in `configure_model` (`lit_rlhf.training.sharding`), `configs/strategy/fsdp2.yaml`.
 
-- SFT (packed rows), DPO, PPO, GRPO and LoRA-DPO train: every trained parameter is a `DTensor`
-  shard, the frozen reference too, and the ranks end with the same weights (gradients reduced);
+- SFT (packed rows), the reward model, DPO, KTO, DRO-V, PPO, GRPO, and DPO and the reward model
+  with LoRA train: every trained parameter is a `DTensor` shard, the frozen reference too, and the
+  ranks end with the same weights (gradients reduced);
   PPO's ranks generate responses of different lengths (synced generation, as under ZeRO-3).
   The log-probs take the chunked path (the default), which reads the output layer outside the
   model's forward: it runs as the root's forward (`lit_rlhf.models.logprobs.as_root_forward`);
 - DPO and GRPO stopped after 2 optimizer steps resume from their checkpoint (a directory of
   shards; for DPO also one consolidated file, `save_distributed_checkpoint: false`) to the same
   weights, bit for bit, as 3 uninterrupted steps;
+- each method's fit ends with the weights the same fit under DDP ends with (to float rounding);
 - Lightning's gradient clipping (`trainer.gradient_clip_val`) clips the sharded gradients to the
   norm asked for (PPO and GRPO clip with `max_grad_norm`);
 - the export at fit end (`export_dir`) and `python -m lit_rlhf.export <sharded dir> <out>` load
@@ -27,7 +29,7 @@ from transformers import AutoModelForCausalLM
 from lit_rlhf.export import main as export_main
 from tests.distributed.checks import check_method_results
 
-METHODS = ("sft", "dpo", "ppo", "grpo")
+METHODS = ("sft", "reward", "dpo", "kto", "drov", "ppo", "grpo")
 
 
 def _hf_names(state: dict[str, torch.Tensor], prefix: str = "policy.") -> dict[str, torch.Tensor]:
@@ -41,20 +43,39 @@ def _assert_same(model, expected: dict[str, torch.Tensor]) -> None:
         assert torch.equal(own[name], tensor), name
 
 
-def test_sft_dpo_ppo_grpo_train_with_every_model_sharded(fsdp2_run):
+def test_every_method_trains_with_every_model_sharded(fsdp2_run):
     check_method_results(fsdp2_run, METHODS, "ModelParallelStrategy")
     for rank in (0, 1):
         for method in METHODS:
             res = fsdp2_run[rank][method]
             assert res["all_dtensor"], (rank, method)
             assert res["sharded"], (rank, method)  # each rank holds a part of the weights
-        for method in ("dpo", "grpo"):  # the frozen reference is sharded too (forward only)
+        for method in ("dpo", "kto", "drov", "grpo"):  # the frozen reference is sharded too (forward only)
             assert fsdp2_run[rank][method]["frozen_dtensor"] == ["ref_model"], (rank, method)
         for method in ("ppo", "grpo"):  # every forward all-gathers: the ranks generate in step
             assert fsdp2_run[rank][method]["synced"] == [True], (rank, method)
     # PPO's ranks stopped generating at different steps: <= 3 tokens on rank 0, 4..8 on rank 1
     rank0, rank1 = fsdp2_run[0]["ppo"]["lengths"], fsdp2_run[1]["ppo"]["lengths"]
     assert rank0[0] <= 3 < rank1[0] <= 8, (rank0, rank1)
+
+
+@pytest.mark.parametrize("method", ["sft", "reward", "dpo", "drov", "ppo", "grpo"])
+def test_fsdp2_trains_to_the_weights_ddp_trains_to(fsdp2_run, method):
+    """The same fit (same rows per rank, same seeds; PPO and GRPO sample the same responses)
+    under DDP: the weights after it agree to float rounding (reductions in another order)."""
+    for rank in (0, 1):
+        sharded, replicated = fsdp2_run[rank][method], fsdp2_run[rank][f"{method}:ddp"]
+        assert replicated["strategy"] == "DDPStrategy" and sharded["before"] == replicated["before"]
+        assert sharded["lengths"] == replicated["lengths"], (rank, method)
+        assert sharded["after"] != pytest.approx(sharded["before"], rel=1e-7, abs=0), (rank, method)
+        assert sharded["after"] == pytest.approx(replicated["after"], rel=1e-7), (rank, method)
+
+
+def test_frozen_placement_whole_keeps_the_reference_replicated(fsdp2_run):
+    check_method_results(fsdp2_run, ("grpo:whole",), "ModelParallelStrategy")
+    for rank in (0, 1):
+        res = fsdp2_run[rank]["grpo:whole"]
+        assert res["all_dtensor"] and res["frozen_plain"] == ["ref_model"] and res["frozen_dtensor"] == [], rank
 
 
 def test_chunked_logprobs_train_as_the_dense_logits_do(fsdp2_run):
@@ -69,10 +90,11 @@ def test_chunked_logprobs_train_as_the_dense_logits_do(fsdp2_run):
 
 
 def test_lora_policy_trains_sharded_and_merges_whole(fsdp2_run):
-    check_method_results(fsdp2_run, ("dpo:lora",), "ModelParallelStrategy")
+    check_method_results(fsdp2_run, ("dpo:lora", "reward:lora"), "ModelParallelStrategy")
     for rank in (0, 1):
         res = fsdp2_run[rank]["dpo:lora"]
         assert res["all_dtensor"] and res["merged_is_plain"], rank
+        assert fsdp2_run[rank]["reward:lora"]["all_dtensor"], rank  # a reward adapter and its head
     res = fsdp2_run[0]["dpo:lora"]
     merged = torch.load(res["policy_pt"])["merged"]
     exported = AutoModelForCausalLM.from_pretrained(res["export_dir"])
@@ -178,3 +200,28 @@ def test_a_value_adapter_on_the_policys_base_is_refused():
     assert len(problems) == 1 and problems[0].startswith("value_model: an adapter on the policy's base"), problems
     plain = PPOModule(model="tiny-random-llama", reward_fns=[CharacterFractionReward("abc")])
     assert unsupported(plain, trainer) == []
+
+
+def test_the_overlay_runs_from_the_command_line_in_two_processes(tmp_path):
+    """`main.py fit --config <quickstart> --config configs/strategy/fsdp2.yaml` under torchrun: the
+    overlay's `data_parallel_size: auto` becomes both processes (Lightning alone would build a
+    1-process mesh and refuse the world of 2), the checkpoint is a directory of shards, and the
+    export at fit end loads. The quickstart precomputes the reference log-probs: each rank scores
+    its own rows of the train loader (`lit_rlhf.training.reference_table`)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.distributed.launch import REPO_ROOT, free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(REPO_ROOT / "main.py"), "fit", "--config", str(REPO_ROOT / "configs/quickstart/dpo.yaml"),
+           "--config", str(REPO_ROOT / "configs/strategy/fsdp2.yaml"), "--trainer.accelerator=cpu",
+           "--trainer.devices=2", "--trainer.max_steps=2", "--model.init_args.model=tiny-random-llama"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = tmp_path / "outputs/quickstart/dpo/checkpoints/last.ckpt"
+    assert last.is_dir() and (last / "meta.pt").is_file() and len(list(last.glob("*.distcp"))) == 2
+    AutoModelForCausalLM.from_pretrained(tmp_path / "outputs/quickstart/dpo_model")
