@@ -124,3 +124,15 @@ def test_compare_commits_runs_both_trees_in_turn(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "c.json").read_text())["base"] == result["head"]
     trees = [line.split()[0] for line in compare_commits.git("worktree", "list").splitlines()]
     assert not any(tree.endswith(("/base", "/head")) for tree in trees)  # both removed
+
+
+def test_results_md_shows_the_vllm_mismatch_file():
+    """The vLLM mismatch table in RESULTS.md is its committed file rendered (bench_mismatch.py --write)."""
+    import json
+
+    from benchmarks import bench_mismatch
+    from benchmarks.gpu.report import RESULTS_MD
+
+    result = json.loads((RESULTS_MD.parent / "results" / "mismatch_vllm_cpu.json").read_text())
+    shown = RESULTS_MD.read_text().split(bench_mismatch.BEGIN, 1)[1].split(bench_mismatch.END, 1)[0].strip("\n")
+    assert shown == bench_mismatch.render(result)

@@ -108,17 +108,19 @@ def render(doc: dict[str, Any], source: str) -> str:
     return "\n".join(parts)
 
 
-def write(text: str, path: Path = RESULTS_MD) -> None:
-    """Put `text` between the GPU markers of RESULTS.md (adding a section after `## GPU paths`)."""
+def write(text: str, path: Path = RESULTS_MD, begin: str = BEGIN, end: str = END,
+          title: str = "On one GPU: step time, MFU and memory against TRL (`benchmarks/gpu/`)",
+          after: str = "## GPU paths") -> None:
+    """Put `text` between the markers `begin` and `end` of RESULTS.md; the first time, a section
+    `## {title}` holding them goes right after the section that starts with `after`."""
     md = path.read_text()
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in md:
-        before, rest = md.split(BEGIN, 1)
-        md = before + block + rest.split(END, 1)[1]
+    block = f"{begin}\n{text}\n{end}"
+    if begin in md:
+        before, rest = md.split(begin, 1)
+        md = before + block + rest.split(end, 1)[1]
     else:
-        anchor = md.index("\n## ", md.index("## GPU paths") + 1)
-        section = "\n## On one GPU: step time, MFU and memory against TRL (`benchmarks/gpu/`)\n\n" + block + "\n"
-        md = md[:anchor] + "\n" + section + md[anchor:]
+        anchor = md.index("\n## ", md.index(after) + 1)
+        md = md[:anchor] + "\n" + f"\n## {title}\n\n" + block + "\n" + md[anchor:]
     path.write_text(md)
 
 
