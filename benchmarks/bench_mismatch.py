@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gc
 import json
 import os
 import platform
@@ -61,6 +62,9 @@ def run_temperature(args: argparse.Namespace, temperature: float) -> list[dict[s
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=1, callbacks=[record])
     trainer.fit(module, datamodule=data)
+    module.rollout_source.engine = None  # the engine shuts down before the next temperature's is built
+    del trainer, module, data
+    gc.collect()
     return record.rows
 
 

@@ -343,10 +343,12 @@ def trained_and_initial(module) -> tuple[dict, dict]:
         peft_model = getattr(module, "reward_peft", None) or module.policy
         trained = {n: p.detach() for n, p in peft_model.named_parameters() if p.requires_grad and "lora_B" in n}
         return trained, {n: torch.zeros_like(p) for n, p in trained.items()}
+    from lit_rlhf.training.sharding import full_state_dict  # whole tensors under FSDP2, else state_dict()
+
     lm, backbone = _fresh_tiny()
     if hasattr(module, "policy"):
-        return module.policy.state_dict(), lm
-    return module.reward_model.backbone.state_dict(), backbone
+        return full_state_dict(module.policy), lm
+    return full_state_dict(module.reward_model.backbone), backbone
 
 
 def assert_trained(cli, tmp_path: Path) -> None:
