@@ -59,7 +59,7 @@ def test_peak_flops_by_device_name():
 
 def test_dry_run_measures_every_method_and_renders(tmp_path):
     out = tmp_path / "gpu.json"
-    doc = run.main(["--dry-run", "--frameworks", "ours", "--strategies", "none", "--out", str(out)])
+    doc = run.main(["--dry-run", "--frameworks", "ours", "--strategies", "none,fsdp2", "--out", str(out)])
     assert json.loads(out.read_text())["cases"] == json.loads(json.dumps(doc["cases"]))
     cases = {c["method"]: c for c in doc["cases"]}
     assert set(cases) == set(run.METHODS) and all(c["status"] == "ok" for c in cases.values()), [c.get("error") for c in doc["cases"]]
@@ -71,7 +71,9 @@ def test_dry_run_measures_every_method_and_renders(tmp_path):
             assert 0.5 < share["generation"] + share["logprob_passes"] + share["update"] <= 1.05
         else:
             assert case["phase_share"]["update"] == 1.0
-    assert doc["strategies"][0]["status"] == "ok", doc["strategies"][0].get("error")
+    for record in doc["strategies"]:  # FSDP2 in one process on the CPU: the sharded path runs too
+        assert record["status"] == "ok" and record["mfu"] is None and record["step_s"]["n"] == 1, record.get("error")
+    assert [r["strategy_class"] for r in doc["strategies"]] == ["SingleDeviceStrategy", "ModelParallelStrategy"]
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text("# R\n\n## GPU paths\n\ntext\n\n## Next\n")
     text = report.render(doc, str(out))
