@@ -1,0 +1,53 @@
+"""The distillation-vs-GRPO experiment (experiments/distill_vs_grpo): the driver on the tiny model
+for one step per arm, its reading of those files, and the committed reading against its files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from experiments.distill_vs_grpo import reading, run
+from tests.helpers import REPO_ROOT
+
+RESULTS = REPO_ROOT / "experiments" / "distill_vs_grpo" / "results"
+
+
+def test_driver_and_reading_on_the_tiny_model(tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "results"
+    run.main(["--out", str(out), "--logs", str(tmp_path / "logs"), "--model", "tiny-random-llama",
+              "--teacher", "tiny-random-llama", "--seeds", "1", "--selection-seed", "0", "--lrs", "1e-5", "3e-5",
+              "--steps", "2", "--every", "1", "--eval-split", "test[:6]", "--threads", "1", "--",
+              "--model.init_args.max_new_tokens=4", "--data.init_args.max_prompt_length=256",
+              "--data.init_args.val_split=validation[:5]"])
+    teacher = json.loads((out / "teacher.json").read_text())
+    assert len(teacher["test"]["correct"]) == 6 and len(teacher["val"]["correct"]) == 5
+    choice = json.loads((out / "select" / "choice.json").read_text())
+    assert choice["lr"] in (1e-5, 3e-5) and choice["seed"] == 0
+    for arm in ("grpo", "distill"):
+        record = json.loads((out / "runs" / f"{arm}_s1.json").read_text())
+        assert record["steps"] == 2 and sorted(record["checkpoints"], key=int) == ["0", "1", "2"]
+        assert [c["samples"] for _, c in sorted(record["checkpoints"].items(), key=lambda kv: int(kv[0]))] == [0, 24, 48]
+        assert all(len(c["correct"]) == 6 for c in record["checkpoints"].values())
+    grpo = json.loads((out / "runs" / "grpo_s1.json").read_text())
+    distill = json.loads((out / "runs" / "distill_s1.json").read_text())
+    assert grpo["checkpoints"]["0"]["answers"] == distill["checkpoints"]["0"]["answers"]  # the same start
+    assert distill["lr"] == choice["lr"] and grpo["lr"] == run.SHIPPED_GRPO_LR
+    result = reading.read(out, primary_step=1)
+    assert result["seeds"] == [1] and result["primary"]["step"] == 1
+    diffs = [d - g for d, g in zip(distill["checkpoints"]["1"]["correct"], grpo["checkpoints"]["1"]["correct"])]
+    assert result["primary"]["difference"]["mean"] == pytest.approx(sum(diffs) / 6)
+    assert result["primary"]["verdict"] in reading.VERDICTS.values()
+    assert "distill - grpo" in reading.render(result)
+
+
+def test_committed_reading_comes_from_the_files():
+    if not (RESULTS / "runs").is_dir():
+        pytest.skip("no reported run is committed yet")
+    result = reading.read(RESULTS)
+    saved = json.loads((RESULTS / "reading.json").read_text())
+    assert saved == json.loads(json.dumps(result))
+    readme = (REPO_ROOT / "experiments" / "distill_vs_grpo" / "README.md").read_text()
+    assert reading.block(readme) == reading.render(result)
