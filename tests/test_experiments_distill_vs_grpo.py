@@ -18,14 +18,15 @@ def test_driver_and_reading_on_the_tiny_model(tmp_path):
     torch.set_num_threads(1)
     out = tmp_path / "results"
     run.main(["--out", str(out), "--logs", str(tmp_path / "logs"), "--model", "tiny-random-llama",
-              "--teacher", "tiny-random-llama", "--seeds", "1", "--selection-seed", "0", "--lrs", "1e-5", "3e-5",
-              "--steps", "2", "--every", "1", "--eval-split", "test[:6]", "--threads", "1", "--",
+              "--teacher", "tiny-random-llama", "--seeds", "1", "--selection-seed", "0", "--lrs", "1e-5", "3e-5", "--distill-lr", "0",
+              "--steps", "2", "--select-steps", "1", "--every", "1", "--eval-split", "test[:6]", "--threads", "1", "--",
               "--model.init_args.max_new_tokens=4", "--data.init_args.max_prompt_length=256",
               "--data.init_args.val_split=validation[:5]"])
     teacher = json.loads((out / "teacher.json").read_text())
     assert len(teacher["test"]["correct"]) == 6 and len(teacher["val"]["correct"]) == 5
+    start = json.loads((out / "start_test.json").read_text())["answers"]
     choice = json.loads((out / "select" / "choice.json").read_text())
-    assert choice["lr"] in (1e-5, 3e-5) and choice["seed"] == 0
+    assert choice["lr"] in (1e-5, 3e-5) and choice["seed"] == 0 and choice["steps"] == 1
     for arm in ("grpo", "distill"):
         record = json.loads((out / "runs" / f"{arm}_s1.json").read_text())
         assert record["steps"] == 2 and sorted(record["checkpoints"], key=int) == ["0", "1", "2"]
@@ -33,7 +34,7 @@ def test_driver_and_reading_on_the_tiny_model(tmp_path):
         assert all(len(c["correct"]) == 6 for c in record["checkpoints"].values())
     grpo = json.loads((out / "runs" / "grpo_s1.json").read_text())
     distill = json.loads((out / "runs" / "distill_s1.json").read_text())
-    assert grpo["checkpoints"]["0"]["answers"] == distill["checkpoints"]["0"]["answers"]  # the same start
+    assert grpo["checkpoints"]["0"]["answers"] == distill["checkpoints"]["0"]["answers"] == start["answers"]
     assert distill["lr"] == choice["lr"] and grpo["lr"] == run.SHIPPED_GRPO_LR
     result = reading.read(out, primary_step=1)
     assert result["seeds"] == [1] and result["primary"]["step"] == 1
@@ -51,3 +52,20 @@ def test_committed_reading_comes_from_the_files():
     assert saved == json.loads(json.dumps(result))
     readme = (REPO_ROOT / "experiments" / "distill_vs_grpo" / "README.md").read_text()
     assert reading.block(readme) == reading.render(result)
+
+
+def test_one_arm_alone_and_the_reading_with_no_selection(tmp_path):
+    """`--only`: the parts run apart (in parallel), distill at grpo's lr without a selection."""
+    torch.set_num_threads(1)
+    out = tmp_path / "results"
+    common = ["--out", str(out), "--logs", str(tmp_path / "logs"), "--model", "tiny-random-llama", "--teacher",
+              "tiny-random-llama", "--steps", "1", "--every", "1", "--eval-split", "test[:4]", "--threads", "1", "--",
+              "--model.init_args.max_new_tokens=4", "--data.init_args.max_prompt_length=256",
+              "--data.init_args.val_split=validation[:3]"]
+    run.main(["--only", "policies"] + common)
+    for arm in ("grpo", "distill"):
+        run.main(["--only", arm, "--seed", "5"] + common)
+    assert not (out / "select").exists()
+    result = reading.read(out, primary_step=1)
+    assert result["selection"] is None and result["arms"]["distill"]["lr"] == run.SHIPPED_GRPO_LR
+    assert "no selection run" in reading.render(result)

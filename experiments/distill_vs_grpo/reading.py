@@ -51,11 +51,15 @@ def read(out: Path, primary_step: int = PRIMARY_STEP) -> dict[str, Any]:
         runs[record["arm"]][record["seed"]] = record
     seeds = sorted(set(runs["grpo"]) & set(runs["distill"]))
     paired = {arm: {s: runs[arm][s] for s in seeds} for arm in runs}
-    teacher_correct = [float(c) for c in teacher["test"]["correct"]]
+    # the teacher may have been scored on more problems than the runs (a longer evaluation split): its
+    # first n, checked against the runs' references below
+    n = len(next(iter(runs["grpo"].values()))["checkpoints"]["0"]["correct"]) if runs["grpo"] else None
+    teacher_correct = [float(c) for c in teacher["test"]["correct"][:n]]
     teacher_acc = sum(teacher_correct) / len(teacher_correct)
     result: dict[str, Any] = {
         "seeds": seeds, "unpaired_runs": sorted(f"{a}_s{s}" for a in runs for s in runs[a] if s not in seeds),
-        "teacher": {"path": teacher["teacher"], "split": teacher["eval_split"], "n": len(teacher_correct),
+        "teacher": {"path": teacher["policy"], "split": next(iter(runs["grpo"].values()))["split"] if runs["grpo"] else teacher["eval_split"],
+                    "n": len(teacher_correct),
                     "accuracy": teacher_acc,
                     "val_accuracy": sum(teacher["val"]["correct"]) / len(teacher["val"]["correct"])},
         "selection": choice, "primary_step": primary_step,
@@ -69,7 +73,7 @@ def read(out: Path, primary_step: int = PRIMARY_STEP) -> dict[str, Any]:
         for s in seeds:
             if paired[arm][s]["checkpoints"]["0"]["references"] != first["checkpoints"]["0"]["references"]:
                 raise ValueError(f"{arm} seed {s} was evaluated on other problems than grpo seed {seeds[0]}")
-    if teacher["test"]["references"] != first["checkpoints"]["0"]["references"]:
+    if teacher["test"]["references"][:len(teacher_correct)] != first["checkpoints"]["0"]["references"]:
         raise ValueError("the teacher was evaluated on other problems than the runs")
     arms: dict[str, Any] = {}
     for arm in paired:
@@ -136,7 +140,7 @@ def render(result: dict[str, Any]) -> str:
     sel_text = (f"distill's lr {sel['lr']:g}, chosen from {', '.join(f'{x:g}' for x in sel['grid'])} on the validation "
                 f"split with seed {sel['seed']} (mean validation accuracy after step 0: "
                 + ", ".join(f"{k} {v:.3f}" for k, v in sel["mean_val_accuracy_after_step_0"].items()) + ")"
-                if sel else "no selection file")
+                if sel else f"distill's lr {result['arms']['distill']['lr']:g}, grpo's: no selection run (README)")
     lines += ["", f"Greedy accuracy on {t['n']} held-out problems ({t['split']}), mean [95% hierarchical bootstrap interval, "
               f"seeds then problems, 10000 resamples] over seeds {', '.join(map(str, result['seeds']))}; differences paired "
               "seed by seed and problem by problem; the sign test on per-problem differences averaged over seeds. "

@@ -13,8 +13,9 @@ Stages, each skipped where its file exists (so an interrupted run resumes where 
 
 1. `teacher.json`: the teacher's greedy answers on the evaluation and the validation split;
 2. `select/distill_lr*.json`: arm `distill` at each lr of `--lrs` with `--selection-seed`,
-   evaluated on the validation split; `select/choice.json`: the lr with the highest mean
-   validation greedy accuracy over the checkpoints after step 0 (ties: the smaller lr);
+   evaluated on the validation split for `--select-steps` steps (8: checkpoints 4 and 8, the
+   primary checkpoint); `select/choice.json`: the lr with the highest mean validation greedy
+   accuracy over the checkpoints after step 0 (ties: the smaller lr);
 3. `runs/{arm}_s{seed}.json`: each reported seed, `grpo` then `distill`, evaluated on the
    evaluation split (`--eval-split`, default the whole bundled test split, 200 problems).
 
@@ -109,18 +110,27 @@ def train_scores(log_dir: Path) -> list[float]:
     return [float(r["train/objective/scores"]) for r in rows if r.get("train/objective/scores")]
 
 
-def run_arm(arm: str, seed: int, lr: float, role: str, path: Path, opts: argparse.Namespace) -> dict:
-    """Train one arm for one seed, evaluating `role` at each checkpoint; write and return its record."""
+def run_arm(arm: str, seed: int, lr: float, role: str, path: Path, opts: argparse.Namespace,
+            steps: int | None = None) -> dict:
+    """Train one arm for one seed (`steps`, default `--steps`), evaluating `role` at each
+    checkpoint; write and return its record."""
     if path.exists():
         return json.loads(path.read_text())
     started = time.time()
     log_dir = Path(opts.logs)
-    cli = build(arm, seed, lr, opts.steps, opts.eval_split, log_dir, opts.model, opts.teacher, opts.extra)
+    cli = build(arm, seed, lr, steps or opts.steps, opts.eval_split, log_dir, opts.model, opts.teacher, opts.extra)
     module, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
     datamodule.setup("fit")
     datamodule.setup("test")
     max_new = module.sampling.max_new_tokens
-    checkpoints: dict[str, Any] = {"0": {**greedy_answers(module, datamodule, role, max_new), "samples": 0}}
+    # step 0 is the start's greedy answers, the same for every arm and seed: computed once
+    # (`--only policies`, `start_{role}.json`) and read from there, or computed here without that file
+    start_path = path.parent.parent / f"start_{role}.json"
+    if start_path.exists():
+        start = json.loads(start_path.read_text())["answers"]
+    else:
+        start = greedy_answers(module, datamodule, role, max_new)
+    checkpoints: dict[str, Any] = {"0": {**start, "samples": 0}}
     trainer.callbacks.append(CheckpointEval(datamodule, role, opts.every, max_new, checkpoints))
     trainer.fit(module, datamodule=datamodule)
     record = {
@@ -139,39 +149,52 @@ def run_arm(arm: str, seed: int, lr: float, role: str, path: Path, opts: argpars
     return record
 
 
-def evaluate_teacher(path: Path, opts: argparse.Namespace) -> dict:
-    """The teacher's own greedy answers on the evaluation and the validation split."""
+def evaluate_policy(name: str, path: Path, opts: argparse.Namespace) -> dict:
+    """A policy's own greedy answers, untrained, on the evaluation and the validation split."""
     if path.exists():
         return json.loads(path.read_text())
-    cli = build("grpo", 0, SHIPPED_GRPO_LR, 1, opts.eval_split, Path(opts.logs), opts.teacher, None, opts.extra)
+    cli = build("grpo", 0, SHIPPED_GRPO_LR, 1, opts.eval_split, Path(opts.logs), name, None, opts.extra)
     module, datamodule = cli.model, cli.datamodule
     datamodule.setup("fit")
     datamodule.setup("test")
-    record = {"teacher": opts.teacher, "eval_split": opts.eval_split,
+    record = {"policy": name, "eval_split": opts.eval_split,
               "test": greedy_answers(module, datamodule, "test", module.sampling.max_new_tokens),
               "val": greedy_answers(module, datamodule, "val", module.sampling.max_new_tokens),
               "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record) + "\n")
     for role in ("test", "val"):
-        print(f"teacher on {role}: greedy accuracy {sum(record[role]['correct']) / len(record[role]['correct']):.3f}",
+        print(f"{name} on {role}: greedy accuracy {sum(record[role]['correct']) / len(record[role]['correct']):.3f}",
               flush=True)
     return record
 
 
+def evaluate_policies(out: Path, opts: argparse.Namespace) -> None:
+    """`teacher.json` (the teacher) and `start_test.json`, `start_val.json` (the start's answers:
+    every run's step 0)."""
+    if not (out / "start_test.json").exists():
+        start = evaluate_policy(opts.model or "smollm2-135m-instruct", out / "start.json", opts)
+        for role in ("test", "val"):
+            (out / f"start_{role}.json").write_text(json.dumps({"policy": start["policy"], "answers": start[role]}) + "\n")
+        (out / "start.json").unlink()
+    evaluate_policy(opts.teacher, out / "teacher.json", opts)
+
+
 def select(opts: argparse.Namespace, out: Path) -> float:
-    """arm `distill`'s lr: the highest mean validation accuracy over the checkpoints after step 0."""
+    """arm `distill`'s lr: the highest mean validation accuracy over the checkpoints after step 0
+    of `--select-steps` steps (default 8, the primary checkpoint: steps 4 and 8)."""
     choice_path = out / "select" / "choice.json"
     if choice_path.exists():
         return json.loads(choice_path.read_text())["lr"]
     scores = {}
     for lr in opts.lrs:
-        record = run_arm("distill", opts.selection_seed, lr, "val", out / "select" / f"distill_lr{lr:g}.json", opts)
+        record = run_arm("distill", opts.selection_seed, lr, "val", out / "select" / f"distill_lr{lr:g}.json", opts,
+                         opts.select_steps)
         later = [c for s, c in record["checkpoints"].items() if int(s) > 0]
         scores[lr] = sum(sum(c["correct"]) / len(c["correct"]) for c in later) / max(1, len(later))
     best = max(scores.values())
     lr = min(lr for lr, score in scores.items() if score == best)
-    choice_path.write_text(json.dumps({"lr": lr, "grid": opts.lrs, "seed": opts.selection_seed,
+    choice_path.write_text(json.dumps({"lr": lr, "grid": opts.lrs, "seed": opts.selection_seed, "steps": opts.select_steps,
                                        "mean_val_accuracy_after_step_0": {f"{k:g}": v for k, v in scores.items()}},
                                       indent=1) + "\n")
     print(f"chosen lr for distill: {lr:g} (mean validation accuracy {scores})", flush=True)
@@ -187,9 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[11, 12, 13])
     parser.add_argument("--selection-seed", type=int, default=0)
     parser.add_argument("--lrs", type=float, nargs="+", default=[2e-5, 1e-4])
+    parser.add_argument("--distill-lr", type=float, default=SHIPPED_GRPO_LR,
+                        help="arm distill's lr without a selection (default: grpo's); 0: choose from --lrs")
+    parser.add_argument("--only", choices=["policies", "grpo", "distill"], default=None,
+                        help="one part alone (parallel runs): the teacher's and the start's answers, or one arm")
+    parser.add_argument("--seed", type=int, default=None, help="with --only grpo/distill: its seed")
     parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--select-steps", type=int, default=8, help="steps of each selection run")
     parser.add_argument("--every", type=int, default=4)
-    parser.add_argument("--eval-split", default="test")
+    parser.add_argument("--eval-split", default="test[:60]")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("extra", nargs="*", help="more CLI overrides for every run (after --)")
     opts = parser.parse_args(argv)
@@ -198,11 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(opts.threads)
     out = opts.out
-    evaluate_teacher(out / "teacher.json", opts)
-    lr = select(opts, out)
+    if opts.only == "policies":
+        evaluate_policies(out, opts)
+        return 0
+    lr = opts.distill_lr or select(opts, out)
+    arm_lr = {"grpo": SHIPPED_GRPO_LR, "distill": lr}
+    if opts.only:
+        if opts.seed is None or opts.seed == opts.selection_seed:
+            parser.error("--only grpo/distill needs --seed, a reported seed")
+        run_arm(opts.only, opts.seed, arm_lr[opts.only], "test", out / "runs" / f"{opts.only}_s{opts.seed}.json", opts)
+        return 0
+    evaluate_policies(out, opts)
     for seed in opts.seeds:
-        run_arm("grpo", seed, SHIPPED_GRPO_LR, "test", out / "runs" / f"grpo_s{seed}.json", opts)
-        run_arm("distill", seed, lr, "test", out / "runs" / f"distill_s{seed}.json", opts)
+        for arm in ("grpo", "distill"):
+            run_arm(arm, seed, arm_lr[arm], "test", out / "runs" / f"{arm}_s{seed}.json", opts)
     return 0
 
 
