@@ -61,7 +61,7 @@ def read(out: Path, primary_step: int = PRIMARY_STEP) -> dict[str, Any]:
         "teacher": {"path": teacher["policy"], "split": next(iter(runs["grpo"].values()))["split"] if runs["grpo"] else teacher["eval_split"],
                     "n": len(teacher_correct),
                     "accuracy": teacher_acc,
-                    "val_accuracy": sum(teacher["val"]["correct"]) / len(teacher["val"]["correct"])},
+                    "val_accuracy": sum(teacher["val"]["correct"]) / len(teacher["val"]["correct"]) if teacher["val"] else None},
         "selection": choice, "primary_step": primary_step,
     }
     if not seeds:
@@ -146,7 +146,9 @@ def render(result: dict[str, Any]) -> str:
               "seed by seed and problem by problem; the sign test on per-problem differences averaged over seeds. "
               f"Student samples: 24 per step in both arms. grpo lr {result['arms']['grpo']['lr']:g} (shipped); {sel_text}.",
               "",
-              f"Teacher ({t['path']}): {t['accuracy']:.3f} on these problems ({t['val_accuracy']:.3f} on validation). "
+              f"Teacher ({t['path']}): {t['accuracy']:.3f} on these problems"
+              + (f" ({t['val_accuracy']:.3f} on validation). " if t["val_accuracy"] is not None else ". ")
+              + 
               f"At step {last}: grpo - teacher {_ci(result['arms']['grpo']['steps'][last]['vs_teacher'], True)}, "
               f"distill - teacher {_ci(result['arms']['distill']['steps'][last]['vs_teacher'], True)}. "
               f"First checkpoint whose mean reaches the teacher's score: grpo {_reach('grpo')}; distill {_reach('distill')}.",

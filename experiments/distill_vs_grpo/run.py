@@ -159,11 +159,11 @@ def evaluate_policy(name: str, path: Path, opts: argparse.Namespace) -> dict:
     datamodule.setup("test")
     record = {"policy": name, "eval_split": opts.eval_split,
               "test": greedy_answers(module, datamodule, "test", module.sampling.max_new_tokens),
-              "val": greedy_answers(module, datamodule, "val", module.sampling.max_new_tokens),
+              "val": None if opts.test_only else greedy_answers(module, datamodule, "val", module.sampling.max_new_tokens),
               "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record) + "\n")
-    for role in ("test", "val"):
+    for role in ("test",) if opts.test_only else ("test", "val"):
         print(f"{name} on {role}: greedy accuracy {sum(record[role]['correct']) / len(record[role]['correct']):.3f}",
               flush=True)
     return record
@@ -172,7 +172,7 @@ def evaluate_policy(name: str, path: Path, opts: argparse.Namespace) -> dict:
 def evaluate_policies(out: Path, opts: argparse.Namespace) -> None:
     """`teacher.json` (the teacher) and `start_test.json`, `start_val.json` (the start's answers:
     every run's step 0)."""
-    if not (out / "start_test.json").exists():
+    if not (out / "start_test.json").exists() and not opts.test_only:
         start = evaluate_policy(opts.model or "smollm2-135m-instruct", out / "start.json", opts)
         for role in ("test", "val"):
             (out / f"start_{role}.json").write_text(json.dumps({"policy": start["policy"], "answers": start[role]}) + "\n")
@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="arm distill's lr without a selection (default: grpo's); 0: choose from --lrs")
     parser.add_argument("--only", choices=["policies", "grpo", "distill"], default=None,
                         help="one part alone (parallel runs): the teacher's and the start's answers, or one arm")
+    parser.add_argument("--test-only", action="store_true",
+                        help="--only policies: the teacher on the evaluation split alone (each run scores its own step 0)")
     parser.add_argument("--seed", type=int, default=None, help="with --only grpo/distill: its seed")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--select-steps", type=int, default=8, help="steps of each selection run")
