@@ -68,4 +68,4 @@ def test_one_arm_alone_and_the_reading_with_no_selection(tmp_path):
     assert not (out / "select").exists()
     result = reading.read(out, primary_step=1)
     assert result["selection"] is None and result["arms"]["distill"]["lr"] == run.SHIPPED_GRPO_LR
-    assert "no selection run" in reading.render(result)
+    assert "no selection run" in reading.render(result) and "word for word" in reading.render(result)

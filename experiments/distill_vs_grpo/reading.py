@@ -56,6 +56,7 @@ def read(out: Path, primary_step: int = PRIMARY_STEP) -> dict[str, Any]:
     n = len(next(iter(runs["grpo"].values()))["checkpoints"]["0"]["correct"]) if runs["grpo"] else None
     teacher_correct = [float(c) for c in teacher["test"]["correct"][:n]]
     teacher_acc = sum(teacher_correct) / len(teacher_correct)
+    teacher_answers = teacher["test"]["answers"][:n]
     result: dict[str, Any] = {
         "seeds": seeds, "unpaired_runs": sorted(f"{a}_s{s}" for a in runs for s in runs[a] if s not in seeds),
         "teacher": {"path": teacher["policy"], "split": next(iter(runs["grpo"].values()))["split"] if runs["grpo"] else teacher["eval_split"],
@@ -83,7 +84,11 @@ def read(out: Path, primary_step: int = PRIMARY_STEP) -> dict[str, Any]:
             arms[arm]["steps"][str(step)] = {
                 **_interval(bootstrap_mean(grid)), "per_seed": [sum(row) / len(row) for row in grid],
                 "samples": paired[arm][seeds[0]]["checkpoints"][str(step)]["samples"],
-                "vs_teacher": _interval(paired_bootstrap(grid, [teacher_correct]))}
+                "vs_teacher": _interval(paired_bootstrap(grid, [teacher_correct])),
+                # the share of problems whose greedy answer is the teacher's, text for text (mean over seeds)
+                "same_answer_as_teacher": sum(
+                    sum(a == b for a, b in zip(paired[arm][s]["checkpoints"][str(step)]["answers"], teacher_answers))
+                    / len(teacher_answers) for s in seeds) / len(seeds)}
         reached = [s for s in steps if arms[arm]["steps"][str(s)]["mean"] >= teacher_acc]
         per_seed = {str(seed): next((s for s in steps if arms[arm]["steps"][str(s)]["per_seed"][i] >= teacher_acc), None)
                     for i, seed in enumerate(seeds)}
@@ -113,7 +118,9 @@ def _ci(d: dict[str, Any], sign: bool = False) -> str:
     return f"{d['mean']:{f}} [{d['ci_low']:{f}}, {d['ci_high']:{f}}]"
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: dict[str, Any], decision: bool = True) -> str:
+    """The reading as Markdown; `decision` False: the rule's line is labelled as not the decision
+    (a supplementary run directory)."""
     t = result["teacher"]
     lines = []
     if not result["seeds"]:
@@ -140,7 +147,7 @@ def render(result: dict[str, Any]) -> str:
     sel_text = (f"distill's lr {sel['lr']:g}, chosen from {', '.join(f'{x:g}' for x in sel['grid'])} on the validation "
                 f"split with seed {sel['seed']} (mean validation accuracy after step 0: "
                 + ", ".join(f"{k} {v:.3f}" for k, v in sel["mean_val_accuracy_after_step_0"].items()) + ")"
-                if sel else f"distill's lr {result['arms']['distill']['lr']:g}, grpo's: no selection run (README)")
+                if sel else f"distill lr {result['arms']['distill']['lr']:g}, grpo's (no selection run; README)")
     lines += ["", f"Greedy accuracy on {t['n']} held-out problems ({t['split']}), mean [95% hierarchical bootstrap interval, "
               f"seeds then problems, 10000 resamples] over seeds {', '.join(map(str, result['seeds']))}; differences paired "
               "seed by seed and problem by problem; the sign test on per-problem differences averaged over seeds. "
@@ -155,25 +162,31 @@ def render(result: dict[str, Any]) -> str:
               ""]
     p = result["primary"]
     if p:
-        lines.append(f"**Decision (the rule fixed before the runs): at step {p['step']} ({p['samples']} student samples), "
+        head = ("**Decision (the rule fixed before the runs)" if decision
+                else "**The rule applied to these supplementary runs (not the decision)")
+        lines.append(f"{head}: at step {p['step']} ({p['samples']} student samples), "
                      f"distill - grpo = {_ci(p['difference'], True)}: {p['verdict']}.**")
     else:
         lines.append(f"**Decision: step {result['primary_step']} was not reached by every paired run: no decision.**")
     if result["unpaired_runs"]:
         lines.append(f"Runs without their pair (not counted): {', '.join(result['unpaired_runs'])}.")
     wall = {arm: sum(a["wall_seconds"]) / len(a["wall_seconds"]) for arm, a in result["arms"].items()}
-    lines.append(f"Mean wall time per run (training and 5 evaluations): grpo {wall['grpo'] / 60:.1f} min, "
-                 f"distill {wall['distill'] / 60:.1f} min.")
+    same = {arm: ", ".join(f"{a['steps'][str(s)]['same_answer_as_teacher']:.2f}" for s in result["steps"])
+            for arm, a in result["arms"].items()}
+    lines.append(f"Share of problems whose greedy answer is the teacher's, word for word, at steps "
+                 f"{', '.join(map(str, result['steps']))}: grpo {same['grpo']}; distill {same['distill']}.")
+    lines.append(f"Mean wall time per run (training and {len(result['steps']) - 1} evaluations, with other jobs on "
+                 f"the machine): grpo {wall['grpo'] / 60:.1f} min, distill {wall['distill'] / 60:.1f} min.")
     return "\n".join(lines)
 
 
-def _pattern() -> re.Pattern[str]:
-    return re.compile(rf"(<!-- {re.escape(MARK)} -->\n)(.*?\n)?(<!-- /{re.escape(MARK)} -->)", re.S)
+def _pattern(mark: str = MARK) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- {re.escape(mark)} -->\n)(.*?\n)?(<!-- /{re.escape(mark)} -->)", re.S)
 
 
-def block(text: str) -> str | None:
+def block(text: str, mark: str = MARK) -> str | None:
     """The README block's body, without its final newline."""
-    m = _pattern().search(text)
+    m = _pattern(mark).search(text)
     return None if m is None else (m.group(2) or "").rstrip("\n")
 
 
@@ -182,16 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, nargs="?", default=HERE / "results")
     parser.add_argument("--readme", type=Path, default=HERE / "README.md")
     parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--block", default=MARK, help="the README block to write (another run directory's)")
+    parser.add_argument("--supplementary", action="store_true", help="not the decision's runs: say so")
     args = parser.parse_args(argv)
     result = read(args.out)
-    text = render(result)
+    text = render(result, decision=not args.supplementary)
     (args.out / "reading.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "reading.md").write_text(text + "\n")
     if not args.no_readme:
         readme = args.readme.read_text()
-        if block(readme) is None:
-            raise SystemExit(f"{args.readme} has no block <!-- {MARK} --> ... <!-- /{MARK} -->")
-        args.readme.write_text(_pattern().sub(lambda m: m.group(1) + text + "\n" + m.group(3), readme))
+        if block(readme, args.block) is None:
+            raise SystemExit(f"{args.readme} has no block <!-- {args.block} --> ... <!-- /{args.block} -->")
+        args.readme.write_text(_pattern(args.block).sub(lambda m: m.group(1) + text + "\n" + m.group(3), readme))
     print(text)
     return 0
 
