@@ -78,7 +78,11 @@ def read(out: Path, primary_step: int = PRIMARY_STEP) -> dict[str, Any]:
         raise ValueError("the teacher was evaluated on other problems than the runs")
     arms: dict[str, Any] = {}
     for arm in paired:
-        arms[arm] = {"lr": paired[arm][seeds[0]]["lr"], "steps": {}, "wall_seconds": [paired[arm][s]["wall_seconds"] for s in seeds]}
+        arms[arm] = {"lr": paired[arm][seeds[0]]["lr"], "steps": {}, "wall_seconds": [paired[arm][s]["wall_seconds"] for s in seeds],
+                     # the task reward of the student's own samples (temperature 1, training questions), per seed: the
+                     # mean over its steps (distill: logged only, not trained on)
+                     "train_score": [sum(paired[arm][s]["train_scores"]) / max(1, len(paired[arm][s]["train_scores"]))
+                                     for s in seeds]}
         for step in steps:
             grid = _grid(paired[arm], str(step))
             arms[arm]["steps"][str(step)] = {
@@ -175,6 +179,10 @@ def render(result: dict[str, Any], decision: bool = True) -> str:
             for arm, a in result["arms"].items()}
     lines.append(f"Share of problems whose greedy answer is the teacher's, word for word, at steps "
                  f"{', '.join(map(str, result['steps']))}: grpo {same['grpo']}; distill {same['distill']}.")
+    score = {arm: a["train_score"] for arm, a in result["arms"].items()}
+    lines.append("Task reward of the student's own training samples (temperature 1, the same training questions in "
+                 "both arms; distill does not train on it), mean over steps, per seed: grpo "
+                 + " ".join(f"{x:.3f}" for x in score["grpo"]) + "; distill " + " ".join(f"{x:.3f}" for x in score["distill"]) + ".")
     lines.append(f"Mean wall time per run (training and {len(result['steps']) - 1} evaluations, with other jobs on "
                  f"the machine): grpo {wall['grpo'] / 60:.1f} min, distill {wall['distill'] / 60:.1f} min.")
     return "\n".join(lines)
