@@ -44,14 +44,19 @@ def test_driver_and_reading_on_the_tiny_model(tmp_path):
     assert "distill - grpo" in reading.render(result)
 
 
-def test_committed_reading_comes_from_the_files():
-    if not (RESULTS / "runs").is_dir():
-        pytest.skip("no reported run is committed yet")
-    result = reading.read(RESULTS)
-    saved = json.loads((RESULTS / "reading.json").read_text())
+@pytest.mark.parametrize("directory, mark, decision", [
+    ("results", reading.MARK, True),  # the reported runs (8 steps)
+    ("results_16steps", "reading:distill_vs_grpo_16steps", False),  # the supplementary 16-step runs
+])
+def test_committed_reading_comes_from_the_files(directory, mark, decision):
+    results = RESULTS.parent / directory
+    if not (results / "reading.json").is_file():
+        pytest.skip(f"no reading of {directory} is committed")
+    result = reading.read(results)
+    saved = json.loads((results / "reading.json").read_text())
     assert saved == json.loads(json.dumps(result))
     readme = (REPO_ROOT / "experiments" / "distill_vs_grpo" / "README.md").read_text()
-    assert reading.block(readme) == reading.render(result)
+    assert reading.block(readme, mark) == reading.render(result, decision=decision)
 
 
 def test_one_arm_alone_and_the_reading_with_no_selection(tmp_path):
