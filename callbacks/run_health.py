@@ -20,6 +20,10 @@
   of the responses of the last quarter ended without EOS at `max_new_tokens` (what
   `train/response/eos_fraction` logs). Each is one plain line in the end-of-fit report.
 
+A module whose update does not read the scores (`learns_from_scores` False: pure distillation,
+`DistillationModule` with `reward_weight` 0, where the scores are only logged) gets neither
+score warning nor the reward line; the truncation line still applies.
+
 It only observes (through the rollout hook `on_rollout_end` of `lit_rlhf.modules.online` and
 Lightning's hooks); the CLI adds it to every run unless the config lists it itself
 (`callbacks.default_callbacks`, passed to the CLI by `main.py`).
@@ -160,6 +164,8 @@ class RunHealthCallback(Callback):
         self.scores.append(float(scores.detach().float().mean()))
         self.eos_fractions.append(float(has_eos.float().mean()) if has_eos is not None else 1.0)
         self.counts.append(int(scores.numel()))
+        if not getattr(pl_module, "learns_from_scores", True):
+            return  # the scores are only logged (pure distillation): equal ones stop nothing
         self.equal_streak = self.equal_streak + 1 if all_equal(scores) else 0
         group = int(getattr(pl_module, "repeats", 1))
         self.flat_streak = self.flat_streak + 1 if all_groups_flat(scores, group) else 0
@@ -219,7 +225,8 @@ class RunHealthCallback(Callback):
         if not trainer.is_global_zero or not self.scores:
             return
         sampling = getattr(pl_module, "sampling", None)
-        for line in dead_run_report(self.scores, self.eos_fractions, self.counts,
+        scores = self.scores if getattr(pl_module, "learns_from_scores", True) else []  # no reward line then
+        for line in dead_run_report(scores, self.eos_fractions, self.counts,
                                     getattr(sampling, "max_new_tokens", None)):
             log.warning(line)
 

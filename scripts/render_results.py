@@ -179,6 +179,8 @@ RECIPES = {
     "rejection_sampling": ("Rejection sampling (best-of-N)", "reward", ("val/objective/scores",)),
     "orpo": ("ORPO", None, ("val/loss", "val/rewards/log_odds_ratio", "val/rewards/accuracies")),
     "ppo_ptx": ("PPO-ptx", "reward", ("val/objective/scores", "val/objective/kl", "train/loss/ptx")),
+    # the teacher is the student's own base given a privileged context: no recipe first
+    "distill": ("On-policy distillation", None, ("val/distill/reverse_kl",)),
 }
 
 

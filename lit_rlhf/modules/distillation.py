@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Literal
 
@@ -19,6 +20,8 @@ from lit_rlhf.online.fixed import reference_rollout
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rng import validation_rng
 from lit_rlhf.types import PromptBatch, Rollout
+
+log = logging.getLogger(__name__)
 
 DistillationLoss = Literal["reverse_kl_pg", "gkd"]
 BASE = "base"  # `teacher: base`: the student's own starting weights (with LoRA: the base, adapter off)
@@ -142,6 +145,9 @@ class DistillationModule(OnlineModule):
             self.tokenizer(teacher_context, add_special_tokens=False)["input_ids"] if teacher_context else [])
         self.load_teacher(teacher)
         self.init_kl(kl_coef)
+        # each validation's `distill/reverse_kl` (step, value), for the fit's closing line (`on_fit_end`)
+        self.val_reverse_kl: list[tuple[int, float]] = []
+        self._val_kl_sum, self._val_kl_rows = 0.0, 0
 
     def load_teacher(self, name: str) -> None:
         """`self.teacher_model`: frozen, out of checkpoints (`add_frozen`), or a view of the shared base."""
@@ -157,6 +163,12 @@ class DistillationModule(OnlineModule):
                              f"{'; '.join(differences)}. Distillation compares the two models token by token: "
                              "give a teacher with the student's tokenizer")
         self.add_frozen("teacher_model", models.load_reference_model(name, self.tokenizer, self.model_dtype))
+
+    @property
+    def learns_from_scores(self) -> bool:
+        """Whether the update reads the task reward (`callbacks.RunHealthCallback` asks: equal scores
+        of a pure distillation run, only logged, are no dead run)."""
+        return self.reward_weight > 0
 
     @property
     def repeats(self) -> int:
@@ -281,6 +293,26 @@ class DistillationModule(OnlineModule):
             "response/eos_fraction": rollout.has_eos.float().mean(),
             "distill/reverse_kl": masked_sum(rollout.logps - teacher, mask) / mask.sum().clamp(min=1),
         }
+        self._val_kl_sum += float(stats["distill/reverse_kl"]) * rollout.num_rows  # the logged epoch mean's weights
+        self._val_kl_rows += rollout.num_rows
         if rollout.ref_logps is not None:
             stats["objective/kl"] = masked_sum(rollout.logps - rollout.ref_logps, mask, dim=1).mean()
         self.log_stats("val", stats, batch_size=rollout.num_rows)
+
+    def on_validation_epoch_start(self) -> None:
+        super().on_validation_epoch_start()
+        self._val_kl_sum, self._val_kl_rows = 0.0, 0
+
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
+        if self._val_kl_rows:  # this rank's mean over the validation's rows, as the logged value weighs them
+            self.val_reverse_kl.append((self.global_step, self._val_kl_sum / self._val_kl_rows))
+
+    def on_fit_end(self) -> None:
+        """The fit's result line beside `run stopped:`: the first and the last validation reverse KL."""
+        trainer = attached_trainer(self)
+        if trainer is not None and trainer.is_global_zero and self.val_reverse_kl:
+            (first_step, first), (last_step, last) = self.val_reverse_kl[0], self.val_reverse_kl[-1]
+            log.warning("distillation result: val/distill/reverse_kl %.4g (step %d) -> %.4g (step %d), %d validations",
+                        first, first_step, last, last_step, len(self.val_reverse_kl))
+        super().on_fit_end()

@@ -101,3 +101,31 @@ def test_a_tiny_dead_run_says_so_at_fit_end(tmp_path, caplog):
     assert "reward did not move: the optimised reward (train/objective/scores) went from 0.5" in caplog.text
     assert "every rollout scored the same" in caplog.text
     assert "% of responses were truncated at max_new_tokens=4 (no EOS; last 2 of 4 rollouts)" in caplog.text
+
+
+def test_a_module_that_does_not_learn_from_scores_gets_no_score_warning(caplog):
+    """Pure distillation logs the task reward only: equal scores are no dead run; truncation still is."""
+    trainer = SimpleNamespace(is_global_zero=True)
+    module = SimpleNamespace(repeats=2, sampling=SimpleNamespace(max_new_tokens=24), learns_from_scores=False)
+    callback = RunHealthCallback(patience=2)
+    with caplog.at_level(logging.WARNING, logger="callbacks.run_health"):
+        for _ in range(8):
+            callback.on_rollout_end(trainer, module, _rollout([0.0, 0.0], eos=1.0))
+        callback.on_fit_end(trainer, module)
+    assert caplog.text == "" and callback.scores == [0.0] * 8
+    truncated = RunHealthCallback(patience=2)
+    with caplog.at_level(logging.WARNING, logger="callbacks.run_health"):
+        for _ in range(8):
+            truncated.on_rollout_end(trainer, module, _rollout([0.0, 0.0], eos=0.0))
+        truncated.on_fit_end(trainer, module)
+    assert "dead run?" not in caplog.text and "reward did not move" not in caplog.text
+    assert "100% of responses were truncated at max_new_tokens=24" in caplog.text
+    learning = SimpleNamespace(repeats=2, sampling=SimpleNamespace(max_new_tokens=24))  # the default: it learns
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="callbacks.run_health"):
+        for _ in range(8):
+            RunHealthCallback(patience=2).on_rollout_end(trainer, learning, _rollout([0.0, 0.0], eos=1.0))
+        warned = RunHealthCallback(patience=2)
+        for _ in range(3):
+            warned.on_rollout_end(trainer, learning, _rollout([0.0, 0.0], eos=1.0))
+    assert "dead run?" in caplog.text

@@ -129,9 +129,11 @@ def test_lora_teacher_base_is_the_frozen_base_without_a_copy():
     assert "teacher_model" not in dict(module.named_children())
 
 
-def test_quickstart_recipe_fits_through_the_cli(tmp_path):
-    """One rollout of each loss from the quickstart recipe, tiny overrides; no teacher in last.ckpt."""
+def test_quickstart_recipe_fits_through_the_cli(tmp_path, caplog):
+    """One rollout of each loss from the quickstart recipe, tiny overrides; no teacher in last.ckpt;
+    the fit's result line gives the validation reverse KL that was logged."""
     for loss in ("reverse_kl_pg", "gkd"):
+        caplog.clear()
         out = tmp_path / loss
         cli = main(["fit", "--config", str(RECIPE), f"--model.init_args.model={TINY}", f"--model.init_args.loss={loss}",
                     "--model.init_args.max_new_tokens=4", "--model.init_args.total_episodes=null",
@@ -144,6 +146,11 @@ def test_quickstart_recipe_fits_through_the_cli(tmp_path):
         metrics = cli.trainer.callback_metrics
         assert cli.trainer.global_step == 1 and torch.isfinite(metrics["train/loss/total"])
         assert "val/distill/reverse_kl" in metrics and "train/distill/reverse_kl" in metrics
+        (step, value), = cli.model.val_reverse_kl  # one validation, after step 1
+        assert step == 1 and value == pytest.approx(float(metrics["val/distill/reverse_kl"]), abs=1e-6)
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("distillation result:")]
+        assert lines == [f"distillation result: val/distill/reverse_kl {value:.4g} (step 1) -> {value:.4g} (step 1), "
+                         "1 validations"]
         state = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
         assert not any(k.startswith("teacher_model.") for k in state) and any(k.startswith("policy.") for k in state)
         assert (out / "export" / "config.json").is_file() and (out / "config.yaml").is_file()
