@@ -2,22 +2,26 @@
 
     python -m experiments.distill_vs_grpo.run --out experiments/distill_vs_grpo/results
 
-Arms (same start SmolLM2-135M-Instruct, same prompts per step for a seed, 6 questions x 4 sampled
-answers of up to 16 tokens per step, 16 steps = 384 student samples):
+Arms (same start SmolLM2-135M-Instruct, the same training questions in the same order, 6
+questions x 4 sampled answers of up to 16 tokens per step, `--steps` steps, 24 student samples
+each):
 
 - `grpo`: examples/verifiable_math.yaml as shipped (GRPO, the math-verify reward, lr 2e-5);
 - `distill`: experiments/distill_vs_grpo/distill.yaml (DistillationModule, reverse_kl_pg, the
-  teacher the GRPO policy that examples/verifiable_math.py exported, seed 1), its lr chosen here.
+  teacher the GRPO policy that examples/verifiable_math.py exported, seed 1), at `--distill-lr`
+  (default grpo's), or with `--distill-lr 0` at the lr chosen on validation (stage 2).
 
 Stages, each skipped where its file exists (so an interrupted run resumes where it stopped):
 
-1. `teacher.json`: the teacher's greedy answers on the evaluation and the validation split;
-2. `select/distill_lr*.json`: arm `distill` at each lr of `--lrs` with `--selection-seed`,
-   evaluated on the validation split for `--select-steps` steps (8: checkpoints 4 and 8, the
-   primary checkpoint); `select/choice.json`: the lr with the highest mean validation greedy
-   accuracy over the checkpoints after step 0 (ties: the smaller lr);
-3. `runs/{arm}_s{seed}.json`: each reported seed, `grpo` then `distill`, evaluated on the
-   evaluation split (`--eval-split`, default the whole bundled test split, 200 problems).
+1. `teacher.json`, `start_test.json`, `start_val.json`: the teacher's and the start's greedy
+   answers on the evaluation and the validation split (`--only policies`; `--test-only`: the
+   teacher on the evaluation split alone);
+2. with `--distill-lr 0` (or `--only select`, alone): `select/distill_lr*.json`, arm `distill`
+   at each lr of `--lrs` with `--selection-seed`, evaluated on the validation split for
+   `--select-steps` steps (8: checkpoints 4 and 8); `select/choice.json`: the lr with the highest
+   mean validation greedy accuracy over the checkpoints after step 0 (ties: the smaller lr);
+3. `runs/{arm}_s{seed}.json`: each reported seed, `grpo` then `distill` (`--only ARM --seed S`:
+   one run alone), evaluated on the evaluation split (`--eval-split`, default `test[:60]`).
 
 Every run file holds, at each checkpoint (steps 0, `--every`, ...), each problem's greedy answer
 and whether math-verify matches it to the reference (`lit_rlhf.rewards.answers_match`), the
@@ -212,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lrs", type=float, nargs="+", default=[2e-5, 1e-4])
     parser.add_argument("--distill-lr", type=float, default=SHIPPED_GRPO_LR,
                         help="arm distill's lr without a selection (default: grpo's); 0: choose from --lrs")
-    parser.add_argument("--only", choices=["policies", "grpo", "distill"], default=None,
+    parser.add_argument("--only", choices=["policies", "select", "grpo", "distill"], default=None,
                         help="one part alone (parallel runs): the teacher's and the start's answers, or one arm")
     parser.add_argument("--test-only", action="store_true",
                         help="--only policies: the teacher on the evaluation split alone (each run scores its own step 0)")
@@ -231,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     out = opts.out
     if opts.only == "policies":
         evaluate_policies(out, opts)
+        return 0
+    if opts.only == "select":  # the validation selection of distill's lr alone
+        select(opts, out)
         return 0
     lr = opts.distill_lr or select(opts, out)
     arm_lr = {"grpo": SHIPPED_GRPO_LR, "distill": lr}
