@@ -29,6 +29,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import write_block
+
 STATS = ("kl_k1", "kl_k3", "ratio_min", "ratio_p05", "ratio_p50", "ratio_p95", "ratio_max", "masked_fraction")
 BEGIN, END = "<!-- mismatch-benchmark:begin -->", "<!-- mismatch-benchmark:end -->"
 TITLE = "The vLLM backend's sampler/learner mismatch (`bench_mismatch.py`)"
@@ -98,18 +100,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--render", default=None, help="render this result file (and --write it) without measuring")
     args = p.parse_args(argv)
     if args.render:
-        from benchmarks.gpu.report import write
-
         result = json.loads(Path(args.render).read_text())
         if args.write:
-            write(render(result), begin=BEGIN, end=END, title=TITLE, after="## Generation backends")
+            write_block(render(result), BEGIN, END, TITLE, after="## Generation backends")
         print(render(result))
         return result
     import torch
     import vllm
 
     from benchmarks.common import machine_info
-    from benchmarks.gpu.report import RESULTS_MD, write
+    from benchmarks.gpu.report import RESULTS_MD
 
     torch.set_num_threads(2)
     result: dict[str, Any] = {
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["file"] = str(path)
         path.write_text(json.dumps(result, indent=2))
         if args.write:
-            write(render(result), begin=BEGIN, end=END, title=TITLE, after="## Generation backends")
+            write_block(render(result), BEGIN, END, TITLE, after="## Generation backends")
     else:
         result["file"] = "-"
     print(render(result))

@@ -354,10 +354,12 @@ class StepTimer(_lightning_callback_base()):
     def __init__(self) -> None:
         self.times: list[float] = []
         self._started = 0.0
+        self.first_started: float | None = None  # the first step's start (set-up time ends there)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         StepPeaks.start()
         self._started = time.perf_counter()
+        self.first_started = self.first_started or self._started
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         StepPeaks.stop()  # synchronizes a GPU first

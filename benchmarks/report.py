@@ -11,6 +11,21 @@ from pathlib import Path
 from typing import Sequence
 
 
+def write_block(text: str, begin: str, end: str, title: str, after: str, path: Path | None = None) -> None:
+    """Put `text` between the markers `begin` and `end` of RESULTS.md (or `path`); the first time, a
+    section `## {title}` holding them goes right after the section that starts with `after`."""
+    path = path or Path(__file__).resolve().parent / "RESULTS.md"
+    md = path.read_text()
+    block = f"{begin}\n{text}\n{end}"
+    if begin in md:
+        before, rest = md.split(begin, 1)
+        md = before + block + rest.split(end, 1)[1]
+    else:
+        anchor = md.index("\n## ", md.index(after) + 1)
+        md = md[:anchor] + "\n" + f"\n## {title}\n\n" + block + "\n" + md[anchor:]
+    path.write_text(md)
+
+
 def _s(summary: dict | None, digits: int = 3) -> str:
     if not summary:
         return "-"

@@ -72,6 +72,13 @@ class ModelShape:
             tie_word_embeddings=self.tied, hidden_act="silu", attention_bias=False, mlp_bias=False,
         )
 
+    @classmethod
+    def from_config(cls, config) -> "ModelShape":
+        """The shape of a built model from its transformers config (the inverse of `llama_config`)."""
+        return cls(layers=config.num_hidden_layers, hidden=config.hidden_size, heads=config.num_attention_heads,
+                   kv_heads=config.num_key_value_heads, intermediate=config.intermediate_size, vocab=config.vocab_size,
+                   tied=bool(config.tie_word_embeddings), rope_theta=float(getattr(config, "rope_theta", 100000.0)))
+
     def to_dict(self) -> dict:
         return asdict(self)
 

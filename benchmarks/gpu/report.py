@@ -14,12 +14,33 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import write_block
+
 RESULTS_MD = Path(__file__).resolve().parents[1] / "RESULTS.md"
 BEGIN, END = "<!-- gpu-benchmark:begin -->", "<!-- gpu-benchmark:end -->"
 
 
-def _f(value: float | None, spec: str) -> str:
+def _f(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def case_line(case: dict[str, Any]) -> str:
+    """One case as the run prints it when it ends."""
+    head = f"{case['size']:>13} {case['method']:>4} {case['framework']:>4}"
+    if case["status"] != "ok":
+        return f"{head}: {case['status']} ({case.get('reason') or case.get('error', '')[:300]})"
+    phases = case["phases_s"]
+    return (f"{head}: step {case['step_s']['median']:.3f}s, {case['tokens_per_s']:.0f} tok/s, MFU {_f(case['mfu'], '.1%')}"
+            f" (update {_f(case['update_mfu'], '.1%')}), peak {_f(case['peak_gpu_mib'], '.0f')} MiB, gen "
+            f"{_f(phases['generation'])}s, logprob {_f(phases['logprob_passes'])}s, update {_f(phases['update'])}s")
+
+
+def strategy_line(record: dict[str, Any]) -> str:
+    """One strategy's record as the run prints it."""
+    if record["status"] != "ok":
+        return f"strategy {record['strategy']:>16}: {record['status']} ({record.get('reason') or record.get('error', '')[:300]})"
+    return (f"strategy {record['strategy']:>16}: step {record['step_s']['median']:.3f}s, {record['tokens_per_s']:.0f} tok/s, "
+            f"MFU {_f(record['mfu'], '.1%')}, peak {_f(record['peak_gpu_mib'], '.0f')} MiB")
 
 
 def _cell(text: str, limit: int = 160) -> str:
@@ -108,20 +129,10 @@ def render(doc: dict[str, Any], source: str) -> str:
     return "\n".join(parts)
 
 
-def write(text: str, path: Path = RESULTS_MD, begin: str = BEGIN, end: str = END,
-          title: str = "On one GPU: step time, MFU and memory against TRL (`benchmarks/gpu/`)",
-          after: str = "## GPU paths") -> None:
-    """Put `text` between the markers `begin` and `end` of RESULTS.md; the first time, a section
-    `## {title}` holding them goes right after the section that starts with `after`."""
-    md = path.read_text()
-    block = f"{begin}\n{text}\n{end}"
-    if begin in md:
-        before, rest = md.split(begin, 1)
-        md = before + block + rest.split(end, 1)[1]
-    else:
-        anchor = md.index("\n## ", md.index(after) + 1)
-        md = md[:anchor] + "\n" + f"\n## {title}\n\n" + block + "\n" + md[anchor:]
-    path.write_text(md)
+def write(text: str, path: Path = RESULTS_MD) -> None:
+    """Put `text` between the GPU markers of RESULTS.md (a section after `## GPU paths` the first time)."""
+    write_block(text, BEGIN, END, "On one GPU: step time, MFU and memory against TRL (`benchmarks/gpu/`)",
+                after="## GPU paths", path=path)
 
 
 def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:

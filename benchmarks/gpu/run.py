@@ -47,6 +47,7 @@ import torch
 
 from benchmarks import common
 from benchmarks.gpu import flops as F
+from benchmarks.gpu import report
 
 METHODS = ("sft", "dpo", "grpo", "ppo")
 # workload per method at real lengths (prompt 512, completion 256), sized for one 80 GB GPU
@@ -90,6 +91,11 @@ def build_model(shape: F.ModelShape, tokenizer, out_dir: Path, device: str, seed
     del model
     _free()
     return out_dir
+
+
+def on_gpu(args: argparse.Namespace) -> bool:
+    """Whether this run measures on the GPU (a dry run stays on the CPU)."""
+    return torch.cuda.is_available() and not args.dry_run
 
 
 def _free() -> None:
@@ -188,8 +194,7 @@ def run_case(method: str, framework: str, worker, shape: F.ModelShape, model_dir
         warmup=spec["warmup"] if not args.dry_run else 1, steps=spec["steps"] if not args.dry_run else 1,
         rounds=1, frameworks=framework, threads=args.threads, seed=args.seed, in_process=True, no_bare=True,
         profile=bool(case_key) and case_key in {c.strip() for c in args.profile.split(",")},
-        accelerator="gpu" if torch.cuda.is_available() and not args.dry_run else "cpu",
-        precision="bf16-mixed" if torch.cuda.is_available() and not args.dry_run else "32-true", extra=extra,
+        accelerator="gpu" if on_gpu(args) else "cpu", precision="bf16-mixed" if on_gpu(args) else "32-true", extra=extra,
     )
     held = torch.cuda.memory_allocated() / 2**20 if torch.cuda.is_available() else None  # left by earlier cases
     started = time.perf_counter()
@@ -200,6 +205,39 @@ def run_case(method: str, framework: str, worker, shape: F.ModelShape, model_dir
     record.update(case_seconds=time.perf_counter() - started, gpu_mib_held_before=held, batch_size=cfg.batch_size, warmup=cfg.warmup,
                   prompt_length=cfg.prompt_length, completion_length=cfg.completion_length, extra=extra)
     return record
+
+
+def measure_case(method: str, framework: str, worker, shape: F.ModelShape, model_dir: Path,
+                 args: argparse.Namespace, peak: float | None, key: str, elapsed: float,
+                 trl_version: str | None) -> dict[str, Any]:
+    """One case's status and record: not run (no such TRL trainer), skipped (past `--budget-s`),
+    measured, or its error (one failed case must not lose the others)."""
+    if worker is None or (framework == common.TRL_TOKEN and not common.trl_available()):
+        reason = "TRL is not importable" if not common.trl_available() else f"TRL {trl_version} has no {method.upper()} trainer"
+        return {"status": "not run", "reason": reason}
+    if args.budget_s and elapsed > args.budget_s:
+        return {"status": "skipped", "reason": f"time budget of {args.budget_s:.0f} s spent"}
+    print(f"[gpu-bench] {key.replace('/', ' ')} ...", file=sys.stderr, flush=True)
+    try:
+        return {"status": "ok", **run_case(method, framework, worker, shape, model_dir, args, peak, key)}
+    except Exception as error:  # noqa: BLE001 - one failed case must not lose the others
+        return {"status": "error", "error": f"{type(error).__name__}: {error}"[-2000:],
+                "traceback": traceback.format_exc()[-4000:]}
+    finally:
+        _free()
+
+
+def measure_strategy(name: str, size: str, shape: F.ModelShape, model_dir: Path, args: argparse.Namespace,
+                     peak: float | None, elapsed: float) -> dict[str, Any]:
+    """One strategy overlay's SFT record (`benchmarks.gpu.strategies`, its own process), or skipped."""
+    from benchmarks.gpu import strategies
+
+    if args.budget_s and elapsed > args.budget_s:
+        record = {"strategy": name, "status": "skipped", "reason": f"time budget of {args.budget_s:.0f} s spent"}
+    else:
+        print(f"[gpu-bench] strategy {name} (sft, {size}) ...", file=sys.stderr, flush=True)
+        record = strategies.run_in_subprocess(name, model_dir, args, peak)
+    return dict(record, size=size, parameters=shape.parameters())
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -244,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "gpu": gpu, "versions": versions(),
         "commit": args.commit or _commit(), "host": {"cpu_count": os.cpu_count(), "load_average_before": os.getloadavg()},
-        "precision": "bf16-mixed (float32 weights, bf16 autocast)" if torch.cuda.is_available() and not args.dry_run else "32-true",
+        "precision": "bf16-mixed (float32 weights, bf16 autocast)" if on_gpu(args) else "32-true",
         "dry_run": args.dry_run, "flops_counting": "benchmarks/gpu/flops.py (6N per trained token + attention, PaLM App. B)",
         "cases": [], "strategies": [],
     }
@@ -258,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     only = {c.strip() for c in args.only.split(",") if c.strip()}
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
+    device = "cuda" if on_gpu(args) else "cpu"
     built: dict[str, tuple[F.ModelShape, Path]] = {}
     with tempfile.TemporaryDirectory(prefix="lit_rlhf_gpu_bench_") as tmp:
 
@@ -278,37 +316,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     case = {"size": size, "parameters": shape.parameters(), "shape": shape.to_dict(), "method": method,
                             "framework": framework}
                     worker = ours if framework == common.OURS else trl
-                    if worker is None or (framework == common.TRL_TOKEN and not common.trl_available()):
-                        case.update(status="not run", reason="TRL is not importable" if not common.trl_available()
-                                    else f"TRL {versions().get('trl')} has no {method.upper()} trainer")
-                    elif args.budget_s and time.perf_counter() - clock > args.budget_s:
-                        case.update(status="skipped", reason=f"time budget of {args.budget_s:.0f} s spent")
-                    else:
-                        print(f"[gpu-bench] {size} {method} {framework} ...", file=sys.stderr, flush=True)
-                        try:
-                            case.update(status="ok", **run_case(method, framework, worker, shape, model_dir, args, peak,
-                                                                f"{size}/{method}/{framework}"))
-                        except Exception as error:  # noqa: BLE001 - one failed case must not lose the others
-                            case.update(status="error", error=f"{type(error).__name__}: {error}"[-2000:],
-                                        traceback=traceback.format_exc()[-4000:])
-                        _free()
+                    case.update(measure_case(method, framework, worker, shape, model_dir, args, peak,
+                                             f"{size}/{method}/{framework}", time.perf_counter() - clock,
+                                             doc["versions"].get("trl")))
                     doc["cases"].append(case)
-                    print(_line(case), flush=True)
+                    print(report.case_line(case), flush=True)
                     save()
         if args.strategies:
-            from benchmarks.gpu import strategies
-
             size = args.strategy_size or sizes[-1]
             shape, model_dir = model_of(size)
             for name in [s.strip() for s in args.strategies.split(",") if s.strip()]:
-                if args.budget_s and time.perf_counter() - clock > args.budget_s:
-                    record = {"strategy": name, "status": "skipped", "reason": f"time budget of {args.budget_s:.0f} s spent"}
-                else:
-                    print(f"[gpu-bench] strategy {name} (sft, {size}) ...", file=sys.stderr, flush=True)
-                    record = strategies.run_in_subprocess(name, model_dir, args, peak)
-                record.update(size=size, parameters=shape.parameters())
+                record = measure_strategy(name, size, shape, model_dir, args, peak, time.perf_counter() - clock)
                 doc["strategies"].append(record)
-                print(_strategy_line(record), flush=True)
+                print(report.strategy_line(record), flush=True)
                 save()
     save()
     return doc
@@ -320,27 +340,6 @@ def _commit() -> str | None:
                               timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _fmt(value: float | None, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _line(case: dict[str, Any]) -> str:
-    head = f"{case['size']:>13} {case['method']:>4} {case['framework']:>4}"
-    if case["status"] != "ok":
-        return f"{head}: {case['status']} ({case.get('reason') or case.get('error', '')[:300]})"
-    phases = case["phases_s"]
-    return (f"{head}: step {case['step_s']['median']:.3f}s, {case['tokens_per_s']:.0f} tok/s, MFU {_fmt(case['mfu'], '.1%')}"
-            f" (update {_fmt(case['update_mfu'], '.1%')}), peak {_fmt(case['peak_gpu_mib'], '.0f')} MiB, gen "
-            f"{_fmt(phases['generation'])}s, logprob {_fmt(phases['logprob_passes'])}s, update {_fmt(phases['update'])}s")
-
-
-def _strategy_line(record: dict[str, Any]) -> str:
-    if record["status"] != "ok":
-        return f"strategy {record['strategy']:>16}: {record['status']} ({record.get('reason') or record.get('error', '')[:300]})"
-    return (f"strategy {record['strategy']:>16}: step {record['step_s']['median']:.3f}s, {record['tokens_per_s']:.0f} tok/s, "
-            f"MFU {_fmt(record['mfu'], '.1%')}, peak {_fmt(record['peak_gpu_mib'], '.0f')} MiB")
 
 
 if __name__ == "__main__":

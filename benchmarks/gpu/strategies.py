@@ -86,21 +86,16 @@ def worker(ns: argparse.Namespace) -> dict[str, Any]:
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       num_sanity_val_steps=0, limit_val_batches=0, callbacks=[timer])
     loader = DataLoader(batches, batch_size=None, shuffle=False, collate_fn=lambda item: item)
-    first_step = []
-    timer.on_train_batch_start = lambda *a, _start=timer.on_train_batch_start: (first_step or first_step.append(time.perf_counter()), _start(*a))
     trainer.fit(module, train_dataloaders=loader)
     steps = timer.times[cfg.warmup:]
-    config = module.policy.config
-    shape = F.ModelShape(layers=config.num_hidden_layers, hidden=config.hidden_size, heads=config.num_attention_heads,
-                         kv_heads=config.num_key_value_heads, intermediate=config.intermediate_size, vocab=config.vocab_size,
-                         tied=bool(config.tie_word_embeddings))
+    shape = F.ModelShape.from_config(module.policy.config)
     median = statistics.median(steps)
     tokens = float(batches[0].attention_mask.sum())
     return {"strategy": ns.strategy, "status": "ok", "strategy_class": type(trainer.strategy).__name__,
             "step_s": {"median": median, "min": min(steps), "max": max(steps), "n": len(steps)},
             "tokens_per_s": tokens / median, "batch_size": cfg.batch_size, "shape": shape.to_dict(),
             # set-up: the module's construction (model loading), then fit's start to the first step
-            "module_init_s": built - started, "fit_setup_s": first_step[0] - built if first_step else None,
+            "module_init_s": built - started, "fit_setup_s": timer.first_started - built if timer.first_started else None,
             "peak_gpu_mib": round(max(common.StepPeaks.cuda_peaks), 1) if common.StepPeaks.cuda_peaks else None}
 
 
