@@ -42,11 +42,16 @@ def collect(out: Path, seconds: int | None) -> dict[str, Any]:
     window = max(1, len(scores) // 4)
     kl = series(grpo_logs, "train/objective/kl")
     eos = series(grpo_logs, "train/response/eos_fraction")
+    grpo = (config.get("model") or {}).get("init_args") or {}
     return {
         "created": comparison["created"],
         "machine": comparison["machine"],
         "seed": config.get("seed_everything"),
         "wall_seconds": seconds,
+        # step 2's settings as the run resolved them (a profile or an override changes them)
+        "grpo": {k: grpo.get(k) for k in ("kl_coef", "total_episodes", "num_generations", "lr", "temperature",
+                                          "max_new_tokens")} | {"batch_size": (config.get("data") or {}).get(
+                                              "init_args", {}).get("batch_size")},
         "reward_model": {**comparison.get("reward_model", {}),
                          "val_accuracy_logged": (series(reward_logs, "val/rewards/accuracy") or [None])[-1]},
         "training": {"rollouts": len(scores),
