@@ -47,6 +47,11 @@ def arm(kl: float) -> str:
     return f"kl_coef {kl:g}"
 
 
+def shown(path: Path) -> str:
+    """`path` relative to the repository when it lies in it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def run_one(seed: int, kl: float, keep_reward: bool, path: Path) -> None:
     """One run of the main job on the validation posts, its results.json copied to `path`."""
     env = {**os.environ, "QUICKSTART_SPLIT": "validation_sft", "QUICKSTART_KEEP_REWARD": "1" if keep_reward else "0",
@@ -73,7 +78,7 @@ def choose(files: dict[int, dict[float, Path]], checks: str) -> dict[str, Any]:
             if [s["reference"] for s in result["samples"]] != references:
                 raise ValueError(f"{by_kl[kl]} scores other posts than the other runs of seed {seed}")
             scores[arm(kl)] = score_answers([s["after"] for s in result["samples"]], references, rows)
-            inputs.append({"file": str(by_kl[kl].relative_to(REPO)), "seed": seed, "kl_coef": kl,
+            inputs.append({"file": shown(by_kl[kl]), "seed": seed, "kl_coef": kl,
                            "created": result["created"], "wall_seconds": result["wall_seconds"],
                            "load_average_1_5_15": result["machine"]["load_average_1_5_15"],
                            "reward_model_kept": result.get("reward_model_kept")})

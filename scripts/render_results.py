@@ -11,7 +11,9 @@ The README and the pages under `docs/` hold generated blocks between `<!-- resul
   `scripts/quickstart_report.py`; `scripts/quickstart_seeds.sh` reruns every seed) and the golds
   of their saved answers beside the trivial answers, `results/quickstart/golds/*.json` (written by
   `python -m lit_rlhf.apps.compare_policies --rescore`); `quickstart-clean` is its first table
-  alone (the seeds run after the last choice), for the README;
+  alone (the seeds run after the last choice), for the README; `quickstart-selection` the KL
+  coefficient's choice on the validation posts and `quickstart-long` the longer profile against
+  its goal (`scripts/render_quickstart.py` renders the main job's blocks);
 - `recipes`: the per-method table, from `results/recipes/*.json` (written by
   `scripts/run_recipes.py`, which runs each quickstart recipe as a new user would), and
   `recipe-NAME` one recipe's row of it, for its method's page;
@@ -36,124 +38,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded from its file by the tests
+from render_quickstart import (GOLD_FILES, golds, golds_table, long_block, quickstart_block,  # noqa: E402,F401
+                               quickstart_clean_block, selection_block)
+from render_quickstart import minutes as _minutes  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED_SEED = 1  # the seed configs/quickstart/*.yaml set (seed_everything)
-SELECTION_SEED = 0  # the seed settings were chosen on: shown when alone, never counted as evidence
-
-
-def _ci(d: dict[str, Any], digits: int = 3) -> str:
-    return f"[{d['ci_low']:.{digits}f}, {d['ci_high']:.{digits}f}]"
-
-
-def _minutes(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    seconds = int(round(seconds))
-    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
-
-
-def _when(result: dict[str, Any]) -> str:
-    m = result["machine"]
-    load = m.get("load_average_1_5_15") or ["?"]
-    return f"{result['created'][:10]}, {m.get('cpus')} CPUs ({m.get('processor')}), load {load[0]} at the end"
-
-
-# the key-fact golds of saved answers (`python -m lit_rlhf.apps.compare_policies --rescore ...`): file -> what
-# its seeds are. Seeds 1-5 were scored on the test posts while settings were still chosen on them;
-# seeds 6 and 7 ran after the last choice and were evaluated once.
-GOLD_FILES = {"results/quickstart/golds/seeds6-7.json": "clean",
-              "results/quickstart/golds/seeds1-5.json": "test posts used for choices"}
-ANSWERERS = {"start": "start (SmolLM2-135M-Instruct)", "trained": "trained (GRPO)",
-             "first_sentence": "copy the post's first sentence", "title": "copy the title", "post": "copy the whole post",
-             "reference": "the reference key fact"}
-MEASURE_LABELS = {"recall_v1": "Recall, generation-time gold", "recall": "Recall, fixed gold", "f1": "Key-fact F1",
-                  "distractor": "Names a distractor", "false": "States a listed falsehood"}
-
-
-def _mean_ci(d: dict[str, Any], sign: bool = False) -> str:
-    return f"{d['mean']:{'+' if sign else ''}.3f} {_ci(d)}"
-
-
-def golds_table(golds: dict[str, Any]) -> list[str]:
-    """Answerers x measures (pooled means with intervals), then the trained policy's differences."""
-    measures = [m for m in MEASURE_LABELS if m in golds["answerers"]["start"]]
-    lines = ["| Answer | " + " | ".join(MEASURE_LABELS[m] for m in measures) + " |",
-             "| --- |" + " --- |" * len(measures)]
-    for name, row in golds["answerers"].items():
-        lines.append(f"| {ANSWERERS.get(name, name)} | " + " | ".join(_mean_ci(row[m]) for m in measures) + " |")
-    for name in ("trained - start", "trained - first_sentence"):
-        if name in golds["differences"]:
-            row = golds["differences"][name]
-            label = "trained - start" if name == "trained - start" else "trained - first sentence"
-            lines.append(f"| **{label}** (paired) | " + " | ".join(_mean_ci(row[m], sign=True) for m in measures) + " |")
-    return lines
-
-
-def _seeds(golds: dict[str, Any]) -> str:
-    return ", ".join(str(i["seed"]) for i in golds["inputs"])
-
-
-def golds_section(path: str, kind: str, g: dict[str, Any]) -> list[str]:
-    """One gold file's heading line and table."""
-    n = g["answerers"]["trained"]["f1"]
-    head = (f"**Seeds {_seeds(g)}: {kind}**" if kind == "clean" else f"Seeds {_seeds(g)} ({kind})")
-    return [f"{head}: golds of the saved answers (`{path}`), means over {n['num_seeds']} seeds x "
-            f"{n['num_prompts']} held-out posts with 95% hierarchical bootstrap intervals (seeds, then posts; "
-            "the baselines are one answer per post):", "", *golds_table(g)]
-
-
-def quickstart_clean_block(golds: dict[str, dict[str, Any]]) -> str:
-    """The clean seeds' table alone (the README's summary of the main job)."""
-    for path, kind in GOLD_FILES.items():
-        if kind == "clean" and path in golds:
-            return "\n".join(golds_section(path, kind, golds[path]))
-    return "No clean quickstart result is committed yet."
-
-
-def quickstart_block(results: list[dict[str, Any]], golds: dict[str, dict[str, Any]] | None = None) -> str:
-    if not results:
-        return "No quickstart result is committed yet."
-    golds = golds or {}
-    by_seed = {r["seed"]: r for r in results}
-    shipped = by_seed.get(SHIPPED_SEED, results[0])
-    lines: list[str] = []
-    for path, kind in GOLD_FILES.items():
-        if path in golds:
-            lines += [*golds_section(path, kind, golds[path]), ""]
-    rm = shipped["reward_model"]
-    acc = rm["accuracy"]
-    agree = rm.get("agreement_with_gold")
-    lines.append(f"The reward model (shipped seed {shipped['seed']}) orders {acc['rate']:.3f} {_ci(acc)} of the "
-                 f"{acc['n']} held-out pairs as their noisy labels do"
-                 + (f" and {agree['rate']:.3f} {_ci(agree)} of the {agree['n']} the generation-time gold does not tie "
-                    "as that gold does" if agree else "") + ". Per seed (the optimised reward from each run's file; the "
-                 "golds rescored as above):")
-    lines += ["", "| Seed | Reward difference, 95% CI (paired t) | Answers ending with EOS (start, trained) | Recall, fixed "
-                  "| F1 | Distractor | Listed falsehood | Wall time (load at the end) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    per_seed = {}
-    for path in GOLD_FILES:
-        if path in golds:
-            for i, row in zip(golds[path]["inputs"], golds[path]["per_seed"]):
-                per_seed[i["seed"]] = row["trained"]
-    for s in sorted(by_seed):
-        if s == SELECTION_SEED:
-            continue
-        r, t = by_seed[s], per_seed.get(s)
-        cells = [f"{t[m]:.3f}" for m in ("recall", "f1", "distractor", "false")] if t else ["not rescored"] * 4
-        ended = f"{r['ended']['before']['rate']:.3f}, {r['ended']['after']['rate']:.3f}" if r.get("ended") else ""
-        lines.append(f"| {s} | {r['reward']['mean_diff']:+.3f} {_ci(r['reward'])} | {ended} | " + " | ".join(cells)
-                     + f" | {_minutes(r['wall_seconds'])} ({r['machine']['load_average_1_5_15'][0]}) |")
-    live = [r for r in results if r.get("answerers") and "reward" in r["answerers"].get("start", {})]
-    if live:
-        r = live[-1]
-        lines += ["", f"The optimised reward of every answer in seed {r['seed']}'s evaluation (an extractive answer "
-                      "scored as an answer that ended; 95% bootstrap intervals over posts): "
-                  + ", ".join(f"{ANSWERERS.get(a, a)} {m['reward']['mean']:+.3f} {_ci(m['reward'])}"
-                              for a, m in r["answerers"].items()) + "."]
-    return "\n".join(lines)
-
-
 def _metric(result: dict[str, Any]) -> str:
     parts = []
     for name, m in result["validation"].items():
@@ -267,13 +157,11 @@ def load(pattern: str) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(ROOT.glob(pattern))]
 
 
-def _golds() -> dict[str, dict[str, Any]]:
-    return {p: json.loads((ROOT / p).read_text()) for p in GOLD_FILES if (ROOT / p).is_file()}
-
-
 BLOCKS = {
-    "quickstart": lambda: quickstart_block(load("results/quickstart/seed*.json"), _golds()),
-    "quickstart-clean": lambda: quickstart_clean_block(_golds()),
+    "quickstart": lambda: quickstart_block(load("results/quickstart/seed*.json"), golds()),
+    "quickstart-clean": lambda: quickstart_clean_block(golds()),
+    "quickstart-selection": lambda: selection_block(ROOT / "results/quickstart/selection/validation.json"),
+    "quickstart-long": lambda: long_block(ROOT / "results/quickstart/long"),
     "recipes": lambda: recipes_block(load("results/recipes/*.json")),
     **{f"recipe-{name}": (lambda name=name: recipes_block(load("results/recipes/*.json"), only=name))
        for name in RECIPES},

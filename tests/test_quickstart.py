@@ -60,6 +60,9 @@ def test_quickstart_pipeline_on_the_tiny_model(tmp_path):
         assert line in report.stdout, report.stdout
     results = json.loads((out / "results.json").read_text())
     assert results["seed"] == 1 and results["reward"]["n"] == 8 and len(results["samples"]) == 8
+    # step 2's settings as the run resolved them (the selection and the longer profile change them)
+    assert results["grpo"]["total_episodes"] == 16 and results["grpo"]["kl_coef"] == 0.1
+    assert results["grpo"]["batch_size"] == 2 and results["grpo"]["num_generations"] == 4
     assert results["reward_model"]["accuracy"]["n"] == 8
     sample = results["samples"][0]
     assert set(sample) >= {"prompt", "reference", "before", "after", "reward_before", "gold_after"}
