@@ -2,7 +2,7 @@
 # The main job over several seeds, each result kept for the README and docs/getting-started.md:
 #
 #   bash scripts/quickstart_seeds.sh 6 7         # default: 1 2 3 4 5
-#   QUICKSTART_PROFILE=long bash scripts/quickstart_seeds.sh 10   # the longer profile: results/quickstart/long/
+#   QUICKSTART_PROFILE=long bash scripts/quickstart_seeds.sh 10 11   # the longer profile: results/quickstart/long/
 #
 # Each seed runs `scripts/quickstart.sh --seed_everything SEED` on an otherwise idle machine and
 # its results.json is copied to results/quickstart/seedSEED.json; the golds of their saved answers,

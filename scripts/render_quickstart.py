@@ -182,7 +182,7 @@ def long_block(folder: Path) -> str:
     files = sorted(folder.glob("seed*.json")) if folder.is_dir() else []
     gold_path = folder / "golds.json"
     if not files or not gold_path.is_file():
-        return "The longer profile has not been run yet (`QUICKSTART_PROFILE=long bash scripts/quickstart_seeds.sh 10`)."
+        return "The longer profile has not been run yet (`QUICKSTART_PROFILE=long bash scripts/quickstart_seeds.sh 10 11`)."
     runs = [json.loads(f.read_text()) for f in files]
     g = json.loads(gold_path.read_text())
     f1 = g["differences"][GOAL]["f1"]
