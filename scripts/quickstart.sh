@@ -6,7 +6,7 @@
 #   bash scripts/quickstart.sh                      # after `bash scripts/install.sh`
 #   bash scripts/quickstart.sh --seed_everything 2  # extra arguments go to both `main.py fit` calls
 #   QUICKSTART_SPLIT=validation_sft bash scripts/quickstart.sh   # evaluate on the 32 validation posts
-#   QUICKSTART_PROFILE=long bash scripts/quickstart.sh           # the longer profile (below; ~20 min)
+#   QUICKSTART_PROFILE=long bash scripts/quickstart.sh           # the longer profile (below; 10-15 min)
 #
 # Two more settings serve the selection of scripts/quickstart_select.py: QUICKSTART_GRPO_ARGS (extra
 # arguments for step 2 only, e.g. "--model.init_args.kl_coef 0.04") and QUICKSTART_KEEP_REWARD=1
