@@ -268,13 +268,22 @@ def figure(results: dict[str, Any], path: Path) -> None:
                 ax.annotate(f"@{step}", (math.sqrt(max(kl, 0.0)), value), textcoords="offset points", xytext=(4, 4), fontsize=7)
     gold_ax.set_ylabel("gold (key-fact recall)")
     proxy_ax.set_ylabel("proxy (reward model)")
-    proxy_ax.set_xlabel("sqrt(KL to the SFT policy) of each training rollout; * held-out snapshots of grpo_past_kl (@0: SFT)")
+    proxy_ax.set_xlabel("sqrt(KL to SFT), each training rollout; * snapshots of grpo_past_kl (@0: SFT)", fontsize=9)
     proxy_ax.legend(fontsize=7)
     gold_ax.legend(fontsize=7)
+    # one colour per policy: a run keeps its left-panel colour, the other policies the next ones, and
+    # the snapshots past the KL budget a sequential map, dashed (more policies than a colour cycle has)
+    snapshots = [n for n in results["policies"] if n.startswith("grpo_past_kl@")]
+    others = iter(f"C{i}" for i in range(len(colours), 10))
+    shade = matplotlib.colormaps["viridis"]
     for name, s in results["policies"].items():
         buckets = [b for b in s["win_rate_vs_reference_by_length"] if b["n"]]
         centres = [(_finite(b["low"], b["high"])) for b in buckets]
-        len_ax.plot(centres, [b["win_rate"]["rate"] for b in buckets], "o-", ms=3, label=name)
+        if name in snapshots:
+            colour, style = shade(snapshots.index(name) / max(len(snapshots) - 1, 1)), "o--"
+        else:
+            colour, style = colours.get(name) or next(others, "k"), "o-"
+        len_ax.plot(centres, [b["win_rate"]["rate"] for b in buckets], style, ms=3, color=colour, label=name)
     len_ax.set_xlabel("log(policy tokens / reference tokens), bucket")
     len_ax.set_ylabel("gold win rate vs the reference (ties half; ceiling 0.5)")
     len_ax.legend(fontsize=7)
