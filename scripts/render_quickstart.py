@@ -34,12 +34,6 @@ def minutes(seconds: float | None) -> str:
     return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
-def _when(result: dict[str, Any]) -> str:
-    m = result["machine"]
-    load = m.get("load_average_1_5_15") or ["?"]
-    return f"{result['created'][:10]}, {m.get('cpus')} CPUs ({m.get('processor')}), load {load[0]} at the end"
-
-
 # the key-fact golds of saved answers (`python -m lit_rlhf.apps.compare_policies --rescore ...`): file -> what
 # its seeds are. Seeds 1-5 were scored on the test posts while settings were still chosen on them;
 # seeds 6 and 7 ran after the last choice and were evaluated once.
@@ -189,11 +183,10 @@ def long_block(folder: Path) -> str:
     verdict = "met" if f1["ci_low"] > 0 else "failed" if f1["ci_high"] < 0 else "not shown"
     lines = golds_section(str(gold_path.relative_to(ROOT)), "longer profile", g)
     lines[0] = lines[0].replace("(longer profile)", "(longer profile, seeds never used for a choice)")
-    settings = runs[0].get("grpo", {})
     lines += ["", f"**Goal, beat copying the first sentence on the key-fact F1: {verdict}** (trained - first "
               f"sentence {_mean_ci(f1, sign=True)}). " + "; ".join(
-                  f"seed {r['seed']}: {r['training']['rollouts']} rollouts of {settings.get('batch_size')} posts x "
-                  f"{settings.get('num_generations')} answers, kl_coef {settings.get('kl_coef')}, reward difference "
+                  f"seed {r['seed']}: {r['training']['rollouts']} rollouts of {r['grpo'].get('batch_size')} posts x "
+                  f"{r['grpo'].get('num_generations')} answers, kl_coef {r['grpo'].get('kl_coef')}, reward difference "
                   f"{r['reward']['mean_diff']:+.3f} {_ci(r['reward'])}, KL to the start at the end "
                   f"{r['training']['train_kl_last']:.2f}, {minutes(r['wall_seconds'])} (load "
                   f"{r['machine']['load_average_1_5_15'][0]} at the end, {r['created'][:10]})" for r in runs) + "."]
