@@ -7,8 +7,8 @@ formatting every block shares.
   reruns seeds) and `results/quickstart/golds/*.json` (the golds of their saved answers,
   `python -m lit_rlhf.apps.compare_policies --rescore`);
 - `results/quickstart/selection/validation.json` (`scripts/quickstart_select.py`);
-- `results/quickstart/long/` (`QUICKSTART_PROFILE=long bash scripts/quickstart.sh`, its results.json
-  and the golds of its saved answers).
+- `results/quickstart/long/` (`QUICKSTART_PROFILE=long bash scripts/quickstart_seeds.sh`: each seed's
+  results.json and the golds of their saved answers).
 """
 
 from __future__ import annotations
@@ -50,18 +50,24 @@ def _mean_ci(d: dict[str, Any], sign: bool = False) -> str:
     return f"{d['mean']:{'+' if sign else ''}.3f} {_ci(d)}"
 
 
+def _table_head(measures: list[str]) -> list[str]:
+    return ["| Answer | " + " | ".join(MEASURE_LABELS[m] for m in measures) + " |", "| --- |" + " --- |" * len(measures)]
+
+
+def _measure_row(label: str, row: dict[str, Any], measures: list[str], sign: bool = False) -> str:
+    return f"| {label} | " + " | ".join(_mean_ci(row[m], sign=sign) for m in measures) + " |"
+
+
 def golds_table(golds: dict[str, Any]) -> list[str]:
     """Answerers x measures (pooled means with intervals), then the trained policy's differences."""
     measures = [m for m in MEASURE_LABELS if m in golds["answerers"]["start"]]
-    lines = ["| Answer | " + " | ".join(MEASURE_LABELS[m] for m in measures) + " |",
-             "| --- |" + " --- |" * len(measures)]
+    lines = _table_head(measures)
     for name, row in golds["answerers"].items():
-        lines.append(f"| {ANSWERERS.get(name, name)} | " + " | ".join(_mean_ci(row[m]) for m in measures) + " |")
+        lines.append(_measure_row(ANSWERERS.get(name, name), row, measures))
     for name in ("trained - start", "trained - first_sentence"):
         if name in golds["differences"]:
-            row = golds["differences"][name]
             label = "trained - start" if name == "trained - start" else "trained - first sentence"
-            lines.append(f"| **{label}** (paired) | " + " | ".join(_mean_ci(row[m], sign=True) for m in measures) + " |")
+            lines.append(_measure_row(f"**{label}** (paired)", golds["differences"][name], measures, sign=True))
     return lines
 
 
@@ -135,10 +141,6 @@ def golds() -> dict[str, dict[str, Any]]:
     return {p: json.loads((ROOT / p).read_text()) for p in GOLD_FILES if (ROOT / p).is_file()}
 
 
-def _measure_row(label: str, row: dict[str, Any], measures: list[str], sign: bool = False) -> str:
-    return f"| {label} | " + " | ".join(_mean_ci(row[m], sign=sign) for m in measures) + " |"
-
-
 def selection_block(path: Path) -> str:
     """The KL coefficient's choice on the validation posts (`scripts/quickstart_select.py`)."""
     if not path.is_file():
@@ -149,9 +151,7 @@ def selection_block(path: Path) -> str:
     n = r["answerers"][arms[0]]["f1"]
     lines = [f"Selection on the validation posts (`{path.relative_to(ROOT)}`, {r['created'][:10]}): seeds "
              f"{', '.join(map(str, r['seeds']))} x {n['num_prompts']} posts, means with 95% hierarchical bootstrap "
-             f"intervals. Rule, fixed before the run: {r['rule']}.", "",
-             "| Answer | " + " | ".join(MEASURE_LABELS[m] for m in measures) + " |",
-             "| --- |" + " --- |" * len(measures)]
+             f"intervals. Rule, fixed before the run: {r['rule']}.", "", *_table_head(measures)]
     for name in [*arms, "start", "first_sentence"]:
         lines.append(_measure_row(f"trained, {name}" if name in arms else ANSWERERS.get(name, name),
                                   r["answerers"][name], measures))
@@ -181,8 +181,7 @@ def long_block(folder: Path) -> str:
     g = json.loads(gold_path.read_text())
     f1 = g["differences"][GOAL]["f1"]
     verdict = "met" if f1["ci_low"] > 0 else "failed" if f1["ci_high"] < 0 else "not shown"
-    lines = golds_section(str(gold_path.relative_to(ROOT)), "longer profile", g)
-    lines[0] = lines[0].replace("(longer profile)", "(longer profile, seeds never used for a choice)")
+    lines = golds_section(str(gold_path.relative_to(ROOT)), "longer profile, seeds never used for a choice", g)
     lines += ["", f"**Goal, beat copying the first sentence on the key-fact F1: {verdict}** (trained - first "
               f"sentence {_mean_ci(f1, sign=True)}). " + "; ".join(
                   f"seed {r['seed']}: {r['training']['rollouts']} rollouts of {r['grpo'].get('batch_size')} posts x "
