@@ -74,3 +74,25 @@ class SignalAtInit(Callback):
 
     def __init__(self) -> None:
         os.kill(os.getpid(), 15)
+
+
+def decimals_not_in_files(section: str, tables: list[Path], jsons: list[Path]) -> list[str]:
+    """The decimal numbers of a README `section` that no result file carries, as printed in one of
+    `tables` or as a float of one of `jsons` at 2 or 3 decimals (signs ignored)."""
+    import re
+
+    known = {m.lstrip("+-") for path in tables for m in re.findall(r"[+-]?\d+\.\d+", path.read_text())}
+
+    def floats(node):
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            for item in node:
+                yield from floats(item)
+        elif isinstance(node, float):
+            yield node
+
+    for path in jsons:
+        for x in floats(json.loads(path.read_text())):
+            known |= {f"{abs(x):.3f}", f"{abs(x):.2f}", f"{abs(x):g}"}
+    return [n for n in re.findall(r"(?<![\w.])[+-]?\d+\.\d+", section) if n.lstrip("+-") not in known]

@@ -13,7 +13,8 @@ from scipy.optimize import brentq, fsolve
 
 from experiments.dro_single_trajectory import exact, reading
 from experiments.dro_single_trajectory.measures import distance_to_optimum, regularised_objective
-from tests.helpers import REPO_ROOT
+from experiments.readme_block import block, render_into
+from tests.helpers import REPO_ROOT, decimals_not_in_files
 
 MAIN = REPO_ROOT / "experiments" / "dro_single_trajectory" / "results" / "main"
 
@@ -199,39 +200,19 @@ def test_committed_reading_is_what_the_code_computes_from_the_files():
 
 def test_readme_shows_the_committed_tables():
     readme = (REPO_ROOT / "experiments" / "README.md").read_text()
-    begin, end = "<!-- reading:main -->\n", "<!-- /reading:main -->"
-    assert begin in readme and end in readme
-    block = readme.split(begin, 1)[1].split(end, 1)[0]
-    assert block == (MAIN / "reading.md").read_text()
+    assert block(readme, "main") == (MAIN / "reading.md").read_text()
     table = (MAIN / "results.md").read_text().split("\n\n")[0]
     assert table in readme
 
 
 def _numbers_not_in_the_files(readme: str) -> list[str]:
     """The decimal numbers of the README's DRO reading (from its claims to the next section) that
-    no result file of the miniature carries (as printed in a table, or a JSON value at 2 or 3
-    decimals)."""
-    import re
-
+    no result file of the miniature carries."""
     results = MAIN.parent
     section = readme.split("**Reading, against the paper's claims.**", 1)[1].split("### The value head", 1)[0]
     tables = [MAIN / "reading.md", MAIN / "results.md", results / "d11_head" / "results.md",
               results / "d11_head" / "value_first" / "results.md"]
-    known = {m.lstrip("+-") for path in tables for m in re.findall(r"[+-]?\d+\.\d+", path.read_text())}
-
-    def floats(node):
-        if isinstance(node, dict):
-            node = list(node.values())
-        if isinstance(node, list):
-            for item in node:
-                yield from floats(item)
-        elif isinstance(node, float):
-            yield node
-
-    for name in ("results.json", "reading.json"):
-        for x in floats(json.loads((MAIN / name).read_text())):
-            known |= {f"{abs(x):.3f}", f"{abs(x):.2f}", f"{abs(x):g}"}
-    return [n for n in re.findall(r"(?<![\w.])[+-]?\d+\.\d+", section) if n.lstrip("+-") not in known]
+    return decimals_not_in_files(section, tables, [MAIN / "results.json", MAIN / "reading.json"])
 
 
 def test_every_number_of_the_readme_reading_is_in_a_result_file():
@@ -243,11 +224,11 @@ def test_every_number_of_the_readme_reading_is_in_a_result_file():
 def test_render_into_replaces_only_its_block(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("before\n<!-- reading:main -->\nold\n<!-- /reading:main -->\nafter\n")
-    assert reading.render_into(readme, "main", "| new |\n")
+    assert render_into(readme, "main", "| new |\n")
     assert readme.read_text() == "before\n<!-- reading:main -->\n| new |\n<!-- /reading:main -->\nafter\n"
-    assert not reading.render_into(readme, "main", "| new |\n")  # unchanged the second time
+    assert not render_into(readme, "main", "| new |\n")  # unchanged the second time
     with pytest.raises(ValueError, match="no block"):
-        reading.render_into(readme, "d11_head", "x")
+        render_into(readme, "d11_head", "x")
 
 
 def test_levels_are_rebuilt_only_for_the_saved_prompts():

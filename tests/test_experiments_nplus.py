@@ -193,6 +193,12 @@ def test_driver_end_to_end_on_a_tiny_model(tmp_path):
     assert "agreement_with_gold" in results["reward_model"]
     assert set(results["decisions"]["R1_vs_sft"]) == {"dpo", "ppo", "grpo"}
     assert results["over_optimisation_curve"] == ["sft", "grpo_past_kl@1", "grpo_past_kl@2"]
+    # each finished stage's resume checkpoint is gone, its export and the snapshots kept
+    budget = driver.load_budget("smoke")
+    configs = {stage: driver.stage_config(stage, budget, tmp_path) for stage in driver.STAGES}
+    resume = [p for stage in driver.STAGES for p in driver.resume_checkpoints(configs[stage])]
+    assert len(resume) == len(driver.STAGES) and not any(p.exists() for p in resume)
+    assert len(driver.snapshots(configs["grpo_past_kl"])) == 2
     assert results["decisions"]["R5_rise_then_fall"]["rise_at"] == "grpo_past_kl@1"
     assert "R4_over_optimisation" in results["decisions"] and "P_proxy_raised" in results["decisions"]
     curves = results["training_curves"]
@@ -237,3 +243,35 @@ def test_a_claim_is_read_over_seeds_by_its_rule_on_every_seed(tmp_path):
     assert p["pooled_vs_sft"]["ppo"]["gold"]["mean"] == pytest.approx(0.2)
     assert p["pooled_vs_sft"]["grpo_past_kl@9"]["proxy"]["mean"] == pytest.approx(2.0)
     assert "| R5 rise then fall | yes | yes | replicated |" in pool.markdown(p)
+    assert p["per_seed"]["ppo"]["seed3"]["gold_vs_sft"]["mean_diff"] == pytest.approx(0.2)
+    assert p["per_seed"]["sft"]["seed4"]["gold"] == pytest.approx(0.5 + sum(NOISE) / N)
+
+
+RESULTS = driver.HERE / "results"
+CURRENT = ("seed3", "seed4", "seed5")  # the current design's seeds, read together
+
+
+def _cross_seed_section(readme: str) -> str:
+    return readme.split("### Seeds 3, 4 and 5 of this design", 1)[1].split("### Record of the old design", 1)[0]
+
+
+def _numbers_not_in_the_files(readme: str) -> list[str]:
+    from tests.helpers import decimals_not_in_files
+
+    tables = [RESULTS / seed / "results.md" for seed in CURRENT] + [RESULTS / "pooled.md"]
+    jsons = [RESULTS / seed / name for seed in CURRENT for name in ("results.json", "stages.json")]
+    return decimals_not_in_files(_cross_seed_section(readme), tables, [*jsons, RESULTS / "pooled.json"])
+
+
+def test_the_readme_shows_the_pooled_seeds_and_reads_only_numbers_the_files_hold():
+    from experiments.nplus_gold import pool
+    from experiments.readme_block import block
+    from tests.helpers import REPO_ROOT
+
+    readme = (REPO_ROOT / "experiments" / "README.md").read_text()
+    saved = json.loads((RESULTS / "pooled.json").read_text())
+    assert list(saved["seeds"]) == list(CURRENT)
+    assert block(readme, "nplus_pooled") == pool.tables(saved)
+    assert (RESULTS / "pooled.md").read_text() == pool.markdown(saved)
+    assert _numbers_not_in_the_files(readme) == []
+    assert _numbers_not_in_the_files(readme.replace("### Record of the old design", "0.4321\n### Record of the old design")) == ["0.4321"]

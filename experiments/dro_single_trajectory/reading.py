@@ -39,6 +39,7 @@ import torch
 from experiments.dro_single_trajectory import exact, task
 from experiments.dro_single_trajectory.measures import distance_to_optimum, regularised_objective
 from experiments.dro_single_trajectory.report import REFERENCE_ARM, _fmt, cell
+from experiments.readme_block import render_into
 
 FIXED_POINT_VALUES = ("per_prompt", "single", "zero")
 FIXED_POINT_NAMES = {"per_prompt": "V(x) (DRO-V): pi*", "single": "a single value", "zero": "V = 0"}
@@ -293,20 +294,6 @@ def write(directory: str | Path, fixed_points: bool = True) -> dict[str, Any]:
     except ImportError:  # the tables carry every number
         pass
     return reading
-
-
-def render_into(readme: str | Path, name: str, table: str) -> bool:
-    """Put `table` between `<!-- reading:NAME -->` and `<!-- /reading:NAME -->` in `readme`;
-    True when the file changed."""
-    readme = Path(readme)
-    text = readme.read_text()
-    begin, end = f"<!-- reading:{name} -->\n", f"<!-- /reading:{name} -->"
-    if begin not in text or end not in text:
-        raise ValueError(f"{readme} has no block {begin.strip()} ... {end}")
-    head, rest = text.split(begin, 1)
-    new = head + begin + table + end + rest.split(end, 1)[1]
-    readme.write_text(new)
-    return new != text
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The N+ miniature read over its seeds: each rule's outcome per seed, and the golds pooled.
 
     python -m experiments.nplus_gold.pool experiments/nplus_gold/results/seed{3,4,5} \
-        --out experiments/nplus_gold/results/pooled
+        --out experiments/nplus_gold/results/pooled --readme experiments/README.md
 
 A claim is read by its rule on every seed (README, "N+ in miniature"): replicated when the rule
 holds on every seed, not replicated when it holds on none, mixed otherwise, and "not read" on a
@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from experiments.nplus_gold.report import ARMS, ONLINE
+from experiments.nplus_gold.report import ARMS, ONLINE, compare
+from experiments.readme_block import render_into
 
 
 def outcomes(decisions: dict[str, Any]) -> dict[str, bool | None]:
@@ -64,6 +65,22 @@ def pooled(samples: list[dict[str, Any]], names: Sequence[str]) -> dict[str, Any
     return out
 
 
+def per_seed(seeds: Sequence[str], samples: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Each policy's gold and length on each seed, and its gold and proxy minus SFT's (paired over
+    the held-out posts, as `report.compare`)."""
+    out: dict[str, Any] = {}
+    for name in ["start", "sft", *names]:
+        out[name] = {}
+        for seed, s in zip(seeds, samples):
+            row = {k: sum(s["policies"][name][k]) / len(s["policies"][name][k]) for k in ("gold", "tokens")}
+            if name not in ("start", "sft"):
+                for m in ("gold", "proxy"):
+                    c = compare(s["policies"]["sft"][m], s["policies"][name][m])
+                    row[f"{m}_vs_sft"] = {k: c[k] for k in ("mean_diff", "ci_low", "ci_high", "interval")}
+            out[name][seed] = row
+    return out
+
+
 def pool(dirs: Sequence[Path]) -> dict[str, Any]:
     results = {d.name: json.loads((d / "results.json").read_text()) for d in dirs}
     samples = [json.loads((d / "samples.json").read_text()) for d in dirs]
@@ -75,13 +92,34 @@ def pool(dirs: Sequence[Path]) -> dict[str, Any]:
     names = [*ARMS, first["budget"]["rules"]["control"], rise_at, first["over_optimisation_curve"][-1]]
     return {"seeds": {name: r["budget"]["seed"] for name, r in results.items()}, "online_arms": list(ONLINE),
             "claims": tally({name: r["decisions"] for name, r in results.items()}),
-            "pooled_vs_sft": pooled(samples, names)}
+            "per_seed": per_seed(list(results), samples, names), "pooled_vs_sft": pooled(samples, names)}
 
 
 def markdown(p: dict[str, Any]) -> str:
+    return f"# N+ in miniature over seeds {', '.join(str(s) for s in p['seeds'].values())}\n\n" + tables(p)
+
+
+def _diff(d: dict[str, Any] | None) -> str:
+    """A paired difference with its interval, bold where the interval excludes 0."""
+    if d is None:
+        return ""
+    text = f"{d['mean_diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+    return text if d["interval"] == "contains 0" else f"**{text}**"
+
+
+def tables(p: dict[str, Any]) -> str:
+    """The claims' tally and the pooled differences (the README's `<!-- reading:nplus_pooled -->` block)."""
     seeds = list(p["seeds"])
-    lines = [f"# N+ in miniature over seeds {', '.join(str(s) for s in p['seeds'].values())}", "",
-             "| claim | " + " | ".join(seeds) + " | reading |", "|---" * (len(seeds) + 2) + "|"]
+    short = "/".join(f"s{n}" for n in p["seeds"].values())
+    lines = [f"| policy | gold, {short} | tokens, {short} | "
+             + " | ".join(f"{m} vs SFT, {seed}" for m in ("gold", "proxy") for seed in seeds) + " |",
+             "|---" * (3 + 2 * len(seeds)) + "|"]
+    for name, rows in p["per_seed"].items():
+        diffs = [_diff(r.get(f"{m}_vs_sft")) for m in ("gold", "proxy") for r in rows.values()]
+        lines.append(f"| {name} | " + " / ".join(f"{r['gold']:.3f}" for r in rows.values()) + " | "
+                     + " / ".join(f"{r['tokens']:.1f}" for r in rows.values()) + " | " + " | ".join(diffs) + " |")
+    lines += ["", "Each claim's rule on each seed (yes: the rule holds; -: not read) and its reading over the seeds:", "",
+              "| claim | " + " | ".join(seeds) + " | reading |", "|---" * (len(seeds) + 2) + "|"]
     for claim, c in p["claims"].items():
         cells = ["-" if v is None else "yes" if v else "no" for v in c["seeds"].values()]
         lines.append(f"| {claim} | " + " | ".join(cells) + f" | {c['reading']} |")
@@ -97,11 +135,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="+", type=Path, help="one result directory per seed")
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="also put the tables into this file's <!-- reading:nplus_pooled --> block")
     args = parser.parse_args(argv)
     p = pool(args.dirs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(p, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(p))
+    if args.readme:
+        render_into(args.readme, "nplus_pooled", tables(p))
     print(markdown(p))
     return p
 
