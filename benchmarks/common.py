@@ -205,10 +205,13 @@ class StepPeaks:
     peaks: list[float] = []  # this process's step peaks (each worker runs in its own process)
     process_peak = 0.0  # the whole process's peak: resetting VmHWM also resets ru_maxrss
     cuda_peaks: list[float] = []  # on a GPU: each step's peak allocated device memory (MiB)
+    first_step: list[float] = []  # the first step's start and end (perf_counter): the set-up ends there
 
     @staticmethod
     def start() -> None:
         _synchronize()  # on a GPU the previous step's kernels end before this step's clock starts
+        if not StepPeaks.first_step:
+            StepPeaks.first_step.append(time.perf_counter())
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
         StepPeaks.process_peak = max(StepPeaks.process_peak, peak_rss_mb())  # before the reset
@@ -220,6 +223,8 @@ class StepPeaks:
     @staticmethod
     def stop() -> None:
         _synchronize()  # the step's kernels are in its time
+        if len(StepPeaks.first_step) == 1:
+            StepPeaks.first_step.append(time.perf_counter())
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             StepPeaks.cuda_peaks.append(torch.cuda.max_memory_allocated() / 2**20)
         if getattr(StepPeaks, "_unavailable", False):
@@ -568,7 +573,13 @@ def _run_worker(script_module: str, worker: Callable[[BenchConfig], WorkerResult
     if cfg.in_process:
         setup_worker(cfg)
         StepPeaks.peaks.clear()
-        return _with_step_peak(_profiled(worker, cfg))
+        StepPeaks.first_step.clear()
+        started = time.perf_counter()
+        result = _with_step_peak(_profiled(worker, cfg))
+        if len(StepPeaks.first_step) == 2:  # where the set-up time goes: before the first step, and in it
+            first, end = StepPeaks.first_step
+            result.info.update(before_first_step_s=round(first - started, 3), first_step_s=round(end - first, 3))
+        return result
     with tempfile.TemporaryDirectory(prefix="lit_rlhf_bench_") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", script_module, *argv, "--worker", name, "--worker-out", str(out)]

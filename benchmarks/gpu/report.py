@@ -84,10 +84,18 @@ def header(doc: dict[str, Any], source: str) -> str:
     return "\n".join(parts)
 
 
+def _setup(case: dict[str, Any]) -> str:
+    """The case's wall seconds, and of them the set-up before its first step and the first step
+    ('-' where the file predates their recording)."""
+    info = case.get("info", {})
+    return (f"{case['case_seconds']:.1f} ({_f(info.get('before_first_step_s'), '.1f')} / "
+            f"{_f(info.get('first_step_s'), '.1f')})")
+
+
 def method_table(doc: dict[str, Any]) -> str:
     rows = [
-        "| size | method | framework | batch | step s, median (min-max) | tok/s | compl./s | MFU | update MFU | peak GPU MiB | gen / log-prob / update share | ours/TRL step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| size | method | framework | batch | step s, median (min-max) | tok/s | compl./s | MFU | update MFU | peak GPU MiB | gen / log-prob / update share | ours/TRL step | case s (before step 1 / step 1) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_key = {(c["size"], c["method"], c["framework"]): c for c in doc["cases"]}
     for c in doc["cases"]:
@@ -101,7 +109,7 @@ def method_table(doc: dict[str, Any]) -> str:
         ratio = _ratio(by_key.get((c["size"], c["method"], "ours")), by_key.get((c["size"], c["method"], "trl"))) if c["framework"] == "ours" else ""
         rows.append(f"{label} {batch} | {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f}) | {c['tokens_per_s']:.0f} | "
                     f"{_f(c.get('completions_per_s'), '.1f')} | {_pct(c['mfu'])} | {_pct(c['update_mfu'])} | "
-                    f"{_f(c['peak_gpu_mib'], '.0f')} | {shares} | {ratio} |")
+                    f"{_f(c['peak_gpu_mib'], '.0f')} | {shares} | {ratio} | {_setup(c)} |")
     return "\n".join(rows)
 
 
