@@ -65,6 +65,9 @@ def test_dry_run_measures_every_method_and_renders(tmp_path):
     assert set(cases) == set(run.METHODS) and all(c["status"] == "ok" for c in cases.values()), [c.get("error") for c in doc["cases"]]
     for method, case in cases.items():
         assert case["step_s"]["n"] == 1 and case["tokens_per_s"] > 0 and case["model_flops"]["total"] > 0
+        info = case["info"]  # the case's seconds split: set-up before the first step, the first step, the rest
+        assert 0 < info["before_first_step_s"] and 0 < info["first_step_s"]
+        assert info["before_first_step_s"] + info["first_step_s"] < case["case_seconds"]
         if method in ("grpo", "ppo"):  # the phases are inside the step and together nearly all of it
             share = case["phase_share"]
             assert share["generation"] > 0 and share["logprob_passes"] > 0 and share["update"] > 0

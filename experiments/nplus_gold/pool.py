@@ -108,7 +108,8 @@ def _diff(d: dict[str, Any] | None) -> str:
 
 
 def tables(p: dict[str, Any]) -> str:
-    """The claims' tally and the pooled differences (the README's `<!-- reading:nplus_pooled -->` block)."""
+    """Each seed's policies against SFT, the claims' tally and the pooled differences (the README's
+    `<!-- reading:nplus_pooled -->` block)."""
     seeds = list(p["seeds"])
     short = "/".join(f"s{n}" for n in p["seeds"].values())
     lines = [f"| policy | gold, {short} | tokens, {short} | "
