@@ -24,10 +24,9 @@ def render_into(readme: str | Path, name: str, table: str) -> bool:
     text = readme.read_text()
     begin, end = markers(name)
     try:
-        block(text, name)
+        old = block(text, name)
     except ValueError as err:
         raise ValueError(f"{readme} has {err}") from None
-    head, rest = text.split(begin, 1)
-    new = head + begin + table + end + rest.split(end, 1)[1]
+    new = text.replace(begin + old + end, begin + table + end, 1)
     readme.write_text(new)
     return new != text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -79,8 +80,6 @@ class SignalAtInit(Callback):
 def decimals_not_in_files(section: str, tables: list[Path], jsons: list[Path]) -> list[str]:
     """The decimal numbers of a README `section` that no result file carries, as printed in one of
     `tables` or as a float of one of `jsons` at 2 or 3 decimals (signs ignored)."""
-    import re
-
     known = {m.lstrip("+-") for path in tables for m in re.findall(r"[+-]?\d+\.\d+", path.read_text())}
 
     def floats(node):
