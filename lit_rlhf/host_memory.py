@@ -75,34 +75,3 @@ def release_before_layers(model: nn.Module) -> list[RemovableHandle]:
 def _release_if_grad(layer: nn.Module, args: Any) -> None:
     if torch.is_grad_enabled():
         release_freed_memory()
-
-
-def release_between_phases(module: Any) -> None:
-    """With the module's `release_host_memory` set and the module on CPU: hand the heap the C
-    library keeps after `free` back to the system. Called at the end of each training batch (after
-    the optimizer step) and before each backward pass (after the forward pass, and for online
-    methods after the rollout), where what a phase freed is not what the next one allocates; with
-    `layers` also before each decoder layer (`attach_layer_releases`). Changes no value; on GPU
-    the tensors are not in the host heap."""
-    if module.release_host_memory and module.device.type == "cpu":
-        release_freed_memory()
-
-
-def attach_layer_releases(module: Any) -> None:
-    """`release_host_memory: layers`: the freed heap is also released before each decoder layer of
-    the module's models that runs with gradients (`release_before_layers`), so what one layer freed
-    is not kept through the next. Warns where nothing can be released (no `malloc_trim`, or no such
-    layers)."""
-    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
-    mode = module.release_host_memory
-    if mode and not available():
-        rank_zero_warn(f"release_host_memory: {mode} has no effect here: this C library has no malloc_trim "
-                       "(it needs glibc on Linux)")
-        return
-    if mode != "layers" or module.device.type != "cpu" or getattr(module, "_layer_release_hooks", None):
-        return
-    module._layer_release_hooks = release_before_layers(module)
-    if not module._layer_release_hooks:
-        rank_zero_warn("release_host_memory: layers found no decoder layers (transformers' "
-                       "GradientCheckpointingLayer) in this module's models: releasing between phases only")

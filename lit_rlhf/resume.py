@@ -199,12 +199,6 @@ def preempted_exit(trainer: Any, exception: BaseException) -> Preempted | None:
 # ----------------------------------------------------------------------------------------------
 
 
-def epoch_counters(trainer: Any) -> tuple[int, int]:
-    """(processed, completed) epochs of the fit loop: recorded after each batch, for `as_mid_epoch`."""
-    progress = trainer.fit_loop.epoch_progress.current
-    return progress.processed, progress.completed
-
-
 def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[int, int] | None) -> bool:
     """Rewrite the loop counters of a checkpoint saved after an epoch that a stop cut short (a
     budget such as `total_episodes` or `max_steps` reached mid-epoch, EarlyStopping), at its
@@ -213,7 +207,8 @@ def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[
 
     Lightning counts such an epoch as finished, so a run resumed from it with a larger budget would
     start the next epoch: another data order and epoch number than the straight run, which goes
-    on with the rest of that epoch. `at_last_batch` is `epoch_counters` after the last batch.
+    on with the rest of that epoch. `at_last_batch` is the fit loop's (processed, completed) epochs after the last batch
+    (`TrainingModule.on_train_batch_end` records them).
     Returns whether the checkpoint was changed.
     """
     if at_last_batch is None or trainer.sanity_checking or "loops" not in checkpoint:
@@ -221,7 +216,8 @@ def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[
     loop = trainer.fit_loop
     batches = loop.epoch_loop.batch_progress
     total = trainer.num_training_batches
-    processed, completed = (now - then for now, then in zip(epoch_counters(trainer), at_last_batch))
+    epochs = loop.epoch_progress.current
+    processed, completed = epochs.processed - at_last_batch[0], epochs.completed - at_last_batch[1]
     cut_short = not batches.is_last_batch and 0 < batches.current.ready < total != float("inf")
     if processed <= 0 or not cut_short or batches.current.completed != batches.current.ready:
         return False

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
-from lit_rlhf.training.base import CHECKPOINT_KEY
-from lit_rlhf.online.dynamic_sampling import dynamic_sample
+from lit_rlhf.losses.dapo import informative_groups
 from lit_rlhf.modules.grpo import GRPOModule
+from lit_rlhf.online.dynamic_sampling import cat_rollouts, group_rows, take_rows
+from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.types import PromptBatch, Rollout
 
 
@@ -66,7 +68,7 @@ class DAPOModule(GRPOModule):
 
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
         if self.dynamic_sampling:
-            return dynamic_sample(self, batch)
+            return self.dynamic_sample(batch)
         return super().collect_rollout(batch)
 
     def loss_mask(self, rollout: Rollout) -> Tensor:
@@ -80,3 +82,63 @@ class DAPOModule(GRPOModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         self.refill_batches = int(checkpoint.get(CHECKPOINT_KEY, {}).get("refill_batches", 0))
+
+    def refill_batch(self, size: int, index: int) -> PromptBatch:
+        """The `index`-th batch of `size` prompts of the refill stream (see the module docstring)."""
+        trainer = self.trainer
+        loader = trainer.train_dataloader
+        loader = getattr(loader, "iterables", loader)  # a CombinedLoader wraps the DataLoader
+        dataset, collate = loader.dataset, loader.collate_fn
+        dm = getattr(trainer, "datamodule", None)
+        seed = int(getattr(dm, "seed", 0) or 0)
+        generator = torch.Generator().manual_seed(seed + 7919 * index)
+        order = torch.randperm(len(dataset), generator=generator)
+        rank, world = trainer.global_rank, max(1, trainer.world_size)
+        if len(dataset) < size * world:
+            order = order.repeat(size * world // len(dataset) + 1)
+        rows = order[rank * size: (rank + 1) * size].tolist()
+        batch = collate([dataset[i] for i in rows])
+        return batch.to(self.device)
+
+
+    def dynamic_sample(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
+        """`collect_rollout` with dynamic sampling: (rollout of B informative groups when it can,
+        each source's rewards on those rows, stats)."""
+        group = self.repeats
+        size = batch.input_ids.shape[0]
+        kept: list[tuple[Rollout, dict[str, Tensor]]] = []
+        dropped: list[tuple[Rollout, dict[str, Tensor]]] = []
+        n_kept = rounds = generated = 0
+        current = batch
+        while True:
+            rollout, per_source, _ = self.training_rollout(current)
+            rounds += 1
+            generated += rollout.response_ids.shape[0]
+            informative = informative_groups(rollout.scores.float(), group)  # (b,)
+            for mask, bucket in ((informative, kept), (~informative, dropped)):
+                if bool(mask.any()):
+                    rows = group_rows(mask.nonzero().flatten(), group)
+                    bucket.append((take_rows(rollout, rows), {k: v[rows] for k, v in per_source.items()}))
+            n_kept += int(informative.sum())
+            strategy = self.trainer.strategy
+            need_more = strategy.reduce_boolean_decision(n_kept < size, all=False)
+            if not need_more or rounds >= self.max_sampling_rounds:
+                break
+            current = self.refill_batch(size, self.refill_batches)
+            self.refill_batches += 1
+        found = n_kept
+        parts = kept + dropped  # informative first; dropped groups only top a short batch up
+        rollout = cat_rollouts([r for r, _ in parts], self.tokenizer.pad_token_id)
+        per_source = {k: torch.cat([s[k] for _, s in parts]) for k in parts[0][1]}
+        rows = torch.arange(size * group, device=rollout.scores.device)
+        rollout = take_rows(rollout, rows)
+        per_source = {k: v[rows] for k, v in per_source.items()}
+        world = max(1, self.trainer.world_size)
+        self.episodes += (generated - size * group) * world  # the rows trained on are counted by the step
+        stats = {
+            "dynamic_sampling/rounds": torch.tensor(float(rounds)),
+            "dynamic_sampling/informative_groups": torch.tensor(float(found)),
+            "dynamic_sampling/filled_groups": torch.tensor(float(max(0, size - found))),
+            "dynamic_sampling/rollouts_per_step": torch.tensor(generated / (size * group)),
+        }
+        return rollout, per_source, stats

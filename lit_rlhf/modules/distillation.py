@@ -15,7 +15,6 @@ from lit_rlhf.models import adapters
 from lit_rlhf.models.distillation import response_hidden, response_vocab_logps, tokenizer_differences, with_context
 from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.modules.online import OnlineModule
-from lit_rlhf.online import hooks, scoring
 from lit_rlhf.online.fixed import reference_rollout
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rng import validation_rng
@@ -187,8 +186,8 @@ class DistillationModule(OnlineModule):
             rollout, per_source, stats = super().collect_rollout(batch)
             return rollout, per_source, {**stats, "distill/on_policy": torch.tensor(1.0)}
         rollout = reference_rollout(batch, self.tokenizer, self.repeats, self.sampling.max_new_tokens)
-        scores, per_source = scoring.score_rollout(self, rollout, self.repeats)
-        rollout = hooks.apply_rollout_hooks(attached_trainer(self), self, rollout.with_scores(scores))
+        scores, per_source = self.score(rollout, self.repeats)
+        rollout = self.shape(rollout.with_scores(scores))
         return rollout, per_source, {"distill/on_policy": torch.tensor(0.0)}
 
     def teacher_prompts(self, rollout: Rollout) -> tuple[Tensor, Tensor]:

@@ -53,7 +53,7 @@ class GRPOModule(OnlineModule):
        gets more than one update: with one pass over one minibatch the update is on-policy and
        its own forward pass gives them, as a ratio of exactly 1), reference log-probs (only
        when `kl_coef` > 0: with `kl_coef` 0 the reference is never loaded), scores; callbacks shape
-       the scores through the rollout hook (`lit_rlhf.online.hooks`);
+       the scores through their `on_rollout_scores` (`OnlineModule.shape`);
     2. `advantages`: one per completion, (r - mean_group) / (std + eps) with the std of `scale`
        (`losses.grpo_advantages`; `batch` takes the std over the global batch, every rank's
        rewards); a group whose rewards are all equal gets exactly 0;

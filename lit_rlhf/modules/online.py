@@ -1,17 +1,29 @@
 """`OnlineModule`: the base of the methods that sample their own training data (PPO, GRPO and its
-family, RLOO, ReMax, rejection sampling, online DPO).
+family, RLOO, ReMax, rejection sampling, online DPO, distillation).
 
-One training step is one rollout, then the method's update: **sample** `repeats` responses per
-prompt from the rollout source (`rollout`: `HFSampler` by default), **score once** without grad
-(log-probs at `logprob_temperature`, values) and **reward** (the reward sources, the method's
-`rollout_extras`, the callbacks' rollout hook), as `lit_rlhf.online.rollout` details; then
-**update** (the method's `update`): passes over minibatches of whole groups, one optimizer step
-each (`run_updates`, `lit_rlhf.online.update`), and `on_rollout_end` for the callbacks. The fit's
-plumbing (set-up, the source's start, checkpoint state) is `lit_rlhf.online.lifecycle`'s.
+A training step (`training_step`) reads top to bottom in this file:
+
+1. **sample** (`make_rollout`): the rollout source (`rollout`: `HFSampler` by default; a
+   `lit_rlhf.online` object passed in) gives `repeats` responses per prompt, a prompt's copies
+   contiguous, `max_new_tokens` each, cut after the first EOS and PAD-filled (D23);
+2. **score once**, without grad, in micro-batches of `micro_batch_size` rows: the policy's
+   log-probs of the sampled tokens (the "old" ones; skipped when the update is on-policy,
+   `needs_rollout_logps`), the reference's, PPO's values, all at `logprob_temperature`;
+3. **reward** (`score`): every reward source (a reward model read at EOS, D12; reward functions;
+   an environment's return), each normalised as `reward_normalization` says and summed with
+   `reward_weights` (`lit_rlhf.rewards.combine_rewards`); then the method's `rollout_extras`,
+   then the callbacks' `on_rollout_scores` in list order (`shape`);
+4. **update** (the method's `update`): `run_updates`, passes over minibatches of whole groups,
+   one optimizer step each, gradients accumulated exactly (the contract:
+   `lit_rlhf.online.update`); then every callback's `on_rollout_end` sees the final rollout.
 
 A non-finite score, value, loss or gradient never reaches the weights (`check_finite`). A run is
-measured in episodes (sampled responses), which also size the learning-rate schedule
-(`total_episodes`, `lit_rlhf.online.budget`).
+measured in **episodes** (sampled responses, all ranks): with `total_episodes` the run stops once
+that many were sampled and the learning-rate schedule is sized to `ceil(total_episodes /
+episodes per rollout) * updates_per_rollout()` optimizer steps (leave `trainer.max_steps` and
+`max_epochs` at -1; the prompt loader is reshuffled each epoch, D21); without it
+`trainer.max_steps` counts optimizer steps. The counters `episodes` and `rollouts` travel in
+checkpoints with the source's own state.
 
 **What a method defines** (each documented below): `update`; and where it differs from the
 default, `repeats`, `updates_per_rollout`, `needs_rollout_logps`, `rollout_values`,
@@ -24,21 +36,34 @@ trajectory per row: it may run episodes), `whole_groups` (its loss reads a group
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 import time
 from typing import Any, Callable, Literal
 
+import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 
-from lit_rlhf.generation import SamplingConfig
+from lit_rlhf.generation import SamplingConfig, decode_responses
 from lit_rlhf.lightning_compat import attached_trainer
-from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
-from lit_rlhf.online import budget, correction, hooks, lifecycle, rollout as rollouts, scoring, update
+from lit_rlhf.online import correction, environment
+from lit_rlhf.online.async_source import SourceGuard
 from lit_rlhf.online.moved import MOVED
 from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, checked_source
+from lit_rlhf.online.update import (LossResult, StepLoss, loss_parts, micro_rows, minibatch_weight, minibatches,
+                                    split_problem)
+from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import RewardNormalization
+from lit_rlhf.rewards.sources import (call_reward_fn, check_reward_sources, combine_rewards, function_name,
+                                      prompt_texts, reward_model_scores)
 from lit_rlhf.rng import validation_rng
-from lit_rlhf.types import PromptBatch, Rollout
+from lit_rlhf.training.base import CHECKPOINT_KEY
+from lit_rlhf.types import PromptBatch, Rollout, padding_fraction
+
+SOURCE_KEY = "rollout_source"  # the source's state in the module's part of a checkpoint
 
 
 class OnlineModule(PolicyModule):
@@ -131,8 +156,8 @@ class OnlineModule(PolicyModule):
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if lr_schedule_per not in ("optimizer_step", "rollout"):
             raise ValueError(f"lr_schedule_per must be 'optimizer_step' or 'rollout', got {lr_schedule_per!r}")
-        self.reward_fns = scoring.checked_reward_sources(reward_model, reward_fns, reward_weights, reward_normalization,
-                                                         source.multi_turn, required=not self.reward_optional)
+        self.reward_fns = check_reward_sources(reward_model, reward_fns, reward_weights, reward_normalization,
+                                               source.multi_turn, required=not self.reward_optional)
         super().__init__(**kwargs)
         self.automatic_optimization = False
         self.rollout_source = copy.deepcopy(source)  # the module's own: a source holds one run's state
@@ -203,10 +228,10 @@ class OnlineModule(PolicyModule):
         computed them for every row) and the stats to log (names `group/name`)."""
         raise NotImplementedError
 
-    def step_loss(self) -> update.StepLoss | None:
+    def step_loss(self) -> StepLoss | None:
         """A term of every optimizer step that is not a function of the rollout's rows (PPO-ptx's
         NLL on SFT rows), called once per step: `(micro, micros) -> (loss, stats)`, the loss that
-        micro-batch's share, normalised over the step; None = none (`lit_rlhf.online.update`)."""
+        micro-batch's share, normalised over the step; None = none."""
         return None
 
     def update_rows(self, prompts: int) -> int:
@@ -220,18 +245,27 @@ class OnlineModule(PolicyModule):
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         started = time.perf_counter()
-        rollout, per_source, sampling_stats = self.collect_rollout(batch)
+        rollout, per_source, stats = self.collect_rollout(batch)
         generated = time.perf_counter()
-        rollout, stats = self.update(rollout)
+        rollout, update_stats = self.update(rollout)
         if self.lr_schedule_per == "rollout":
-            update.step_lr_schedule(self)
+            self.step_lr_schedule()
         updated = time.perf_counter()
-        trainer = attached_trainer(self)
-        hooks.notify_rollout_end(trainer, self, rollout)
-
+        for callback in self.trainer.callbacks:  # observe the trained rollout (KLControlCallback)
+            if hasattr(callback, "on_rollout_end"):
+                callback.on_rollout_end(self.trainer, self, rollout)
         self.rollouts += 1
-        self.episodes += rollout.num_rows * max(1, trainer.world_size if trainer else 1)
-        stats = rollouts.step_stats(self, stats, rollout, per_source, sampling_stats, started, generated, updated)
+        self.episodes += rollout.num_rows * max(1, self.trainer.world_size)
+
+        stats.update(update_stats, **self.rollout_stats(rollout))
+        stats.update({f"rewards/{name}": r.float().mean() for name, r in per_source.items()})
+        stats["time/generation"] = torch.tensor(generated - started)
+        stats["time/update"] = torch.tensor(updated - generated)
+        stats["perf/tokens_per_sec"] = rollout.attention_mask.sum().float() / max(updated - started, 1e-9)
+        stats["data/padding_fraction"] = torch.tensor(padding_fraction(rollout))  # prompt and response PAD
+        stats["objective/episodes"] = torch.tensor(float(self.episodes))
+        if "time/rollout_wait" in stats:  # the share of the step the learner waited for its batch
+            stats["perf/trainer_idle_fraction"] = stats["time/rollout_wait"] / max(updated - started, 1e-9)
         self.log_stats("train", stats, prog_bar=("objective/scores", "objective/kl"))
         every = self.log_completions_every_n_steps
         if every and (self.rollouts - 1) % every == 0:
@@ -244,10 +278,14 @@ class OnlineModule(PolicyModule):
         with validation_rng(self.device, self.global_step, batch_idx):
             with_logps = getattr(self, "ref_model", None) is not None  # for the KL only
             rollout, _, _ = self.make_rollout(batch, 1, with_logps=with_logps, sampling=self.val_sampling)
-        self.log_stats("val", rollouts.validation_stats(rollout), batch_size=rollout.num_rows)
+        stats = self.rollout_stats(rollout)
+        for name in ("objective/entropy", "objective/rlhf_reward", "rollout/sampler_logprob_diff",
+                     "rollout/sampler_logprob_diff_max"):
+            stats.pop(name, None)  # validation: the unshaped scores and the KL only
+        self.log_stats("val", stats, batch_size=rollout.num_rows)
 
     # ------------------------------------------------------------------------------------------
-    # the rollout
+    # the rollout: sample, score once, reward, shape
     # ------------------------------------------------------------------------------------------
 
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
@@ -256,54 +294,257 @@ class OnlineModule(PolicyModule):
         return self.training_rollout(batch)
 
     def training_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
-        """One round of a training step's sampling (`lit_rlhf.online.rollout.training_rollout`)."""
-        return rollouts.training_rollout(self, batch)
+        """One round of a training step's sampling: `make_rollout` (`repeats` responses per prompt,
+        log-probs when `needs_rollout_logps`), the method's `rollout_extras`, then `shape`."""
+        rollout, per_source, stats = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
+        extras = self.rollout_extras(batch, rollout)
+        if extras:
+            rollout = rollout.with_extras(**extras)
+        return self.shape(rollout), per_source, stats
 
     def make_rollout(self, batch: PromptBatch, repeats: int = 1, with_logps: bool = True,
                      sampling: SamplingConfig | None = None) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
-        """Sample, score once and reward, without grad -> (rollout, each source's rewards, sampling
-        stats); `sampling` None: the training sampling (`lit_rlhf.online.rollout.make_rollout`)."""
-        return rollouts.make_rollout(self, batch, repeats, with_logps, sampling)
+        """Sample (the rollout source), score once (old and reference log-probs, values) and reward,
+        without grad -> (rollout with its unshaped scores, each source's (N,) rewards, the source's
+        sampling stats). `sampling` None: the training sampling, else validation's."""
+        rollout, stats = self.rollout_source.sample(self, batch, repeats, sampling or self.sampling,
+                                                    training=sampling is None)
+        # a prompt's copies share one prompt computation (`shared_prompt`)
+        groups = torch.arange(rollout.num_rows, device=rollout.prompt_ids.device) // repeats if repeats > 1 else None
+        args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_attention_mask)
+        micro, temperature, ref = self.micro_batch_size, self.logprob_temperature, getattr(self, "ref_model", None)
+        with torch.no_grad():
+            logps = self.response_token_logps(self.policy, *args, temperature, micro, groups) if with_logps else None
+            ref_logps = None if ref is None else self.response_token_logps(ref, *args, temperature, micro, groups)
+            rollout = rollout._replace(logps=rollout.on_policy_tokens(logps), ref_logps=rollout.on_policy_tokens(ref_logps))
+            values = self.rollout_values(rollout.input_ids, rollout.attention_mask, rollout.response_ids.shape[1])
+        rollout = rollout._replace(values=values)
+        scores, per_source = self.score(rollout, repeats)
+        self.check_finite(batch, scores=scores, values=values)
+        return rollout.with_scores(scores), per_source, stats
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
         """One response per row with the rollout source's sampler, one turn."""
         return self.rollout_source.generate(self, prompt_ids, prompt_mask, sampling)
 
     def greedy_rollout(self, batch: PromptBatch) -> Rollout:
-        """Each prompt's greedy response, scored and shaped; ReMax's baseline (`lit_rlhf.online.rollout`)."""
-        return rollouts.greedy_rollout(self, batch)
+        """Each prompt's greedy response (B rows, `do_sample` off, the same sampler), scored and
+        shaped as the samples are; no log-probs. ReMax's baseline."""
+        prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
+        ids, mask, has_eos, _ = self.generate(prompt_ids, prompt_mask, dataclasses.replace(self.sampling, do_sample=False))
+        rollout = Rollout(prompt_ids, prompt_mask, ids, mask, has_eos, None, meta=dict(batch.meta))
+        scores, _ = self.score(rollout)
+        self.check_finite(batch, scores=scores)
+        return self.shape(rollout.with_scores(scores))
 
-    # ------------------------------------------------------------------------------------------
-    # the update
-    # ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def score(self, rollout: Rollout, group_size: int = 1) -> tuple[Tensor, dict[str, Tensor]]:
+        """Every reward source on the rollout -> (weighted score (N,), {source: (N,)}): the reward
+        model, the reward functions `(prompts, completions, **batch_columns)` (an episode's
+        completion is its last policy turn), an environment's return; a dropped episode group
+        scores 0 from every source. `group_size` rows per prompt (contiguous); the raw weighted
+        sum when not training (validation)."""
+        per_source: dict[str, Tensor] = {}
+        if getattr(self, "reward_model", None) is not None:
+            shared = group_size > 1 and self.shared_prompt  # a prompt's copies: one prompt computation
+            groups = torch.arange(rollout.num_rows, device=rollout.prompt_ids.device) // group_size if shared else None
+            per_source["reward_model"] = reward_model_scores(self.reward_model, rollout.input_ids, rollout.attention_mask,
+                                                             self.micro_batch_size, groups, rollout.prompt_ids.shape[1])
+        episodes = environment.trajectories(rollout) if self.rollout_source.multi_turn else None
+        if self.reward_fns:
+            prompts = prompt_texts(rollout, self.tokenizer)
+            completions = (decode_responses(self.tokenizer, rollout.response_ids, rollout.loss_mask) if episodes is None
+                           else [t.final_text for t in episodes])
+            columns = {"completion_length": rollout.loss_mask.sum(dim=1).tolist(),  # the policy's tokens, EOS included
+                       "truncated": (~rollout.has_eos).tolist(), **rollout.meta}
+            for fn in self.reward_fns:
+                name = function_name(fn)
+                while name in per_source:
+                    name += "_"
+                per_source[name] = call_reward_fn(fn, list(prompts), completions, columns)
+        if episodes is not None:  # the environment's return, after the other sources
+            per_source["environment"] = torch.tensor([t.reward for t in episodes], dtype=torch.float32)
+        device = rollout.response_ids.device
+        if not per_source:  # a method that trains without a reward source (`reward_optional`)
+            return torch.zeros(rollout.num_rows, device=device), per_source
+        per_source = {k: v.to(device) for k, v in per_source.items()}
+        dropped = environment.dropped_rows(rollout) if episodes is not None else None
+        if dropped is not None:
+            per_source = {k: torch.where(dropped, torch.zeros_like(v), v) for k, v in per_source.items()}
+        how = self.reward_normalization if self.training else "none"
+        if how == "group" and group_size < 2:
+            raise ValueError("reward_normalization 'group' needs several samples per prompt (GRPO's "
+                             "num_generations); this method samples one: use 'batch' or 'none'")
+        return combine_rewards(per_source, self.reward_weights, how, group_size), per_source
 
-    def run_updates(self, n_rows: int, epochs: int, num_minibatches: int, loss_fn: Callable[[Tensor], Any],
-                    row_weights: Tensor | None = None, group_size: int | None = None) -> dict[str, Tensor]:
-        """`epochs` passes over minibatches of whole groups, one optimizer step each, gradients
-        accumulated exactly over micro-batches (`lit_rlhf.online.update.run_updates`)."""
-        return update.run_updates(self, n_rows, epochs, num_minibatches, loss_fn, row_weights, group_size)
+    def shape(self, rollout: Rollout) -> Rollout:
+        """`on_rollout_scores(trainer, module, rollout) -> Rollout` of every callback that defines
+        it, in the order of `trainer.callbacks`: a callback reshapes the scores (the same shape) or
+        just observes (`EOSTrickCallback`, D23)."""
+        trainer = attached_trainer(self)
+        for callback in trainer.callbacks if trainer is not None else []:
+            if not hasattr(callback, "on_rollout_scores"):
+                continue
+            shaped, name = callback.on_rollout_scores(trainer, self, rollout), type(callback).__name__
+            if not isinstance(shaped, Rollout):
+                raise TypeError(f"{name}.on_rollout_scores must return a Rollout, got {type(shaped).__name__}")
+            if shaped.scores is None or shaped.scores.shape != rollout.scores.shape:
+                raise ValueError(f"{name}.on_rollout_scores must keep scores of shape {tuple(rollout.scores.shape)}")
+            rollout = shaped
+        return rollout
+
+    def rollout_stats(self, rollout: Rollout) -> dict[str, Tensor]:
+        """What a step logs of its rollout: scores, lengths, EOS; with log-probs the entropy, and
+        with the reference's the KL and the RLHF reward (score - `kl_coef` * KL); the trainer's
+        log-probs against the sampler's and the source's correction when both were taken at one
+        temperature; an environment's episode stats."""
+        mask = rollout.loss_mask  # the policy's tokens
+        stats = {"objective/scores": rollout.scores.float().mean(),
+                 "response/length": mask.sum(dim=1).float().mean(),
+                 "response/eos_fraction": rollout.has_eos.float().mean()}
+        if self.rollout_source.multi_turn:
+            stats.update(environment.episode_stats(rollout))
+        if rollout.logps is None:  # a method that never needs them (rejection sampling): no entropy, no KL
+            return stats
+        stats["objective/entropy"] = -masked_sum(rollout.logps, mask, dim=1).mean()  # sampled estimate, per sequence
+        if rollout.ref_logps is not None:
+            kl = masked_sum(rollout.logps - rollout.ref_logps, mask, dim=1)  # (N,) k1, summed per sequence
+            stats["objective/kl"] = kl.mean()
+            stats["objective/rlhf_reward"] = (rollout.scores.float() - self.kl_coef * kl).mean()
+        if rollout.sampler_logps is not None and mask.any() and self.logprob_temperature == self.sampling.temperature:
+            diff = (rollout.logps.float() - rollout.sampler_logps.float()).abs()[mask]  # trainer vs sampler
+            stats["rollout/sampler_logprob_diff"] = diff.mean()
+            stats["rollout/sampler_logprob_diff_max"] = diff.max()
+            stats.update(correction.correction_stats(rollout, self.rollout_source.correction))
+        return stats
 
     def tis_weights(self, rollout: Rollout, rows: Tensor, train_logps: Tensor, advantages: Tensor | None = None):
         """The source's rollout correction of `rows` as one factor (n, R), or None when off or
         without the sampler's log-probs (`lit_rlhf.online.correction.tis_weights`)."""
+        if self.rollout_source.correction is None or rollout.sampler_logps is None:
+            return None
         return correction.tis_weights(self.rollout_source.correction, rollout, rows, train_logps, advantages)
 
+    def log_completions(self, rollout: Rollout) -> None:
+        """The first `num_logged_completions` completions as a TensorBoard text table
+        (`train/completions`; episodes: `train/conversations`), on rank 0 with a text logger."""
+        experiment, k = getattr(self.logger, "experiment", None), self.num_logged_completions
+        if experiment is None or not hasattr(experiment, "add_text") or not self.trainer.is_global_zero:
+            return
+        if self.rollout_source.multi_turn:
+            environment.log_conversations(rollout, self.tokenizer, experiment, k, self.global_step)
+            return
+        rows = ["| prompt (end) | completion | score |", "|---|---|---|"]
+        texts = decode_responses(self.tokenizer, rollout.response_ids[:k], rollout.loss_mask[:k])
+        for p, c, s in zip(prompt_texts(rollout, self.tokenizer, k), texts, rollout.scores[:k].tolist()):
+            p, c = (x.replace("|", "\\|").replace("\n", " ") for x in (p[-200:], c))
+            rows.append(f"| {p} | {c} | {s:.3f} |")
+        experiment.add_text("train/completions", "\n".join(rows), self.global_step)
+
     # ------------------------------------------------------------------------------------------
-    # Lightning hooks: checks, the source's life, the budget, checkpoints
+    # the update: passes over minibatches of whole groups (`lit_rlhf.online.update`)
+    # ------------------------------------------------------------------------------------------
+
+    def run_updates(self, n_rows: int, epochs: int, num_minibatches: int, loss_fn: Callable[[Tensor], LossResult],
+                    row_weights: Tensor | None = None, group_size: int | None = None) -> dict[str, Tensor]:
+        """`epochs` passes over the `n_rows` rows a method trains on in `num_minibatches` minibatches
+        of whole groups, one optimizer step each, gradients accumulated exactly over micro-batches
+        (the contract: `lit_rlhf.online.update`). `group_size`: rows per group, None = `repeats`;
+        1 for rows picked one per prompt (best-of-N). Returns the stats averaged over all
+        micro-batches, plus `policy/first_ratio_mean` from the first one (exactly 1: D7)."""
+        optimizer = self.optimizers()
+        group = self.repeats if group_size is None else int(group_size)
+        # DDP's gradient sync needs every trained parameter's gradient from each backward pass:
+        # a loss's parts then run one backward pass of their sum
+        separate = not isinstance(self.trainer.strategy.model, DistributedDataParallel)
+        totals: dict[str, Tensor] = {}
+        first: dict[str, Tensor] = {}
+        count = 0
+        for epoch in range(epochs):
+            for rows in minibatches(n_rows, num_minibatches, group, shuffle=epoch > 0):
+                micro = micro_rows(len(rows), group, self.micro_batch_size, self.whole_groups, type(self).__name__)
+                total, extra, micros = minibatch_weight(rows, row_weights), self.step_loss(), -(-len(rows) // micro)
+
+                def accumulate() -> bool:
+                    """Forward and backward over the minibatch's micro-batches; False when a loss is
+                    not finite (`on_nonfinite: skip`; `error` raises)."""
+                    nonlocal count, first
+                    for index, start in enumerate(range(0, len(rows), micro)):
+                        part_rows = rows[start: start + micro]
+                        share = len(part_rows) if row_weights is None else row_weights[part_rows].sum()
+                        stats: dict[str, Tensor] = {}
+                        for part, (loss, part_stats) in enumerate(loss_parts(loss_fn(part_rows), separate)):
+                            loss = loss * (share / total)
+                            if part == 0 and extra is not None:  # the step's own term, in the first part's backward
+                                extra_loss, extra_stats = extra(index, micros)
+                                loss, part_stats = loss + extra_loss, {**part_stats, **extra_stats}
+                            if not self.check_finite(loss=loss):
+                                return False
+                            self.manual_backward(loss)
+                            stats.update(part_stats)
+                        first = first or {k: v.detach() for k, v in stats.items()}
+                        for k, v in stats.items():
+                            totals[k] = totals.get(k, 0.0) + v.detach().float()
+                        count += 1
+                    return True
+
+                if self.optimizer_in_backward:  # each parameter updated by its backward pass, inside the step
+                    self.online_optimizer_step(optimizer, closure=accumulate)
+                elif accumulate() and self.gradients_finite():
+                    self.online_optimizer_step(optimizer)
+                else:
+                    optimizer.zero_grad(set_to_none=True)
+        out = {k: v / max(count, 1) for k, v in totals.items()}
+        if "policy/ratio_mean" in first:
+            out["policy/first_ratio_mean"] = first["policy/ratio_mean"]
+        return out
+
+    def online_optimizer_step(self, optimizer: Any, closure: Callable[[], bool] | None = None) -> None:
+        """Clip, step, zero the grads, advance the schedule (unless it advances per rollout). With
+        `closure` (`optimizer_in_backward`) the step runs it and its backward pass updates each
+        parameter as its gradient completes (`lit_rlhf.training.in_backward`; no clipping there)."""
+        if self.max_grad_norm and closure is None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.max_grad_norm, gradient_clip_algorithm="norm")
+        optimizer.step() if closure is None else optimizer.step(closure=closure)
+        optimizer.zero_grad(set_to_none=True)
+        if self.lr_schedule_per == "optimizer_step":
+            self.step_lr_schedule()
+
+    def step_lr_schedule(self) -> None:
+        schedulers = self.lr_schedulers()
+        for scheduler in schedulers if isinstance(schedulers, list) else [schedulers] if schedulers else []:
+            scheduler.step()
+
+    # ------------------------------------------------------------------------------------------
+    # the fit: checks, the source's life, the budget, checkpoints
     # ------------------------------------------------------------------------------------------
 
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
-        """The shared problems, the source's, and the update's split (`update.split_problems`)."""
+        """The shared problems, the source's, and the update's split: the rows a rollout's update
+        trains on (`update_rows`) divide into `num_minibatches` minibatches of whole groups."""
         problems = super().check_config(trainer, datamodule) + self.rollout_source.problems(self, trainer)
-        return problems + update.split_problems(self, getattr(datamodule, "batch_size", None))
+        batch_size = getattr(datamodule, "batch_size", None)
+        if batch_size:
+            problems += split_problem(type(self).__name__, batch_size, self.repeats, self.update_rows(batch_size),
+                                      self.num_minibatches)
+        return problems
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        lifecycle.setup(self, stage)  # DeepSpeed's clipping, the source's guard
+        trainer = attached_trainer(self)
+        if trainer is None:
+            return
+        if isinstance(trainer.strategy, DeepSpeedStrategy) and self.max_grad_norm:  # it clips inside its step
+            trainer.strategy.config.setdefault("gradient_clipping", float(self.max_grad_norm))
+        if stage == "fit" and not any(isinstance(c, SourceGuard) for c in trainer.callbacks):
+            trainer.callbacks.append(SourceGuard())  # stops the source if the fit fails
 
     def on_train_start(self) -> None:
         super().on_train_start()  # the random states first (a producer at max_staleness 0 draws from them)
-        lifecycle.start(self)
+        if self.budget_reached():  # resumed from the checkpoint of the run's last step: nothing left
+            self.trainer.should_stop = True
+        else:
+            self.rollout_source.start(self)
 
     def on_train_end(self) -> None:
         super().on_train_end()
@@ -317,30 +558,48 @@ class OnlineModule(PolicyModule):
         if self.budget_reached():
             self.trainer.should_stop = True
 
-    def num_training_steps(self) -> int:
-        """Optimizer steps of the fit (`lit_rlhf.online.budget`): from `total_episodes`, else
-        `max_steps`, else the epochs' batches times `updates_per_rollout()`."""
-        by_budget = self.total_episodes or (self.trainer.max_steps and self.trainer.max_steps > 0)
-        return budget.training_steps(self, 0 if by_budget else super().num_training_steps())
-
-    def num_schedule_steps(self) -> int:
-        return budget.schedule_steps(self, self.num_training_steps())
-
-    def episodes_per_rollout(self) -> int:
-        return budget.episodes_per_rollout(self)
-
     def budget_reached(self) -> str:
         """Why the episode budget stops the run ("" while it does not); `lit_rlhf.stopping` reads it."""
-        return budget.budget_reached(self)
+        total = self.total_episodes
+        return f"total_episodes={total} reached ({self.episodes} episodes sampled)" if total and self.episodes >= total else ""
+
+    def episodes_per_rollout(self) -> int:
+        """B prompts x G responses x world size: the prompt DataModule's (or loader's) batch size."""
+        trainer = self.trainer
+        dm = getattr(trainer, "datamodule", None)
+        size = getattr(dm, "batch_size", None) or (getattr(dm, "hparams", None) or {}).get("batch_size")
+        if not size:
+            trainer.fit_loop.setup_data()  # builds the train dataloader (a no-op once built)
+            size = getattr(trainer.train_dataloader, "batch_size", None)
+        if not size:
+            raise ValueError("cannot tell the prompt batch size: give the DataModule a `batch_size`")
+        return int(size) * self.repeats * max(1, trainer.world_size)
+
+    def num_training_steps(self) -> int:
+        """Optimizer steps of the fit: from `total_episodes`, else `max_steps`, else the epochs'
+        batches times `updates_per_rollout()`."""
+        per_rollout, max_steps = self.updates_per_rollout(), self.trainer.max_steps
+        if self.total_episodes:
+            return math.ceil(self.total_episodes / self.episodes_per_rollout()) * per_rollout
+        if max_steps and max_steps > 0:
+            return int(max_steps)
+        return super().num_training_steps() * per_rollout
+
+    def num_schedule_steps(self) -> int:
+        """Its optimizer steps, or its rollouts with `lr_schedule_per: rollout`."""
+        steps = self.num_training_steps()
+        return math.ceil(steps / self.updates_per_rollout()) if self.lr_schedule_per == "rollout" else steps
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        lifecycle.save_state(self, checkpoint[CHECKPOINT_KEY])  # the counters, the source's state
+        state = checkpoint[CHECKPOINT_KEY]
+        state.update({"episodes": self.episodes, "rollouts": self.rollouts})
+        source = self.rollout_source.state_dict()  # an asynchronous queue's
+        if source is not None:
+            state[SOURCE_KEY] = source
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        lifecycle.load_state(self, checkpoint.get(CHECKPOINT_KEY, {}))
-
-    def log_completions(self, rollout: Rollout) -> None:
-        """Sample completions (or episodes) as a TensorBoard text table on rank 0."""
-        scoring.log_completions(self, rollout, self.num_logged_completions)
+        state = checkpoint.get(CHECKPOINT_KEY, {})
+        self.episodes, self.rollouts = int(state.get("episodes", 0)), int(state.get("rollouts", 0))
+        self.rollout_source.load_state_dict(state.get(SOURCE_KEY))

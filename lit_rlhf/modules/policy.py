@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 
 
 class PolicyModule(TrainingModule):
-    """Base class of every method. Subclasses implement `training_step` and `validation_step`.
+    """Base class of every method: a subclass implements `training_step` (and `validation_step`)
+    or, online, the `update` of `OnlineModule`.
 
     Args:
         model: the policy: a builtin name (`tiny-random-llama`, `smollm2-135m-instruct`), a local
@@ -253,10 +254,11 @@ class PolicyModule(TrainingModule):
         elsewhere), chunked or dense as `logprob_chunk_size` says. `sharing` says which rows
         share a prompt (`PreferenceBatch.sharing`): with `shared_prompt` on, each such prompt is
         computed once (`lit_rlhf.ops.shared_prompt`); the values are the same either way."""
-        sharing = sharing if self.shared_prompt else None
-        with adapters.activated(model) as module:  # an AdapterView: its base, with its adapter on
-            return grouped_token_logps(module, input_ids, attention_mask, loss_mask, sharing, temperature,
-                                       self.logprob_chunk_size)
+        if isinstance(model, adapters.AdapterView):  # a LoRA adapter on the shared base: run with it active
+            with adapters.activated(model) as inner:
+                return self.model_logps(inner, input_ids, attention_mask, loss_mask, temperature, sharing)
+        return grouped_token_logps(model, input_ids, attention_mask, loss_mask, sharing if self.shared_prompt else None,
+                                   temperature, self.logprob_chunk_size)
 
     def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0,
                      sharing: PromptSharing | None = None) -> Tensor:
@@ -284,12 +286,15 @@ class PolicyModule(TrainingModule):
         False), differentiable unless called under `torch.no_grad()`; chunked or dense as
         `logprob_chunk_size` says. `groups` (B,): rows with equal ids have the same prompt (a
         GRPO group): with `shared_prompt` on, each micro-batch computes each of its prompts once."""
-        with adapters.activated(model) as module:
-            if groups is None or not self.shared_prompt:
-                return token_logps_with_grad(module, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                                             micro_batch_size, chunk_size=self.logprob_chunk_size)
-            return shared_response_logps(module, prompt_ids, prompt_mask, response_ids, response_mask, groups, temperature,
-                                         micro_batch_size, self.logprob_chunk_size)
+        if isinstance(model, adapters.AdapterView):  # a LoRA adapter on the shared base: run with it active
+            with adapters.activated(model) as inner:
+                return self.response_token_logps(inner, prompt_ids, prompt_mask, response_ids, response_mask,
+                                                 temperature, micro_batch_size, groups)
+        if groups is None or not self.shared_prompt:
+            return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+                                         micro_batch_size, chunk_size=self.logprob_chunk_size)
+        return shared_response_logps(model, prompt_ids, prompt_mask, response_ids, response_mask, groups, temperature,
+                                     micro_batch_size, self.logprob_chunk_size)
 
     @staticmethod
     def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:

@@ -1,4 +1,5 @@
-"""DAPO's dynamic sampling (Yu et al. 2025, Sec. 3.2 and Eq. 11), `DAPOModule.collect_rollout`.
+"""DAPO's dynamic sampling (Yu et al. 2025, Sec. 3.2 and Eq. 11): `DAPOModule.collect_rollout`
+(`lit_rlhf.modules.dapo`) and the pure rollout surgery it uses here (`take_rows`, `cat_rollouts`).
 
 A group whose G rewards are all equal (all right or all wrong, for a 0/1 reward) has zero
 advantage and no gradient; it only dilutes the batch. Dynamic sampling drops such groups and
@@ -26,14 +27,11 @@ number of responses generated per response trained on (1 without dynamic samplin
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from lit_rlhf.losses.dapo import informative_groups
-from lit_rlhf.types import PromptBatch, Rollout
+from lit_rlhf.types import Rollout
 
 
 def take_rows(rollout: Rollout, rows: Tensor) -> Rollout:
@@ -71,64 +69,3 @@ def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
 def group_rows(groups: Tensor, group_size: int) -> Tensor:
     """Row indices of the given group indices (each group's G rows contiguous)."""
     return (groups.unsqueeze(1) * group_size + torch.arange(group_size, device=groups.device)).flatten()
-
-
-def refill_batch(module, size: int, index: int) -> PromptBatch:
-    """The `index`-th batch of `size` prompts of the refill stream (see the module docstring)."""
-    trainer = module.trainer
-    loader = trainer.train_dataloader
-    loader = getattr(loader, "iterables", loader)  # a CombinedLoader wraps the DataLoader
-    dataset, collate = loader.dataset, loader.collate_fn
-    dm = getattr(trainer, "datamodule", None)
-    seed = int(getattr(dm, "seed", 0) or 0)
-    generator = torch.Generator().manual_seed(seed + 7919 * index)
-    order = torch.randperm(len(dataset), generator=generator)
-    rank, world = trainer.global_rank, max(1, trainer.world_size)
-    if len(dataset) < size * world:
-        order = order.repeat(size * world // len(dataset) + 1)
-    rows = order[rank * size: (rank + 1) * size].tolist()
-    batch = collate([dataset[i] for i in rows])
-    return batch.to(module.device)
-
-
-def dynamic_sample(module, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
-    """`collect_rollout` with dynamic sampling: (rollout of B informative groups when it can,
-    each source's rewards on those rows, stats)."""
-    group = module.repeats
-    size = batch.input_ids.shape[0]
-    kept: list[tuple[Rollout, dict[str, Tensor]]] = []
-    dropped: list[tuple[Rollout, dict[str, Tensor]]] = []
-    n_kept = rounds = generated = 0
-    current = batch
-    while True:
-        rollout, per_source, _ = module.training_rollout(current)
-        rounds += 1
-        generated += rollout.response_ids.shape[0]
-        informative = informative_groups(rollout.scores.float(), group)  # (b,)
-        for mask, bucket in ((informative, kept), (~informative, dropped)):
-            if bool(mask.any()):
-                rows = group_rows(mask.nonzero().flatten(), group)
-                bucket.append((take_rows(rollout, rows), {k: v[rows] for k, v in per_source.items()}))
-        n_kept += int(informative.sum())
-        strategy = module.trainer.strategy
-        need_more = strategy.reduce_boolean_decision(n_kept < size, all=False)
-        if not need_more or rounds >= module.max_sampling_rounds:
-            break
-        current = refill_batch(module, size, module.refill_batches)
-        module.refill_batches += 1
-    found = n_kept
-    parts = kept + dropped  # informative first; dropped groups only top a short batch up
-    rollout = cat_rollouts([r for r, _ in parts], module.tokenizer.pad_token_id)
-    per_source = {k: torch.cat([s[k] for _, s in parts]) for k in parts[0][1]}
-    rows = torch.arange(size * group, device=rollout.scores.device)
-    rollout = take_rows(rollout, rows)
-    per_source = {k: v[rows] for k, v in per_source.items()}
-    world = max(1, module.trainer.world_size)
-    module.episodes += (generated - size * group) * world  # the rows trained on are counted by the step
-    stats = {
-        "dynamic_sampling/rounds": torch.tensor(float(rounds)),
-        "dynamic_sampling/informative_groups": torch.tensor(float(found)),
-        "dynamic_sampling/filled_groups": torch.tensor(float(max(0, size - found))),
-        "dynamic_sampling/rollouts_per_step": torch.tensor(generated / (size * group)),
-    }
-    return rollout, per_source, stats

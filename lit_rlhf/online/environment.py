@@ -16,7 +16,7 @@ trajectories out as a `Rollout`:
   per-token rewards keep it there); `has_eos` is False for a truncated episode;
 - `meta["trajectory"]` holds the typed `Trajectory` of each row (turns, tool calls, text).
 
-Scoring (`lit_rlhf.online.scoring`): the environment's return (the sum of its turn rewards) is
+Scoring (`OnlineModule.score`): the environment's return (the sum of its turn rewards) is
 the reward source `environment`, after the module's other sources; a reward function gets the
 last policy turn (the answer) as its completion, with the episode's `trajectory` and
 `conversation` text as columns. A reward model reads the whole episode at its last token.

@@ -52,6 +52,33 @@ def reward_model_scores(
     return torch.cat(chunks)
 
 
+def check_reward_sources(reward_model: str | None, reward_fns: list | None, reward_weights: list[float] | None,
+                        normalization: str, with_environment: bool, required: bool = True) -> list:
+    """The reward functions, once an online method's sources add up: one weight each (the reward
+    model first, then `reward_fns` in order, then an environment's return), and at least one
+    source unless the method trains without (`required` False: every score is then 0)."""
+    if normalization not in ("none", "group", "batch"):
+        raise ValueError(f"reward_normalization must be 'none', 'group' or 'batch', got {normalization!r}")
+    fns = list(reward_fns or [])
+    if any(not callable(fn) for fn in fns):
+        raise TypeError(f"reward_fns entries must be callables, got {fns!r}")
+    n_sources = int(reward_model is not None) + len(fns) + int(with_environment)
+    if n_sources == 0 and required:
+        raise ValueError("no reward source: set reward_model and/or reward_fns (or run an environment)")
+    if reward_weights is not None and len(reward_weights) != n_sources:
+        raise ValueError(f"reward_weights has {len(reward_weights)} entries for {n_sources} reward sources "
+                         "(the reward model first, then reward_fns in order, then the environment)")
+    return fns
+
+
+def prompt_texts(rollout: Any, tokenizer: Any, k: int | None = None) -> list[str]:
+    """The prompts of a rollout's first `k` rows as text: the `prompt` meta column, else decoded."""
+    found = rollout.meta.get("prompt")
+    if found is not None:
+        return list(found[:k])
+    return tokenizer.batch_decode([ids[m].tolist() for ids, m in zip(rollout.prompt_ids[:k], rollout.prompt_mask[:k])])
+
+
 def function_name(fn: RewardFn) -> str:
     """A short, metric-friendly name of a reward function or callable object."""
     name = getattr(fn, "__name__", None) or type(fn).__name__

@@ -11,7 +11,6 @@ import torch
 from lightning import Callback
 
 from lit_rlhf.modules import DAPOModule, GRPOModule, GSPOModule, ReinforcePPModule
-from lit_rlhf.online.dynamic_sampling import refill_batch
 from lit_rlhf.rewards import CharacterFractionReward, RewardFunctionError
 from tests.modules.test_grpo import LETTERS, fit
 
@@ -64,7 +63,7 @@ def test_dynamic_sampling_keeps_informative_groups_and_counts_the_extra_generati
     assert module.refill_batches == sum(m["train/dynamic_sampling/rounds"] - 1 for m in metrics)
     # the refill stream is a pure function of (seed, index): the same prompts again, and the
     # counter travels in checkpoints
-    first, again, other = (refill_batch(module, 4, k).meta["prompt"] for k in (0, 0, 1))
+    first, again, other = (module.refill_batch(4, k).meta["prompt"] for k in (0, 0, 1))
     assert first == again and first != other
     ckpt = {"lit_rlhf": {}}
     module.on_save_checkpoint(ckpt)

@@ -90,17 +90,17 @@ def test_ppo_backward_per_network_equals_one_backward_of_the_sum(monkeypatch, tm
     """PPO's update runs the policy term's backward pass before the value model's forward pass
     (run_updates' loss parts: the policy's activations are freed first). The same run, bitwise,
     as one backward pass of policy + value loss (the parts computed first and summed, as under DDP)."""
-    from lit_rlhf.online import update as online_update
+    import lit_rlhf.modules.online as online_module
 
     parts_run = fit(Setup("ppo"), tmp_path / "parts")
-    separate = online_update.loss_parts
+    separate = online_module.loss_parts
     summed = []
 
     def one_backward(result, _separate=True):
         summed.append(True)
         return separate(result, False)
 
-    monkeypatch.setattr(online_update, "loss_parts", one_backward)
+    monkeypatch.setattr(online_module, "loss_parts", one_backward)
     sum_run = fit(Setup("ppo"), tmp_path / "sum")
     parts, total = (checkpoint_values(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("parts", "sum"))
     assert parts.keys() == total.keys() and any(k.startswith("optimizer_states/0/state/") for k in parts)
