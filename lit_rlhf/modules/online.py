@@ -1,36 +1,20 @@
 """`OnlineModule`: the base of the methods that sample their own training data (PPO, GRPO and its
 family, RLOO, ReMax, rejection sampling, online DPO, distillation).
 
-A training step (`training_step`) reads top to bottom in this file:
-
-1. **sample** (`make_rollout`): the rollout source (`rollout`: `HFSampler` by default; a
-   `lit_rlhf.online` object passed in) gives `repeats` responses per prompt, a prompt's copies
-   contiguous, `max_new_tokens` each, cut after the first EOS and PAD-filled (D23);
-2. **score once**, without grad, in micro-batches of `micro_batch_size` rows: the policy's
-   log-probs of the sampled tokens (the "old" ones; skipped when the update is on-policy,
-   `needs_rollout_logps`), the reference's, PPO's values, all at `logprob_temperature`;
-3. **reward** (`score`): every reward source (a reward model read at EOS, D12; reward functions;
-   an environment's return), each normalised as `reward_normalization` says and summed with
-   `reward_weights` (`lit_rlhf.rewards.combine_rewards`); then the method's `rollout_extras`,
-   then the callbacks' `on_rollout_scores` in list order (`shape`);
-4. **update** (the method's `update`): `run_updates`, passes over minibatches of whole groups,
-   one optimizer step each, gradients accumulated exactly (the contract:
-   `lit_rlhf.online.update`); then every callback's `on_rollout_end` sees the final rollout.
-
-A non-finite score, value, loss or gradient never reaches the weights (`check_finite`). A run is
-measured in **episodes** (sampled responses, all ranks): with `total_episodes` the run stops once
-that many were sampled and the learning-rate schedule is sized to `ceil(total_episodes /
-episodes per rollout) * updates_per_rollout()` optimizer steps (leave `trainer.max_steps` and
-`max_epochs` at -1; the prompt loader is reshuffled each epoch, D21); without it
-`trainer.max_steps` counts optimizer steps. The counters `episodes` and `rollouts` travel in
-checkpoints with the source's own state.
+A training step reads top to bottom in this file: **sample** (`make_rollout`: the rollout source
+passed as `rollout`, `HFSampler` by default, gives `repeats` responses per prompt, cut after the
+first EOS, D23), **score once** without grad (old and reference log-probs, values, at
+`logprob_temperature`), **reward** (`score`: every reward source, normalised and weighted; then
+the method's `rollout_extras` and the callbacks' `on_rollout_scores`, `shape`), **update** (the
+method's `update` over `run_updates`: minibatches of whole groups, one optimizer step each, the
+contract in `lit_rlhf.online.update`), then the callbacks' `on_rollout_end` and the step's stats.
+Nothing non-finite reaches the weights (`check_finite`). A run is measured in episodes (sampled
+responses, all ranks; `total_episodes`, `num_training_steps`).
 
 **What a method defines** (each documented below): `update`; and where it differs from the
 default, `repeats`, `updates_per_rollout`, `needs_rollout_logps`, `rollout_values`,
-`rollout_extras`, `step_loss`, `update_rows`, `check_config`, the attributes `supports_tis` (its
-loss applies the source's rollout correction `tis_weights`), `accepts_environment` (its maths is one
-trajectory per row: it may run episodes), `whole_groups` (its loss reads a group at once) and
-`reward_optional` (it trains without a reward source), and `kl_coef` through `init_kl`.
+`rollout_extras`, `step_loss`, `update_rows`, `check_config`, the attributes `supports_tis`,
+`accepts_environment`, `whole_groups` and `reward_optional`, and `kl_coef` through `init_kl`.
 """
 
 from __future__ import annotations
@@ -433,13 +417,17 @@ class OnlineModule(PolicyModule):
             return
         if self.rollout_source.multi_turn:
             environment.log_conversations(rollout, self.tokenizer, experiment, k, self.global_step)
-            return
+        else:
+            experiment.add_text("train/completions", self.completions_table(rollout, k), self.global_step)
+
+    def completions_table(self, rollout: Rollout, k: int) -> str:
+        """The first `k` rows as a markdown table: the prompt's end, the completion, the score."""
         rows = ["| prompt (end) | completion | score |", "|---|---|---|"]
         texts = decode_responses(self.tokenizer, rollout.response_ids[:k], rollout.loss_mask[:k])
         for p, c, s in zip(prompt_texts(rollout, self.tokenizer, k), texts, rollout.scores[:k].tolist()):
             p, c = (x.replace("|", "\\|").replace("\n", " ") for x in (p[-200:], c))
             rows.append(f"| {p} | {c} | {s:.3f} |")
-        experiment.add_text("train/completions", "\n".join(rows), self.global_step)
+        return "\n".join(rows)
 
     # ------------------------------------------------------------------------------------------
     # the update: passes over minibatches of whole groups (`lit_rlhf.online.update`)
@@ -576,8 +564,11 @@ class OnlineModule(PolicyModule):
         return int(size) * self.repeats * max(1, trainer.world_size)
 
     def num_training_steps(self) -> int:
-        """Optimizer steps of the fit: from `total_episodes`, else `max_steps`, else the epochs'
-        batches times `updates_per_rollout()`."""
+        """Optimizer steps of the fit. With `total_episodes` the run stops once that many responses
+        were sampled (`budget_reached`) and lasts `ceil(total_episodes / episodes_per_rollout()) *
+        updates_per_rollout()` steps (leave `trainer.max_steps` and `max_epochs` at -1: the prompt
+        loader is reshuffled each epoch, D21); else `max_steps`; else the epochs' batches times
+        `updates_per_rollout()`."""
         per_rollout, max_steps = self.updates_per_rollout(), self.trainer.max_steps
         if self.total_episodes:
             return math.ceil(self.total_episodes / self.episodes_per_rollout()) * per_rollout
