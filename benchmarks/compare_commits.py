@@ -1,4 +1,5 @@
-"""A method's step time at two commits, side by side in one run: does a change slow training?
+"""A method's step time and peak memory at two commits, side by side in one run: does a change slow
+training, or make it hold more?
 
     python -m benchmarks.compare_commits --base 1044d8f --methods grpo dpo --pairs 3 \
         --json benchmarks/results/commits_1044d8f.json -- --model smollm2-135m-instruct --steps 4 --warmup 1
@@ -32,8 +33,8 @@ def git(*args: str, cwd: Path = REPO) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def step_median(tree: Path, method: str, bench_args: list[str], out: Path) -> float:
-    """The median step time (s) of one benchmark process run from `tree`'s code."""
+def step_median(tree: Path, method: str, bench_args: list[str], out: Path) -> tuple[float, float | None]:
+    """The median step time (s) and the peak RSS (MiB) of one benchmark process run from `tree`'s code."""
     command = [sys.executable, "-m", f"benchmarks.bench_{method}", "--frameworks", "ours", "--rounds", "1",
                "--no-bare", *bench_args, "--json", str(out)]
     env = dict(os.environ, PYTHONPATH=str(tree))
@@ -41,7 +42,9 @@ def step_median(tree: Path, method: str, bench_args: list[str], out: Path) -> fl
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} in {tree} exited with {done.returncode}:\n{done.stderr[-3000:]}")
     result = json.loads(out.read_text())
-    return float(result["frameworks"]["ours"]["step_time_s"]["median"])
+    ours = result["frameworks"]["ours"]
+    peak = ours.get("peak_rss_mb")
+    return float(ours["step_time_s"]["median"]), None if peak is None else float(peak)
 
 
 def compare(base: str, head: str, methods: list[str], pairs: int, bench_args: list[str]) -> dict[str, Any]:
@@ -62,19 +65,23 @@ def compare(base: str, head: str, methods: list[str], pairs: int, bench_args: li
                     order = [("base", base_tree), ("head", head_tree)]
                     if i % 2:
                         order.reverse()
-                    row: dict[str, float] = {}
+                    row: dict[str, Any] = {}
                     for name, tree in order:
-                        row[name] = step_median(tree, method, bench_args, Path(tmp) / f"{method}_{name}_{i}.json")
+                        row[name], row[f"{name}_peak_rss_mb"] = step_median(tree, method, bench_args,
+                                                                            Path(tmp) / f"{method}_{name}_{i}.json")
                     row["ratio"] = row["head"] / row["base"]
                     rows.append(row)
                     print(f"{method} pair {i + 1}: base {row['base']:.2f} s, head {row['head']:.2f} s, "
-                          f"head/base {row['ratio']:.3f}", flush=True)
+                          f"head/base {row['ratio']:.3f}; peak RSS base {row['base_peak_rss_mb']} MiB, "
+                          f"head {row['head_peak_rss_mb']} MiB", flush=True)
                 ratios = [r["ratio"] for r in rows]
                 out["methods"][method] = {
                     "pairs": rows,
                     "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                     "base_step_s_median": statistics.median(r["base"] for r in rows),
                     "head_step_s_median": statistics.median(r["head"] for r in rows),
+                    **{f"{side}_peak_rss_mb_median": statistics.median(r[f"{side}_peak_rss_mb"] for r in rows)
+                       for side in ("base", "head") if all(r[f"{side}_peak_rss_mb"] is not None for r in rows)},
                 }
         finally:
             for tree in (base_tree, head_tree):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import statistics
 
 import pytest
 
@@ -121,6 +122,8 @@ def test_compare_commits_runs_both_trees_in_turn(tmp_path, monkeypatch):
     figures = result["methods"]["dpo"]
     assert [p["ratio"] for p in figures["pairs"]] == [p["head"] / p["base"] for p in figures["pairs"]]
     assert figures["ratio_min"] <= figures["ratio_median"] <= figures["ratio_max"]
+    assert all(p["base_peak_rss_mb"] > 0 and p["head_peak_rss_mb"] > 0 for p in figures["pairs"])
+    assert figures["head_peak_rss_mb_median"] == statistics.median(p["head_peak_rss_mb"] for p in figures["pairs"])
     assert json.loads((tmp_path / "c.json").read_text())["base"] == result["head"]
     trees = [line.split()[0] for line in compare_commits.git("worktree", "list").splitlines()]
     assert not any(tree.endswith(("/base", "/head")) for tree in trees)  # both removed
