@@ -177,7 +177,7 @@ def _batch(dm, n=2) -> ListBatch:
     return ListCollator(dm.tokenizer.pad_token_id)(dm.dataset("train").select(range(n)).to_list())
 
 
-def _steps(module, loss_fn, batch, n=4, lr=1e-2) -> list[float]:
+def _steps(module, loss_fn, batch, n=4, lr=1e-3) -> list[float]:
     opt = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=lr)
     losses = []
     for _ in range(n):
@@ -204,7 +204,7 @@ def test_listwise_dpo_module_starts_at_log_k_factorial_and_learns(bundled_lists)
     plain = module.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask)
     assert torch.allclose(shared, plain, atol=1e-5)
     losses = _steps(module, lambda b: module.compute_loss(b)[0], batch)
-    assert losses[-1] < losses[0] - 0.1, losses
+    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < LOG(24) / 2, losses
     with pytest.raises(TypeError, match="ListBatch"):
         module.compute_loss(batch._asdict())
 
@@ -219,8 +219,8 @@ def test_listwise_reward_module_trains_on_rankings(bundled_lists):
     rewards = module.list_rewards(batch)
     assert rewards.shape == (3, 4)
     assert torch.allclose(rewards.view(-1), module(batch.input_ids, batch.attention_mask).float(), atol=1e-5)
-    losses = _steps(module, lambda b: plackett_luce_loss(module.list_rewards(b), b.ranking).loss, batch, lr=1e-3)
-    assert losses[-1] < losses[0], losses
+    losses = _steps(module, lambda b: plackett_luce_loss(module.list_rewards(b), b.ranking).loss, batch, lr=3e-4)
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
 
 
 def test_listwise_dpo_fits_from_the_quickstart_config(tmp_path):
