@@ -237,3 +237,32 @@ def test_listwise_dpo_fits_from_the_quickstart_config(tmp_path):
     metrics = cli.trainer.callback_metrics
     for key in ("train/loss", "val/loss", "train/rewards/accuracies", "val/rewards/accuracies"):
         assert key in metrics and math.isfinite(float(metrics[key])), key
+
+
+def test_ranking_reward_model_fits_through_the_cli_and_is_rebuilt(tmp_path):
+    import yaml
+
+    from lit_rlhf.cli import main
+    from lit_rlhf.export import load_module
+    from lit_rlhf.modules import ListwiseRewardModule
+
+    config = {
+        "seed_everything": 1,
+        "trainer": {"accelerator": "cpu", "devices": 1, "precision": "32", "max_steps": 2, "val_check_interval": 2,
+                    "num_sanity_val_steps": 0, "logger": False, "enable_progress_bar": False,
+                    "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                                   "init_args": {"dirpath": str(tmp_path / "ckpt"), "save_last": True}}]},
+        "model": {"class_path": "lit_rlhf.modules.ListwiseRewardModule",
+                  "init_args": {"model": "tiny-random-llama", "lr": 1e-4}},
+        "data": {"class_path": "lit_rlhf.data.UltraFeedbackListDataModule",
+                 "init_args": {"path": "bundled:ultrafeedback", "train_split": "train[:4]", "val_split": "train[24:26]",
+                               "max_prompt_length": 128, "max_completion_length": 48, "truncate_completions": True,
+                               "batch_size": 2}},
+    }
+    path = tmp_path / "ranking_reward.yaml"
+    path.write_text(yaml.safe_dump(config))
+    cli = main(["fit", "--config", str(path), f"--trainer.default_root_dir={tmp_path}"])
+    metrics = cli.trainer.callback_metrics
+    assert cli.trainer.global_step == 2 and 0.0 <= float(metrics["val/rewards/accuracies"]) <= 1.0
+    rebuilt = load_module(str(tmp_path / "ckpt" / "last.ckpt"))
+    assert isinstance(rebuilt, ListwiseRewardModule) and rebuilt.use_margin is False
