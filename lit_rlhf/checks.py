@@ -82,6 +82,7 @@ _SUGGESTED = {
     "PackedSFTBatch": "TLDRSFTDataModule with packing: true",
     "PreferenceBatch": "TLDRPreferenceDataModule or UltraFeedbackPreferenceDataModule",
     "SingleBatch": "UltraFeedbackSingleDataModule",
+    "ListBatch": "UltraFeedbackListDataModule",
     "PromptBatch": "TLDRPromptDataModule or UltraFeedbackPromptDataModule",
 }
 

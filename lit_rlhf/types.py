@@ -123,6 +123,36 @@ class SingleBatch(NamedTuple):
         return PromptSharing(self.prompt_lengths, self.prompt_groups)
 
 
+class ListBatch(NamedTuple):
+    """K completions of each of B prompts as B ranked lists, right padded (D5): Plackett-Luce,
+    listwise DPO, a reward model trained on rankings.
+
+    Rows `[b*K:(b+1)*K]` are list b's completions in the data's order and `ranking[b]` orders
+    them best first. A list is its own prompt group, whatever its prompt text (`sharing`): two
+    lists with the same instruction stay two lists.
+    """
+
+    input_ids: Tensor  # (B*K, T) long, list-major
+    attention_mask: Tensor  # (B*K, T) bool
+    loss_mask: Tensor  # (B*K, T) bool, True on completion tokens
+    prompt_lengths: Tensor  # (B*K,) long
+    scores: Tensor  # (B, K) float, the data's score of each completion
+    ranking: Tensor  # (B, K) long, completion indices best first
+    meta: dict[str, list[Any]] = {}  # lists of length B (one entry per list)
+
+    to = _move
+
+    @property
+    def num_lists(self) -> int:
+        return self.scores.shape[0]
+
+    @property
+    def sharing(self) -> "PromptSharing":
+        """The K rows of list b form group b (by position, never by prompt tokens)."""
+        rows = torch.arange(self.input_ids.shape[0], device=self.input_ids.device)
+        return PromptSharing(self.prompt_lengths, rows // max(self.scores.shape[1], 1))
+
+
 class PromptBatch(NamedTuple):
     """Left-padded prompts for generation (D5)."""
 

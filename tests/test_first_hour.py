@@ -43,6 +43,7 @@ SHORT = {
     "dpo": ["--trainer.max_steps=2", *VALIDATE_EACH_STEP],
     "kto": ["--trainer.max_steps=2", *VALIDATE_EACH_STEP],
     "drov": ["--trainer.max_steps=2", *VALIDATE_EACH_STEP],
+    "listwise_dpo": ["--trainer.max_steps=2", *VALIDATE_EACH_STEP],
     "ppo": ["--model.init_args.total_episodes=8", "--model.init_args.max_new_tokens=6", *VALIDATE_EACH_STEP,
             "--data.init_args.max_prompt_length=512"],  # a chat post is ~330 of the tiny tokenizer's byte tokens
 }

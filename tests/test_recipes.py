@@ -171,7 +171,7 @@ def data_dirs(tmp_path_factory, tldr_rows) -> dict[str, Path]:
 DATA_KIND = {
     "TLDRSFTDataModule": "sft", "TLDRPromptDataModule": "sft", "TLDRPreferenceDataModule": "comparisons",
     "UltraFeedbackPreferenceDataModule": "binarized", "UltraFeedbackPromptDataModule": "binarized",
-    "UltraFeedbackSingleDataModule": "openbmb",
+    "UltraFeedbackSingleDataModule": "openbmb", "UltraFeedbackListDataModule": "openbmb",
     "QADataModule": None,  # only bundled / hub question-answer data: see `_data_args`
     "DemonstrationDataModule": None,  # question-answer data played as episodes (lit_rlhf.envs.demonstrations)
 }

@@ -1,4 +1,4 @@
-"""DataModules for TL;DR, UltraFeedback (pairs, single trajectories, prompts, chat SFT) and question/answer data (GSM8K / MATH schemas), their formatting (D2, D3) and collators (D5)."""
+"""DataModules for TL;DR, UltraFeedback (pairs, ranked lists, single trajectories, prompts, chat SFT) and question/answer data (GSM8K / MATH schemas), their formatting (D2, D3) and collators (D5)."""
 
 from lit_rlhf.data.base import RLHFDataModule
 from lit_rlhf.data.sources import BadRowError, DataSourceError, bundled_aliases
@@ -11,6 +11,7 @@ from lit_rlhf.data.ultrafeedback import (
     UltraFeedbackPromptDataModule,
     UltraFeedbackSingleDataModule,
 )
+from lit_rlhf.data.ultrafeedback_lists import UltraFeedbackListDataModule
 
 __all__ = [
     "BadRow",
@@ -23,6 +24,7 @@ __all__ = [
     "TLDRPreferenceDataModule",
     "TLDRPromptDataModule",
     "TLDRSFTDataModule",
+    "UltraFeedbackListDataModule",
     "UltraFeedbackPreferenceDataModule",
     "UltraFeedbackPromptDataModule",
     "UltraFeedbackSingleDataModule",

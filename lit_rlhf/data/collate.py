@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 import torch
 
-from lit_rlhf.types import PreferenceBatch, PromptBatch, SFTBatch, SingleBatch
+from lit_rlhf.losses.listwise import rank_by_scores
+from lit_rlhf.types import ListBatch, PreferenceBatch, PromptBatch, SFTBatch, SingleBatch
 
 
 def pad_right(seqs: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,6 +154,26 @@ class SingleCollator:
                 labels = torch.tensor([bool(ex["_label"]) for ex in examples], dtype=torch.bool)
         groups = prompt_groups([ex["_prompt_ids"] for ex in examples])
         return SingleBatch(ids, attn, loss_mask, prompt_lengths, rewards, labels, collect_meta(examples), groups)
+
+
+class ListCollator:
+    """Examples with `_prompt_ids`, `_completion_ids` (K id lists) and `_scores` (K floats) ->
+    `ListBatch`, each example one list; `ranking` is `rank_by_scores` (ties: earlier first)."""
+
+    batch_type = ListBatch  # what it yields (start-up checks match it against the module)
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = int(pad_token_id)
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> ListBatch:
+        sizes = sorted({len(ex["_completion_ids"]) for ex in examples})
+        if len(sizes) != 1:
+            raise ValueError(f"lists of {sizes} completions in one batch: a ListBatch has one K")
+        prompts = [ex["_prompt_ids"] for ex in examples for _ in ex["_completion_ids"]]
+        completions = [c for ex in examples for c in ex["_completion_ids"]]
+        ids, attn, loss_mask, prompt_lengths = prompt_completion_tensors(prompts, completions, self.pad_token_id)
+        scores = torch.tensor([list(ex["_scores"]) for ex in examples], dtype=torch.float32)  # (B, K)
+        return ListBatch(ids, attn, loss_mask, prompt_lengths, scores, rank_by_scores(scores), collect_meta(examples))
 
 
 class PromptCollator:

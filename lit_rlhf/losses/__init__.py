@@ -32,6 +32,7 @@ from lit_rlhf.losses.kto import (
     kto_weight_ratio,
     labels_from_rewards,
 )
+from lit_rlhf.losses.listwise import ListwiseLossOutput, listwise_dpo_loss, plackett_luce_loss, rank_by_scores
 from lit_rlhf.losses.nll import nll_loss
 from lit_rlhf.losses.orpo import ORPOLossOutput, log_odds, orpo_loss
 from lit_rlhf.losses.ppo import (
@@ -109,6 +110,10 @@ __all__ = [
     "kto_loss",
     "kto_weight_ratio",
     "labels_from_rewards",
+    "ListwiseLossOutput",
+    "listwise_dpo_loss",
+    "plackett_luce_loss",
+    "rank_by_scores",
     "log_odds",
     "nll_loss",
     "normalize_token_advantages",

@@ -9,6 +9,7 @@ from lit_rlhf.modules.drov import DROVModule
 from lit_rlhf.modules.kto import KTOModule
 from lit_rlhf.modules.orpo import ORPOModule
 from lit_rlhf.modules.reward import RewardModule
+from lit_rlhf.modules.listwise import ListwiseDPOModule, ListwiseRewardModule
 from lit_rlhf.modules.grpo import DrGRPOModule, GRPOModule
 from lit_rlhf.modules.dapo import DAPOModule
 from lit_rlhf.modules.gspo import GSPOModule
@@ -23,6 +24,7 @@ from lit_rlhf.modules.online_dpo import OnlineDPOModule
 from lit_rlhf.modules.distillation import DistillationModule
 
 __all__ = ["DAPOModule", "DistillationModule", "DrGRPOModule", "GRPOModule", "GSPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule",
+           "ListwiseDPOModule", "ListwiseRewardModule",
            "OnlineDPOModule", "ORPOModule", "PairLogps", "PairwiseModule", "PolicyModule", "PPOPtxModule",
            "ReinforcePPModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule", "SFTModule",
            "TrainingModule"]
