@@ -5,6 +5,8 @@ and greedy, left-padded prompts of different lengths, repeated prompts, rows tha
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -108,3 +110,25 @@ def test_sliding_window_model_keeps_its_own_cache_and_the_same_tokens():
         old = previous_sample_tokens(model, ids, mask, config, EOS, PAD, generator=torch.Generator().manual_seed(seed))
         new = sample_tokens(model, ids, mask, config, EOS, PAD, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(new, old)
+
+
+def test_the_sampler_benchmark_times_three_samplers_and_renders(tmp_path):
+    from benchmarks import bench_generation
+
+    result = bench_generation.main(["--samplers", "--model", "tiny-random-llama", "--rounds", "1", "--warmup", "0",
+                                    "--new-tokens", "3", "--grpo-prompts", "1", "--generations", "2",
+                                    "--ppo-prompts", "2", "--json", str(tmp_path / "s.json")])
+    assert set(result["workloads"]) == {"grpo", "ppo"}
+    for workload in result["workloads"].values():
+        assert set(workload["seconds"]) == set(bench_generation.SAMPLERS)
+        assert all(s["median"] > 0 and s["n"] == 1 for s in workload["seconds"].values())
+        assert workload["same_tokens_as_ours"] == {"previous": True, "generate": True}
+    page = tmp_path / "RESULTS.md"
+    page.write_text("# Results\n\n## Generation backends: hf vs vLLM\n\ntext\n\n## Next\n")
+    text = bench_generation.render_samplers(json.loads((tmp_path / "s.json").read_text()))
+    assert "| grpo | 2 |" in text and "| ppo | 2 |" in text
+    from benchmarks.report import write_block
+
+    write_block(text, bench_generation.BEGIN, bench_generation.END, bench_generation.TITLE, "## Generation backends", page)
+    write_block(text, bench_generation.BEGIN, bench_generation.END, bench_generation.TITLE, "## Generation backends", page)
+    assert page.read_text().count(bench_generation.BEGIN) == 1 and page.read_text().index("## Next") > page.read_text().index(text)
