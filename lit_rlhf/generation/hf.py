@@ -189,8 +189,11 @@ def sample_tokens(
     if shared:
         cache.batch_select_indices(inverse)
         logits = logits[inverse]
-    if not unpadded:  # the mask of the whole sequence, filled as it grows
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, config.max_new_tokens)], dim=1)
+    if not unpadded:  # the mask of the whole sequence; for SDPA already the (B, 1, 1, L) bool mask transformers
+        # would rebuild from the 2D one at every token (True = attend)
+        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(batch, config.max_new_tokens)], dim=1)
+        if getattr(model.config, "_attn_implementation", None) == "sdpa":
+            attention_mask = attention_mask[:, None, None, :]
     position = positions[:, -1:]  # (B, 1)
     live = torch.arange(batch, device=prompt_ids.device)  # the full batch's rows still in the forward passes
     unfinished = torch.ones(batch, dtype=torch.bool, device=prompt_ids.device)  # (B,)
@@ -228,7 +231,7 @@ def sample_tokens(
         # the next forward: the token just sampled (a finished rank repeats its last one for its peers)
         last = tokens[-1][live, None]  # (b, 1)
         position, length = position + 1, length + 1
-        out = model(input_ids=last, attention_mask=None if unpadded else attention_mask[live, :length],
+        out = model(input_ids=last, attention_mask=None if unpadded else attention_mask[live, ..., :length],
                     position_ids=position, past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1]
     if return_logps:
