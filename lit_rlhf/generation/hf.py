@@ -5,10 +5,10 @@ response is cut after its first EOS and PAD-filled to exactly `max_new_tokens`, 
 records which responses ended. (Generation stops early once every row has emitted EOS: the
 tokens after a row's first EOS are discarded by D23 anyway, so this changes no response.)
 The sampler, `sample_tokens`, is a plain KV-cache loop that draws exactly the tokens
-transformers' `generate` draws from the same random state (tested), 5-13% faster on CPU
-(measured: tiny model and SmolLM2-135M, 16 x 128-token prompts, 32 new tokens, padded or not),
-and ignores the model's `generation_config` defaults (the distribution sampled is the one the
-log-probs score: temperature, top-k, top-p, nothing else).
+transformers' `generate` draws from the same random state (tested), into a cache allocated once,
+with finished rows compacted out of the forward passes (speed: `bench_generation.py --samplers`
+in benchmarks/RESULTS.md), and ignores the model's `generation_config` defaults (the
+distribution sampled is the one the log-probs score: temperature, top-k, top-p, nothing else).
 
 Under sharded strategies (ZeRO-3, FSDP) every rank must keep calling the model until all ranks
 are done: pass `synced_gpus=True` (`docs/ARCHITECTURE.md` section 4); `needs_synced_gpus` tells when.
@@ -149,11 +149,11 @@ def sample_tokens(
     A lean sampling loop: one prefill forward (logits of the last position only; rows with the
     same prompt share it), then one single-token forward per new token, into a cache allocated
     once for the whole sequence (`_PreallocatedLayer`). Positions count real tokens only (left
-    padding, D5). A row that emitted EOS continues with PAD, and once at most half the rows still
-    run the batch is compacted to them (the cache too), so finished rows stop costing forward
-    passes; the loop stops once every row has finished (under `synced_gpus`, once every rank's
-    rows have: until then a finished rank keeps running forward passes, which sharded parameters
-    need). Sampling is exactly transformers' `generate(do_sample=True, temperature, top_k,
+    padding, D5). A row that emitted EOS continues with PAD, and once at most 3/4 of the rows in
+    the forward passes still run, the batch is compacted to them (the cache too: one copy, repaid
+    within a few tokens), so finished rows stop costing forward passes; the loop stops once every
+    row has finished (under `synced_gpus`, once every rank's rows have: until then a finished
+    rank keeps running forward passes, which sharded parameters need). Sampling is exactly transformers' `generate(do_sample=True, temperature, top_k,
     top_p)` on the same random stream (tested token for token), without the model's
     `generation_config` defaults (a repetition penalty there would make the sampling distribution
     differ from the one the log-probs score). The draw is `torch.multinomial`'s own for one
@@ -224,7 +224,7 @@ def sample_tokens(
         if _all_ranks_done(done, prompt_ids.device) if synced_gpus else done:
             break
         running = int(unfinished[live].sum())
-        if 0 < running <= live.shape[0] // 2:  # compact: the rows still running, their cache and state
+        if 0 < running <= live.shape[0] * 3 // 4:  # compact: the rows still running, their cache and state
             keep = unfinished[live].nonzero().squeeze(1)
             live, position = live[keep], position[keep]
             cache.batch_select_indices(keep)
