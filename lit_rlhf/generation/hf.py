@@ -120,16 +120,16 @@ class _PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self.key_buffer[:, :, :self.filled], self.value_buffer[:, :, :self.filled]
 
 
-def _decode_cache(model: nn.Module, length: int):
-    """A cache of `_PreallocatedLayer`s for a model with full attention in every layer; otherwise
-    (sliding windows, linear attention) the model's own dynamic cache."""
+def _decode_cache(model: nn.Module, length: int) -> tuple[object, bool]:
+    """(cache, preallocated): a cache of `_PreallocatedLayer`s for a model with full attention in
+    every layer; otherwise (sliding windows, linear attention) the model's own dynamic cache."""
     from transformers import Cache, DynamicCache
 
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     if getattr(config, "sliding_window", None) is None and set(types) == {"full_attention"}:
-        return Cache(layers=[_PreallocatedLayer(length) for _ in types])
-    return DynamicCache(config=config)
+        return Cache(layers=[_PreallocatedLayer(length) for _ in types]), True
+    return DynamicCache(config=config), False
 
 
 @torch.no_grad()
@@ -169,7 +169,7 @@ def sample_tokens(
     batch = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()  # (B, P)
     positions = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 1)  # (B, P)
-    cache = _decode_cache(model, prompt_ids.shape[1] + config.max_new_tokens)
+    cache, preallocated = _decode_cache(model, prompt_ids.shape[1] + config.max_new_tokens)
     # without left padding no mask is needed: the model's causal attention is the same, minus
     # the per-call mask handling (a third of a decoding step for a small model on CPU)
     unpadded = bool(prompt_mask.all())
@@ -192,7 +192,7 @@ def sample_tokens(
     if not unpadded:  # the mask of the whole sequence; for SDPA already the (B, 1, 1, L) bool mask transformers
         # would rebuild from the 2D one at every token (True = attend)
         attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(batch, config.max_new_tokens)], dim=1)
-        if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        if preallocated and getattr(model.config, "_attn_implementation", None) == "sdpa":
             attention_mask = attention_mask[:, None, None, :]
     position = positions[:, -1:]  # (B, 1)
     live = torch.arange(batch, device=prompt_ids.device)  # the full batch's rows still in the forward passes
@@ -219,11 +219,11 @@ def sample_tokens(
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad_token_id))
             tokens.append(next_tokens)
             unfinished &= next_tokens != eos_token_id
-            done = len(tokens) == config.max_new_tokens or not bool(unfinished.any())
+            running = int(unfinished[live].sum())  # the step's one host sync (rows outside `live` are finished)
+            done = len(tokens) == config.max_new_tokens or running == 0
         # every rank takes the same decision here, so all make the same number of forward passes
         if _all_ranks_done(done, prompt_ids.device) if synced_gpus else done:
             break
-        running = int(unfinished[live].sum())
         if 0 < running <= live.shape[0] * 3 // 4:  # compact: the rows still running, their cache and state
             keep = unfinished[live].nonzero().squeeze(1)
             live, position = live[keep], position[keep]
