@@ -23,7 +23,10 @@ order; also checks that the three draw the same tokens. `--write` renders its ta
 benchmarks/RESULTS.md; `--render FILE --write` re-renders a result file:
 
     python -m benchmarks.bench_generation --samplers --model smollm2-135m-instruct --threads 2 --rounds 3 \
-        --json benchmarks/results/samplers_smollm2.json --write
+        --warmup 1 --new-tokens 128 --json benchmarks/results/samplers_smollm2.json --write
+
+(128 new tokens: SmolLM2's answers to these questions end between ~10 and ~150 tokens, so rows
+finish at different steps as in a GRPO rollout.)
 """
 
 from __future__ import annotations
