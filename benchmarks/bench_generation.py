@@ -14,6 +14,19 @@ grad (the trainer always recomputes them), a policy-gradient loss, backward, Ada
 also the weight sync that loads the updated weights into the engine before the next rollout
 (timed separately too). PPO's value model and the reward are the same work for both backends
 and left out. The engine is built once, before the timed rounds (model load is reported).
+
+`--samplers`: our sampling loop (`lit_rlhf.generation.sample_tokens`: preallocated cache,
+finished rows compacted out) against the loop it replaced (`benchmarks/previous_sampler.py`)
+and transformers' `generate`, on the same chat prompts (the bundled arithmetic questions, so
+rows end on EOS at different lengths), same seed per round, rounds interleaved in a rotating
+order; also checks that the three draw the same tokens. `--write` renders its table into
+benchmarks/RESULTS.md; `--render FILE --write` re-renders a result file:
+
+    python -m benchmarks.bench_generation --samplers --model smollm2-135m-instruct --threads 2 --rounds 3 \
+        --warmup 1 --new-tokens 128 --json benchmarks/results/samplers_smollm2.json --write
+
+(128 new tokens: SmolLM2's answers to these questions end between ~10 and ~150 tokens, so rows
+finish at different steps as in a GRPO rollout.)
 """
 
 from __future__ import annotations
@@ -23,9 +36,130 @@ import json
 import resource
 import statistics
 import time
+from pathlib import Path
 
 
-def main() -> None:
+SAMPLERS = ("ours", "previous", "generate")
+BEGIN, END = "<!-- sampler-benchmark:begin -->", "<!-- sampler-benchmark:end -->"
+TITLE = "Our sampler: preallocated cache and finished rows compacted (`bench_generation.py --samplers`)"
+
+
+def chat_prompts(tokenizer, n: int) -> list[list[int]]:
+    """The first `n` bundled arithmetic questions as generation prompts (the chat template when the
+    tokenizer has one), ids without padding."""
+    from lit_rlhf.data.formatting import chat_prompt, encode_prompt
+
+    lines = (Path(__file__).resolve().parents[1] / "lit_rlhf/data/bundled/arithmetic.test.jsonl").read_text().splitlines()
+    questions = [json.loads(line)["question"] for line in lines[:n]]
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    return [encode_prompt(tokenizer, chat_prompt(tokenizer, [{"role": "user", "content": q}]) if chat else q, chat=chat)
+            for q in questions]
+
+
+def run_samplers(args: argparse.Namespace) -> dict:
+    """Time `SAMPLERS` on the GRPO- and PPO-shaped workloads; the result dict (and --json, --write)."""
+    from benchmarks.report import write_block
+
+    if args.render:
+        result = json.loads(Path(args.render).read_text())
+    else:
+        result = measure_samplers(args)
+    text = render_samplers(result)
+    if args.write:
+        write_block(text, BEGIN, END, TITLE, after="## Generation backends")
+    print(text)
+    return result
+
+
+def measure_samplers(args: argparse.Namespace) -> dict:
+    import os
+
+    import torch
+
+    from benchmarks.common import machine_info
+    from benchmarks.previous_sampler import previous_sample_tokens
+    from lit_rlhf.data.collate import pad_left
+    from lit_rlhf.generation import SamplingConfig, finish_responses, sample_tokens
+    from lit_rlhf.models import load_causal_lm, load_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(args.model, padding_side="left")
+    policy = load_causal_lm(args.model, tokenizer, dtype="float32").eval()
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    config = SamplingConfig(max_new_tokens=args.new_tokens, temperature=args.temperature)
+
+    def sample(name: str, ids, mask):
+        if name == "ours":
+            return sample_tokens(policy, ids, mask, config, eos, pad)
+        if name == "previous":
+            return previous_sample_tokens(policy, ids, mask, config, eos, pad)
+        out = policy.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=config.max_new_tokens,
+                              do_sample=True, temperature=config.temperature, top_k=None, top_p=1.0, eos_token_id=eos,
+                              pad_token_id=pad, use_cache=True, repetition_penalty=None)
+        return out[:, ids.shape[1]:]
+
+    prompts = chat_prompts(tokenizer, max(args.grpo_prompts, args.ppo_prompts))
+    workloads = {"grpo": (prompts[:args.grpo_prompts], args.generations), "ppo": (prompts[:args.ppo_prompts], 1)}
+    result: dict = {"args": {k: v for k, v in vars(args).items() if k not in ("write", "render")},
+                    "machine": machine_info(torch.get_num_threads()), "load_average_before": os.getloadavg(),
+                    "workloads": {}}
+    for workload, (rows, repeats) in workloads.items():
+        ids, mask = pad_left(rows, pad)
+        ids, mask = ids.repeat_interleave(repeats, 0), mask.bool().repeat_interleave(repeats, 0)
+        times: dict[str, list[float]] = {name: [] for name in SAMPLERS}
+        same = {name: True for name in SAMPLERS[1:]}
+        for r in range(args.warmup + args.rounds):
+            kept = {}
+            for name in SAMPLERS[r % 3:] + SAMPLERS[:r % 3]:  # a rotating order: drift hits all alike
+                torch.manual_seed(r)
+                start = time.perf_counter()
+                tokens = sample(name, ids, mask)
+                seconds = time.perf_counter() - start
+                kept[name] = finish_responses(tokens, config.max_new_tokens, eos, pad)
+                if r >= args.warmup:
+                    times[name].append(seconds)
+            for name in same:
+                same[name] &= all(bool(torch.equal(a, b)) for a, b in zip(kept["ours"], kept[name]))
+        lengths = kept["ours"][1].sum(dim=1).float()
+        result["workloads"][workload] = {
+            "rows": ids.shape[0], "prompt_tokens": [int(mask.sum(dim=1).min()), ids.shape[1]],
+            "mean_length": float(lengths.mean()), "ended_on_eos": float(kept["ours"][2].float().mean()),
+            "seconds": {name: {"median": statistics.median(t), "min": min(t), "max": max(t), "n": len(t)}
+                        for name, t in times.items()},
+            "same_tokens_as_ours": same,
+        }
+    result["load_average_after"] = os.getloadavg()
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        result["file"] = str(path)
+        path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def render_samplers(result: dict) -> str:
+    """The table: seconds per rollout (median, min-max) per sampler, our speed-up, same tokens."""
+    a, m = result["args"], result["machine"]
+    load = f"{result['load_average_before'][0]:.1f}/{result['load_average_after'][0]:.1f}"
+    lines = [f"Measured {m['date'][:16].replace('T', ' ')} on {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch "
+             f"threads; torch {m['torch']}, transformers {m['transformers']}; load average before/after {load}), "
+             f"{a['model']} fp32, up to {a['new_tokens']} new tokens at temperature {a['temperature']}, median of "
+             f"{a['rounds']} rounds after {a['warmup']} warm-up. Raw file: `{result.get('file', '-')}`.", "",
+             "| workload | rows | mean length (ended on EOS) | ours s | previous loop s | transformers generate s "
+             "| **speed-up vs previous** | speed-up vs generate | same tokens (previous, generate) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for workload, w in result["workloads"].items():
+        s = {k: v for k, v in w["seconds"].items()}
+        cells = [f"{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})" for v in s.values()]
+        ours = s["ours"]["median"]
+        same = ", ".join("yes" if w["same_tokens_as_ours"][k] else "NO" for k in ("previous", "generate"))
+        lines.append(f"| {workload} | {w['rows']} | {w['mean_length']:.1f} ({w['ended_on_eos']:.0%}) | " + " | ".join(cells)
+                     + f" | **{s['previous']['median'] / ours:.2f}x** | {s['generate']['median'] / ours:.2f}x | {same} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per backend and workload")
@@ -37,7 +171,13 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    parser.add_argument("--samplers", action="store_true", help="ours vs the previous loop vs transformers' generate")
+    parser.add_argument("--temperature", type=float, default=1.0, help="--samplers only")
+    parser.add_argument("--write", action="store_true", help="--samplers: render into benchmarks/RESULTS.md")
+    parser.add_argument("--render", default=None, help="--samplers: render this result file without measuring")
+    args = parser.parse_args(argv)
+    if args.samplers or args.render:
+        return run_samplers(args)
 
     import torch
 

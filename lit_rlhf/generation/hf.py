@@ -5,10 +5,10 @@ response is cut after its first EOS and PAD-filled to exactly `max_new_tokens`, 
 records which responses ended. (Generation stops early once every row has emitted EOS: the
 tokens after a row's first EOS are discarded by D23 anyway, so this changes no response.)
 The sampler, `sample_tokens`, is a plain KV-cache loop that draws exactly the tokens
-transformers' `generate` draws from the same random state (tested), 5-13% faster on CPU
-(measured: tiny model and SmolLM2-135M, 16 x 128-token prompts, 32 new tokens, padded or not),
-and ignores the model's `generation_config` defaults (the distribution sampled is the one the
-log-probs score: temperature, top-k, top-p, nothing else).
+transformers' `generate` draws from the same random state (tested), into a cache allocated once,
+with finished rows compacted out of the forward passes (speed: `bench_generation.py --samplers`
+in benchmarks/RESULTS.md), and ignores the model's `generation_config` defaults (the
+distribution sampled is the one the log-probs score: temperature, top-k, top-p, nothing else).
 
 Under sharded strategies (ZeRO-3, FSDP) every rank must keep calling the model until all ranks
 are done: pass `synced_gpus=True` (`docs/ARCHITECTURE.md` section 4); `needs_synced_gpus` tells when.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from transformers import DynamicLayer
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
 from lit_rlhf.ops import apply_temperature
@@ -91,6 +92,46 @@ def _all_ranks_done(done: bool, device: torch.device) -> bool:
     return float(flag) == 0.0
 
 
+class _PreallocatedLayer(DynamicLayer):
+    """One layer's keys and values in buffers allocated once for the whole sequence (B, H, L, D):
+    each forward writes its positions in place and attention reads the filled prefix (a view),
+    where `DynamicLayer` concatenates, copying the whole cache at every token. `compact` keeps
+    only some rows (finished ones stop costing compute)."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.length, self.filled = length, 0
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            b, h, _, _ = key_states.shape
+            self.key_buffer = key_states.new_zeros(b, h, self.length, key_states.shape[-1])
+            self.value_buffer = value_states.new_zeros(b, h, self.length, value_states.shape[-1])
+        end = self.filled + key_states.shape[-2]
+        self.key_buffer[:, :, self.filled:end] = key_states
+        self.value_buffer[:, :, self.filled:end] = value_states
+        self.filled = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self.key_buffer, self.value_buffer = self.key_buffer[indices], self.value_buffer[indices]
+        self.keys, self.values = self.key_buffer[:, :, :self.filled], self.value_buffer[:, :, :self.filled]
+
+
+def _decode_cache(model: nn.Module, length: int) -> tuple[object, bool]:
+    """(cache, preallocated): a cache of `_PreallocatedLayer`s for a model with full attention in
+    every layer; otherwise (sliding windows, linear attention) the model's own dynamic cache."""
+    from transformers import Cache, DynamicCache
+
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    if getattr(config, "sliding_window", None) is None and set(types) == {"full_attention"}:
+        return Cache(layers=[_PreallocatedLayer(length) for _ in types]), True
+    return DynamicCache(config=config), False
+
+
 @torch.no_grad()
 def sample_tokens(
     model: nn.Module,
@@ -106,15 +147,18 @@ def sample_tokens(
     """Up to `max_new_tokens` new tokens (B, R' <= R) after left-padded prompts, with a KV cache.
 
     A lean sampling loop: one prefill forward (logits of the last position only; rows with the
-    same prompt share it), then one single-token forward per new token. Positions count real tokens only (left padding, D5).
-    Rows that emitted EOS continue with PAD, and the loop stops once every row has (under
-    `synced_gpus`, once every rank's rows have: until then a finished rank keeps running
-    forward passes, which sharded parameters need). Sampling is exactly transformers'
-    `generate(do_sample=True, temperature, top_k, top_p)` on the same random stream (tested
-    token for token), without the model's `generation_config` defaults (a repetition penalty
-    there would make the sampling distribution differ from the one the log-probs score), and
-    with less work per token than `generate`'s general machinery (no logits processors, stopping
-    criteria or mask rebuilding without padding).
+    same prompt share it), then one single-token forward per new token, into a cache allocated
+    once for the whole sequence (`_PreallocatedLayer`). Positions count real tokens only (left
+    padding, D5). A row that emitted EOS continues with PAD, and once at most 3/4 of the rows in
+    the forward passes still run, the batch is compacted to them (the cache too: one copy, repaid
+    within a few tokens), so finished rows stop costing forward passes; the loop stops once every
+    row has finished (under `synced_gpus`, once every rank's rows have: until then a finished
+    rank keeps running forward passes, which sharded parameters need). Sampling is exactly transformers' `generate(do_sample=True, temperature, top_k,
+    top_p)` on the same random stream (tested token for token), without the model's
+    `generation_config` defaults (a repetition penalty there would make the sampling distribution
+    differ from the one the log-probs score). The draw is `torch.multinomial`'s own for one
+    sample, argmax(p / q) with q ~ Exp(1) drawn for all B rows (finished or not), so compacting
+    changes no token and leaves the random stream where the full batch would.
 
     `generator` is the random stream of the draws (default torch's global one: the same tokens
     as a generator in the same state). With `return_logps`, also the log-prob (B, R') float32 of
@@ -122,19 +166,17 @@ def sample_tokens(
     applied: vLLM's `processed_logprobs`; the greedy argmax's under the raw logits), the
     sampler's side of an off-policy correction (`lit_rlhf.losses.rollout_correction`).
     """
-    from transformers import DynamicCache
-
+    batch = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()  # (B, P)
     positions = (attention_mask.cumsum(dim=1) - 1).masked_fill(attention_mask == 0, 1)  # (B, P)
-    config_of_text = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    cache = DynamicCache(config=config_of_text)
+    cache, preallocated = _decode_cache(model, prompt_ids.shape[1] + config.max_new_tokens)
     # without left padding no mask is needed: the model's causal attention is the same, minus
     # the per-call mask handling (a third of a decoding step for a small model on CPU)
     unpadded = bool(prompt_mask.all())
     # rows with the same prompt (GRPO's G copies, RLOO's k) share one prefill: the unique prompts
     # are computed once and their cache rows copied, the same keys, values and first logits
     unique, inverse = torch.unique(torch.cat([prompt_ids, attention_mask], dim=1), dim=0, return_inverse=True)
-    shared = unique.shape[0] < prompt_ids.shape[0]
+    shared = unique.shape[0] < batch
     if shared:
         first = torch.zeros(unique.shape[0], dtype=torch.long, device=inverse.device).scatter_(
             0, inverse.flip(0), torch.arange(inverse.shape[0] - 1, -1, -1, device=inverse.device))  # a row of each
@@ -143,41 +185,55 @@ def sample_tokens(
         rows = slice(None)
     out = model(input_ids=prompt_ids[rows], attention_mask=None if unpadded else attention_mask[rows],
                 position_ids=positions[rows], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1]
     if shared:
         cache.batch_select_indices(inverse)
-        out.logits = out.logits[inverse]
+        logits = logits[inverse]
+    if not unpadded:  # the mask of the whole sequence; for SDPA already the (B, 1, 1, L) bool mask transformers
+        # would rebuild from the 2D one at every token (True = attend)
+        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(batch, config.max_new_tokens)], dim=1)
+        if preallocated and getattr(model.config, "_attn_implementation", None) == "sdpa":
+            attention_mask = attention_mask[:, None, None, :]
     position = positions[:, -1:]  # (B, 1)
-    unfinished = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)  # (B,)
+    live = torch.arange(batch, device=prompt_ids.device)  # the full batch's rows still in the forward passes
+    unfinished = torch.ones(batch, dtype=torch.bool, device=prompt_ids.device)  # (B,)
     tokens: list[Tensor] = []
     logps: list[Tensor] = []
-    done = False
+    done, length = False, prompt_ids.shape[1]  # length: the cache's, prompt and decoding forwards
     while True:
         if not done:
-            logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)  # (B, V)
+            logits = logits.to(dtype=torch.float32, copy=True)  # (b, V), the live rows
             if config.do_sample:
                 scores = filter_logits(logits, config.temperature, config.top_k, config.top_p)
-                next_tokens = torch.multinomial(scores.softmax(dim=-1), num_samples=1, generator=generator).squeeze(1)  # (B,)
+                noise = torch.empty((batch, scores.shape[1]), dtype=scores.dtype, device=scores.device)
+                noise = noise.exponential_(1, generator=generator)  # (B, V): multinomial's draws for every row
+                picked = (scores.softmax(dim=-1) / (noise if live.shape[0] == batch else noise[live])).argmax(dim=-1)
             else:
                 scores = logits
-                next_tokens = logits.argmax(dim=-1)
+                picked = logits.argmax(dim=-1)  # (b,)
+            next_tokens = torch.full((batch,), pad_token_id, dtype=torch.long, device=live.device).index_copy_(
+                0, live, picked)  # (B,)
             if return_logps:
-                logps.append(scores.log_softmax(dim=-1).gather(1, next_tokens[:, None]).squeeze(1))  # (B,)
+                logps.append(torch.zeros(batch, device=live.device).index_copy_(
+                    0, live, scores.log_softmax(dim=-1).gather(1, picked[:, None]).squeeze(1)))  # (B,)
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad_token_id))
             tokens.append(next_tokens)
             unfinished &= next_tokens != eos_token_id
-            done = len(tokens) == config.max_new_tokens or not bool(unfinished.any())
+            running = int(unfinished[live].sum())  # the step's one host sync (rows outside `live` are finished)
+            done = len(tokens) == config.max_new_tokens or running == 0
         # every rank takes the same decision here, so all make the same number of forward passes
         if _all_ranks_done(done, prompt_ids.device) if synced_gpus else done:
             break
+        if 0 < running <= live.shape[0] * 3 // 4:  # compact: the rows still running, their cache and state
+            keep = unfinished[live].nonzero().squeeze(1)
+            live, position = live[keep], position[keep]
+            cache.batch_select_indices(keep)
         # the next forward: the token just sampled (a finished rank repeats its last one for its peers)
-        last = tokens[-1][:, None]  # (B, 1)
-        if not unpadded:
-            attention_mask = torch.cat([attention_mask, torch.ones_like(last)], dim=1)
-        position = position + 1
-        out = model(input_ids=last, attention_mask=None if unpadded else attention_mask, position_ids=position,
-                    past_key_values=cache, use_cache=True)
+        last = tokens[-1][live, None]  # (b, 1)
+        position, length = position + 1, length + 1
+        out = model(input_ids=last, attention_mask=None if unpadded else attention_mask[live, ..., :length],
+                    position_ids=position, past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1]
     if return_logps:
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
     return torch.stack(tokens, dim=1)
-
-
