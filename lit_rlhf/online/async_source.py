@@ -67,7 +67,7 @@ from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.generation.weight_sync import InMemoryWeightSync, trained_weights
 from lit_rlhf.online.server import VLLMServerBackend
 from lit_rlhf.online.correction import RolloutCorrection, source_correction
-from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, SampledModel, repeated_prompts
+from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, SampledModel, repeated_prompts, standalone
 from lit_rlhf.types import PromptBatch, Rollout
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class AsyncRollouts(RolloutSource):
         if self.server is not None:
             sampler = self.server.sampler(model, trainer, sampling, repeats, sync, s, self.timeout)
         else:
-            sampler = LocalSampler(copy.deepcopy(model.model), sync, sampling, repeats, eos, pad, s,
+            sampler = LocalSampler(copy.deepcopy(standalone(model.model)), sync, sampling, repeats, eos, pad, s,
                                    frozen=model.frozen, stream=self.stream)
         self.running = Running(queue, RolloutProducer(queue, schedule, sampler).start(), sync)
         self.published = None

@@ -37,6 +37,7 @@ learner; `lit_rlhf.online.environment.EnvironmentRollouts` runs multi-turn episo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Sequence
 
@@ -45,6 +46,7 @@ from lightning import Trainer
 from torch import Tensor, nn
 
 from lit_rlhf.generation import SamplingConfig, generate_responses
+from lit_rlhf.models import adapters
 from lit_rlhf.online.correction import RolloutCorrection, source_correction
 from lit_rlhf.types import PromptBatch, Rollout
 
@@ -74,6 +76,16 @@ class SampledModel:
     version: int = 0
     synced_gpus: bool = False
     frozen: bool = False
+
+
+def standalone(model: nn.Module) -> nn.Module:
+    """`model` as a network of its own for an engine or a producer to copy: a LoRA reference (an
+    `AdapterView` of the policy's base with no adapter) as a copy of the bare base."""
+    if not isinstance(model, adapters.AdapterView) or model.adapter is not None:
+        return model
+    base = copy.deepcopy(model.model)
+    adapters.forget_layers(base)
+    return base.unload()
 
 
 def side_by_side(rollouts: Sequence[Rollout]) -> Rollout:
@@ -192,8 +204,9 @@ class HFSampler(RolloutSource):
     def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
                  sampling: SamplingConfig) -> Responses:
         eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
-        return (*generate_responses(model.model, prompt_ids, prompt_mask, sampling, eos, pad,
-                                    synced_gpus=model.synced_gpus), None)
+        with adapters.activated(model.model) as network:  # a LoRA reference: the base, no adapter
+            return (*generate_responses(network, prompt_ids, prompt_mask, sampling, eos, pad,
+                                        synced_gpus=model.synced_gpus), None)
 
 
 def checked_source(method: type, source: Any, temperature: float, logprob_temperature: float | None) -> RolloutSource:
@@ -254,7 +267,8 @@ class VLLMSampler(RolloutSource):
         from lit_rlhf.generation.vllm import VLLMEngine
 
         if self.engine is None:
-            self.engine = VLLMEngine.from_policy(model.model, model.tokenizer, adapter=model.adapter, **self.engine_kwargs)
+            self.engine = VLLMEngine.from_policy(standalone(model.model), model.tokenizer, adapter=model.adapter,
+                                                 **self.engine_kwargs)
             self.engine.synced_step = model.version
         elif self.engine.synced_step != model.version and not model.frozen:
             self.engine.sync_weights(model.model, model.version, adapter=model.adapter)
