@@ -3,8 +3,6 @@ reference's from an engine of its own (`VLLMSampler.for_model`), built once and 
 
 from __future__ import annotations
 
-import gc
-
 import lightning as L
 
 from lit_rlhf.generation.vllm import VLLMEngine
@@ -42,6 +40,5 @@ def test_policy_and_reference_responses_both_come_from_vllm(vllm_model_dir, engi
     for rollout, _ in ended.rollouts:
         assert rollout.num_rows == 4 and rollout.sampler_logps is not None  # both models' rows: vLLM's log-probs
         assert (rollout.sampler_logps[1::2] != 0).any()
-    del trainer, module, reference, ended
-    gc.collect()  # the reference's engine shuts down; the distributed state it shared stays for the session's
-    assert live_in_process_engines() == engines
+    reference.llm.llm_engine.engine_core.shutdown()  # the reference's core now, not whenever it is collected
+    assert live_in_process_engines() == engines  # the session's engine, and the distributed state it uses, stay
