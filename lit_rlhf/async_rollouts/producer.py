@@ -75,21 +75,26 @@ class LocalSampler(Sampler):
         sampling: how responses are drawn; `repeats` responses per prompt.
         eos_token_id, pad_token_id: the tokenizer's (D3, D23).
         max_staleness: 0 draws from torch's global generator, > 0 from a generator per batch.
+        frozen: `model`'s weights never change (a reference): every version is the one it holds.
+        stream: nonzero: always a generator per batch, seeded `rollout_seed(index) ^ stream` (a
+            second model's samples, independent of the policy's and of timing).
 
     The versions come from the learner in this process: the wait for one ends when it is
     published or when the producer is stopped (the learner's own waits have deadlines).
     """
 
     def __init__(self, model: nn.Module, sync: WeightSync, sampling: SamplingConfig, repeats: int,
-                 eos_token_id: int, pad_token_id: int, max_staleness: int) -> None:
+                 eos_token_id: int, pad_token_id: int, max_staleness: int, frozen: bool = False,
+                 stream: int = 0) -> None:
         self.model = model.eval().requires_grad_(False)
         self.sync, self.sampling, self.repeats = sync, sampling, repeats
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
-        self.max_staleness = max_staleness
+        self.max_staleness, self.frozen, self.stream = max_staleness, frozen, stream
         self.version = None
 
     def prepare(self, version: int, stop: threading.Event) -> bool:
-        if version == self.version:
+        if version == self.version or self.frozen:
+            self.version = version
             return True
         tensors = fetch_until(self.sync, version, stop, timeout=None)  # waits for the learner to publish it
         if tensors is None:
@@ -107,9 +112,9 @@ class LocalSampler(Sampler):
         ids = prompt_ids.repeat_interleave(self.repeats, dim=0)  # (B*G, P), a prompt's copies contiguous
         mask = prompt_mask.repeat_interleave(self.repeats, dim=0)
         generator = None
-        if self.max_staleness > 0:
+        if self.max_staleness > 0 or self.stream:
             generator = torch.Generator(device=device)
-            generator.manual_seed(rollout_seed(index))
+            generator.manual_seed(rollout_seed(index) ^ self.stream)
         response_ids, response_mask, has_eos, logps = generate_responses(
             self.model, ids, mask, self.sampling, self.eos_token_id, self.pad_token_id, generator=generator,
             return_logps=True)

@@ -4,7 +4,7 @@ Each returns a NamedTuple whose first field is the loss, followed by detached st
 """
 
 from lit_rlhf.losses.best_of_n import Selection, best_of_n_kl, rejection_sampling_mask
-from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, dpo_loss
+from lit_rlhf.losses.dpo import DPO_LOSS_TYPES, DPOLossOutput, DPOLossType, XPOLossOutput, dpo_loss, xpo_loss
 from lit_rlhf.losses.drov import DROVLossOutput, batch_value_estimate, drov_loss
 from lit_rlhf.losses.dapo import informative_groups
 from lit_rlhf.losses.distillation import (
@@ -99,6 +99,8 @@ __all__ = [
     "ChunkedGKDOutput",
     "clipped_token_loss",
     "dpo_loss",
+    "xpo_loss",
+    "XPOLossOutput",
     "drov_loss",
     "generalized_jsd",
     "gkd_loss",

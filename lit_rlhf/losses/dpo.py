@@ -1,5 +1,5 @@
 """Direct preference losses: DPO, SLiC hinge, IPO and GPO's exponential and Savage losses as one
-family f(beta * h)."""
+family f(beta * h); XPO, DPO plus an exploration term."""
 
 from __future__ import annotations
 
@@ -87,3 +87,42 @@ def dpo_loss(
         accuracies=(chosen_rewards > rejected_rewards).float().mean(),
         losses=losses.detach(),
     )
+
+
+class XPOLossOutput(NamedTuple):
+    loss: Tensor  # () the DPO term plus the exploration term
+    dpo: DPOLossOutput  # the DPO term and its statistics (detached but its `loss`)
+    exploration: Tensor  # () alpha * mean_b log pi(y~_b), detached
+
+
+def xpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    policy_ref_sample_logps: Tensor,
+    beta: float,
+    alpha: float,
+    loss_type: DPOLossType = "sigmoid",
+) -> XPOLossOutput:
+    """Exploratory preference optimisation (XPO, Xie et al. 2024, Algorithm 1): DPO plus an
+    exploration term on the reference's samples,
+
+        L = mean_b f(beta * h_b) + alpha * mean_b log pi(y~_b | x_b),   y~_b ~ pi_ref(. | x_b)
+
+    with f and h as `dpo_loss`'s. Each pair (y_c, y_r) is a policy sample y and a reference sample
+    y~ of one prompt, ordered by the annotator. Minimising alpha * log pi(y~) lowers the policy's
+    probability of what the reference already says, pushing it to explore outside the reference's
+    support (the paper's optimism; alpha = 0 is online DPO).
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps: (B,)
+            sequence log-probs of each pair's chosen and rejected responses (`dpo_loss`).
+        policy_ref_sample_logps: (B,) the policy's sequence log-probs of the reference's samples y~.
+        beta: DPO's beta (`dpo_loss`).
+        alpha: the exploration coefficient (>= 0).
+        loss_type: `dpo_loss`'s f.
+    """
+    dpo = dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta, loss_type)
+    exploration = alpha * policy_ref_sample_logps.mean()
+    return XPOLossOutput(dpo.loss + exploration, dpo._replace(loss=dpo.loss.detach()), exploration.detach())

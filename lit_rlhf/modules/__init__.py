@@ -22,9 +22,10 @@ from lit_rlhf.modules.remax import ReMaxModule
 from lit_rlhf.modules.rejection_sampling import RejectionSamplingModule
 from lit_rlhf.modules.online_dpo import OnlineDPOModule
 from lit_rlhf.modules.distillation import DistillationModule
+from lit_rlhf.modules.xpo import XPOModule
 
 __all__ = ["DAPOModule", "DistillationModule", "DrGRPOModule", "GRPOModule", "GSPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule",
            "ListwiseDPOModule", "ListwiseRewardModule",
            "OnlineDPOModule", "ORPOModule", "PairLogps", "PairwiseModule", "PolicyModule", "PPOPtxModule",
            "ReinforcePPModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule", "SFTModule",
-           "TrainingModule"]
+           "TrainingModule", "XPOModule"]

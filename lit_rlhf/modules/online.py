@@ -30,13 +30,14 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from lit_rlhf.generation import SamplingConfig, decode_responses
+from lit_rlhf.generation import SamplingConfig, decode_responses, needs_synced_gpus
 from lit_rlhf.lightning_compat import attached_trainer
+from lit_rlhf.models import adapters
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.online import correction, environment
 from lit_rlhf.online.async_source import SourceGuard
 from lit_rlhf.online.moved import MOVED
-from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, checked_source
+from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, SampledModel, checked_source
 from lit_rlhf.online.update import (LossResult, StepLoss, loss_parts, micro_rows, minibatch_weight, minibatches,
                                     split_problem)
 from lit_rlhf.ops import masked_sum
@@ -109,6 +110,10 @@ class OnlineModule(PolicyModule):
     """Minibatches of each pass over the rollout, one optimizer step each (`run_updates`)."""
     num_logged_completions: int = 4
     """Completions (or episodes) each completion log shows."""
+    sampled_models: tuple[str, ...] = ("policy",)
+    """The models a training rollout samples, each through the rollout source
+    (`RolloutSource.for_model`), `repeats / len` responses per prompt each, a prompt's rows
+    alternating in this order (XPO: the policy's, then the reference's); validation samples the policy."""
     kl_coef: float = 0.0
     """The KL coefficient, one name for every method; `KLControlCallback` moves it (`set_kl_coef`).
     What it weighs is the method's (its docstring says: a KL in the loss or in the reward)."""
@@ -145,6 +150,8 @@ class OnlineModule(PolicyModule):
         super().__init__(**kwargs)
         self.automatic_optimization = False
         self.rollout_source = copy.deepcopy(source)  # the module's own: a source holds one run's state
+        for name in self.sampled_models:  # a second model's source exists before a checkpoint's state is loaded
+            self.rollout_source.for_model(name)
         self.sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         self.val_sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=val_temperature or temperature,
                                            top_k=top_k, top_p=top_p)
@@ -291,8 +298,9 @@ class OnlineModule(PolicyModule):
         """Sample (the rollout source), score once (old and reference log-probs, values) and reward,
         without grad -> (rollout with its unshaped scores, each source's (N,) rewards, the source's
         sampling stats). `sampling` None: the training sampling, else validation's."""
-        rollout, stats = self.rollout_source.sample(self, batch, repeats, sampling or self.sampling,
-                                                    training=sampling is None)
+        models = [self.sampled_model(name) for name in (self.sampled_models if sampling is None else ("policy",))]
+        rollout, stats = self.rollout_source.sample_models(models, batch, repeats, sampling or self.sampling,
+                                                           training=sampling is None)
         # a prompt's copies share one prompt computation (`shared_prompt`)
         groups = torch.arange(rollout.num_rows, device=rollout.prompt_ids.device) // repeats if repeats > 1 else None
         args = (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.response_attention_mask)
@@ -309,7 +317,17 @@ class OnlineModule(PolicyModule):
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
         """One response per row with the rollout source's sampler, one turn."""
-        return self.rollout_source.generate(self, prompt_ids, prompt_mask, sampling)
+        return self.rollout_source.generate(self.sampled_model(), prompt_ids, prompt_mask, sampling)
+
+    def sampled_model(self, name: str = "policy") -> SampledModel:
+        """What the rollout source samples for model `name`: `policy` (its LoRA adapter, the version
+        of its weights = rollouts trained on), or a frozen model held as `self.<name>`
+        (`reference`: `ref_model`)."""
+        trained = name == "policy"
+        model = self.policy if trained else getattr(self, "ref_model" if name == "reference" else name)
+        adapter = adapters.POLICY if trained and self.lora_config is not None else None
+        return SampledModel(name, model, self.tokenizer, adapter, self.rollouts,
+                            needs_synced_gpus(attached_trainer(self)), frozen=not trained)
 
     def greedy_rollout(self, batch: PromptBatch) -> Rollout:
         """Each prompt's greedy response (B rows, `do_sample` off, the same sampler), scored and
@@ -510,7 +528,8 @@ class OnlineModule(PolicyModule):
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
         """The shared problems, the source's, and the update's split: the rows a rollout's update
         trains on (`update_rows`) divide into `num_minibatches` minibatches of whole groups."""
-        problems = super().check_config(trainer, datamodule) + self.rollout_source.problems(self, trainer)
+        resamples = bool(getattr(self, "dynamic_sampling", False))
+        problems = super().check_config(trainer, datamodule) + self.rollout_source.problems(trainer, type(self), resamples)
         batch_size = getattr(datamodule, "batch_size", None)
         if batch_size:
             problems += split_problem(type(self).__name__, batch_size, self.repeats, self.update_rows(batch_size),
@@ -532,7 +551,9 @@ class OnlineModule(PolicyModule):
         if self.budget_reached():  # resumed from the checkpoint of the run's last step: nothing left
             self.trainer.should_stop = True
         else:
-            self.rollout_source.start(self)
+            each = self.repeats // len(self.sampled_models)  # responses per prompt of each sampled model
+            for name in self.sampled_models:
+                self.rollout_source.for_model(name).start(self.sampled_model(name), self.trainer, self.sampling, each)
 
     def on_train_end(self) -> None:
         super().on_train_end()

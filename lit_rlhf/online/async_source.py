@@ -34,19 +34,25 @@ machinery (queue, producer, prompt schedule, samplers) is `lit_rlhf.async_rollou
   timing, `train/perf/queue_depth`, `train/perf/trainer_idle_fraction`, `train/time/rollout_wait`
   and `train/time/rollout_sampling`.
 
+A frozen second model (`for_model("reference")`, XPO's) gets a producer and a queue of its own,
+with the policy's staleness bound; it never waits for weights, and batch k draws from a generator
+seeded from the run's seed, k and the model's name, so its samples never depend on timing and a
+resumed run samples again what its checkpoint (the policy's source state, `siblings`) did not hold.
+
 Validation samples with the trainer's own policy (`HFSampler`). Limits: one process (no DDP),
-no dynamic sampling, no environments, and a train loader whose order is a function of (seed,
-epoch) (`lit_rlhf.async_rollouts.prompts`).
+no dynamic sampling, no environments, a second model only on the thread sampler, and a train
+loader whose order is a function of (seed, epoch) (`lit_rlhf.async_rollouts.prompts`).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import zlib
 from typing import Any, NamedTuple
 
 import torch
-from lightning import Callback
+from lightning import Callback, Trainer
 from torch import Tensor
 
 from lit_rlhf.async_rollouts import (
@@ -61,7 +67,7 @@ from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.generation.weight_sync import InMemoryWeightSync, trained_weights
 from lit_rlhf.online.server import VLLMServerBackend
 from lit_rlhf.online.correction import RolloutCorrection, source_correction
-from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, repeated_prompts
+from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, SampledModel, repeated_prompts, standalone
 from lit_rlhf.types import PromptBatch, Rollout
 
 log = logging.getLogger(__name__)
@@ -116,18 +122,18 @@ class AsyncRollouts(RolloutSource):
         self.running: Running | None = None
         self.published: int | None = None
         self.restored: dict[str, Any] | None = None
+        self.stream = 0  # a second model's: its batches' generators are seeded apart from the policy's
 
     def describe(self) -> str:
         where = "a vLLM server" if self.server is not None else "a thread"
         return f"AsyncRollouts(max_staleness={self.max_staleness}, {where})"
 
-    def problems(self, module: Any, trainer: Any) -> list[str]:
+    def problems(self, trainer: Trainer | None, method: type, resamples: bool = False) -> list[str]:
         problems = []
-        name = type(module).__name__
-        if not module.supports_tis:
-            problems.append(f"AsyncRollouts: asynchronous rollouts are for the methods with an off-policy correction "
-                            f"(GRPO, PPO), not {name}")
-        if getattr(module, "dynamic_sampling", False):
+        if self.max_staleness > 0 and not method.supports_tis:
+            problems.append(f"AsyncRollouts: stale samples are for the methods with an off-policy correction "
+                            f"(GRPO, PPO), not {method.__name__}: use max_staleness 0")
+        if resamples:
             problems.append("AsyncRollouts: dynamic sampling draws extra prompts inside the step; it is not "
                             "available with asynchronous rollouts")
         if trainer is not None and trainer.world_size > 1:
@@ -135,14 +141,24 @@ class AsyncRollouts(RolloutSource):
                             f"{trainer.world_size}")
         return problems
 
-    def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
-        return self.local.generate(module, prompt_ids, prompt_mask, sampling)
+    def sibling(self, name: str) -> "AsyncRollouts":
+        """A producer of its own for the frozen model `name` (module docstring), seeded apart."""
+        if self.server is not None:
+            raise ValueError(f"AsyncRollouts samples a second model ({name}) on the thread sampler only, not on "
+                             "a vLLM server: drop `server` or sample synchronously (VLLMSampler)")
+        twin = AsyncRollouts(self.max_staleness, self.timeout, tis_cap=0)
+        twin.stream = zlib.crc32(name.encode()) << 31
+        return twin
 
-    def sample(self, module: Any, batch: PromptBatch, repeats: int, sampling: SamplingConfig,
+    def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
+                 sampling: SamplingConfig) -> Responses:
+        return self.local.generate(model, prompt_ids, prompt_mask, sampling)
+
+    def sample(self, model: SampledModel, batch: PromptBatch, repeats: int, sampling: SamplingConfig,
                training: bool = True) -> tuple[Rollout, dict[str, Tensor]]:
         if not training:
-            return self.local.sample(module, batch, repeats, sampling, training)
-        generated, stats = self.take(module, batch)
+            return self.local.sample(model, batch, repeats, sampling, training)
+        generated, stats = self.take(model, batch)
         prompt_ids, prompt_mask, meta = repeated_prompts(batch, repeats)
         rollout = Rollout(prompt_ids, prompt_mask, generated.response_ids, generated.response_mask, generated.has_eos,
                           None, meta=meta, sampler_logps=generated.sampler_logps)
@@ -152,19 +168,18 @@ class AsyncRollouts(RolloutSource):
     # start and stop
     # ------------------------------------------------------------------------------------------
 
-    def start(self, module: Any) -> None:
-        """Build the queue (with a checkpoint's batches), the sampler's copy of the policy and the
+    def start(self, model: SampledModel, trainer: Trainer, sampling: SamplingConfig, repeats: int) -> None:
+        """Build the queue (with a checkpoint's batches), the sampler's copy of `model` and the
         producer, and start it (from `on_train_start`, after the random states are restored)."""
-        self.stop()
-        trainer = module.trainer
-        s, k = self.max_staleness, int(module.rollouts)
+        self.stop(siblings=False)
+        s, k = self.max_staleness, int(model.version)
         restored, self.restored = self.restored, None
         if restored is not None and int(restored["max_staleness"]) != s:
             raise ValueError(f"the checkpoint was written by an asynchronous run with max_staleness "
                              f"{restored['max_staleness']}; resume it with the same max_staleness (got {s})")
         batches = [GeneratedBatch.from_state(b) for b in (restored or {}).get("batches") or []]
         min_version = 0
-        if k > 0 and restored is None:
+        if k > 0 and restored is None and not model.frozen:
             min_version = k
             log.warning("resuming an asynchronous run from a checkpoint without its rollout queue (a synchronous "
                         "run's): the first batches are sampled with the checkpoint's weights (staleness below %d)", s)
@@ -172,32 +187,35 @@ class AsyncRollouts(RolloutSource):
         queue.restore(batches)
         schedule = PromptSchedule(trainer.train_dataloader, trainer.num_training_batches)
         sync = InMemoryWeightSync()
-        eos, pad = module.tokenizer.eos_token_id, module.tokenizer.pad_token_id
+        eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
         if self.server is not None:
-            sampler = self.server.sampler(module, sync, s, self.timeout)
+            sampler = self.server.sampler(model, trainer, sampling, repeats, sync, s, self.timeout)
         else:
-            sampler = LocalSampler(copy.deepcopy(module.policy), sync, module.sampling, module.repeats, eos, pad, s)
+            sampler = LocalSampler(copy.deepcopy(standalone(model.model)), sync, sampling, repeats, eos, pad, s,
+                                   frozen=model.frozen, stream=self.stream)
         self.running = Running(queue, RolloutProducer(queue, schedule, sampler).start(), sync)
         self.published = None
 
-    def stop(self) -> None:
-        running, self.running = self.running, None
-        if running is not None:
-            running.producer.stop()
+    def stop(self, siblings: bool = True) -> None:
+        for source in (self, *(self.__dict__.get("siblings", {}).values() if siblings else ())):
+            running, source.running = source.running, None
+            if running is not None:
+                running.producer.stop()
 
     # ------------------------------------------------------------------------------------------
     # the training step's hand-off
     # ------------------------------------------------------------------------------------------
 
-    def take(self, module: Any, batch: PromptBatch) -> tuple[GeneratedBatch, dict[str, Tensor]]:
-        """Publish the current weights (version = rollouts trained on), then take this step's
-        batch from the queue and check it was sampled for `batch`'s prompts -> (batch, stats)."""
+    def take(self, model: SampledModel, batch: PromptBatch) -> tuple[GeneratedBatch, dict[str, Tensor]]:
+        """Publish `model`'s current weights (version = rollouts trained on; a frozen model has none
+        to publish), then take this step's batch from the queue and check it was sampled for
+        `batch`'s prompts -> (batch, stats)."""
         if self.running is None:
             raise RuntimeError("asynchronous rollouts are not running: they start in on_train_start")
         queue, sync = self.running.queue, self.running.sync
-        k = int(module.rollouts)
-        if self.published is None or self.published < k:
-            sync.publish(k, trained_weights(module.policy))
+        k = int(model.version)
+        if not model.frozen and (self.published is None or self.published < k):
+            sync.publish(k, trained_weights(model.model))
             self.published = k
         generated, depth, waited = queue.take(k, self.timeout)
         ids, mask = batch.input_ids, batch.attention_mask.bool()
@@ -226,11 +244,15 @@ class AsyncRollouts(RolloutSource):
             return None
         queue = self.running.queue
         batches = queue.checkpoint_batches(self.timeout)
-        return {"max_staleness": self.max_staleness, "next_index": queue.next_index,
-                "batches": [b.state() for b in batches]}
+        state = {"max_staleness": self.max_staleness, "next_index": queue.next_index,
+                 "batches": [b.state() for b in batches]}
+        siblings = self.__dict__.get("siblings", {})
+        return {**state, "siblings": {n: s.state_dict() for n, s in siblings.items()}} if siblings else state
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self.restored = state
+        for name, sibling in self.__dict__.get("siblings", {}).items():
+            sibling.load_state_dict(((state or {}).get("siblings") or {}).get(name))
 
 
 class SourceGuard(Callback):

@@ -30,9 +30,11 @@ not: refused at start-up.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
+from lightning import Trainer
 from torch import Tensor
 
 from lit_rlhf.envs.base import Environment
@@ -42,7 +44,7 @@ from lit_rlhf.envs.rollout import environment_stats, run_episodes
 from lit_rlhf.envs.trajectory import Trajectory, to_tensors
 from lit_rlhf.generation import SamplingConfig, needs_synced_gpus
 from lit_rlhf.online.correction import RolloutCorrection
-from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource
+from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, SampledModel
 from lit_rlhf.types import PromptBatch, Rollout
 
 TRAJECTORY = "trajectory"  # the meta column holding each row's `Trajectory`
@@ -114,20 +116,27 @@ class EnvironmentRollouts(RolloutSource):
     def correction(self) -> RolloutCorrection | None:  # the turns' sampler decides
         return self.sampler.correction
 
-    def episode_budget(self, module: Any) -> int:
+    def episode_budget(self, sampling: SamplingConfig) -> int:
         """The rollout's response width: `max_episode_tokens`, else `max_turns * max_new_tokens`."""
         if self.max_episode_tokens is not None:
             return int(self.max_episode_tokens)
-        return self.max_turns * module.sampling.max_new_tokens
+        return self.max_turns * sampling.max_new_tokens
 
-    def problems(self, module: Any, trainer: Any) -> list[str]:
+    def problems(self, trainer: Trainer | None, method: type, resamples: bool = False) -> list[str]:
         if needs_synced_gpus(trainer):
             return ["EnvironmentRollouts: an environment runs episodes of different lengths on each rank, which a "
                     "strategy that shards the policy (ZeRO-3, FSDP) cannot generate with: use DDP or ZeRO-2"]
-        return self.sampler.problems(module, trainer)
+        return self.sampler.problems(trainer, method, resamples)
 
-    def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
-        return self.sampler.generate(module, prompt_ids, prompt_mask, sampling)
+    def sibling(self, name: str) -> "EnvironmentRollouts":
+        """Episodes of the frozen model `name`: its turns from the turn sampler's sibling, its own instances."""
+        twin = copy.copy(self)
+        twin.sampler, twin.instances, twin.siblings = self.sampler.for_model(name), None, {}
+        return twin
+
+    def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
+                 sampling: SamplingConfig) -> Responses:
+        return self.sampler.generate(model, prompt_ids, prompt_mask, sampling)
 
     def state_dict(self) -> dict[str, Any]:
         return {"env_errors": self.env_errors.state_dict()}
@@ -145,11 +154,11 @@ class EnvironmentRollouts(RolloutSource):
             self.instances.append(self.environment.fork())
         return self.instances[:n]
 
-    def sample(self, module: Any, batch: PromptBatch, repeats: int, sampling: SamplingConfig,
+    def sample(self, model: SampledModel, batch: PromptBatch, repeats: int, sampling: SamplingConfig,
                training: bool = True) -> tuple[Rollout, dict[str, Tensor]]:
         """One episode per row (`repeats` per prompt, contiguous) -> the rollout, without
         log-probs or scores."""
-        tokenizer = module.tokenizer
+        tokenizer = model.tokenizer
         if self.chat_format is None:
             self.chat_format = ChatFormat(tokenizer)
         prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
@@ -158,10 +167,10 @@ class EnvironmentRollouts(RolloutSource):
         n = len(row_prompts)
         rows = [{k: v[i] for k, v in meta.items()} for i in range(n)]
         seeds = torch.randint(0, 2**31 - 1, (n,)).tolist()  # from the restored generator: replayed on resume
-        budget = self.episode_budget(module)
+        budget = self.episode_budget(sampling)
 
         def generate(ids: Tensor, mask: Tensor, turn_sampling: SamplingConfig) -> Responses:
-            return self.sampler.generate(module, ids, mask, turn_sampling)
+            return self.sampler.generate(model, ids, mask, turn_sampling)
 
         found = run_episodes(self.fork_instances(n), rows, seeds, row_prompts, generate, self.chat_format,
                              sampling, self.max_turns, budget, device=prompt_ids.device, group_size=repeats,

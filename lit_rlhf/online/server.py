@@ -13,8 +13,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
+from lightning import Trainer
+
+from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.generation.weight_sync import WeightSync
-from lit_rlhf.models import adapters
+from lit_rlhf.online.sources import SampledModel
 
 
 class VLLMServerBackend:
@@ -42,14 +45,16 @@ class VLLMServerBackend:
         self.url, self.weight_transfer = url, weight_transfer
         self.concurrency, self.engine_kwargs = int(concurrency), dict(engine_kwargs or {})
 
-    def sampler(self, module: Any, sync: WeightSync, max_staleness: int, timeout: float):
-        """The producer's sampler on the server at `url`, or on one started here from the policy as
-        it is now (its frozen base for LoRA), stopped with the producer."""
+    def sampler(self, model: SampledModel, trainer: Trainer, sampling: SamplingConfig, repeats: int, sync: WeightSync,
+                max_staleness: int, timeout: float):
+        """The producer's sampler of `model` (the policy) on the server at `url`,
+        or on one started here from it as it is now (its frozen base for LoRA), stopped with the
+        producer; `repeats` responses per prompt."""
         from lit_rlhf.async_rollouts.server_sampler import ServerSampler, save_server_model
         from lit_rlhf.generation.server import ServerClient, VLLMServer
 
-        policy, tokenizer = module.policy, module.tokenizer
-        lora = policy.peft_config[adapters.POLICY] if module.lora_config is not None else None
+        policy, tokenizer = model.model, model.tokenizer
+        lora = policy.peft_config[model.adapter] if model.adapter is not None else None
         nccl = self.weight_transfer == "nccl" and lora is None  # a LoRA adapter goes as a file
         owned = None
         if self.url:
@@ -58,7 +63,6 @@ class VLLMServerBackend:
         else:
             workdir = tempfile.TemporaryDirectory(prefix="lit_rlhf_server_model_")
             save_server_model(policy, tokenizer, Path(workdir.name))
-            trainer = module.trainer
             log_path = Path(trainer.log_dir or trainer.default_root_dir) / "vllm_server.log"
             # the policy's dtype (vLLM would serve a float32 model in bfloat16 on CPU) and length
             engine_args = {"dtype": str(next(policy.parameters()).dtype).removeprefix("torch."),
@@ -75,5 +79,5 @@ class VLLMServerBackend:
             from lit_rlhf.generation.server_nccl import NCCLWeightSender
 
             sender = NCCLWeightSender(client, timeout=timeout)
-        return ServerSampler(client, sync, module.sampling, module.repeats, tokenizer.eos_token_id,
+        return ServerSampler(client, sync, sampling, repeats, tokenizer.eos_token_id,
                              tokenizer.pad_token_id, int(max_staleness), lora, owned, nccl_sender=sender)

@@ -5,10 +5,22 @@ argument (`rollout: {class_path: lit_rlhf.online.VLLMSampler}` in YAML; `HFSampl
 is given). The source answers two questions, and the module does the rest (log-probs, rewards,
 the rollout hook, the update):
 
-- `sample(module, batch, repeats, sampling, training)`: the rollout's rows for a prompt batch,
+- `sample(model, batch, repeats, sampling, training)`: the rollout's rows for a prompt batch,
   each prompt repeated `repeats` times (its copies contiguous), without log-probs or scores;
-- `generate(module, prompt_ids, prompt_mask, sampling)`: one response per row, one turn
+- `generate(model, prompt_ids, prompt_mask, sampling)`: one response per row, one turn
   (validation, ReMax's greedy baseline, an environment's policy turns).
+
+`model` is a `SampledModel`, what the module says of the model to sample (`OnlineModule.sampled_model`):
+the network, its tokenizer, its LoRA adapter, the version of its weights, whether it is frozen.
+
+**A second model.** `for_model(name)` is the source of another model's responses (`reference`, a
+teacher, an opponent), sampled as this source samples the policy's: by the same engine kind, from
+the same random streams, with the same checkpoint state. `HFSampler` is stateless and answers for
+every model; `VLLMSampler` builds the frozen model its own engine once and never reloads it;
+`AsyncRollouts` runs it its own producer, seeded per batch from its own stream, whose queue is
+saved in the policy's checkpoint state. A method lists the models it samples
+(`OnlineModule.sampled_models`); `sample_models` lays their rows side by side per prompt (XPO:
+the policy's response, then the reference's).
 
 A source holds the backend's settings (a vLLM engine's arguments, the staleness bound of
 asynchronous rollouts, an environment) so a method's constructor carries only the method's. Its
@@ -25,17 +37,68 @@ learner; `lit_rlhf.online.environment.EnvironmentRollouts` runs multi-turn episo
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import dataclasses
+from typing import Any, Sequence
 
-from torch import Tensor
+import torch
+from lightning import Trainer
+from torch import Tensor, nn
 
-from lit_rlhf.generation import SamplingConfig, generate_responses, needs_synced_gpus
-from lit_rlhf.lightning_compat import attached_trainer
+from lit_rlhf.generation import SamplingConfig, generate_responses
 from lit_rlhf.models import adapters
 from lit_rlhf.online.correction import RolloutCorrection, source_correction
 from lit_rlhf.types import PromptBatch, Rollout
 
 Responses = tuple[Tensor, Tensor, Tensor, "Tensor | None"]  # ids (N, R), mask (N, R), has_eos (N,), sampler logps
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledModel:
+    """The model a source samples (`OnlineModule.sampled_model`).
+
+    Args:
+        name: `policy`, or the name of another model (`reference`, a teacher): `for_model`'s key.
+        model: the network (a `peft` model under LoRA; the reference on a LoRA policy's base is an
+            `AdapterView`).
+        tokenizer: its tokenizer (EOS and PAD, D3).
+        adapter: the LoRA adapter that is the model (the policy's), else None.
+        version: the rollouts the learner has trained on: the version of the policy's weights and
+            the index of the rollout being sampled.
+        synced_gpus: every rank generates until all are done (a sharded policy, `needs_synced_gpus`).
+        frozen: the weights never change (a reference, a teacher): an engine never reloads them.
+    """
+
+    name: str
+    model: nn.Module
+    tokenizer: Any
+    adapter: str | None = None
+    version: int = 0
+    synced_gpus: bool = False
+    frozen: bool = False
+
+
+def standalone(model: nn.Module) -> nn.Module:
+    """`model` as a network of its own for an engine or a producer to copy: a LoRA reference (an
+    `AdapterView` of the policy's base with no adapter) as a copy of the bare base."""
+    if not isinstance(model, adapters.AdapterView) or model.adapter is not None:
+        return model
+    base = copy.deepcopy(model.model)
+    adapters.forget_layers(base)
+    return base.unload()
+
+
+def side_by_side(rollouts: Sequence[Rollout]) -> Rollout:
+    """Unscored rollouts of the same prompts, the same number of rows each, as one whose rows
+    alternate: row i of the first, row i of the second, ... (a prompt's rows stay contiguous)."""
+
+    def alternated(tensors: list[Tensor | None]) -> Tensor | None:
+        return None if any(t is None for t in tensors) else torch.stack(tensors, dim=1).flatten(0, 1)
+
+    names = ("prompt_ids", "prompt_mask", "response_ids", "response_attention_mask", "has_eos", "sampler_logps")
+    merged = {name: alternated([getattr(r, name) for r in rollouts]) for name in names}
+    meta = {key: [x for row in zip(*(r.meta[key] for r in rollouts)) for x in row] for key in rollouts[0].meta}
+    return rollouts[0]._replace(**merged, meta=meta)
 
 
 def repeated_prompts(batch: PromptBatch, repeats: int) -> tuple[Tensor, Tensor, dict[str, list[Any]]]:
@@ -66,27 +129,57 @@ class RolloutSource:
         """The correction's token-level truncation C (the `tis_cap` shorthand), else None."""
         return None if self.correction is None else self.correction.tis_cap
 
-    def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
+    def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
+                 sampling: SamplingConfig) -> Responses:
         """One response per row of the left-padded `prompt_ids` (N, P), one turn."""
         raise NotImplementedError
 
-    def sample(self, module: Any, batch: PromptBatch, repeats: int, sampling: SamplingConfig,
+    def sample(self, model: SampledModel, batch: PromptBatch, repeats: int, sampling: SamplingConfig,
                training: bool = True) -> tuple[Rollout, dict[str, Tensor]]:
         """The rows of a rollout for `batch` (N = B * `repeats`), without log-probs or scores,
         and stats to log (`training`: False for validation)."""
         prompt_ids, prompt_mask, meta = repeated_prompts(batch, repeats)
-        ids, mask, has_eos, sampler_logps = self.generate(module, prompt_ids, prompt_mask, sampling)
+        ids, mask, has_eos, sampler_logps = self.generate(model, prompt_ids, prompt_mask, sampling)
         return Rollout(prompt_ids, prompt_mask, ids, mask, has_eos, None, meta=meta, sampler_logps=sampler_logps), {}
 
-    def problems(self, module: Any, trainer: Any) -> list[str]:
-        """Why this source cannot serve `module` under `trainer` (start-up checks; empty if it can)."""
+    def sample_models(self, models: Sequence[SampledModel], batch: PromptBatch, repeats: int,
+                      sampling: SamplingConfig, training: bool = True) -> tuple[Rollout, dict[str, Tensor]]:
+        """`sample` for several models, each by its own source (`for_model`), `repeats /
+        len(models)` rows each per prompt, their rows alternating (`side_by_side`); the stats are
+        the first model's where two name the same."""
+        if len(models) == 1:
+            return self.sample(models[0], batch, repeats, sampling, training)
+        if repeats % len(models):
+            raise ValueError(f"{repeats} rows per prompt cannot be shared by {len(models)} models")
+        parts = [self.for_model(m.name).sample(m, batch, repeats // len(models), sampling, training) for m in models]
+        return side_by_side([r for r, _ in parts]), {k: v for _, stats in reversed(parts) for k, v in stats.items()}
+
+    def for_model(self, name: str) -> "RolloutSource":
+        """The source of model `name`'s responses (see the module docstring): this one for the
+        policy, else made once (`sibling`) and kept in `siblings`, whose states travel with this one's."""
+        if name == "policy":
+            return self
+        siblings = self.__dict__.setdefault("siblings", {})
+        if name not in siblings:
+            siblings[name] = self.sibling(name)
+        return siblings[name]
+
+    def sibling(self, name: str) -> "RolloutSource":
+        """A source for the frozen model `name`, sampling as this one does (stateless: this one)."""
+        return self
+
+    def problems(self, trainer: Trainer | None, method: type, resamples: bool = False) -> list[str]:
+        """Why this source cannot serve the online method `method` (a class) under `trainer`
+        (start-up checks; empty if it can); `resamples`: the method samples again within a step
+        (dynamic sampling)."""
         return []
 
-    def start(self, module: Any) -> None:
-        """The fit's training starts (random states restored: `on_train_start`)."""
+    def start(self, model: SampledModel, trainer: Trainer, sampling: SamplingConfig, repeats: int) -> None:
+        """The fit's training starts (random states restored: `on_train_start`); the source will
+        sample `model`, `repeats` responses per prompt."""
 
     def stop(self) -> None:
-        """The fit ends or fails: release what the source started."""
+        """The fit ends or fails: release what the source (and its siblings) started."""
 
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint must hold of the source (None: nothing)."""
@@ -108,11 +201,12 @@ class HFSampler(RolloutSource):
     the reference backend. Under sharded strategies every rank keeps generating until all are
     done (`needs_synced_gpus`)."""
 
-    def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
-        tokenizer = module.tokenizer
-        synced = needs_synced_gpus(attached_trainer(module))
-        return (*generate_responses(module.policy, prompt_ids, prompt_mask, sampling, tokenizer.eos_token_id,
-                                    tokenizer.pad_token_id, synced_gpus=synced), None)
+    def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
+                 sampling: SamplingConfig) -> Responses:
+        eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
+        with adapters.activated(model.model) as network:  # a LoRA reference: the base, no adapter
+            return (*generate_responses(network, prompt_ids, prompt_mask, sampling, eos, pad,
+                                        synced_gpus=model.synced_gpus), None)
 
 
 def checked_source(method: type, source: Any, temperature: float, logprob_temperature: float | None) -> RolloutSource:
@@ -162,20 +256,24 @@ class VLLMSampler(RolloutSource):
         self.correction = source_correction(tis_cap, correction)
         self.engine = None  # built on the first rollout
 
-    def generate(self, module: Any, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingConfig) -> Responses:
-        tokenizer = module.tokenizer
-        return self.synced_engine(module).generate(prompt_ids, prompt_mask, sampling, tokenizer.eos_token_id,
-                                                   tokenizer.pad_token_id)
+    def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
+                 sampling: SamplingConfig) -> Responses:
+        eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
+        return self.synced_engine(model).generate(prompt_ids, prompt_mask, sampling, eos, pad)
 
-    def synced_engine(self, module: Any):
-        """The engine, built on first use, with the policy's weights of the current optimizer step."""
+    def synced_engine(self, model: SampledModel):
+        """The engine, built on first use, with `model`'s weights of its current version (a frozen
+        model's: loaded once)."""
         from lit_rlhf.generation.vllm import VLLMEngine
 
-        step = module.global_step if attached_trainer(module) is not None else 0
-        adapter = adapters.POLICY if module.lora_config is not None else None
         if self.engine is None:
-            self.engine = VLLMEngine.from_policy(module.policy, module.tokenizer, adapter=adapter, **self.engine_kwargs)
-            self.engine.synced_step = step
-        elif self.engine.synced_step != step:
-            self.engine.sync_weights(module.policy, step, adapter=adapter)
+            self.engine = VLLMEngine.from_policy(standalone(model.model), model.tokenizer, adapter=model.adapter,
+                                                 **self.engine_kwargs)
+            self.engine.synced_step = model.version
+        elif self.engine.synced_step != model.version and not model.frozen:
+            self.engine.sync_weights(model.model, model.version, adapter=model.adapter)
         return self.engine
+
+    def sibling(self, name: str) -> "VLLMSampler":
+        """An engine of its own for the frozen model `name`, with this one's settings (no correction)."""
+        return VLLMSampler(self.engine_kwargs)

@@ -25,6 +25,7 @@ from lit_rlhf.modules import (
     RejectionSamplingModule,
     ReMaxModule,
     RLOOModule,
+    XPOModule,
 )
 from tests.learning.case_task import CaseReward, case_prompts, expected_case_reward, kl_to_reference
 from tests.learning.runs import (
@@ -87,6 +88,9 @@ ONLINE: dict[str, tuple[type, dict[str, Any], float | None]] = {
     "rejection_sampling": (RejectionSamplingModule, dict(selection="per_prompt"), None),
     # online DPO (Guo et al. 2024): 2 samples per prompt annotated by the reward, beta 0.1
     "online_dpo": (OnlineDPOModule, dict(beta=0.1), None),
+    # XPO (Xie et al. 2024): online DPO on a policy sample and a reference sample per prompt, plus
+    # the exploration term (alpha 1e-3: 1e-5 moves nothing in 8 rollouts of 6-token responses)
+    "xpo": (XPOModule, dict(beta=0.1, alpha=1e-3), None),
     # PPO-ptx (InstructGPT eq. 2): the PPO run above at kl_coef 0.01 plus gamma x the NLL of 8 SFT
     # rows a step (`tasks.LengthSFTDataModule`: digits by a rule of the prompt, drawn from the
     # run's seed); gamma 0.03: at 0.1 and more the SFT term outweighs the reward here; at kl_coef
@@ -97,7 +101,8 @@ ONLINE: dict[str, tuple[type, dict[str, Any], float | None]] = {
 # (prompts, generations per prompt) of the methods whose rollouts are not PROMPTS x GENERATIONS
 # (the same 32 sampled responses per rollout, except PPO)
 ROLLOUT_SHAPE: dict[type, tuple[int, int]] = {PPOModule: (PPO_PROMPTS, 1), PPOPtxModule: (PPO_PROMPTS, 1),
-                                              ReMaxModule: (32, 1), OnlineDPOModule: (16, 2)}
+                                              ReMaxModule: (32, 1), OnlineDPOModule: (16, 2),
+                                              XPOModule: (16, 2)}
 
 
 def run_online(name: str, seed: int, task: str = "letters", rollouts: int = ROLLOUTS, **overrides: Any) -> Measure:
@@ -112,7 +117,7 @@ def run_online(name: str, seed: int, task: str = "letters", rollouts: int = ROLL
     L.seed_everything(seed, verbose=False)
     prompts, generations = ROLLOUT_SHAPE.get(cls, (PROMPTS, GENERATIONS))
     tok = load_tokenizer(MODEL)
-    extra = {} if cls in (PPOModule, PPOPtxModule, OnlineDPOModule) else {"num_generations": generations}
+    extra = {} if issubclass(cls, (PPOModule, OnlineDPOModule)) else {"num_generations": generations}
     if cls is PPOPtxModule:  # TRAIN_ROWS SFT rows drawn from the run's seed, BATCH a step
         extra["ptx_data"] = {"class_path": "tests.learning.tasks.LengthSFTDataModule",
                              "init_args": {"rows": TRAIN_ROWS, "seed": seed, "batch_size": BATCH}}

@@ -160,7 +160,7 @@ def test_ppo_engine_holds_base_and_policy_adapter_only(vllm_model_dir, engine, p
         assert torch.equal(h_ids, v_ids)
         assert (value_logps - v_logps).abs().max() > 1e-2  # another adapter's weights would show
     # the module's own path: its source's `synced_engine` gives the engine the policy adapter on every new step
-    assert module.rollout_source.synced_engine(module) is engine and engine.synced_step == 0
+    assert module.rollout_source.synced_engine(module.sampled_model()) is engine and engine.synced_step == 0
     # the merged checkpoint an engine is built from is the same network, bitwise
     save_merged_checkpoint(model, adapters.POLICY, tmp_path)
     saved = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
