@@ -27,6 +27,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import TQDMProgressBar
 
+from lit_rlhf.lightning_compat import progress_bar_due
+
 log = logging.getLogger(__name__)
 
 ABBREVIATIONS = {"accuracies": "acc", "accuracy": "acc", "scores": "score", "margins": "margin"}
@@ -140,7 +142,7 @@ class CompactProgressBar(TQDMProgressBar):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
             return
         bar = self.train_progress_bar
-        if bar is not None and self._should_update(pl_module.rollouts, bar.total):
+        if bar is not None and progress_bar_due(self, pl_module.rollouts, bar.total):
             bar.n = pl_module.rollouts
             bar.set_postfix(self.get_metrics(trainer, pl_module))
             bar.refresh()
