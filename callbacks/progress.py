@@ -103,6 +103,16 @@ class CompactProgressBar(TQDMProgressBar):
         return out
 
     # ------------------------------------------------------------------ training bar
+    @property
+    def total_train_batches(self) -> int | float:
+        """The epoch's batches, or fewer when `max_steps` ends the run first (Lightning counts
+        `max_steps` only under `max_epochs: -1`, and as batches whatever the accumulation)."""
+        trainer = self.trainer
+        total = trainer.num_training_batches
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            total = min(total, max(0, trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches)
+        return total
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         super().on_train_start(trainer, pl_module)
         self._online_total = total_rollouts(trainer, pl_module) if is_online(pl_module) else None

@@ -196,18 +196,26 @@ NOISE = ("💡 Tip", "GPU available", "Seed set to", "LeafSpec", "module(s) in e
 
 
 def test_quiet_console_shows_the_bar_and_the_project_lines_and_verbose_shows_everything(tmp_path):
+    """Also: the bar counts the run's 2 steps (not the epoch's 16 batches), and the warnings and the
+    stop lines are lines of their own, never written onto the bar's line (stdout and stderr
+    interleaved as a terminal shows them)."""
     args = [sys.executable, str(REPO_ROOT / "main.py"), "fit", "--config", str(QUICK / "sft.yaml"), TINY,
-            "--trainer.max_steps=1", *VALIDATE_EACH_STEP]
+            "--trainer.max_steps=2", *VALIDATE_EACH_STEP]
     runs = {}
     for name, extra in (("quiet", []), ("verbose", ["--verbose"])):
-        done = subprocess.run(args + extra, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, done.stderr[-4000:]
-        runs[name] = done.stdout + done.stderr
+        done = subprocess.run(args + extra, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-4000:]
+        runs[name] = done.stdout
     quiet, verbose = runs["quiet"], runs["verbose"]
     assert [n for n in NOISE if n in quiet] == [], quiet
-    for line in ("epoch 1/1", "loss=", "validation (first -> last): loss", "exported SFTModule to"):
+    for line in ("epoch 1/1", "loss=", "validation (first -> last): loss", "exported SFTModule to", "| 2/2 ",
+                 "run stopped: max_steps=2 reached (global step 2"):
         assert line in quiet, quiet
+    assert "/16 " not in quiet and "max_epochs=1 reached" not in quiet
+    for start in ("the learning-rate warm-up", "`Trainer.fit` stopped", "run stopped:"):
+        lines = [line.split("\r")[-1] for line in quiet.split("\n") if start in line]
+        assert lines and all(line.startswith(start) for line in lines), lines
     for noise in ("💡 Tip", "GPU available", "Seed set to 1"):  # the filters are what removed them
         assert noise in verbose, verbose
 
