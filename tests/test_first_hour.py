@@ -224,6 +224,11 @@ def test_help_lists_the_project_classes_and_short_names_work(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     help_text = capsys.readouterr().out
+    top = " ".join(help_text.splitlines()[:15])  # before any of Lightning's Trainer options
+    assert "--model.help <method>" in top and "GRPOModule" in top and "--data.help" in top, top
+    assert "PolicyModule" not in top and "OnlineModule" not in top  # bases, not methods
+    ckpt = " ".join(help_text[help_text.index("--ckpt_path CKPT_PATH\n"):].split())
+    assert "`last`: this run's last.ckpt" in ckpt and "--fresh_if_no_checkpoint" in ckpt and "registry" not in ckpt
     for name in ("lit_rlhf.modules.DPOModule", "lit_rlhf.modules.GRPOModule", "lit_rlhf.data.TLDRSFTDataModule",
                  "lit_rlhf.data.UltraFeedbackSingleDataModule"):
         assert name in help_text
