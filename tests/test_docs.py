@@ -164,7 +164,7 @@ def test_block_runs(block, tmp_path_factory):
         cwd = SCRATCH[block.page]
     command = ["bash", "-euo", "pipefail", "-c", code] if RUN[block.language] == "bash" else \
         [sys.executable, "-c", code]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{block.name} failed:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 
