@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 from lightning import Callback, LightningModule, Trainer
 
+from lit_rlhf.lightning_compat import callback_state_key
+
 log = logging.getLogger(__name__)
 
 FRESHNESS_KEY = "train/objective/episodes"
@@ -108,7 +110,7 @@ class DivergenceMonitor(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(train=self.train, monitor=self.monitor)
+        return callback_state_key(self, train=self.train, monitor=self.monitor)
 
     def state_dict(self) -> dict[str, Any]:
         return {"points": [list(p) for p in self.points], "warnings": self.warnings, "diverging": self.diverging,

@@ -43,6 +43,7 @@ from lit_rlhf.evaluation import (
     prompts_from_texts,
 )
 from lit_rlhf.judges import PairwiseJudge
+from lit_rlhf.lightning_compat import callback_state_key
 from lit_rlhf.models import adapters
 from lit_rlhf.online import VLLMSampler
 
@@ -314,7 +315,7 @@ class JudgeEvalCallback(ScheduledEvaluation):
     @property
     def state_key(self) -> str:
         # several judge callbacks (other baselines, judges or prefixes) can share a trainer
-        return self._generate_state_key(prefix=self.prefix, baseline=self.baseline)
+        return callback_state_key(self, prefix=self.prefix, baseline=self.baseline)
 
     def state_dict(self) -> dict[str, Any]:
         return {"baseline_cache": None if self._baseline_cache is None else dict(self._baseline_cache),

@@ -31,6 +31,7 @@ from lit_rlhf.evaluation import EvalPrompts, prompts_from_dataset
 from lit_rlhf.evaluation.pass_at_k import summarise
 from lit_rlhf.evaluation.verifiable import sample_answers
 from lit_rlhf.generation import SamplingConfig, needs_synced_gpus
+from lit_rlhf.lightning_compat import callback_state_key
 from lit_rlhf.online import VLLMSampler
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class PassAtKCallback(ScheduledEvaluation):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(prefix=self.prefix)
+        return callback_state_key(self, prefix=self.prefix)
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": [dict(h) for h in self.history]}

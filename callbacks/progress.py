@@ -27,6 +27,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import TQDMProgressBar
 
+from lit_rlhf.lightning_compat import progress_bar_due
+
 log = logging.getLogger(__name__)
 
 ABBREVIATIONS = {"accuracies": "acc", "accuracy": "acc", "scores": "score", "margins": "margin"}
@@ -101,6 +103,16 @@ class CompactProgressBar(TQDMProgressBar):
         return out
 
     # ------------------------------------------------------------------ training bar
+    @property
+    def total_train_batches(self) -> int | float:
+        """The epoch's batches, or fewer when `max_steps` ends the run first (Lightning counts
+        `max_steps` only under `max_epochs: -1`, and as batches whatever the accumulation)."""
+        trainer = self.trainer
+        total = trainer.num_training_batches
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            total = min(total, max(0, trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches)
+        return total
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         super().on_train_start(trainer, pl_module)
         self._online_total = total_rollouts(trainer, pl_module) if is_online(pl_module) else None
@@ -140,7 +152,7 @@ class CompactProgressBar(TQDMProgressBar):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
             return
         bar = self.train_progress_bar
-        if bar is not None and self._should_update(pl_module.rollouts, bar.total):
+        if bar is not None and progress_bar_due(self, pl_module.rollouts, bar.total):
             bar.n = pl_module.rollouts
             bar.set_postfix(self.get_metrics(trainer, pl_module))
             bar.refresh()

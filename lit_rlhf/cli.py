@@ -134,6 +134,24 @@ def register_project_classes() -> None:
     import lit_rlhf.modules  # noqa: F401
 
 
+BASES = {"TrainingModule", "PolicyModule", "PairwiseModule", "OnlineModule", "RLHFDataModule"}  # not runnable alone
+CKPT_PATH_HELP = ("a checkpoint file to resume from, or `last`: this run's last.ckpt (the logger's newest version_N "
+                  "directory is reused; exit 2 when it has none, unless --fresh_if_no_checkpoint true; lit_rlhf.resume)")
+
+
+def fit_description() -> str:
+    """The top of `fit --help`: where the methods' and DataModules' own arguments are."""
+    import lit_rlhf.data
+    import lit_rlhf.modules
+
+    def names(package: Any, suffix: str) -> str:
+        return ", ".join(sorted(n for n in package.__all__ if n.endswith(suffix) and n not in BASES))
+
+    return (f"Train a method. A method's arguments: --model.help <method>, one of {names(lit_rlhf.modules, 'Module')}. "
+            f"A DataModule's: --data.help <name>, one of {names(lit_rlhf.data, 'DataModule')}. Resume: --ckpt_path "
+            "last. The options below are the Trainer's first, then the model's and the data's.")
+
+
 UNION_DUMP = "Does not validate against any of the Union subtypes"
 
 
@@ -188,6 +206,10 @@ def main(args: list[str] | None = None, run: bool = True, default_callbacks: Def
     adds the caller's default callbacks (main.py: the console's, `callbacks.default_callbacks`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     register_project_classes()
+    parser_kwargs = kwargs.pop("parser_kwargs", {})
+    fit = parser_kwargs.setdefault("fit", {})
+    fit.setdefault("description", fit_description())
+    fit.setdefault("usage", "main.py fit --config CONFIG [--config CONFIG ...] [--OPTION VALUE ...] [--ckpt_path last]")
     return RLHFCLI(
         LightningModule,
         LightningDataModule,
@@ -198,5 +220,6 @@ def main(args: list[str] | None = None, run: bool = True, default_callbacks: Def
         args=args,
         run=run,
         default_callbacks=default_callbacks,
+        parser_kwargs=parser_kwargs,
         **kwargs,
     )

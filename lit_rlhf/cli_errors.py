@@ -60,6 +60,17 @@ class ProjectArgumentParser(LightningArgumentParser):
         parser = getattr(ex, "subcommand_parser", None) or self
         raise OptionError(*short_message(parser, message))
 
+    def add_method_arguments(self, theclass: Any, themethod: str, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's arguments of `Trainer.<themethod>`, `--ckpt_path`'s help saying what `last`
+        means here (`lit_rlhf.resume`) instead of Lightning's."""
+        from lit_rlhf.cli import CKPT_PATH_HELP
+
+        added = super().add_method_arguments(theclass, themethod, *args, **kwargs)
+        for action in self._actions:
+            if action.dest == "ckpt_path":
+                action.help = CKPT_PATH_HELP
+        return added
+
 
 def short_message(parser: Any, message: str) -> tuple[str, str | None]:
     """(one-line message, dotted key at fault or None) for jsonargparse's error `message`."""

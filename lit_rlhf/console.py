@@ -16,6 +16,9 @@ carry no information for a run of this project:
 Everything else (other warnings, errors, Lightning's "`Trainer.fit` stopped: ..." line) is
 kept, and the project's loggers (`lit_rlhf.*`, `callbacks.*`) print their INFO lines. With
 `verbose=True` (the CLI's `--verbose` flag or `LIT_RLHF_VERBOSE=1`) nothing is filtered.
+
+In both, every log line (the project's and Lightning's) and every Python warning is written on a
+line of its own above the progress bar (`tqdm.write`), never onto the bar's line.
 """
 
 from __future__ import annotations
@@ -87,9 +90,42 @@ def set_environment(verbose: bool) -> None:
         os.environ.setdefault(key, value)
 
 
+class AboveTheBar(logging.StreamHandler):
+    """Writes each record to the current `sys.stderr` on a line of its own: `tqdm.write` clears an
+    open progress bar, writes the line and draws the bar again below it."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            write_above_the_bar(self.format(record))
+        except Exception:  # noqa: BLE001 - logging's own policy: report, never raise
+            self.handleError(record)
+
+
+def write_above_the_bar(line: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """`warnings.showwarning` that writes above the progress bar."""
+    write_above_the_bar(warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"))
+
+
 def configure(verbose: bool = False) -> None:
-    """Install the filters (idempotent) and a handler for the project's loggers."""
+    """Install the filters (idempotent), a handler for the project's loggers, and log lines and
+    warnings written above the progress bar."""
     _project_handler()
+    lightning = logging.getLogger("lightning.pytorch")
+    for handler in [h for h in lightning.handlers if type(h) is logging.StreamHandler]:
+        lightning.removeHandler(handler)
+        lightning.addHandler(above := AboveTheBar())
+        above.setLevel(handler.level)
+        above.setFormatter(handler.formatter)
+    warnings.showwarning = show_warning
     if verbose:
         return
     for name, patterns in LOG_FILTERS.items():
@@ -113,7 +149,7 @@ def _project_handler() -> None:
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.INFO)
         if not any(getattr(h, "_lit_rlhf", False) for h in logger.handlers):
-            handler = logging.StreamHandler(sys.stderr)
+            handler = AboveTheBar()
             handler.setFormatter(logging.Formatter("%(message)s"))
             handler._lit_rlhf = True  # type: ignore[attr-defined]
             logger.addHandler(handler)

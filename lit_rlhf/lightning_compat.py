@@ -21,8 +21,8 @@ from lightning.pytorch.core import saving
 LIGHTNING_VERSION = "2.6"  # the version every function below was written against
 
 __all__ = [
-    "LIGHTNING_VERSION", "accumulating", "attached_trainer", "checkpoint_dir", "last_checkpoints_in_dir",
-    "learning_rates", "logger_version_unset", "logger_writes_this_step", "replace_eval_mode_check",
+    "LIGHTNING_VERSION", "accumulating", "attached_trainer", "callback_state_key", "checkpoint_dir", "last_checkpoints_in_dir",
+    "learning_rates", "logger_version_unset", "logger_writes_this_step", "progress_bar_due", "replace_eval_mode_check",
     "set_logger_version", "set_model_parallel_sizes", "signal_handlers_restored_at_teardown", "stop_after_this_batch", "take_lightning_sigterm",
     "trust_checkpoint_instantiator", "uncount_stepped_batch",
 ]
@@ -63,6 +63,15 @@ def checkpoint_dir(callback: Any, trainer: Any) -> str:
     if callback.dirpath is not None:
         return str(callback.dirpath)
     return str(callback._ModelCheckpoint__resolve_ckpt_dir(trainer))
+
+
+def callback_state_key(callback: Any, **kwargs: Any) -> str:
+    """The key a callback's state is saved under in a checkpoint, its class name with `kwargs`, so
+    several instances of one callback class keep their states apart.
+
+    Why private: `Callback._generate_state_key` (Lightning 2.6) is the format Lightning's own
+    callbacks (`ModelCheckpoint`, `EarlyStopping`) use; its docstring offers it for `state_key`."""
+    return callback._generate_state_key(**kwargs)
 
 
 def uncount_stepped_batch(fit_loop_state: dict[str, Any]) -> None:
@@ -122,6 +131,15 @@ def logger_writes_this_step(trainer: Any) -> bool:
     Why private: `_LoggerConnector.should_update_logs` (Lightning 2.6) is the rule the trainer
     applies to decide the write; Lightning's own `LearningRateMonitor` reads it the same way."""
     return bool(trainer._logger_connector.should_update_logs)
+
+
+def progress_bar_due(bar: Any, current: int, total: int | None) -> bool:
+    """Whether a `TQDMProgressBar` redraws at count `current` of `total` (every `refresh_rate`,
+    and at the total).
+
+    Why private: `TQDMProgressBar._should_update` (Lightning 2.6) is the bar's own refresh rule; a
+    bar that counts something else than batches (rollouts) reuses it rather than copying it."""
+    return bool(bar._should_update(current, total))
 
 
 # ----------------------------------------------------------------------------------------------

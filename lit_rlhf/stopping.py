@@ -44,9 +44,13 @@ def stop_reason(trainer: Any, module: Any = None, steps_at_start: int | None = N
     reasons: list[str] = []
     if callable(own) and own():
         reasons.append(own())
-    if max_steps is not None and max_steps != -1 and step >= max_steps:
+    steps_done = max_steps is not None and max_steps != -1 and step >= max_steps
+    if steps_done:
         reasons.append(f"max_steps={max_steps} reached")
-    if max_epochs is not None and max_epochs != -1 and epoch >= max_epochs:
+    # Lightning counts the epoch a max_steps stop cut short as completed: the epochs stopped the run
+    # only when its last epoch ran to its last batch
+    epoch_ended = not steps_done or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    if max_epochs is not None and max_epochs != -1 and epoch >= max_epochs and epoch_ended:
         reasons.append(f"max_epochs={max_epochs} reached")
     for timer in (c for c in trainer.callbacks if type(c).__name__ == "Timer"):
         remaining = timer.time_remaining()

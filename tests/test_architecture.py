@@ -13,7 +13,11 @@
 from __future__ import annotations
 
 import ast
+import functools
+import importlib
+import inspect
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,26 +159,15 @@ def test_no_import_cycles_counting_deferred_imports():
 
 COMPAT = "lit_rlhf/lightning_compat.py"
 LIGHTNING_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric")
-# Lightning private names flagged wherever they appear (also on `self`, and even were the project
-# to define a name of its own so spelled)
-LIGHTNING_PRIVATE = {
-    "_trainer", "_fabric", "_logger_connector", "_signal_connector", "_checkpoint_connector", "_data_connector",
-    "_callback_connector", "_accelerator_connector", "_results", "_active_loop", "_current_fx_name",
-    "_should_accumulate", "_skip_next_val", "_batches_that_stepped", "_warn_if_modules_in_eval_mode",
-    "_ALLOWED_INSTANTIATORS", "_find_last_checkpoints", "_ModelCheckpoint__resolve_ckpt_dir", "_extract_stats",
-    "_original_handlers", "_version", "_duration", "_instantiate_trainer", "_run_subcommand", "_get",
-}
 # private names of other libraries the project reads (not Lightning's)
 OTHER_LIBRARIES = {
     "_replace", "_asdict", "_fields", "_make",  # NamedTuple's public API
-    "_apply", "_non_persistent_buffers_set", "_foreach_mul_",  # torch
+    "_apply", "_non_persistent_buffers_set", "_foreach_mul_", "_init_group",  # torch
     "_active_adapter", "_disable_adapters",  # peft layers
     "_attn_implementation", "_no_split_modules",  # transformers configs and models
     "_fingerprint",  # datasets
     "_actions",  # argparse
 }
-# sites in files rewritten elsewhere (the online wing), to move to lightning_compat there
-PENDING: dict[str, set[str]] = {}
 
 
 def private(name: str) -> bool:
@@ -182,47 +175,107 @@ def private(name: str) -> bool:
 
 
 def project_sources() -> list[Path]:
-    return sorted(p for top in ("lit_rlhf", "callbacks") for p in (REPO / top).rglob("*.py"))
+    return sorted([REPO / "main.py", *(p for top in ("lit_rlhf", "callbacks") for p in (REPO / top).rglob("*.py"))])
 
 
-def own_private_names(paths: list[Path]) -> set[str]:
-    """The private names the project defines: functions and classes, attributes it assigns
-    (`x._name = ...`, `setattr(x, "_name", ...)`) and class-level names."""
+def defined_private_names(tree: ast.AST) -> set[str]:
+    """The private names `tree` defines: functions and classes, the names and attributes it assigns
+    (`x._name = ...`: `_name`, not what it is reached through; `setattr(x, "_name", ...)`)."""
     names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for sub in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+                    names.add(sub.attr if isinstance(sub, ast.Attribute) else getattr(sub, "id", ""))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1:
+            if isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                names.add(node.args[1].value)
+    return {n for n in names if private(n)}
+
+
+def lightning_names(tree: ast.AST) -> dict[str, tuple[str, str]]:
+    """Local name -> (Lightning module, name in it or "") of every Lightning import in `tree`."""
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in LIGHTNING_PACKAGES:
+            found.update({a.asname or a.name: (node.module, a.name) for a in node.names})
+        elif isinstance(node, ast.Import):
+            found.update({a.asname or a.name.split(".")[0]: (a.name if a.asname else a.name.split(".")[0], "")
+                          for a in node.names if a.name.split(".")[0] in LIGHTNING_PACKAGES})
+    return found
+
+
+class ProjectClass:
+    """A class of the project, read from its source: its base expressions, the private names it
+    defines and the Lightning names its file imports."""
+
+    def __init__(self, node: ast.ClassDef, imported: dict[str, tuple[str, str]]) -> None:
+        self.node, self.imported, self.own = node, imported, defined_private_names(node)
+
+
+def project_classes(paths: list[Path]) -> dict[str, list[ProjectClass]]:
+    classes: dict[str, list[ProjectClass]] = {}
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
-                    for sub in ast.walk(target):
-                        if isinstance(sub, ast.Attribute):
-                            names.add(sub.attr)
-                        elif isinstance(sub, ast.Name):
-                            names.add(sub.id)
-            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1:
-                if isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
-                    names.add(node.args[1].value)
-    return {n for n in names if private(n)} - LIGHTNING_PRIVATE
+        tree = ast.parse(path.read_text(), str(path))
+        imported = lightning_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, []).append(ProjectClass(node, imported))
+    return classes
 
 
-def lightning_private_uses(path: Path, own: set[str]) -> list[tuple[int, str]]:
-    """(line, what) of each use of a Lightning private name in `path`: an import of a private
-    Lightning module or name; an attribute `x._name`, `self._name` or `super()._name` (also as
-    `getattr(x, "_name")`) whose name is Lightning's, i.e. a known Lightning private name, or on
-    another object than `self`/`cls` a private name neither the project defines nor another
-    library owns (`OTHER_LIBRARIES`)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
-            for module in modules:
-                if module.split(".")[0] in LIGHTNING_PACKAGES and (
-                        any(private(part) for part in module.split(".")) or any(private(n) for n in names)):
-                    found.append((node.lineno, f"import from {module}: {', '.join(names) or module}"))
+def lightning_class(expr: ast.expr, imported: dict[str, tuple[str, str]]) -> type | None:
+    """The Lightning class a base expression (`Callback`, `L.LightningModule`) names, else None."""
+    dotted = ast.unparse(expr).split(".")
+    if dotted[0] not in imported:
+        return None
+    module, name = imported[dotted[0]]
+    obj = importlib.import_module(module)
+    for part in ([name] if name else []) + dotted[1:]:
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, type) else None
+
+
+def lightning_bases(cls: ProjectClass, classes: dict[str, list[ProjectClass]], seen=None) -> list[type]:
+    """The Lightning classes `cls` derives from, directly or through project classes."""
+    seen = seen if seen is not None else {id(cls)}
+    bases = []
+    for expr in cls.node.bases:
+        found = lightning_class(expr, cls.imported)
+        if found is not None:
+            bases.append(found)
             continue
+        for other in classes.get(ast.unparse(expr).split(".")[-1], []):
+            if id(other) not in seen:
+                seen.add(id(other))
+                bases += lightning_bases(other, classes, seen)
+    return bases
+
+
+@functools.cache
+def lightnings_own(cls: type) -> frozenset[str]:
+    """The private names Lightning's own classes in `cls`'s MRO define, read from their source:
+    class attributes and what their methods assign (`self._trainer = ...`); torch's are not Lightning's."""
+    names = set()
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] in LIGHTNING_PACKAGES:
+            names |= {n for n in vars(klass) if private(n)}
+            names |= defined_private_names(ast.parse(textwrap.dedent(inspect.getsource(klass))))
+    return frozenset(names - {klass.__name__ for klass in cls.__mro__})
+
+
+def reaches_trainer(expr: ast.expr) -> bool:
+    """Whether `expr` is a trainer or reached through one (`trainer.fit_loop`, `self.trainer`)."""
+    return any(isinstance(n, ast.Name) and n.id == "trainer" or isinstance(n, ast.Attribute) and n.attr == "trainer"
+               for n in ast.walk(expr))
+
+
+def attribute_uses(tree: ast.AST):
+    """(node, receiver, name) of every private attribute read or written: `x._name` and
+    `getattr(x, "_name")` (also setattr, hasattr, delattr)."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             receiver, name = node.value, node.attr
         elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr", "delattr")
@@ -230,27 +283,61 @@ def lightning_private_uses(path: Path, own: set[str]) -> list[tuple[int, str]]:
             receiver, name = node.args[0], node.args[1].value
         else:
             continue
-        if not private(name):
+        if private(name):
+            yield node, receiver, name
+
+
+def lightning_private_uses(path: Path, own: set[str], classes: dict[str, list[ProjectClass]]) -> list[tuple[int, str]]:
+    """(line, what) of each use of a Lightning private in `path`, found by scanning, not by a list
+    of names:
+
+    - an import of a private Lightning module or name;
+    - any private attribute of a trainer or of what is reached through one (`trainer._x`,
+      `trainer.fit_loop.epoch_loop._x`, `self.trainer._x`);
+    - in a class deriving from a Lightning class (directly or through project classes), `self._x`
+      or `super()._x` where `_x` is a private name of a Lightning class in its MRO (read from
+      Lightning's source), and a method overriding one;
+    - on any object, `self` included, a private name that neither the project defines nor another
+      library owns (`OTHER_LIBRARIES`)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            for module in modules:
+                if module.split(".")[0] in LIGHTNING_PACKAGES and (
+                        any(private(part) for part in module.split(".")) or any(private(n) for n in names)):
+                    found.add((node.lineno, f"import from {module}: {', '.join(names) or module}"))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
             continue
-        on_self = ast.unparse(receiver) in ("self", "cls")
-        if name in LIGHTNING_PRIVATE or (not on_self and name not in own and name not in OTHER_LIBRARIES):
-            found.append((node.lineno, f"{ast.unparse(receiver)}.{name}"))
-    return found
+        record = next(c for c in classes[node.name] if ast.dump(c.node) == ast.dump(node))
+        lightnings = set().union(*(lightnings_own(base) for base in lightning_bases(record, classes)))
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in lightnings:
+                found.add((item.lineno, f"{node.name}.{item.name} overrides Lightning's"))
+        for use, receiver, name in attribute_uses(node):
+            if ast.unparse(receiver) in ("self", "cls", "super()") and name in lightnings:
+                found.add((use.lineno, f"{ast.unparse(receiver)}.{name}"))
+    for use, receiver, name in attribute_uses(tree):
+        if reaches_trainer(receiver) or (name not in own and name not in OTHER_LIBRARIES):
+            found.add((use.lineno, f"{ast.unparse(receiver)}.{name}"))
+    return sorted(found)
 
 
 def test_lightning_private_attributes_only_in_lightning_compat():
     """Every use of a Lightning private attribute is a function of `lit_rlhf/lightning_compat.py`
     (its reason written down, a test that fails when Lightning changes under it)."""
     paths = project_sources()
-    own = own_private_names(paths)
+    classes = project_classes(paths)
+    own = set().union(*(defined_private_names(ast.parse(p.read_text())) for p in paths
+                        if p.relative_to(REPO).as_posix() != COMPAT))
     bad = []
     for path in paths:
         relative = path.relative_to(REPO).as_posix()
-        if relative == COMPAT:
-            continue
-        uses = lightning_private_uses(path, own)
-        bad += [f"{relative}:{line}: {what}" for line, what in uses
-                if what.rsplit(".", 1)[-1] not in PENDING.get(relative, ())]
+        if relative != COMPAT:
+            bad += [f"{relative}:{line}: {what}" for line, what in lightning_private_uses(path, own, classes)]
     assert not bad, ("Lightning private attributes outside lit_rlhf/lightning_compat.py (add a function there, with "
                      "its reason and a test):\n" + "\n".join(bad))
 
@@ -258,17 +345,25 @@ def test_lightning_private_attributes_only_in_lightning_compat():
 def test_the_private_attribute_check_finds_each_kind(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text(
-        "from lightning.pytorch.trainer.connectors import _private\n"
-        "from lightning.pytorch.core.saving import _ALLOWED_INSTANTIATORS\n"
-        "def f(trainer, self):\n"
-        "    trainer._logger_connector.should_update_logs\n"
-        "    trainer.fit_loop.epoch_loop._skip_next_val = True\n"
-        "    getattr(trainer, '_signal_connector', None)\n"
-        "    self._trainer\n"
-        "    super()._instantiate_trainer({}, [])\n"
+        "from lightning.pytorch.trainer.connectors import _private\n"          # 1 private import
+        "from lightning.pytorch.core.saving import _ALLOWED_INSTANTIATORS\n"  # 2 private import
+        "from lightning.pytorch.callbacks import TQDMProgressBar\n"
+        "def f(trainer, rollout):\n"
+        "    trainer._logger_connector.should_update_logs\n"                  # 5 through a trainer
+        "    trainer.fit_loop.epoch_loop._own = True\n"                       # 6 through a trainer, even a name we use
+        "    getattr(trainer, '_signal_connector', None)\n"                   # 7
         "    rollout._replace(scores=None)\n"
-        "    self._own\n"
+        "class Bar(TQDMProgressBar):\n"
+        "    def __init__(self):\n"
+        "        self._own = 0\n"
+        "    def _resolve_refresh_rate(self, n):\n"                            # 12 overrides Lightning's
+        "        self._own += self._should_update(n, 3)\n"                    # 13 a Lightning private on self
+        "        self.trainer._results\n"                                     # 14
+        "        super()._get_metrics_never_heard_of()\n"                     # 15 not defined by the project
+        "class Plain:\n"
+        "    def g(self):\n"
+        "        self._own, self._anything\n"                                 # 18 a name nobody here defines
     )
-    lines = sorted(line for line, _ in lightning_private_uses(source, own={"_own"}))
-    assert lines == [1, 2, 4, 5, 6, 7, 8]
-
+    paths = [source]
+    lines = [line for line, _ in lightning_private_uses(source, own={"_own"}, classes=project_classes(paths))]
+    assert sorted(set(lines)) == [1, 2, 5, 6, 7, 12, 13, 14, 15, 18]

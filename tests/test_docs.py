@@ -6,6 +6,11 @@
   reference holds no code) runs, from the repository root, unless the line before it says why not:
   `<!-- not run: REASON -->` (a GPU, minutes of training, a cluster). A block in another language
   must be marked too, except data (`yaml` and `json` blocks are parsed; `text` is shown as is).
+- A block that trains for minutes as written runs at tiny scale when the line before it says
+  `<!-- run at tiny scale: ARGS -->`: ARGS (the tiny model, a couple of steps) are added after the
+  last `--config FILE` of each `main.py fit` command, and the tiny blocks of a page run in order
+  in one scratch directory (the repository's `main.py`, `configs/` and `examples/` linked in), so
+  a later block finds the checkpoint an earlier one wrote.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from tests.helpers import REPO_ROOT, subprocess_env
 RUN = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
 DATA = {"yaml", "json", "text"}
 NOT_RUN = re.compile(r"^<!-- not run: (\S.*\S) -->$")
+TINY = re.compile(r"^<!-- run at tiny scale: (\S.*\S) -->$")
+LINKED = ("main.py", "configs", "examples")  # what a tiny block's scratch directory links to
 FENCE = re.compile(r"^(\s*)(`{3,})([\w+-]*)\s*$")
 
 
@@ -37,6 +44,7 @@ class Block:
     language: str
     code: str
     not_run: str | None  # the reason given on the line before, if any
+    tiny: str | None = None  # the arguments that shrink its `main.py fit` commands, if any
 
     @property
     def name(self) -> str:
@@ -60,9 +68,10 @@ def blocks(page: Path, text: str | None = None) -> list[Block]:
         indent, fence, language = m.groups()
         end = next(j for j in range(i + 1, len(lines)) if re.match(rf"^{indent}{fence}\s*$", lines[j]))
         before = next((lines[k].strip() for k in range(i - 1, -1, -1) if lines[k].strip()), "")
-        reason = NOT_RUN.match(before)
+        reason, tiny = NOT_RUN.match(before), TINY.match(before)
         code = "\n".join(line[len(indent):] for line in lines[i + 1:end])
-        found.append(Block(page, i + 1, language or "", code + "\n", reason.group(1) if reason else None))
+        found.append(Block(page, i + 1, language or "", code + "\n", reason.group(1) if reason else None,
+                           tiny.group(1) if tiny else None))
         i = end + 1
     return found
 
@@ -126,10 +135,39 @@ def test_data_block_parses(block):
     (yaml.safe_load if block.language == "yaml" else json.loads)(block.code)
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.name)
-def test_block_runs(block):
+def at_tiny_scale(code: str, args: str) -> str:
+    """`code` with `args` after the last `--config FILE` of every line that runs `main.py fit`."""
+    return "\n".join(re.sub(r"(.*--config \S+)", rf"\1 {args}", line) if "main.py fit" in line else line
+                     for line in code.split("\n"))
+
+
+def test_tiny_scale_adds_the_arguments_after_the_last_config():
+    code = "until python main.py fit --config a.yaml --config b.yaml --ckpt_path last; do\n  echo\ndone\n"
+    assert at_tiny_scale(code, "--x=1").split("\n")[0] == \
+        "until python main.py fit --config a.yaml --config b.yaml --x=1 --ckpt_path last; do"
+
+
+SCRATCH: dict[Path, Path] = {}  # page -> the scratch directory of its tiny blocks
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, marks=pytest.mark.xdist_group(b.page.name) if b.tiny else ())
+                                   for b in RUNNABLE], ids=lambda b: b.name)
+def test_block_runs(block, tmp_path_factory):
     env = {**subprocess_env(), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    command = ["bash", "-euo", "pipefail", "-c", block.code] if RUN[block.language] == "bash" else \
-        [sys.executable, "-c", block.code]
-    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"{block.name} failed:\n{block.code}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    code, cwd = block.code, REPO_ROOT
+    if block.tiny:
+        code = at_tiny_scale(code, block.tiny)
+        if block.page not in SCRATCH:
+            SCRATCH[block.page] = tmp_path_factory.mktemp(block.page.stem)
+            for name in LINKED:
+                (SCRATCH[block.page] / name).symlink_to(REPO_ROOT / name)
+        cwd = SCRATCH[block.page]
+    command = ["bash", "-euo", "pipefail", "-c", code] if RUN[block.language] == "bash" else \
+        [sys.executable, "-c", code]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{block.name} failed:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+
+def test_the_judge_file_shown_is_the_shipped_one():
+    shown = [b for b in blocks(REPO_ROOT / "docs/guides/evaluation.md") if b.language == "yaml"]
+    assert [yaml.safe_load(b.code) for b in shown] == [yaml.safe_load((REPO_ROOT / "examples/judge.yaml").read_text())]

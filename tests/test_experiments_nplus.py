@@ -236,8 +236,16 @@ def test_a_claim_is_read_over_seeds_by_its_rule_on_every_seed(tmp_path):
         budget = {"seed": int(name[-1]), "rules": RULES}
         (d / "results.json").write_text(json.dumps({"budget": budget, "decisions": decisions[name],
                                                     "over_optimisation_curve": report.curve(policies)}))
-        (d / "samples.json").write_text(json.dumps({"policies": policies}))
+        # the answers F1 is read from: SFT says the key fact (3 content words), ppo adds a fourth, `cat`
+        # (precision 3/4, recall 1: F1 6/7)
+        texts = {k: ["the dog barked all night"] * N if k != "ppo" else ["the dog barked all night at my cat"] * N
+                 for k in policies}
+        (d / "samples.json").write_text(json.dumps({"policies": {k: {**v, "texts": texts[k]} for k, v in policies.items()},
+                                                    "references": ["The dog barked all night."] * N}))
     p = pool.pool([tmp_path / "seed3", tmp_path / "seed4"])
+    f1 = p["f1_vs_sft_post_hoc"]
+    assert f1["ppo"]["seed3"]["mean_diff"] == pytest.approx(-1 / 7) and f1["ppo"]["pooled"]["mean"] == pytest.approx(-1 / 7)
+    assert f1["dpo"]["seed4"]["mean_diff"] == 0.0 and "post hoc" in pool.tables(p)
     assert p["seeds"] == {"seed3": 3, "seed4": 4}
     assert list(p["pooled_vs_sft"]) == ["dpo", "ppo", "grpo", "grpo_gold", "grpo_past_kl@3", "grpo_past_kl@9"]
     assert p["pooled_vs_sft"]["ppo"]["gold"]["mean"] == pytest.approx(0.2)

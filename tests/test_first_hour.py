@@ -197,18 +197,26 @@ NOISE = ("💡 Tip", "GPU available", "Seed set to", "LeafSpec", "module(s) in e
 
 
 def test_quiet_console_shows_the_bar_and_the_project_lines_and_verbose_shows_everything(tmp_path):
+    """Also: the bar counts the run's 2 steps (not the epoch's 16 batches), and the warnings and the
+    stop lines are lines of their own, never written onto the bar's line (stdout and stderr
+    interleaved as a terminal shows them)."""
     args = [sys.executable, str(REPO_ROOT / "main.py"), "fit", "--config", str(QUICK / "sft.yaml"), TINY,
-            "--trainer.max_steps=1", *VALIDATE_EACH_STEP]
+            "--trainer.max_steps=2", *VALIDATE_EACH_STEP]
     runs = {}
     for name, extra in (("quiet", []), ("verbose", ["--verbose"])):
-        done = subprocess.run(args + extra, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, done.stderr[-4000:]
-        runs[name] = done.stdout + done.stderr
+        done = subprocess.run(args + extra, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-4000:]
+        runs[name] = done.stdout
     quiet, verbose = runs["quiet"], runs["verbose"]
     assert [n for n in NOISE if n in quiet] == [], quiet
-    for line in ("epoch 1/1", "loss=", "validation (first -> last): loss", "exported SFTModule to"):
+    for line in ("epoch 1/1", "loss=", "validation (first -> last): loss", "exported SFTModule to", "| 2/2 ",
+                 "run stopped: max_steps=2 reached (global step 2"):
         assert line in quiet, quiet
+    assert "/16 " not in quiet and "max_epochs=1 reached" not in quiet
+    for start in ("the learning-rate warm-up", "`Trainer.fit` stopped", "run stopped:"):
+        lines = [line.split("\r")[-1] for line in quiet.split("\n") if start in line]
+        assert lines and all(line.startswith(start) for line in lines), lines
     for noise in ("💡 Tip", "GPU available", "Seed set to 1"):  # the filters are what removed them
         assert noise in verbose, verbose
 
@@ -217,6 +225,11 @@ def test_help_lists_the_project_classes_and_short_names_work(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     help_text = capsys.readouterr().out
+    top = " ".join(help_text.splitlines()[:15])  # before any of Lightning's Trainer options
+    assert "--model.help <method>" in top and "GRPOModule" in top and "--data.help" in top, top
+    assert "PolicyModule" not in top and "OnlineModule" not in top  # bases, not methods
+    ckpt = " ".join(help_text[help_text.index("--ckpt_path CKPT_PATH\n"):].split())
+    assert "`last`: this run's last.ckpt" in ckpt and "--fresh_if_no_checkpoint" in ckpt and "registry" not in ckpt
     for name in ("lit_rlhf.modules.DPOModule", "lit_rlhf.modules.GRPOModule", "lit_rlhf.data.TLDRSFTDataModule",
                  "lit_rlhf.data.UltraFeedbackSingleDataModule"):
         assert name in help_text

@@ -232,6 +232,33 @@ def test_logger_version_unset_and_set_logger_version(tmp_path, logger_class):
     assert not compat.logger_version_unset(logger_class(tmp_path, name="run", version="mine"))
 
 
+def test_progress_bar_due_every_refresh_rate_and_at_the_total(tmp_path):
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    bar = TQDMProgressBar(refresh_rate=3)
+    assert [c for c in range(1, 11) if compat.progress_bar_due(bar, c, 10)] == [3, 6, 9, 10]
+    assert not compat.progress_bar_due(TQDMProgressBar(refresh_rate=0), 3, 10)  # a disabled bar never draws
+
+
+def test_callback_state_key_is_the_key_lightning_saves_a_callbacks_state_under(tmp_path):
+    class Counter(Callback):
+        def __init__(self, name):
+            self.name, self.count = name, 0
+
+        @property
+        def state_key(self):
+            return compat.callback_state_key(self, name=self.name)
+
+        def state_dict(self):
+            return {"count": self.count}
+
+    trainer = tiny_trainer(tmp_path, max_steps=1, callbacks=[Counter("a"), Counter("b")])
+    trainer.fit(BoringModel())
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    saved = torch.load(tmp_path / "c.ckpt", weights_only=False)["callbacks"]
+    assert {"Counter{'name': 'a'}", "Counter{'name': 'b'}"} <= {key.rsplit(".", 1)[-1] for key in saved}
+
+
 def test_attached_trainer(tmp_path):
     module = BoringModel()
     assert compat.attached_trainer(module) is None

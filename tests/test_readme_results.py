@@ -67,3 +67,22 @@ def test_the_golds_table_is_rendered_from_the_rescored_answers():
     row = next(line for line in block if line.startswith("| copy the post's first sentence |"))
     assert f"{golds['answerers']['first_sentence']['f1']['mean']:.3f}" in row
     assert any(line.startswith("| **trained - first sentence** (paired) |") for line in block)
+
+
+def read_plainly(text: str) -> str:
+    """The "Read plainly" paragraphs of a page (each up to the next blank line)."""
+    return "\n\n".join(p for p in text.split("\n\n") if p.startswith("**Read plainly.**") or p.startswith("Read plainly"))
+
+
+QUICKSTART_FILES = sorted((REPO_ROOT / "results" / "quickstart").rglob("*.json"))
+
+
+def test_the_read_plainly_numbers_are_in_the_result_files():
+    """Every decimal of the main job's "Read plainly" sentences (README, Getting started) is one a
+    result file holds (at 2 or 3 decimals), so a sentence cannot state a number its file does not."""
+    from tests.helpers import decimals_not_in_files
+
+    for page in (REPO_ROOT / "README.md", REPO_ROOT / "docs" / "getting-started.md"):
+        section = read_plainly(page.read_text())
+        assert section and decimals_not_in_files(section, [], QUICKSTART_FILES) == [], page
+    assert decimals_not_in_files("**Read plainly.** by 0.4321", [], QUICKSTART_FILES) == ["0.4321"]

@@ -8,7 +8,10 @@ holds on every seed, not replicated when it holds on none, mixed otherwise, and 
 seed where the rule withholds its verdict (R1 where the positive control failed). Beside the
 tally, the gold and proxy differences from SFT pooled over seeds x held-out posts by the
 hierarchical bootstrap (`lit_rlhf.evaluation.paired.paired_bootstrap`: seeds, then posts), a
-description of the spread over seeds that no rule reads.
+description of the spread over seeds that no rule reads. Last, a secondary reading chosen after
+the runs (post hoc): the project's key-fact F1 (`lit_rlhf.judges.keyfact.keyfact_f1`) of each
+policy's saved answers minus SFT's, per seed and pooled. The gold, key-fact recall, pays for
+copying the post; F1 also charges for the words beyond the fact.
 """
 
 from __future__ import annotations
@@ -65,6 +68,29 @@ def pooled(samples: list[dict[str, Any]], names: Sequence[str]) -> dict[str, Any
     return out
 
 
+def with_f1(sample: dict[str, Any]) -> dict[str, Any]:
+    """`sample` with each policy's key-fact F1 per post (`f1`), from its saved answers."""
+    from lit_rlhf.judges.keyfact import keyfact_f1
+
+    for policy in sample["policies"].values():
+        policy["f1"] = [keyfact_f1(text, ref) for text, ref in zip(policy["texts"], sample["references"])]
+    return sample
+
+
+def f1_vs_sft(seeds: Sequence[str], samples: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Each policy's key-fact F1 minus SFT's on each seed (paired over posts) and pooled (post hoc)."""
+    from lit_rlhf.evaluation.paired import paired_bootstrap
+
+    out = {}
+    for name in names:
+        out[name] = {seed: {k: c[k] for k in ("mean_diff", "ci_low", "ci_high", "interval")}
+                     for seed, s in zip(seeds, samples)
+                     for c in [compare(s["policies"]["sft"]["f1"], s["policies"][name]["f1"])]}
+        out[name]["pooled"] = paired_bootstrap([s["policies"][name]["f1"] for s in samples],
+                                               [s["policies"]["sft"]["f1"] for s in samples]).as_dict()
+    return out
+
+
 def per_seed(seeds: Sequence[str], samples: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
     """Each policy's gold and length on each seed, and its gold and proxy minus SFT's (paired over
     the held-out posts, as `report.compare`)."""
@@ -83,7 +109,7 @@ def per_seed(seeds: Sequence[str], samples: Sequence[dict[str, Any]], names: Seq
 
 def pool(dirs: Sequence[Path]) -> dict[str, Any]:
     results = {d.name: json.loads((d / "results.json").read_text()) for d in dirs}
-    samples = [json.loads((d / "samples.json").read_text()) for d in dirs]
+    samples = [with_f1(json.loads((d / "samples.json").read_text())) for d in dirs]
     curves = {name: r["over_optimisation_curve"] for name, r in results.items()}
     if len({tuple(c) for c in curves.values()}) != 1:
         raise ValueError(f"the seeds' snapshots differ: {curves}")
@@ -92,7 +118,8 @@ def pool(dirs: Sequence[Path]) -> dict[str, Any]:
     names = [*ARMS, first["budget"]["rules"]["control"], rise_at, first["over_optimisation_curve"][-1]]
     return {"seeds": {name: r["budget"]["seed"] for name, r in results.items()}, "online_arms": list(ONLINE),
             "claims": tally({name: r["decisions"] for name, r in results.items()}),
-            "per_seed": per_seed(list(results), samples, names), "pooled_vs_sft": pooled(samples, names)}
+            "per_seed": per_seed(list(results), samples, names), "pooled_vs_sft": pooled(samples, names),
+            "f1_vs_sft_post_hoc": f1_vs_sft(list(results), samples, names)}
 
 
 def markdown(p: dict[str, Any]) -> str:
@@ -129,6 +156,14 @@ def tables(p: dict[str, Any]) -> str:
     for name, d in p["pooled_vs_sft"].items():
         lines.append(f"| {name} | " + " | ".join(
             f"{d[m]['mean']:+.3f} [{d[m]['ci_low']:+.3f}, {d[m]['ci_high']:+.3f}]" for m in ("gold", "proxy")) + " |")
+    lines += ["", "Secondary, chosen after the runs (post hoc): key-fact F1 minus SFT's, per seed (paired over posts) "
+              "and pooled over seeds x posts:", "",
+              "| policy - SFT | " + " | ".join(f"F1, {seed}" for seed in seeds) + " | F1, pooled |",
+              "|---" * (len(seeds) + 2) + "|"]
+    for name, d in p.get("f1_vs_sft_post_hoc", {}).items():
+        pooled_f1 = d["pooled"]
+        lines.append(f"| {name} | " + " | ".join(_diff(d[seed]) for seed in seeds)
+                     + f" | {pooled_f1['mean']:+.3f} [{pooled_f1['ci_low']:+.3f}, {pooled_f1['ci_high']:+.3f}] |")
     return "\n".join(lines) + "\n"
 
 

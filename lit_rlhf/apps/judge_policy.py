@@ -61,7 +61,8 @@ def build_judge(spec: str | dict, init_args: dict | None = None) -> PairwiseJudg
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--judge", type=PairwiseJudge)
     cfg = parser.parse_object({"judge": spec})
-    return parser.instantiate_classes(cfg).judge
+    build = getattr(parser, "instantiate", None) or parser.instantiate_classes  # jsonargparse >= 4.49: instantiate
+    return build(cfg).judge
 
 
 def load_policy(name: str, device: str = "cpu", dtype: str | None = None) -> tuple[torch.nn.Module, Any]:
@@ -188,4 +189,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    from lit_rlhf.apps import run
+
+    run(main)

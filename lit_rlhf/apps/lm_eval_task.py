@@ -109,4 +109,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from lit_rlhf.apps import run
+
+    run(main)

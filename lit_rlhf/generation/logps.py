@@ -1,8 +1,8 @@
 """Log-probs of sampled responses under a model, whichever backend sampled them.
 
-`sequence_token_logps` scores the sampled tokens under a model with the same temperature the
-sampler used (the logits are divided once, in `lit_rlhf.ops.token_logps_from_logits`), with
-position ids that are right under left padding, in micro-batches.
+`sequence_token_logps` (no gradient) and `token_logps_with_grad` (the update's) score the sampled
+tokens under a model with the same temperature the sampler used (the logits are divided once, by
+`lit_rlhf.ops.apply_temperature`), with position ids that are right under left padding, in micro-batches.
 """
 
 from __future__ import annotations

@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 
 
 class PolicyModule(TrainingModule):
-    """Base class of every method: a subclass implements `training_step` (and `validation_step`)
-    or, online, the `update` of `OnlineModule`.
+    """Base class of every method. The family bases (`PairwiseModule`, `OnlineModule`, `SFTModule`,
+    `KTOModule`, `DROVModule`) implement `training_step` and `validation_step`; a method subclasses one.
 
     Args:
         model: the policy: a builtin name (`tiny-random-llama`, `smollm2-135m-instruct`), a local

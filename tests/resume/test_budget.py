@@ -63,3 +63,21 @@ def test_a_resumed_run_that_has_nothing_left_says_why(tmp_path, caplog):
     assert first_line.startswith("run stopped: max_epochs=1 reached (global step 3, epoch 1); max_steps=4 not reached")
     assert "max_epochs=1 reached" in second_line and "no step trained" in second_line
     assert "max_steps=8 not reached" in second_line
+
+
+@pytest.mark.parametrize("max_steps, max_epochs, batches, expected", [
+    (2, 1, None, "max_steps=2 reached (global step 2"),  # cut mid-epoch: the epoch did not stop it
+    (-1, 1, 3, "max_epochs=1 reached (global step 3"),
+    (4, 2, 2, "max_steps=4 reached; max_epochs=2 reached (global step 4"),  # both met at the epoch's end
+])
+def test_the_stop_line_names_what_stopped_the_run(max_steps, max_epochs, batches, expected, tmp_path):
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from lit_rlhf.stopping import stop_reason
+
+    trainer = L.Trainer(max_steps=max_steps, max_epochs=max_epochs, limit_train_batches=batches, limit_val_batches=0,
+                        default_root_dir=tmp_path, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(BoringModel())
+    assert stop_reason(trainer).startswith(expected)
