@@ -45,14 +45,16 @@ class SyncProbe:
     @torch.no_grad()
     def logps(self, model: nn.Module) -> Tensor:
         """Log-probs (n, tokens) float32 of the probe's last tokens under a causal LM (temperature 1,
-        full vocabulary; a LoRA `AdapterView` with its adapter on)."""
+        full vocabulary, in the weights' own dtype: autocast off; a LoRA `AdapterView` with its
+        adapter on)."""
         with adapters.activated(model) as module:
             device = next(module.parameters()).device
             ids = self.input_ids.to(device)
             was_training = module.training
             module.eval()
             try:
-                return response_logps(module, ids, torch.ones_like(ids, dtype=torch.bool), self.tokens).float().cpu()
+                with torch.autocast(device.type, enabled=False):
+                    return response_logps(module, ids, torch.ones_like(ids, dtype=torch.bool), self.tokens).float().cpu()
             finally:
                 module.train(was_training)
 

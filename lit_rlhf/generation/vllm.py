@@ -39,8 +39,8 @@ from __future__ import annotations
 import logging
 import os
 import random
-import time
 import tempfile
+import time
 import weakref
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
