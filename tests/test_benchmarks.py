@@ -139,3 +139,16 @@ def test_results_md_shows_the_vllm_mismatch_file():
     result = json.loads((RESULTS_MD.parent / "results" / "mismatch_vllm_cpu.json").read_text())
     shown = RESULTS_MD.read_text().split(bench_mismatch.BEGIN, 1)[1].split(bench_mismatch.END, 1)[0].strip("\n")
     assert shown == bench_mismatch.render(result)
+
+
+def test_results_md_shows_the_vllm_top_p_mismatch_file():
+    """The top-p table (the learner's replay on and off) in RESULTS.md is its committed file rendered."""
+    import json
+
+    from benchmarks import bench_mismatch
+    from benchmarks.gpu.report import RESULTS_MD
+
+    result = json.loads((RESULTS_MD.parent / "results" / "mismatch_vllm_cpu_top_p.json").read_text())
+    shown = RESULTS_MD.read_text().split(bench_mismatch.FILTER_BEGIN, 1)[1].split(bench_mismatch.FILTER_END, 1)[0]
+    assert shown.strip("\n") == bench_mismatch.render(result)
+    assert result["top_p"] == 0.9 and {"1.0", "1.0, replay off"} <= set(result["per_temperature"])

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from transformers import DynamicLayer
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
-from lit_rlhf.ops import apply_temperature
+from lit_rlhf.ops.sampling import filter_logits
 
 
 @torch.no_grad()
@@ -59,28 +59,6 @@ def generate_responses(
     missing = config.max_new_tokens - logps.shape[1]
     logps = torch.nn.functional.pad(logps, (0, missing)) if missing > 0 else logps
     return (*finished, torch.where(finished[1], logps, torch.zeros((), dtype=logps.dtype)))
-
-
-def filter_logits(scores: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Next-token scores (N, V) float32 -> temperature-scaled scores (`apply_temperature`, as the
-    log-probs) with the tokens outside the top-k and outside the top-p nucleus at -inf.
-
-    Same operations, in the same order, as transformers' temperature, top-k and top-p logits
-    warpers (so the same random draws pick the same tokens): top-k keeps every token scoring at
-    least the k-th score; top-p drops the least likely tokens whose cumulative probability (in
-    ascending order) is at most 1 - p, always keeping the most likely one.
-    """
-    scores = apply_temperature(scores, temperature)
-    if top_k:
-        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[..., -1:]  # (N, 1)
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=False)
-        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cumulative <= (1 - top_p)
-        drop_sorted[..., -1:] = False
-        scores = scores.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
-    return scores
 
 
 def _all_ranks_done(done: bool, device: torch.device) -> bool:

@@ -23,13 +23,16 @@ def sequence_token_logps(
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
     chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> Tensor:
     """Log-probs (B, R) of the response tokens under `model`, 0 where `response_mask` is False.
 
     `chunk_size`: the output layer is applied that many tokens at a time (`lit_rlhf.models.logprobs`).
+    `top_k` / `top_p`: the sampler's filter, replayed on the model's logits (`lit_rlhf.ops.sampling`).
     """
     return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                                 micro_batch_size, chunk_size)
+                                 micro_batch_size, chunk_size, top_k, top_p)
 
 
 def token_logps_with_grad(
@@ -41,6 +44,8 @@ def token_logps_with_grad(
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
     chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> Tensor:
     """As `sequence_token_logps`, differentiable (for the policy update)."""
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
@@ -49,6 +54,7 @@ def token_logps_with_grad(
     chunks = []
     for start in range(0, input_ids.shape[0], size):
         sl = slice(start, start + size)
-        chunks.append(response_logps(model, input_ids[sl], attention_mask[sl], response_ids.shape[1], temperature, chunk_size))
+        chunks.append(response_logps(model, input_ids[sl], attention_mask[sl], response_ids.shape[1], temperature, chunk_size,
+                                     top_k, top_p))
     logps = torch.cat(chunks)
     return torch.where(response_mask, logps, torch.zeros((), dtype=logps.dtype, device=logps.device))

@@ -18,7 +18,9 @@ in, token ids and log-probs out; each row its own seed, so a prompt's G copies d
 at a time, and hands the tokens to the post-processing every backend shares (`finish_responses`,
 D23). **Weights.** A version reaches the server as a safetensors file stamped with it
 (`weight_sync.FileWeightSync`), loaded in place by the worker (`/collective_rpc`), then recorded
-as the server's weight version (`/update_weight_version`, read back from `/weight_info`). A LoRA
+as the server's weight version (`/update_weight_version`, read back from `/weight_info`) and, with a
+probe (`sync_check.SyncProbe`), checked: the server scores the probe's tokens (prompt log-probs)
+against the trainer's (`ServerClient.check_probe`). A LoRA
 policy sends its adapter only: the server runs the frozen base with vLLM's LoRA serving and each
 version is a LoRA adapter of its own (`/v1/load_lora_adapter`; the previous one is unloaded). On
 GPUs the NCCL path (`server_nccl`) broadcasts the tensors instead of writing files.
@@ -273,6 +275,16 @@ class ServerClient:
         if not loaded or any(str(v) != str(version) for v in loaded):
             raise WeightVersionError(f"the vLLM server's workers loaded {loaded} when version {version} was sent")
         self.set_weight_version(version)
+
+    def check_probe(self, probe, version: int, expected: Tensor, dtype: torch.dtype, model: str | None = None) -> float:
+        """The server's log-probs of `probe`'s last tokens against the trainer's `expected` (n, tokens)
+        for `version` (`sync_check.SyncProbe.check`: `SyncCheckError` above the bound)."""
+        started, n, rows = time.perf_counter(), probe.tokens, probe.input_ids.tolist()
+        answers = [self.request("POST", "/v1/completions", {"model": model or self.model, "prompt": row, "max_tokens": 1,
+                                                            "temperature": 1.0, "prompt_logprobs": 0}) for row in rows]
+        scored = torch.tensor([[a["choices"][0]["prompt_logprobs"][j][str(row[j])]["logprob"] for j in range(len(row) - n, len(row))]
+                               for a, row in zip(answers, rows)])
+        return probe.check("vLLM server sync", version, expected, scored, dtype, started)
 
     def load_adapter(self, path: str | Path, name: str, previous: str | None = None) -> None:
         """Serve the LoRA adapter in `path` as model `name`; unload `previous`."""

@@ -15,6 +15,11 @@ request gets its own seed, drawn from torch's global random stream: a rollout is
 the run's seed and step, and a resumed run (whose random state is restored bitwise) samples what
 the straight run does.
 
+Every sync proves itself (`lit_rlhf.generation.sync_check`): the engine holds a `SyncProbe`
+(`probe`, built with the engine) and after loading scores its token ids (vLLM's prompt log-probs)
+against the policy's own log-probs of them; a difference above the bound raises `SyncCheckError`
+naming the step and the worst token, or with `probe.retry` sends every weight again once first.
+
 A LoRA policy (a `peft` model) reaches the engine as plain weights, the base with the policy
 adapter merged; a sync then sends only the layers the adapter changes while the base stays
 frozen (`lit_rlhf.generation.vllm_weights`, which says why vLLM's own LoRA serving is not used).
@@ -31,9 +36,11 @@ come and go beside a training engine. vLLM's CPU attention needs a head size of 
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import tempfile
+import time
 import weakref
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -44,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
+from lit_rlhf.generation.sync_check import SyncCheckError, SyncProbe
 from lit_rlhf.generation.vllm_process import share_distributed_state
 from lit_rlhf.generation.vllm_weights import (
     check_tied_embeddings,
@@ -55,7 +63,9 @@ from lit_rlhf.generation.vllm_weights import (
     save_merged_checkpoint,
     with_packed_siblings,
 )
-from lit_rlhf.models import merging
+from lit_rlhf.models import adapters, merging
+
+log = logging.getLogger(__name__)
 
 CPU_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: weights reachable
@@ -124,8 +134,8 @@ class VLLMEngine:
         workdir: the temporary directory holding its config and tokenizer (kept alive with it).
     """
 
-    def __init__(self, llm: Any, workdir: tempfile.TemporaryDirectory | None = None) -> None:
-        self.llm = llm
+    def __init__(self, llm: Any, workdir: tempfile.TemporaryDirectory | None = None, probe: SyncProbe | None = None) -> None:
+        self.llm, self.probe = llm, probe
         self._workdir = workdir
         self.synced_step: int | None = None
         self._lora_base: weakref.ref | None = None  # the LoRA model whose frozen base the engine holds
@@ -180,7 +190,7 @@ class VLLMEngine:
         share_distributed_state(llm)
         for weights in Path(workdir.name).glob("*.safetensors"):
             weights.unlink()  # loaded: later syncs go from memory to memory
-        engine = cls(llm, workdir)
+        engine = cls(llm, workdir, SyncProbe(len(tokenizer)))
         if adapter is not None and merging.base_is_frozen(policy):
             engine._lora_base = weakref.ref(policy)
         return engine
@@ -213,8 +223,20 @@ class VLLMEngine:
 
         A LoRA `policy`: its base with `adapter` merged (`policy_adapter`). When the engine
         already holds this model's base and the base is frozen, only the layers the adapter
-        changes are sent (`full`: send everything anyway)."""
+        changes are sent (`full`: send everything anyway). Then the probe's check (module docstring)."""
         adapter = policy_adapter(policy, adapter)
+        try:
+            self._sync(policy, adapter, full)
+            self.check_probe(policy, adapter, step)
+        except SyncCheckError as err:
+            if self.probe is None or not self.probe.retry:
+                raise
+            log.warning("%s; sending every weight again", err)
+            self._sync(policy, adapter, full=True)
+            self.check_probe(policy, adapter, step)
+        self.synced_step = step
+
+    def _sync(self, policy: nn.Module, adapter: str | None, full: bool) -> None:
         if adapter is None:
             self.load_weights(gathered_parameters(policy))
             self._lora_base = None
@@ -226,7 +248,20 @@ class VLLMEngine:
                 if partial else None
             self.load_weights(merging.merged_weights(policy, adapter, modules), partial=partial)
             self._lora_base = weakref.ref(policy) if frozen else None
-        self.synced_step = step
+
+    def check_probe(self, policy: nn.Module, adapter: str | None, step: int | None) -> None:
+        """The engine's log-probs of the probe against `policy`'s (with `adapter` on); no probe: nothing."""
+        if self.probe is None:
+            return
+        started = time.perf_counter()
+        expected = self.probe.logps(policy if adapter is None else adapters.AdapterView(policy, adapter))
+        ids = self.probe.input_ids.tolist()
+        params = _import_vllm().SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
+        n = self.probe.tokens
+        scored = torch.tensor([[out.prompt_logprobs[j][row[j]].logprob for j in range(len(row) - n, len(row))]
+                               for out, row in zip(outputs, ids)])
+        self.probe.check("colocated vLLM sync", step, expected, scored, next(policy.parameters()).dtype, started)
 
     @torch.no_grad()
     def generate(

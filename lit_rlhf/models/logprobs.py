@@ -7,7 +7,9 @@ decoder to its last hidden states and applies the output layer a chunk of scored
 positions reach the output layer, and at most `chunk_size` rows of logits live at once, in the
 forward and in the backward pass. Models whose logits are not the output layer applied to the
 last hidden state (a final logit soft-cap or scale, a non-`nn.Linear` output layer) use the dense
-path, with a warning naming the reason, once per model.
+path, with a warning naming the reason, once per model. Both replay the sampler's `top_k` / `top_p`
+on the model's own logits when given (`lit_rlhf.ops.sampling`: the policy's log-probs are of the
+distribution sampled; a reference's are taken without them, over the full vocabulary).
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ def chunked_layers(model: nn.Module, input_ids: Tensor) -> tuple[nn.Module, nn.L
     return None if isinstance(found, str) else found
 
 
-def output_layer_logps(head: nn.Linear, hidden: Tensor, targets: Tensor, scored: Tensor, temperature: float, chunk_size: int) -> Tensor:
+def output_layer_logps(head: nn.Linear, hidden: Tensor, targets: Tensor, scored: Tensor, temperature: float, chunk_size: int,
+                       top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Log-probs (B, T) of `targets` at the `scored` positions of `hidden` (B, T, H), 0 elsewhere.
 
     The chunked computation runs as the output layer's forward (its `__call__`), so module hooks
@@ -148,7 +151,7 @@ def output_layer_logps(head: nn.Linear, hidden: Tensor, targets: Tensor, scored:
     """
 
     def forward(h: Tensor, t: Tensor) -> Tensor:
-        return linear_token_logps(h, head.weight, head.bias, t, temperature, chunk_size)[0]
+        return linear_token_logps(h, head.weight, head.bias, t, temperature, chunk_size, top_k=top_k, top_p=top_p)[0]
 
     own = head.__dict__.get("forward")
     head.forward = forward
@@ -171,12 +174,15 @@ def per_token_logps(
     loss_mask: Tensor,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> Tensor:
     """Per-token log-probs (B, T) of a (left- or right-padded) batch, 0 where `loss_mask` is False.
 
     `chunk_size`: the chunked path (only the scored positions reach the output layer, at most
     `chunk_size` of them at a time); None: dense logits, computed only from the position before
-    the batch's first scored token onwards (`logits_to_keep`).
+    the batch's first scored token onwards (`logits_to_keep`). `top_k` / `top_p`: the sampler's
+    filter, replayed (`lit_rlhf.ops.sampling`).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -189,7 +195,7 @@ def per_token_logps(
 
         def chunked(input_ids: Tensor, attention_mask: Tensor, scored: Tensor) -> Tensor:
             hidden = forward_hidden(decoder, input_ids, attention_mask)  # (B, T, H)
-            return output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored, temperature, chunk_size)
+            return output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored, temperature, chunk_size, top_k, top_p)
 
         logps = as_root_forward(model, chunked, input_ids, attention_mask, scored)  # (B, T - 1)
         return F.pad(logps, (1, 0), value=0.0)
@@ -199,7 +205,7 @@ def per_token_logps(
     first = max(1, int(scored_columns[0]))  # column 0 has no context and is never scored
     keep = input_ids.shape[1] - first + 1  # logits of positions first-1 .. T-1
     logits = forward_logits(model, input_ids, attention_mask, logits_to_keep=keep if first > 1 else 0)
-    logps = token_logps_from_logits(logits, input_ids[:, first - 1:], temperature)[:, 1:]  # (B, T - first)
+    logps = token_logps_from_logits(logits, input_ids[:, first - 1:], temperature, top_k, top_p)[:, 1:]  # (B, T - first)
     logps = F.pad(logps, (first, 0), value=0.0)  # (B, T)
     return torch.where(loss_mask, logps, torch.zeros((), dtype=logps.dtype, device=logps.device))
 
@@ -211,8 +217,11 @@ def response_logps(
     response_length: int,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> Tensor:
-    """Log-probs (B, R) of the last `response_length` tokens of left-padded prompt+response rows.
+    """Log-probs (B, R) of the last `response_length` tokens of left-padded prompt+response rows
+    (`top_k` / `top_p` replayed as in `per_token_logps`).
 
     Only R+1 positions of logits are computed (the prompt's logits are never materialised).
     Positions past the response mask are left to the caller to mask (the chunked path,
@@ -230,9 +239,10 @@ def response_logps(
         def chunked(input_ids: Tensor, attention_mask: Tensor, scored: Tensor) -> Tensor:
             hidden = forward_hidden(decoder, input_ids, attention_mask)  # (B, T, H)
             context = hidden[:, -(response_length + 1):-1]  # position t - 1 predicts token t
-            return output_layer_logps(head, context, input_ids[:, -response_length:], scored, temperature, chunk_size)
+            return output_layer_logps(head, context, input_ids[:, -response_length:], scored, temperature, chunk_size,
+                                      top_k, top_p)
 
         return as_root_forward(model, chunked, input_ids, attention_mask, scored)  # (B, R)
     logits = forward_logits(model, input_ids, attention_mask, logits_to_keep=response_length + 1)
-    logps = token_logps_from_logits(logits, input_ids[:, -(response_length + 1):], temperature)
+    logps = token_logps_from_logits(logits, input_ids[:, -(response_length + 1):], temperature, top_k, top_p)
     return logps[:, 1:]

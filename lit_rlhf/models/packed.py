@@ -92,10 +92,13 @@ def packed_token_logps(
     loss_mask: Tensor,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> Tensor:
     """Per-token log-probs (R, L) of packed rows, 0 where `loss_mask` is False and at position 0.
 
-    `chunk_size`: the chunked path (`lit_rlhf.ops.linear_logprobs`); None: dense logits.
+    `chunk_size`: the chunked path (`lit_rlhf.ops.linear_logprobs`); None: dense logits. `top_k` /
+    `top_p`: the sampler's filter, replayed (`lit_rlhf.ops.sampling`).
     Raises ValueError for a model that attends across packed examples (`packing_supported`).
     """
     if temperature <= 0:
@@ -116,10 +119,11 @@ def packed_token_logps(
         def chunked(input_ids: Tensor, position_ids: Tensor, scored: Tensor) -> Tensor:  # as the FSDP2 root's forward
             out = _packed_forward(decoder, input_ids, position_ids)
             hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # (R, L, H)
-            return output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored[:, 1:], temperature, chunk_size)
+            return output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored[:, 1:], temperature, chunk_size,
+                                      top_k, top_p)
 
         logps = as_root_forward(model, chunked, input_ids, position_ids, scored)
         return F.pad(logps, (1, 0), value=0.0)
     logits = _packed_forward(model, input_ids, position_ids).logits
-    logps = token_logps_from_logits(logits, input_ids, temperature)
+    logps = token_logps_from_logits(logits, input_ids, temperature, top_k, top_p)
     return torch.where(scored, logps, torch.zeros((), dtype=logps.dtype, device=logps.device))

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN
 from lit_rlhf.models.logprobs import as_root_forward, chunked_layers, output_layer_logps, per_token_logps
-from lit_rlhf.ops.logprobs import apply_temperature, selective_log_softmax
+from lit_rlhf.ops.logprobs import filtered_token_logps
 from lit_rlhf.ops.rl import last_true_index
 from lit_rlhf.ops.shared_prompt import build_layout, longest, shares_anything
 from lit_rlhf.types import PromptSharing, SharedPromptLayout
@@ -84,11 +84,14 @@ def shared_per_token_logps(
     sharing: PromptSharing,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> Tensor:
     """`per_token_logps` computed on the shared-prompt layout: the same (N, T)
     log-probs (0 where `loss_mask` is False), each group's prompt run once.
 
-    `chunk_size` as in `per_token_logps` (chunked output layer, or None: the dense logits).
+    `chunk_size`, `top_k`, `top_p` as in `per_token_logps` (chunked output layer, or None: the
+    dense logits; the sampler's filter replayed).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -109,7 +112,7 @@ def shared_per_token_logps(
         def chunked(where: Tensor, targets: Tensor) -> Tensor:  # as the FSDP2 root's forward, if sharded
             hidden = layout_hidden(decoder, layout)[where]  # (S, H)
             ones = torch.ones((1, where.shape[0]), dtype=torch.bool, device=where.device)
-            return output_layer_logps(head, hidden[None], targets[None], ones, temperature, chunk_size)[0]  # (S,)
+            return output_layer_logps(head, hidden[None], targets[None], ones, temperature, chunk_size, top_k, top_p)[0]
 
         picked = as_root_forward(model, chunked, where, targets)
     else:  # the logits from the first context position of any packed row on (`logits_to_keep`)
@@ -118,8 +121,7 @@ def shared_per_token_logps(
         out = _run(model, layout, _input_dtype(model), logits_to_keep=length - first)
         logits = out.logits  # (M, L - first, V)
         rows, cols = where // length, where % length - first
-        picked_logits = apply_temperature(logits[rows, cols], temperature)  # (S, V)
-        picked = selective_log_softmax(picked_logits[None], targets[None])[0]  # (S,)
+        picked = filtered_token_logps(logits[rows, cols], targets, temperature, top_k, top_p)  # (S,)
     out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)  # (N, T-1)
     out[scored] = picked
     return F.pad(out, (1, 0), value=0.0)
@@ -133,13 +135,15 @@ def grouped_token_logps(
     sharing: PromptSharing | None,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> Tensor:
     """Per-token log-probs (N, T): on the shared-prompt layout when `sharing` is given, some rows
     share a prompt and the model takes the layout's mask (`layout_support`), else the padded path
     (`per_token_logps`). Same values either way."""
     if sharing is not None and shares_anything(sharing) and layout_support(model, longest(attention_mask)) is None:
-        return shared_per_token_logps(model, input_ids, attention_mask, loss_mask, sharing, temperature, chunk_size)
-    return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size=chunk_size)
+        return shared_per_token_logps(model, input_ids, attention_mask, loss_mask, sharing, temperature, chunk_size, top_k, top_p)
+    return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size, top_k, top_p)
 
 
 def shared_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, sharing: PromptSharing) -> Tensor:
@@ -173,6 +177,8 @@ def shared_response_logps(
     temperature: float = 1.0,
     micro_batch_size: int | None = None,
     chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> Tensor:
     """Log-probs (N, R) of sampled responses (0 where `response_mask` is False), each
     micro-batch of `micro_batch_size` rows computing each of its prompts once.
@@ -191,6 +197,6 @@ def shared_response_logps(
         sl = slice(start, start + size)
         ends = torch.full((groups[sl].shape[0],), width, dtype=torch.long, device=groups.device)
         logps = grouped_token_logps(model, input_ids[sl], attention_mask[sl], loss_mask[sl], PromptSharing(ends, groups[sl]),
-                                    temperature, chunk_size)  # (n, P+R)
+                                    temperature, chunk_size, top_k, top_p)  # (n, P+R)
         chunks.append(logps[:, width:])
     return torch.cat(chunks)

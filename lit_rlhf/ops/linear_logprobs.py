@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_rlhf.ops.logprobs import apply_temperature
+from lit_rlhf.ops.sampling import apply_temperature, filters, keep_targets
 
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -36,11 +36,12 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float, acc: torch.dtype) -> Tensor:
+def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float, acc: torch.dtype, targets: Tensor,
+                  top_k: int, top_p: float) -> Tensor:
     """(c, H) -> (c, V) logits divided by the temperature (`apply_temperature`), in `acc` (float32
-    or float64)."""
-    z = torch.nn.functional.linear(h.to(w.dtype), w, b).to(acc)
-    return apply_temperature(z, temperature, inplace=True)
+    or float64), top-k / top-p filtered as sampled with each target (c,) kept (`keep_targets`)."""
+    z = apply_temperature(torch.nn.functional.linear(h.to(w.dtype), w, b).to(acc), temperature, inplace=True)
+    return keep_targets(z, top_k, top_p, targets) if filters(top_k, top_p) else z
 
 
 def _logsumexp_(z: Tensor) -> Tensor:
@@ -54,14 +55,15 @@ def _logsumexp_(z: Tensor) -> Tensor:
 
 class LinearTokenLogps(torch.autograd.Function):
     """`(log_softmax(z)[target], entropy(softmax(z)))` with `z = (hidden W^T + b) / temperature`,
-    computed and differentiated `chunk_size` rows at a time (the logits are recomputed in backward).
+    computed and differentiated `chunk_size` rows at a time (the logits are recomputed in backward),
+    `z` top-k / top-p filtered when they are set (the mask a constant of the logits).
 
     hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) long -> logps (N,) and
     entropy (N,) (zeros unless `with_entropy`), both float32 (float64 for a float64 layer).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, compute_dtype, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, compute_dtype, with_entropy, top_k, top_p):
         acc = torch.promote_types(compute_dtype, torch.float32)
         n = hidden.shape[0]
         logps = torch.empty(n, dtype=acc, device=hidden.device)
@@ -72,7 +74,7 @@ class LinearTokenLogps(torch.autograd.Function):
             b = None if bias is None else bias.to(compute_dtype)
             for start in range(0, n, chunk_size):
                 end = min(start + chunk_size, n)
-                z = _chunk_logits(hidden[start:end], w, b, temperature, acc)  # (c, V)
+                z = _chunk_logits(hidden[start:end], w, b, temperature, acc, targets[start:end], top_k, top_p)  # (c, V)
                 picked = z.gather(-1, targets[start:end, None]).squeeze(-1)  # (c,)
                 if with_entropy:
                     lse = torch.logsumexp(z, dim=-1)  # (c,)
@@ -86,7 +88,7 @@ class LinearTokenLogps(torch.autograd.Function):
                 del z
         ctx.save_for_backward(hidden, weight, bias, targets, lses, entropy)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
-        ctx.with_entropy, ctx.has_bias = with_entropy, bias is not None
+        ctx.with_entropy, ctx.has_bias, ctx.filter = with_entropy, bias is not None, (top_k, top_p)
         return logps, entropy
 
     @staticmethod
@@ -105,7 +107,7 @@ class LinearTokenLogps(torch.autograd.Function):
             for start in range(0, hidden.shape[0], chunk):
                 end = min(start + chunk, hidden.shape[0])
                 h = hidden[start:end]
-                logp = _chunk_logits(h, w, b, temperature, acc).sub_(lses[start:end, None])  # (c, V) log-softmax
+                logp = _chunk_logits(h, w, b, temperature, acc, targets[start:end], *ctx.filter).sub_(lses[start:end, None])
                 g_lp = grad_logps[start:end, None].to(acc)  # (c, 1)
                 if use_entropy:  # dH/dz = -p (log p + H)
                     p = logp.exp()
@@ -131,7 +133,7 @@ class LinearTokenLogps(torch.autograd.Function):
                 del g, g_c
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
 
 
 def linear_token_logps(
@@ -142,10 +144,15 @@ def linear_token_logps(
     temperature: float = 1.0,
     chunk_size: int = 256,
     with_entropy: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (N,) of `targets` under `softmax((hidden W^T + b) / temperature)`, and the
-    entropies (N,) of those distributions when `with_entropy` (else None), never holding more than
+    """Log-probs (N,) of `targets` under `softmax((hidden W^T + b) / temperature)` (top-k / top-p
+    filtered as sampled, `lit_rlhf.ops.sampling`), and the entropies (N,) of the full-vocabulary
+    distributions when `with_entropy` (else None; not with a filter), never holding more than
     `chunk_size` rows of logits. hidden (N, H), weight (V, H), bias (V,) or None, targets (N,)."""
+    if with_entropy and filters(top_k, top_p):
+        raise ValueError("with_entropy scores the full vocabulary: call it without top_k / top_p")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size <= 0:
@@ -153,5 +160,6 @@ def linear_token_logps(
     if hidden.ndim != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden (N, H) and targets (N,), got {tuple(hidden.shape)} and {tuple(targets.shape)}")
     dtype = _compute_dtype(hidden, weight)
-    logps, entropy = LinearTokenLogps.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size), dtype, with_entropy)
+    logps, entropy = LinearTokenLogps.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size), dtype,
+                                            with_entropy, int(top_k), float(top_p))
     return logps, (entropy if with_entropy else None)

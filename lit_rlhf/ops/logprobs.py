@@ -1,7 +1,7 @@
 """Per-token log-probs from logits: the pure tensor half (no model is run here).
 
-`apply_temperature` is the one place logits are divided by the sampling temperature;
-`token_logps_from_logits` shifts the logits by one position and picks the log-prob of every next
+`apply_temperature` (`lit_rlhf.ops.sampling`, with the sampler's top-k / top-p filter) is the one
+place logits are divided by the sampling temperature; `token_logps_from_logits` shifts the logits by one position and picks the log-prob of every next
 token; `selective_log_softmax` picks log-probs without a full-vocabulary log-softmax copy;
 `position_ids_from_mask` gives position ids that are right under left padding (D5). Running a
 model to get its log-probs (dense logits or the chunked output layer) is
@@ -14,26 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lit_rlhf.ops.sampling import apply_temperature, filters, keep_targets
+
 DEFAULT_CHUNK_SIZE = 256
 """Rows of logits per chunk: 256 x 49k float32 = 48 MiB (x3 with softmax and gradient in backward)."""
-
-
-def apply_temperature(logits: Tensor, temperature: float, inplace: bool = False) -> Tensor:
-    """`logits / temperature`: the sampling temperature applied to logits (the identity at 1).
-
-    The one function that applies it, wherever logits meet the temperature: the sampler
-    (`lit_rlhf.generation.hf.filter_logits`), the dense log-probs (`token_logps_from_logits`), the
-    chunked output layer (`lit_rlhf.ops.linear_logprobs`, whose backward scales the gradient by the
-    same map, the derivative of this linear one) and the shared-prompt layout's dense path. So the
-    log-probs of the ratios and of the KL are those of the distribution that was sampled (N+
-    details, `docs/ARCHITECTURE.md`: one temperature, applied in one place). `inplace` divides
-    `logits` itself (a buffer the caller owns).
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if temperature == 1.0:
-        return logits
-    return logits.div_(temperature) if inplace else logits / temperature
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -62,13 +46,36 @@ def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
     return torch.stack(rows)
 
 
-def token_logps_from_logits(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
+def token_logps_from_logits(logits: Tensor, input_ids: Tensor, temperature: float = 1.0, top_k: int = 0,
+                            top_p: float = 1.0) -> Tensor:
     """Log-probs of `input_ids[:, 1:]` under next-token `logits[:, :-1]`.
 
     logits: (B, T, V), input_ids: (B, T) -> (B, T) where column t scores token t given tokens < t;
-    column 0 (no context) is 0. The logits are divided by `temperature` (`apply_temperature`), so
-    the log-probs used for ratios and KL match the distribution that was sampled.
+    column 0 (no context) is 0. The logits are divided by `temperature` (`apply_temperature`), and
+    with `top_k` / `top_p` filtered as the sampler filters them (`lit_rlhf.ops.sampling`), so the
+    log-probs used for ratios match the distribution that was sampled.
     """
+    if filters(top_k, top_p):  # the filtered rows a chunk at a time; the last column's target is a dummy
+        targets = F.pad(input_ids[:, 1:], (0, 1)).reshape(-1)  # (B * T,)
+        logps = filtered_token_logps(logits.reshape(-1, logits.shape[-1]), targets, temperature, top_k, top_p)
+        return F.pad(logps.view(input_ids.shape)[:, :-1], (1, 0), value=0.0)
     shifted = apply_temperature(logits[:, :-1], temperature)
     logps = selective_log_softmax(shifted, input_ids[:, 1:])
     return F.pad(logps, (1, 0), value=0.0)
+
+
+def filtered_token_logps(logits: Tensor, targets: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                         chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
+    """Log-probs (N,) of `targets` (N,) under the sampled distribution of `logits` (N, V):
+    temperature, top-k and top-p (`filter_logits`, the target kept), `chunk_size` rows at a time
+    in float32 (float64 stays float64). Gradients flow through the kept tokens; the mask is a
+    constant of the logits. Without a filter: `selective_log_softmax` of the tempered logits."""
+    if not filters(top_k, top_p):
+        return selective_log_softmax(apply_temperature(logits, temperature), targets)
+    acc = torch.promote_types(logits.dtype, torch.float32)
+    out = []
+    for start in range(0, logits.shape[0], chunk_size):
+        z = apply_temperature(logits[start:start + chunk_size].to(acc), temperature)  # (c, V)
+        t = targets[start:start + chunk_size]
+        out.append(selective_log_softmax(keep_targets(z, top_k, top_p, t), t))
+    return torch.cat(out) if out else logits.new_zeros(0, dtype=acc)

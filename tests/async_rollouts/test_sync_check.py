@@ -1,0 +1,91 @@
+"""A weight sync that proves itself (`lit_rlhf.generation.sync_check`): the engine's log-probs of
+a fixed probe after the sync against the trainer's, through the in-memory and the file syncs.
+A healthy sync passes; a dropped tensor, a LoRA adapter left unmerged and a bf16 truncation each
+raise `SyncCheckError` naming the sync and the version."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from lit_rlhf.generation.sync_check import SyncCheckError, SyncProbe
+from lit_rlhf.generation.weight_sync import FileWeightSync, InMemoryWeightSync, load_weights, trained_weights
+from lit_rlhf.models import adapters, load_causal_lm, merging
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture()
+def base(tiny_tokenizer):
+    """The tiny model with its weights scaled x4, so its logits spread as a trained model's do."""
+    model = load_causal_lm("tiny-random-llama", tiny_tokenizer).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)
+    return model
+
+
+def _trained(model):
+    """`model` after a pretend update: every trained weight moved."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    return model
+
+
+def _sync(kind, tmp_path):
+    return InMemoryWeightSync() if kind == "in-memory" else FileWeightSync(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["in-memory", "file"])
+def test_a_healthy_sync_passes_and_a_broken_one_raises(base, tmp_path, kind):
+    engine, trainer = copy.deepcopy(base), _trained(copy.deepcopy(base))
+    probe, sync = SyncProbe(trainer.config.vocab_size), _sync(kind, tmp_path)
+    weights = trained_weights(trainer)
+    broken = {
+        2: {n: t for n, t in weights.items() if n != "model.layers.1.mlp.down_proj.weight"},  # a tensor dropped
+        3: {n: t.bfloat16() for n, t in weights.items()},  # a bf16 cast on the way
+    }
+    for version, tensors in broken.items():
+        sync.publish(version, probe.stamp(tensors, trainer))
+        with pytest.raises(SyncCheckError, match=f"{kind} sync: after the sync of version {version} .* worst: row"):
+            load_weights(engine, sync.fetch(version, 5.0), probe, f"{kind} sync", version)
+    sync.publish(4, probe.stamp(weights, trainer))
+    load_weights(engine, sync.fetch(4, 5.0), probe, f"{kind} sync", 4)
+    assert 0 < probe.seconds < 5
+    # an unstamped version (no probe log-probs sent) loads unchecked, as before
+    sync.publish(5, broken[2])
+    load_weights(engine, sync.fetch(5, 5.0), probe, f"{kind} sync", 5)
+
+
+def test_a_lora_adapter_left_unmerged_raises(base, tmp_path):
+    engine = copy.deepcopy(base)  # a plain model: it receives the base with the adapter merged
+    trainer = adapters.add_lora(copy.deepcopy(base), adapters.lora_config({"r": 4}))
+    with torch.no_grad():
+        for name, p in trainer.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(2))  # a trained adapter
+    probe, sync = SyncProbe(base.config.vocab_size), FileWeightSync(tmp_path)
+    names = dict(engine.named_parameters())
+    merged = {n: t for n, t in merging.merged_weights(trainer, adapters.POLICY) if n in names}
+    unmerged = {n: t.detach() for n, t in base.named_parameters()}
+    sync.publish(1, probe.stamp(unmerged, trainer))
+    with pytest.raises(SyncCheckError, match="version 1"):
+        load_weights(engine, sync.fetch(1, 5.0), probe, "file sync", 1)
+    sync.publish(2, probe.stamp(merged, trainer))
+    load_weights(engine, sync.fetch(2, 5.0), probe, "file sync", 2)
+
+
+def test_the_check_by_hand():
+    probe = SyncProbe(10, rows=2, prompt=3, tokens=2, bound=0.1)
+    expected = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
+    assert probe.check("s", 7, expected, expected + 0.05, torch.float32) == pytest.approx(0.05)
+    token = int(probe.input_ids[1, -1])
+    with pytest.raises(SyncCheckError, match=rf"s: .* version 7 .* 0\.15 nats per token .* row 1, probe token 1 \(id {token}\)"):
+        probe.check("s", 7, expected, expected + torch.tensor([[0.0, 0.0], [0.0, 0.6]]), torch.float32)
+    with pytest.raises(SyncCheckError):  # a NaN is a failure, never a pass
+        probe.check("s", 7, expected, expected * float("nan"), torch.float32)
