@@ -5,6 +5,7 @@ report, length statistics, and the data loaders (the train loader's order: `lit_
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import Counter
 from pathlib import Path
@@ -26,45 +27,31 @@ from lit_rlhf.data.processing import (
     write_bad_rows_report,
 )
 from lit_rlhf.data.sampler import ResumableSampler
-from lit_rlhf.data.sources import (  # noqa: F401  (re-exported: the names this module always had)
-    BUNDLED_DIR,
-    BUNDLED_PREFIX,
-    READ_COLUMNS,
-    BadRowError,
-    DataSourceError,
-    SourceLoader,
-    bundled_aliases,
-    location_unit,
-    parse_split,
-    slice_range,
-)
+from lit_rlhf.data.sources import BadRowError, SourceLoader, location_unit
 
 log = logging.getLogger(__name__)
 
 BadRowPolicy = Literal["error", "skip"]
+MarginFrom = Literal["confidence", "score_difference"]
 ROLES = ("train", "val", "test")
 SHOWN_BAD_ROWS = 5  # skipped rows printed in the log (all of them are in the report)
 BAD_ROWS_REPORT = "bad_rows.csv"
 
 
 class RLHFDataModule(L.LightningDataModule):
-    """Shared plumbing; subclasses define `_formatter()`, `_collator(role)`, `length_columns`.
+    """The shared DataModule: rows read, checked, tokenised once and batched.
 
-    `raw_schema` is the published schema of the source rows (`lit_rlhf.data.schema`): every raw
-    row is checked against it, as it is in the file, before any formatting.
+    Subclasses define `_formatter(role)`, `_collator(role)` and `length_columns`; `raw_schema` is
+    the published schema of the source rows (`lit_rlhf.data.schema`), checked on every raw row
+    before any formatting. A subclass's `__init__` takes only its own arguments (keyword-only) and
+    hands `**kwargs` on; `defaults` changes the defaults of inherited ones (`{"path": ...}`). Each
+    class's constructor gets one flat signature (`_flat_init`): the CLI reads it, and Python calls
+    get the same defaults.
 
-    A subclass's constructor takes `path`, `tokenizer`, `name` and the splits with its dataset's
-    defaults, then its own options, and hands the other arguments below to this one through
-    `**kwargs`; jsonargparse follows `**kwargs` here, so the CLI lists and documents them all.
-
-    Attributes after `setup`:
-    - `datasets`: `{"train"|"val"|"test": processed datasets.Dataset}`;
-    - `skipped_rows`: `Counter` of skipped rows by reason (all splits), and
-      `skipped_rows_by_split`: `{split: Counter}`;
-    - `bad_rows`: one record per skipped row (split, file, location, row, field, reason, detail),
-      also written to `bad_rows.csv` in the trainer's log directory (`bad_rows_report`);
-    - `truncated_completions`: `{role: number of completions cut to the length cap}`;
-    - `length_stats`: `{split: {"prompt"|"completion"|...: {min, mean, max, p50, ...}}}` (D4).
+    Attributes after `setup`: `datasets` (`{"train"|"val"|"test": datasets.Dataset}`),
+    `skipped_rows` (`Counter` by reason) and `skipped_rows_by_split`, `bad_rows` (one record per
+    skipped row, also written to `bad_rows.csv` in the log directory: `bad_rows_report`),
+    `truncated_completions` (`{role: count}`) and `length_stats` (`{split: {column: stats}}`, D4).
 
     Args:
         path: where the rows are: `bundled:<name>`, a local .json/.jsonl/.parquet file or
@@ -78,8 +65,8 @@ class RLHFDataModule(L.LightningDataModule):
         split_map: split names as this DataModule asks for them -> the source's names (a single
             local file loads as `train`: `{"validation": "train"}`).
         data_files: the files of each split (`{split: file or files}`), or one file.
-        max_prompt_length: the longest prompt, in tokens (what happens to a longer one is the
-            DataModule's: TL;DR posts are truncated (D2), chat and QA prompts are bad rows).
+        max_prompt_length: the longest prompt, in tokens (TL;DR posts are truncated to it, D2;
+            longer chat and QA prompts are bad rows).
         batch_size: examples per training batch (per device).
         eval_batch_size: examples per validation / test batch; null: `batch_size`.
         num_workers: DataLoader worker processes (0: load in the main process).
@@ -92,15 +79,14 @@ class RLHFDataModule(L.LightningDataModule):
         limit: keep only the first `limit` rows of each split (after its slice); null: all.
     """
 
-    default_path: ClassVar[str] = ""
-    default_name: ClassVar[str | None] = None
+    defaults: ClassVar[dict[str, Any]] = {}
     length_columns: ClassVar[dict[str, str]] = {"prompt": "_prompt_len"}
     raw_schema: ClassVar[schemas.Schema | None] = None
     schema_name: ClassVar[str] = ""
 
     def __init__(
         self,
-        path: str,
+        path: str = "",
         tokenizer: Any = None,
         *,
         name: str | None = None,
@@ -145,9 +131,10 @@ class RLHFDataModule(L.LightningDataModule):
         self.truncated_completions: dict[str, int] = {}
         self.bad_rows_report: Path | None = None
         self.length_stats: dict[str, dict[str, dict[str, float]]] = {}
-        # `hparams` records every argument of the constructor chain, from this frame outward: these
-        # (with their defaults), then each subclass's own and its `**kwargs` (Lightning's collection)
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__init__ = _flat_init(cls)
 
     # -- tokenizer ----------------------------------------------------------------------------
 
@@ -358,3 +345,45 @@ class RLHFDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader | list:
         return self.test_dataloader()
+
+
+def _flat_init(cls: type[RLHFDataModule]) -> Callable:
+    """`cls`'s constructor with one flat signature: `path` and `tokenizer`, then every class's own
+    arguments from the base down (keyword-only), with the `defaults` of `cls` and its bases. The
+    CLI reads this signature (its defaults are what a config leaves out) and Python calls bind to
+    it, so both get the same defaults; `hparams` records every argument."""
+    raw = vars(cls).get("__init__")
+    params: dict[str, inspect.Parameter] = {}
+    defaults: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if not issubclass(klass, RLHFDataModule):
+            continue
+        own = raw if klass is cls else vars(klass).get("__init__")
+        own = getattr(own, "raw_init", own)
+        if own is not None:
+            for p in list(inspect.signature(own, eval_str=True).parameters.values())[1:]:
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                    params[p.name] = p if klass is RLHFDataModule else p.replace(kind=p.KEYWORD_ONLY)
+        defaults.update(vars(klass).get("defaults", {}))
+    if unknown := set(defaults) - set(params):
+        raise TypeError(f"{cls.__name__}.defaults names no argument: {sorted(unknown)}")
+    signature = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] +
+                                  [p.replace(default=defaults.get(n, p.default)) for n, p in params.items()])
+    parent_init = super(cls, cls).__init__
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = {k: v for k, v in bound.arguments.items() if k != "self"}
+        (raw or parent_init)(self, **arguments)
+        if type(self) is cls:  # the outermost class records the whole call
+            tokenizer = arguments["tokenizer"]
+            if not isinstance(tokenizer, (str, type(None))):
+                arguments.pop("tokenizer")
+            self.save_hyperparameters(arguments)
+
+    __init__.__signature__ = signature
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.raw_init = raw
+    return __init__
+

@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 from lit_rlhf.data import schema as schemas
-from lit_rlhf.data.base import Formatter, RLHFDataModule
+from lit_rlhf.data.base import Formatter
+from lit_rlhf.data.kinds import SFTDataModule
 from lit_rlhf.data.formatting import chat_prompt_and_completion, require_messages
 from lit_rlhf.data.processing import TRUNCATED
-from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts, _SFTExamples
+from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts
 from lit_rlhf.data.ultrafeedback import _IDS, _INT, _STR, ULTRAFEEDBACK_BINARIZED_HUB, _ChatFormatter, _no_template_check
 
 
@@ -47,33 +48,16 @@ class ChatSFTFormatter(_ChatFormatter):
                  "_prompt_len": len(prompt_ids), "_completion_len": len(completion_ids), TRUNCATED: truncated}]
 
 
-class ChatSFTDataModule(_SFTExamples, _ReferenceTexts, RLHFDataModule):
-    """Chat SFT rows (`messages`) -> `SFTBatch` (right padded, D5) or, with `packing: true`,
-    `PackedSFTBatch` (see `TLDRSFTDataModule`). Metadata: "prompt", "reference" (the answer) and
-    the other scalar source columns (e.g. `prompt_id`)."""
+class ChatSFTDataModule(_ReferenceTexts, SFTDataModule):
+    """Chat SFT rows (`messages`, the last one the assistant's answer) for supervised fine-tuning.
 
-    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+    Metadata: "prompt", "reference" (the answer) and the other scalar source columns (e.g.
+    `prompt_id`).
+    """
+
+    defaults = {"path": ULTRAFEEDBACK_BINARIZED_HUB, "train_split": "train_sft", "val_split": "test_sft"}
     raw_schema = schemas.ULTRAFEEDBACK_SFT
     schema_name = "chat SFT (messages)"
-
-    def __init__(
-        self,
-        path: str = ULTRAFEEDBACK_BINARIZED_HUB,
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train_sft",
-        val_split: str | None = "test_sft",
-        test_split: str | None = None,
-        max_completion_length: int = 1024,
-        truncate_completions: bool = False,
-        packing: bool = False,
-        pack_length: int | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
-        self.set_sft_options(max_completion_length, truncate_completions, packing, pack_length)
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
