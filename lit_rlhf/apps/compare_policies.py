@@ -62,13 +62,7 @@ from typing import Any, Sequence
 import torch
 
 from lit_rlhf.evaluation.golds import (
-    EXTRACTIVE,
-    MEASURES,
-    checks_for,
-    extractive_answers,
-    load_checks,
-    pool,
-    score_answers,
+    EXTRACTIVE, MEASURES, checks_for, extractive_answers, load_checks, pool, score_answers
 )
 from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, proportion
 from lit_rlhf.generation import SamplingConfig

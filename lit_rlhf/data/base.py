@@ -17,14 +17,8 @@ from torch.utils.data import DataLoader
 
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.processing import (
-    BAD_COLUMNS,
-    TRUNCATED,
-    Formatter,
-    MapFunction,
-    code_fingerprint,
-    length_stats,
-    tokenizer_fingerprint,
-    write_bad_rows_report,
+    BAD_COLUMNS, TRUNCATED, Formatter, MapFunction, code_fingerprint, length_stats, tokenizer_fingerprint,
+    write_bad_rows_report
 )
 from lit_rlhf.data.sampler import ResumableSampler
 from lit_rlhf.data.sources import BadRowError, SourceLoader, location_unit

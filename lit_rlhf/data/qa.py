@@ -29,13 +29,7 @@ from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.data.formatting import (
-    BAD_STRUCTURE,
-    PROMPT_TOO_LONG,
-    BadRow,
-    chat_prompt,
-    encode_prompt,
-    require_chat_template,
-    require_text,
+    BAD_STRUCTURE, PROMPT_TOO_LONG, BadRow, chat_prompt, encode_prompt, require_chat_template, require_text
 )
 
 QASchema = Literal["gsm8k", "math"]

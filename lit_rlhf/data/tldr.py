@@ -28,19 +28,8 @@ from lit_rlhf.data.base import Formatter, RLHFDataModule
 from lit_rlhf.data.kinds import PreferenceDataModule, SFTDataModule
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.data.formatting import (
-    BAD_CHOICE,
-    BAD_STRUCTURE,
-    IDENTICAL,
-    MISSING,
-    BadRow,
-    adds_bos,
-    encode_completion,
-    fit_completion,
-    format_tldr_completion,
-    require_finite,
-    require_text,
-    truncate_cnndm_query,
-    truncate_tldr_query,
+    BAD_CHOICE, BAD_STRUCTURE, IDENTICAL, MISSING, BadRow, adds_bos, encode_completion, fit_completion,
+    format_tldr_completion, require_finite, require_text, truncate_cnndm_query, truncate_tldr_query
 )
 from lit_rlhf.data.processing import CNNDM, TRUNCATED
 from lit_rlhf.data.sources import parse_split

@@ -33,20 +33,9 @@ from lit_rlhf.data.base import Formatter, RLHFDataModule
 from lit_rlhf.data.kinds import CompletionDataModule, PreferenceDataModule
 from lit_rlhf.data.collate import PromptCollator, SingleCollator
 from lit_rlhf.data.formatting import (
-    BAD_STRUCTURE,
-    IDENTICAL,
-    MISSING,
-    PROMPT_TOO_LONG,
-    BadRow,
-    chat_prompt,
-    chat_prompt_and_completion,
-    encode_completion,
-    encode_prompt,
-    fit_completion,
-    require_chat_template,
-    require_finite,
-    require_messages,
-    require_text,
+    BAD_STRUCTURE, IDENTICAL, MISSING, PROMPT_TOO_LONG, BadRow, chat_prompt, chat_prompt_and_completion,
+    encode_completion, encode_prompt, fit_completion, require_chat_template, require_finite, require_messages,
+    require_text
 )
 from lit_rlhf.data.processing import TRUNCATED
 from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts

@@ -35,12 +35,7 @@ from torch import Tensor
 from lit_rlhf import checks, distributed
 from lit_rlhf.distributed import gather_rows
 from lit_rlhf.losses import (
-    KTO_WEIGHT_RATIO_RANGE,
-    RewardLabels,
-    kto_kl_estimate,
-    kto_loss,
-    kto_weight_ratio,
-    labels_from_rewards,
+    KTO_WEIGHT_RATIO_RANGE, RewardLabels, kto_kl_estimate, kto_loss, kto_weight_ratio, labels_from_rewards
 )
 from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
