@@ -1,16 +1,10 @@
-"""Chat SFT: conversations whose last message is the assistant's answer -> `SFTBatch`.
+"""Chat SFT: conversations whose last message is the assistant's answer.
 
-The SFT splits of `HuggingFaceH4/ultrafeedback_binarized` (`train_sft`, `test_sft`; the Zephyr
-recipe's SFT data has the same `messages` column), and any rows with a `messages` list of
-`{role, content}` ending with an assistant message (the bundled `keyfact_chat` `*_sft` splits).
-
-Formatting is the chat DataModules' (`lit_rlhf.data.ultrafeedback`): prompt = the chat template
-of every message but the last with `add_generation_prompt=True`; completion = the template's
-continuation (the answer and its turn end) followed by EOS, so prompt + completion is exactly
-what the online DataModule's prompt is followed by when the policy answers it. Chat prompts are
-not truncated: one over `max_prompt_length` tokens is a bad row, and so is an answer over
-`max_completion_length` tokens (EOS included) unless `truncate_completions=True`. The loss is on
-the completion tokens only (`SFTModule`).
+The SFT splits of `HuggingFaceH4/ultrafeedback_binarized` (`train_sft`, `test_sft`), and any rows
+with a `messages` list of `{role, content}` ending with an assistant message (the bundled
+`keyfact_chat` `*_sft` splits). Formatted as the chat DataModules do (`lit_rlhf.data.ultrafeedback`),
+so prompt + completion is exactly what the online DataModule's prompt is followed by when the
+policy answers it. The loss is on the completion tokens only (`SFTModule`).
 """
 
 from __future__ import annotations

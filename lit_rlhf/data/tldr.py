@@ -1,19 +1,12 @@
 """TL;DR DataModules: SFT, preferences (reward model / DPO) and prompts (PPO / GRPO).
 
-Sources (defaults are the real hub datasets; see `lit_rlhf.data.base` for local paths):
-- SFT and prompts: `vwxyzjn/summarize_from_feedback_tldr_3_filtered`, columns
-  `id, subreddit, title, post, summary`, splits train / validation / test;
-- preferences: `openai/summarize_from_feedback`, config `comparisons`, columns
-  `info{id, post, title, subreddit[, site, article]}, summaries[{text, policy, note}] (2),
-  choice, worker, batch, split, extra{confidence}`, splits train / validation.
-
-Formatting (`docs/ARCHITECTURE.md`): D2 query with paragraph truncation to `max_prompt_length` tokens; D3
-completion = " " + summary + EOS (exactly one leading space); D5 right padding for SFT and
-pairs, left padding for prompts. A completion longer than `max_completion_length` tokens (EOS
-included; SFT 53, preferences 169, N+ Detail 4) is cut to `max_completion_length - 1` tokens +
-EOS when `truncate_completions=True` (the default for preferences; counted and logged), else it
-is a bad row (the default for SFT). CNN/DM rows of the comparisons: see
-`TLDRPreferenceDataModule`.
+Sources (defaults are the real hub datasets): SFT and prompts read
+`vwxyzjn/summarize_from_feedback_tldr_3_filtered` (`id, subreddit, title, post, summary`);
+preferences read `openai/summarize_from_feedback`, config `comparisons` (`info{id, post, title,
+subreddit[, site, article]}, summaries[{text, policy, note}] (2), choice, worker, batch, split,
+extra{confidence}`). Prompts are the D2 query, truncated by paragraphs to `max_prompt_length`
+tokens; completions are " " + summary + EOS (D3); SFT and pairs are right padded, prompts left
+padded (D5).
 """
 
 from __future__ import annotations

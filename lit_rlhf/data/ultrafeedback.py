@@ -1,23 +1,17 @@
 """UltraFeedback DataModules: pairs (reward model / DPO), single trajectories (KTO / DRO-V)
 and prompts (online methods), all formatted with the tokenizer's chat template.
 
-Sources (defaults are the real hub datasets; see `lit_rlhf.data.base` for local paths):
-- pairs and prompts: `HuggingFaceH4/ultrafeedback_binarized`, splits `train_prefs` /
-  `test_prefs`, columns `prompt, prompt_id, chosen, rejected, score_chosen, score_rejected`,
-  where `chosen` / `rejected` are lists of `{role, content}` messages ending with the
-  assistant's answer;
-- single trajectories: `openbmb/UltraFeedback` (one split, `train`; hold out a slice such as
-  `val_split: "train[98%:]"` with `train_split: "train[:98%]"`), columns `source, instruction,
-  models, completions[{model, response, overall_score, fine-grained_score, annotations,
-  custom_system_prompt, principle, critique}]`.
+Sources (defaults are the real hub datasets): pairs and prompts read
+`HuggingFaceH4/ultrafeedback_binarized` (`prompt, prompt_id, chosen, rejected, score_chosen,
+score_rejected`, `chosen` / `rejected` lists of `{role, content}` messages ending with the
+answer); single trajectories read `openbmb/UltraFeedback` (one split, `train`: hold out a slice
+such as `val_split: "train[98%:]"`; `source, instruction, models, completions[{model, response,
+overall_score, fine-grained_score, ...}]`).
 
-Formatting: prompt = chat template of the conversation before the last assistant message with
-`add_generation_prompt=True`; completion = the template's continuation (the assistant content
-and its turn end) followed by EOS, see `formatting.chat_prompt_and_completion`. Chat prompts
-are not truncated (a cut would break the template): a prompt longer than `max_prompt_length`
-tokens is a bad row. A completion longer than `max_completion_length` tokens (EOS included) is
-a bad row too, unless `truncate_completions=True` (cut to `max_completion_length - 1` tokens
-+ EOS; counted in `truncated_completions` and logged).
+The prompt is the chat template of the conversation before the last assistant message, with the
+generation prompt; the completion is the template's continuation (the answer and its turn end)
+and EOS (`formatting.chat_prompt_and_completion`). Chat prompts are never truncated (a cut would
+break the template): a longer one is a bad row.
 """
 
 from __future__ import annotations
