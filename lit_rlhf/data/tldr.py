@@ -51,36 +51,6 @@ def _query(tokenizer, max_prompt_length: int, subreddit, title, post, prefix: st
     return query.text, query.input_ids
 
 
-class TLDRSFTFormatter(Formatter):
-    """`{subreddit, title, post, summary, ...}` -> D2 prompt ids + D3 completion ids."""
-
-    consumed = ("post", "summary")
-
-    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
-                 passthrough: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
-        self.passthrough = passthrough
-        self.bos = adds_bos(tokenizer)
-
-    def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "reference": _STR, "_prompt_ids": _IDS, "_completion_ids": _IDS,
-                "_prompt_len": _INT, "_completion_len": _INT, TRUNCATED: _INT}
-
-    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, row.get("subreddit"), row.get("title"),
-                                  row.get("post"), bos=self.bos)
-        reference = format_tldr_completion(require_text(row.get("summary"), "summary"))
-        full = encode_completion(self.tokenizer, reference)
-        completion_ids = fit_completion(full, self.max_completion_length, self.tokenizer.eos_token_id,
-                                        truncate=self.truncate_completions, field="summary")
-        return [{"prompt": text, "reference": reference, "_prompt_ids": prompt_ids, "_completion_ids": completion_ids,
-                 "_prompt_len": len(prompt_ids), "_completion_len": len(completion_ids),
-                 TRUNCATED: int(len(full) > len(completion_ids))}]
-
-
 class TLDRPromptFormatter(Formatter):
     """`{subreddit, title, post[, summary], ...}` -> D2 prompt ids; the summary (when the data has
     one) becomes the D3-formatted "reference" text."""
@@ -101,6 +71,28 @@ class TLDRPromptFormatter(Formatter):
         if "summary" in row:
             reference = format_tldr_completion(require_text(row["summary"], "summary"))
         return [{"prompt": text, "reference": reference, "_prompt_ids": prompt_ids, "_prompt_len": len(prompt_ids)}]
+
+
+class TLDRSFTFormatter(TLDRPromptFormatter):
+    """`{subreddit, title, post, summary, ...}` -> D2 prompt ids + D3 completion ids of the summary."""
+
+    consumed = ("post", "summary")
+
+    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
+                 passthrough: tuple[str, ...]):
+        super().__init__(tokenizer, max_prompt_length, passthrough)
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+
+    def features(self) -> dict[str, Any]:
+        return {**super().features(), "_completion_ids": _IDS, "_completion_len": _INT, TRUNCATED: _INT}
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        [example] = super().__call__({**row, "summary": row.get("summary")})  # the summary is required here
+        full = encode_completion(self.tokenizer, example["reference"])
+        ids = fit_completion(full, self.max_completion_length, self.tokenizer.eos_token_id,
+                             truncate=self.truncate_completions, field="summary")
+        return [{**example, "_completion_ids": ids, "_completion_len": len(ids), TRUNCATED: int(len(full) > len(ids))}]
 
 
 def is_cnndm(row: dict[str, Any]) -> bool:
