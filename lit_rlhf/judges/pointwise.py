@@ -14,16 +14,13 @@ judges' failure policy: an item that cannot be read is invalid, never an excepti
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from lit_rlhf.judges.chat_api import ChatAPIJudge, _Fatal, _redact
+from lit_rlhf.judges.chat_api import ChatAPIJudge
 from lit_rlhf.judges.local_lm import LocalLMJudge, verdict_token_ids
 from lit_rlhf.judges.rubric import POINTWISE_TEMPLATE, Criterion, PointScore, PointwiseScorer
 
@@ -111,24 +108,13 @@ class ChatAPIScorer(ChatAPIJudge, PointwiseScorer):
     def score(self, prompts: list[str], completions: list[str], criterion: Criterion) -> list[PointScore]:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
-        if not prompts:
-            return []
-        workers = min(self.max_concurrency, len(prompts))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rubric-judge") as pool:
-            return list(pool.map(self._score_one, range(len(prompts)), prompts, completions,
-                                 [criterion] * len(prompts)))
+        return self._each(lambda i, p, c: self._score_one(i, p, c, criterion), prompts, completions)
 
     def _score_one(self, index: int, prompt: str, completion: str, criterion: Criterion) -> PointScore:
         user = self.pointwise_template.format(prompt=prompt, completion=completion, criterion=criterion.description)
-        body = {"model": self.model, "messages": [{"role": "user", "content": user + CHAT_SUFFIX}],
-                "temperature": self.temperature, "max_tokens": self.max_tokens}
-        try:
-            text = self._request_with_retries(index, json.dumps(body).encode("utf-8"))
-        except _Fatal as err:
-            return PointScore(None, "", str(err))
-        except Exception as err:  # anything unforeseen stays confined to its item
-            key = os.environ.get(self.api_key_env) if self.api_key_env else None
-            return PointScore(None, "", _redact(f"unexpected error: {type(err).__name__}: {err}", key))
+        text, error = self._reply(index, [{"role": "user", "content": user + CHAT_SUFFIX}])
+        if error is not None:
+            return PointScore(None, "", error)
         found = _VERDICT.findall(text)
         if not found:
             return PointScore(None, text, "unparseable reply (no 'Verdict: YES|NO')")
