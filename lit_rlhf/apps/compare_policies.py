@@ -172,6 +172,16 @@ def import_class(dotted: str) -> Any:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+def recipe_split(data: dict[str, Any], tokenizer: Any, split: str) -> Any:
+    """Split `split` of a recipe's DataModule (`data`: its {class_path, init_args}), formatted as
+    in training, the recipe's own splits left out."""
+    args = {k: v for k, v in dict(data.get("init_args") or {}).items()
+            if k not in ("tokenizer", "train_split", "val_split", "test_split")}
+    dm = import_class(data["class_path"])(**args, tokenizer=tokenizer, train_split=None, val_split=None,
+                                          test_split=split)
+    return dm.dataset("test")
+
+
 def objective(scores: Sequence[float], response_ids: Sequence[Sequence[int]], eos_token_id: int,
               missing_eos_score: float | None) -> list[float]:
     """The reward as the online step optimised it: the reward model's score, replaced by
