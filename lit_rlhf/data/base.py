@@ -5,7 +5,6 @@ report, length statistics, and the data loaders (the train loader's order: `lit_
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import Counter
 from pathlib import Path
@@ -21,6 +20,7 @@ from lit_rlhf.data.processing import (
     write_bad_rows_report
 )
 from lit_rlhf.data.sampler import ResumableSampler
+from lit_rlhf.data.signature import flat_init
 from lit_rlhf.data.sources import BadRowError, SourceLoader, location_unit
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class RLHFDataModule(L.LightningDataModule):
     the published schema of the source rows (`lit_rlhf.data.schema`), checked on every raw row
     before any formatting. A subclass's `__init__` takes only its own arguments (keyword-only) and
     hands `**kwargs` on; `defaults` changes the defaults of inherited ones (`{"path": ...}`). Each
-    class's constructor gets one flat signature (`_flat_init`): the CLI reads it, and Python calls
+    class's constructor gets one flat signature (`flat_init`): the CLI reads it, and Python calls
     get the same defaults.
 
     Attributes after `setup`: `datasets` (`{"train"|"val"|"test": datasets.Dataset}`),
@@ -128,7 +128,7 @@ class RLHFDataModule(L.LightningDataModule):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.__init__ = _flat_init(cls)
+        cls.__init__ = flat_init(cls, RLHFDataModule)
 
     # -- tokenizer ----------------------------------------------------------------------------
 
@@ -339,45 +339,3 @@ class RLHFDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader | list:
         return self.test_dataloader()
-
-
-def _flat_init(cls: type[RLHFDataModule]) -> Callable:
-    """`cls`'s constructor with one flat signature: `path` and `tokenizer`, then every class's own
-    arguments from the base down (keyword-only), with the `defaults` of `cls` and its bases. The
-    CLI reads this signature (its defaults are what a config leaves out) and Python calls bind to
-    it, so both get the same defaults; `hparams` records every argument."""
-    raw = vars(cls).get("__init__")
-    params: dict[str, inspect.Parameter] = {}
-    defaults: dict[str, Any] = {}
-    for klass in reversed(cls.__mro__):
-        if not issubclass(klass, RLHFDataModule):
-            continue
-        own = raw if klass is cls else vars(klass).get("__init__")
-        own = getattr(own, "raw_init", own)
-        if own is not None:
-            for p in list(inspect.signature(own, eval_str=True).parameters.values())[1:]:
-                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                    params[p.name] = p if klass is RLHFDataModule else p.replace(kind=p.KEYWORD_ONLY)
-        defaults.update(vars(klass).get("defaults", {}))
-    if unknown := set(defaults) - set(params):
-        raise TypeError(f"{cls.__name__}.defaults names no argument: {sorted(unknown)}")
-    signature = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] +
-                                  [p.replace(default=defaults.get(n, p.default)) for n, p in params.items()])
-    parent_init = super(cls, cls).__init__
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        arguments = {k: v for k, v in bound.arguments.items() if k != "self"}
-        (raw or parent_init)(self, **arguments)
-        if type(self) is cls:  # the outermost class records the whole call
-            tokenizer = arguments["tokenizer"]
-            if not isinstance(tokenizer, (str, type(None))):
-                arguments.pop("tokenizer")
-            self.save_hyperparameters(arguments)
-
-    __init__.__signature__ = signature
-    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
-    __init__.raw_init = raw
-    return __init__
-
