@@ -74,26 +74,22 @@ def pin_run_directory(trainer: Any) -> None:
             log.warning("--ckpt_path last: continuing the run in %s (the newest version of %s)", logger.log_dir, root)
 
 
-def last_checkpoints(trainer: Any) -> list[str]:
-    """The `last*.ckpt` files `--ckpt_path last` chooses from (every ModelCheckpoint's directory)."""
+def _model_checkpoints(trainer: Any) -> list[Any]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    found: set[str] = set()
-    for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint):
-            found |= lightning_compat.last_checkpoints_in_dir(callback, trainer)
-    return sorted(found)
+    return [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+
+
+def last_checkpoints(trainer: Any) -> list[str]:
+    """The `last*.ckpt` files `--ckpt_path last` chooses from (every ModelCheckpoint's directory)."""
+    found = (lightning_compat.last_checkpoints_in_dir(c, trainer) for c in _model_checkpoints(trainer))
+    return sorted(set().union(*found))
 
 
 def checkpoint_dirs(trainer: Any) -> list[str]:
-    """The ModelCheckpoint directories `--ckpt_path last` looks in, each once, in callback order."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    dirs: dict[str, None] = {}
-    for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint):
-            dirs[lightning_compat.checkpoint_dir(callback, trainer)] = None  # Lightning's own rule
-    return list(dirs)
+    """The ModelCheckpoint directories `--ckpt_path last` looks in, each once, in callback order
+    (Lightning's own rule for a callback's directory)."""
+    return list(dict.fromkeys(lightning_compat.checkpoint_dir(c, trainer) for c in _model_checkpoints(trainer)))
 
 
 def prepare_fit(trainer: Any, config: Any) -> None:

@@ -10,6 +10,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lit_rlhf import models
+from lit_rlhf.models import loading
 
 
 def test_tiny_tokenizer_round_trips_and_has_distinct_pad(tiny_tokenizer):
@@ -47,7 +48,7 @@ def test_dropout_is_disabled_everywhere():
 
 
 def test_pad_token_added_when_it_equals_eos(tiny_tokenizer):
-    tok = models._tiny_tokenizer()
+    tok = loading._tiny_tokenizer()
     tok.pad_token = tok.eos_token
     assert tok.pad_token_id == tok.eos_token_id
     tok = models.ensure_pad_token(tok)
@@ -106,8 +107,8 @@ def test_builtin_smollm2_loads_from_cache_and_matches_gguf(tmp_path):
     assert (models.cache_dir() / models.SMOLLM2_135M_INSTRUCT / "model.safetensors").is_file()
     assert all(m.p == 0.0 for m in model.modules() if isinstance(m, nn.Dropout))
     # the cached safetensors equal the dequantized GGUF (the same logits, exactly)
-    gguf = models._smollm2_gguf_path()
-    _, from_gguf = models._load_gguf(gguf)
+    gguf = loading._smollm2_gguf_path()
+    _, from_gguf = loading._load_gguf(gguf)
     ids = tok("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         cached = AutoModelForCausalLM.from_pretrained(models.cache_dir() / models.SMOLLM2_135M_INSTRUCT)

@@ -76,13 +76,9 @@ def instantiate(environment: Any, reward_fns: Any) -> tuple[Any, list[Callable]]
 def heldout_rows(data: dict[str, Any], tokenizer: Any, split: str, num_rows: int) -> list[dict[str, Any]]:
     """The first `num_rows` rows of `split` as the recipe's DataModule formats them (its columns,
     without the token ids)."""
-    from lit_rlhf.apps.compare_policies import import_class
+    from lit_rlhf.apps.compare_policies import recipe_split
 
-    args = {k: v for k, v in dict(data.get("init_args") or {}).items()
-            if k not in ("tokenizer", "train_split", "val_split", "test_split")}
-    dm = import_class(data["class_path"])(**args, tokenizer=tokenizer, train_split=None, val_split=None,
-                                         test_split=split)
-    ds = dm.dataset("test")
+    ds = recipe_split(data, tokenizer, split)
     n = len(ds) if num_rows <= 0 else min(num_rows, len(ds))
     columns = [c for c in ds.column_names if not c.startswith("_")]
     return [{c: ds[i][c] for c in columns} for i in range(n)]

@@ -62,13 +62,7 @@ from typing import Any, Sequence
 import torch
 
 from lit_rlhf.evaluation.golds import (
-    EXTRACTIVE,
-    MEASURES,
-    checks_for,
-    extractive_answers,
-    load_checks,
-    pool,
-    score_answers,
+    EXTRACTIVE, MEASURES, checks_for, extractive_answers, load_checks, pool, score_answers
 )
 from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, proportion
 from lit_rlhf.generation import SamplingConfig
@@ -176,6 +170,16 @@ def import_class(dotted: str) -> Any:
 
     module_name, _, class_name = dotted.rpartition(".")
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def recipe_split(data: dict[str, Any], tokenizer: Any, split: str) -> Any:
+    """Split `split` of a recipe's DataModule (`data`: its {class_path, init_args}), formatted as
+    in training, the recipe's own splits left out."""
+    args = {k: v for k, v in dict(data.get("init_args") or {}).items()
+            if k not in ("tokenizer", "train_split", "val_split", "test_split")}
+    dm = import_class(data["class_path"])(**args, tokenizer=tokenizer, train_split=None, val_split=None,
+                                          test_split=split)
+    return dm.dataset("test")
 
 
 def objective(scores: Sequence[float], response_ids: Sequence[Sequence[int]], eos_token_id: int,

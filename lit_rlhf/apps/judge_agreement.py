@@ -61,11 +61,9 @@ class ScalarModelReward:
 def load_pairs(path: str, tokenizer: Any, data_class: str, split: str, num_pairs: int | None) -> dict[str, list[str]]:
     """The first `num_pairs` pairs of split `split` (prompt, chosen, rejected texts) of a
     `lit_rlhf.data` preference DataModule built on `path`."""
-    import importlib
+    from lit_rlhf.apps.compare_policies import import_class
 
-    module_name, _, class_name = data_class.rpartition(".")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    dm = cls(path=path, tokenizer=tokenizer, train_split=None, val_split=split)
+    dm = import_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split)
     ds = dm.dataset("val")
     n = len(ds) if num_pairs is None else min(num_pairs, len(ds))
     if n < 1:

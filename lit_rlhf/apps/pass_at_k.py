@@ -45,14 +45,10 @@ def recipe_data(config_path: str) -> dict[str, Any]:
 def heldout_problems(data: dict[str, Any], tokenizer: Any, split: str, num_problems: int) -> Any:
     """`EvalPrompts` of the first `num_problems` distinct prompts of `split` (0: all), formatted
     by the recipe's DataModule, references required."""
-    from lit_rlhf.apps.compare_policies import import_class
+    from lit_rlhf.apps.compare_policies import recipe_split
     from lit_rlhf.evaluation import prompts_from_dataset
 
-    args = {k: v for k, v in dict(data.get("init_args") or {}).items()
-            if k not in ("tokenizer", "train_split", "val_split", "test_split")}
-    dm = import_class(data["class_path"])(**args, tokenizer=tokenizer, train_split=None, val_split=None,
-                                         test_split=split)
-    prompts = prompts_from_dataset(dm.dataset("test"), num_problems or None, "reference", tokenizer)
+    prompts = prompts_from_dataset(recipe_split(data, tokenizer, split), num_problems or None, "reference", tokenizer)
     prompts.require_references()
     return prompts
 

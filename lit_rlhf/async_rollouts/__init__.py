@@ -13,26 +13,10 @@ The online modules' side (settings, the training step's hand-off, logs, checkpoi
 from lit_rlhf.async_rollouts.prompts import PromptSchedule
 from lit_rlhf.async_rollouts.producer import LocalSampler, RolloutProducer, Sampler, rollout_seed
 from lit_rlhf.async_rollouts.queue import (
-    AdmissionError,
-    GeneratedBatch,
-    ProducerFailed,
-    RolloutQueue,
-    RolloutTimeout,
-    sampling_version,
-    staleness_stats,
+    AdmissionError, GeneratedBatch, ProducerFailed, RolloutQueue, RolloutTimeout, sampling_version, staleness_stats
 )
 
 __all__ = [
-    "AdmissionError",
-    "GeneratedBatch",
-    "LocalSampler",
-    "ProducerFailed",
-    "PromptSchedule",
-    "RolloutProducer",
-    "RolloutQueue",
-    "RolloutTimeout",
-    "Sampler",
-    "rollout_seed",
-    "sampling_version",
-    "staleness_stats",
+    "AdmissionError", "GeneratedBatch", "LocalSampler", "ProducerFailed", "PromptSchedule", "RolloutProducer",
+    "RolloutQueue", "RolloutTimeout", "Sampler", "rollout_seed", "sampling_version", "staleness_stats"
 ]

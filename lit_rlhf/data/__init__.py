@@ -7,26 +7,13 @@ from lit_rlhf.data.chat_sft import ChatSFTDataModule
 from lit_rlhf.data.qa import QADataModule
 from lit_rlhf.data.tldr import TLDRPreferenceDataModule, TLDRPromptDataModule, TLDRSFTDataModule
 from lit_rlhf.data.ultrafeedback import (
-    UltraFeedbackPreferenceDataModule,
-    UltraFeedbackPromptDataModule,
-    UltraFeedbackSingleDataModule,
+    UltraFeedbackPreferenceDataModule, UltraFeedbackPromptDataModule, UltraFeedbackSingleDataModule
 )
 from lit_rlhf.data.ultrafeedback_lists import UltraFeedbackListDataModule
 
 __all__ = [
-    "BadRow",
-    "BadRowError",
-    "ChatSFTDataModule",
-    "DataSourceError",
-    "NoChatTemplateError",
-    "QADataModule",
-    "RLHFDataModule",
-    "TLDRPreferenceDataModule",
-    "TLDRPromptDataModule",
-    "TLDRSFTDataModule",
-    "UltraFeedbackListDataModule",
-    "UltraFeedbackPreferenceDataModule",
-    "UltraFeedbackPromptDataModule",
-    "UltraFeedbackSingleDataModule",
-    "bundled_aliases",
+    "BadRow", "BadRowError", "ChatSFTDataModule", "DataSourceError", "NoChatTemplateError", "QADataModule",
+    "RLHFDataModule", "TLDRPreferenceDataModule", "TLDRPromptDataModule", "TLDRSFTDataModule",
+    "UltraFeedbackListDataModule", "UltraFeedbackPreferenceDataModule", "UltraFeedbackPromptDataModule",
+    "UltraFeedbackSingleDataModule", "bundled_aliases"
 ]

@@ -16,55 +16,36 @@ from torch.utils.data import DataLoader
 
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.processing import (
-    BAD_COLUMNS,
-    TRUNCATED,
-    Formatter,
-    MapFunction,
-    code_fingerprint,
-    length_stats,
-    tokenizer_fingerprint,
-    write_bad_rows_report,
+    BAD_COLUMNS, TRUNCATED, Formatter, MapFunction, code_fingerprint, length_stats, tokenizer_fingerprint,
+    write_bad_rows_report
 )
 from lit_rlhf.data.sampler import ResumableSampler
-from lit_rlhf.data.sources import (  # noqa: F401  (re-exported: the names this module always had)
-    BUNDLED_DIR,
-    BUNDLED_PREFIX,
-    READ_COLUMNS,
-    BadRowError,
-    DataSourceError,
-    SourceLoader,
-    bundled_aliases,
-    location_unit,
-    parse_split,
-    slice_range,
-)
+from lit_rlhf.data.signature import flat_init
+from lit_rlhf.data.sources import BadRowError, SourceLoader, location_unit
 
 log = logging.getLogger(__name__)
 
 BadRowPolicy = Literal["error", "skip"]
+MarginFrom = Literal["confidence", "score_difference"]
 ROLES = ("train", "val", "test")
 SHOWN_BAD_ROWS = 5  # skipped rows printed in the log (all of them are in the report)
 BAD_ROWS_REPORT = "bad_rows.csv"
 
 
 class RLHFDataModule(L.LightningDataModule):
-    """Shared plumbing; subclasses define `_formatter()`, `_collator(role)`, `length_columns`.
+    """The shared DataModule: rows read, checked, tokenised once and batched.
 
-    `raw_schema` is the published schema of the source rows (`lit_rlhf.data.schema`): every raw
-    row is checked against it, as it is in the file, before any formatting.
+    Subclasses define `_formatter(role)`, `_collator(role)` and `length_columns`; `raw_schema` is
+    the published schema of the source rows (`lit_rlhf.data.schema`), checked on every raw row
+    before any formatting. A subclass's `__init__` takes only its own arguments (keyword-only) and
+    hands `**kwargs` on; `defaults` changes the defaults of inherited ones (`{"path": ...}`). Each
+    class's constructor gets one flat signature (`flat_init`): the CLI reads it, and Python calls
+    get the same defaults.
 
-    A subclass's constructor takes `path`, `tokenizer`, `name` and the splits with its dataset's
-    defaults, then its own options, and hands the other arguments below to this one through
-    `**kwargs`; jsonargparse follows `**kwargs` here, so the CLI lists and documents them all.
-
-    Attributes after `setup`:
-    - `datasets`: `{"train"|"val"|"test": processed datasets.Dataset}`;
-    - `skipped_rows`: `Counter` of skipped rows by reason (all splits), and
-      `skipped_rows_by_split`: `{split: Counter}`;
-    - `bad_rows`: one record per skipped row (split, file, location, row, field, reason, detail),
-      also written to `bad_rows.csv` in the trainer's log directory (`bad_rows_report`);
-    - `truncated_completions`: `{role: number of completions cut to the length cap}`;
-    - `length_stats`: `{split: {"prompt"|"completion"|...: {min, mean, max, p50, ...}}}` (D4).
+    Attributes after `setup`: `datasets` (`{"train"|"val"|"test": datasets.Dataset}`),
+    `skipped_rows` (`Counter` by reason) and `skipped_rows_by_split`, `bad_rows` (one record per
+    skipped row, also written to `bad_rows.csv` in the log directory: `bad_rows_report`),
+    `truncated_completions` (`{role: count}`) and `length_stats` (`{split: {column: stats}}`, D4).
 
     Args:
         path: where the rows are: `bundled:<name>`, a local .json/.jsonl/.parquet file or
@@ -78,8 +59,8 @@ class RLHFDataModule(L.LightningDataModule):
         split_map: split names as this DataModule asks for them -> the source's names (a single
             local file loads as `train`: `{"validation": "train"}`).
         data_files: the files of each split (`{split: file or files}`), or one file.
-        max_prompt_length: the longest prompt, in tokens (what happens to a longer one is the
-            DataModule's: TL;DR posts are truncated (D2), chat and QA prompts are bad rows).
+        max_prompt_length: the longest prompt, in tokens (TL;DR posts are truncated to it, D2;
+            longer chat and QA prompts are bad rows).
         batch_size: examples per training batch (per device).
         eval_batch_size: examples per validation / test batch; null: `batch_size`.
         num_workers: DataLoader worker processes (0: load in the main process).
@@ -92,15 +73,14 @@ class RLHFDataModule(L.LightningDataModule):
         limit: keep only the first `limit` rows of each split (after its slice); null: all.
     """
 
-    default_path: ClassVar[str] = ""
-    default_name: ClassVar[str | None] = None
+    defaults: ClassVar[dict[str, Any]] = {}
     length_columns: ClassVar[dict[str, str]] = {"prompt": "_prompt_len"}
     raw_schema: ClassVar[schemas.Schema | None] = None
     schema_name: ClassVar[str] = ""
 
     def __init__(
         self,
-        path: str,
+        path: str = "",
         tokenizer: Any = None,
         *,
         name: str | None = None,
@@ -145,9 +125,10 @@ class RLHFDataModule(L.LightningDataModule):
         self.truncated_completions: dict[str, int] = {}
         self.bad_rows_report: Path | None = None
         self.length_stats: dict[str, dict[str, dict[str, float]]] = {}
-        # `hparams` records every argument of the constructor chain, from this frame outward: these
-        # (with their defaults), then each subclass's own and its `**kwargs` (Lightning's collection)
-        self.save_hyperparameters(ignore=None if isinstance(tokenizer, (str, type(None))) else ["tokenizer"])
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__init__ = flat_init(cls, RLHFDataModule)
 
     # -- tokenizer ----------------------------------------------------------------------------
 

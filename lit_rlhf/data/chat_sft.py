@@ -1,16 +1,10 @@
-"""Chat SFT: conversations whose last message is the assistant's answer -> `SFTBatch`.
+"""Chat SFT: conversations whose last message is the assistant's answer.
 
-The SFT splits of `HuggingFaceH4/ultrafeedback_binarized` (`train_sft`, `test_sft`; the Zephyr
-recipe's SFT data has the same `messages` column), and any rows with a `messages` list of
-`{role, content}` ending with an assistant message (the bundled `keyfact_chat` `*_sft` splits).
-
-Formatting is the chat DataModules' (`lit_rlhf.data.ultrafeedback`): prompt = the chat template
-of every message but the last with `add_generation_prompt=True`; completion = the template's
-continuation (the answer and its turn end) followed by EOS, so prompt + completion is exactly
-what the online DataModule's prompt is followed by when the policy answers it. Chat prompts are
-not truncated: one over `max_prompt_length` tokens is a bad row, and so is an answer over
-`max_completion_length` tokens (EOS included) unless `truncate_completions=True`. The loss is on
-the completion tokens only (`SFTModule`).
+The SFT splits of `HuggingFaceH4/ultrafeedback_binarized` (`train_sft`, `test_sft`), and any rows
+with a `messages` list of `{role, content}` ending with an assistant message (the bundled
+`keyfact_chat` `*_sft` splits). Formatted as the chat DataModules do (`lit_rlhf.data.ultrafeedback`),
+so prompt + completion is exactly what the online DataModule's prompt is followed by when the
+policy answers it. The loss is on the completion tokens only (`SFTModule`).
 """
 
 from __future__ import annotations
@@ -18,10 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from lit_rlhf.data import schema as schemas
-from lit_rlhf.data.base import Formatter, RLHFDataModule
+from lit_rlhf.data.base import Formatter
+from lit_rlhf.data.kinds import SFTDataModule
 from lit_rlhf.data.formatting import chat_prompt_and_completion, require_messages
 from lit_rlhf.data.processing import TRUNCATED
-from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts, _SFTExamples
+from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts
 from lit_rlhf.data.ultrafeedback import _IDS, _INT, _STR, ULTRAFEEDBACK_BINARIZED_HUB, _ChatFormatter, _no_template_check
 
 
@@ -47,33 +42,16 @@ class ChatSFTFormatter(_ChatFormatter):
                  "_prompt_len": len(prompt_ids), "_completion_len": len(completion_ids), TRUNCATED: truncated}]
 
 
-class ChatSFTDataModule(_SFTExamples, _ReferenceTexts, RLHFDataModule):
-    """Chat SFT rows (`messages`) -> `SFTBatch` (right padded, D5) or, with `packing: true`,
-    `PackedSFTBatch` (see `TLDRSFTDataModule`). Metadata: "prompt", "reference" (the answer) and
-    the other scalar source columns (e.g. `prompt_id`)."""
+class ChatSFTDataModule(_ReferenceTexts, SFTDataModule):
+    """Chat SFT rows (`messages`, the last one the assistant's answer) for supervised fine-tuning.
 
-    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+    Metadata: "prompt", "reference" (the answer) and the other scalar source columns (e.g.
+    `prompt_id`).
+    """
+
+    defaults = {"path": ULTRAFEEDBACK_BINARIZED_HUB, "train_split": "train_sft", "val_split": "test_sft"}
     raw_schema = schemas.ULTRAFEEDBACK_SFT
     schema_name = "chat SFT (messages)"
-
-    def __init__(
-        self,
-        path: str = ULTRAFEEDBACK_BINARIZED_HUB,
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train_sft",
-        val_split: str | None = "test_sft",
-        test_split: str | None = None,
-        max_completion_length: int = 1024,
-        truncate_completions: bool = False,
-        packing: bool = False,
-        pack_length: int | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
-        self.set_sft_options(max_completion_length, truncate_completions, packing, pack_length)
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)

@@ -29,13 +29,7 @@ from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import Formatter, RLHFDataModule
 from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.data.formatting import (
-    BAD_STRUCTURE,
-    PROMPT_TOO_LONG,
-    BadRow,
-    chat_prompt,
-    encode_prompt,
-    require_chat_template,
-    require_text,
+    BAD_STRUCTURE, PROMPT_TOO_LONG, BadRow, chat_prompt, encode_prompt, require_chat_template, require_text
 )
 
 QASchema = Literal["gsm8k", "math"]
@@ -119,43 +113,29 @@ class QAPromptFormatter(Formatter):
 
 
 class QADataModule(RLHFDataModule):
-    """Question/answer prompts (GSM8K or MATH schema) -> left-padded `PromptBatch` (D5), with the
-    reference answer in `meta["reference"]` for verifiable rewards.
+    """Question/answer prompts (GSM8K or MATH schema) with their reference answers, left padded.
+
+    The reference answer is in `meta["reference"]`, for verifiable rewards. The default `path`
+    is `bundled:arithmetic`; `openai/gsm8k` needs `name: main`, a MATH copy `schema: math`.
 
     Args:
-        path: `bundled:arithmetic` (default), a local .json/.jsonl/.parquet file or directory,
-            or a hub id (`openai/gsm8k` with `name: main`; a MATH copy with `schema: math`).
         schema: `gsm8k` (`question`, `answer` with `#### x`) or `math` (`problem`, `solution`
             with `\\boxed{x}`).
         prompt_template: the user message; `{question}` is replaced by the question.
         system_prompt: an optional system message (chat only).
         chat: render the prompt with the tokenizer's chat template (True) or as plain text.
-
-    The other arguments are `RLHFDataModule`'s (splits, lengths, batch sizes, bad-row policy, limit).
     """
 
-    def __init__(
-        self,
-        path: str = "bundled:arithmetic",
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        schema: QASchema = "gsm8k",
-        prompt_template: str = "{question}",
-        system_prompt: str | None = None,
-        chat: bool = True,
-        train_split: str | None = "train",
-        val_split: str | None = "validation",
-        test_split: str | None = "test",
-        **kwargs: Any,
-    ):
+    defaults = {"path": "bundled:arithmetic", "test_split": "test"}
+
+    def __init__(self, *, schema: QASchema = "gsm8k", prompt_template: str = "{question}",
+                 system_prompt: str | None = None, chat: bool = True, **kwargs: Any):
         if schema not in SCHEMA_FIELDS:
             raise ValueError(f"schema must be one of {sorted(SCHEMA_FIELDS)}, got {schema!r}")
         if "{question}" not in prompt_template:
             raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
         self.raw_schema, self.schema_name = RAW_SCHEMAS[schema]  # read by the base class's source loader
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
+        super().__init__(**kwargs)
         self.schema = schema
         self.prompt_template = prompt_template
         self.system_prompt = system_prompt

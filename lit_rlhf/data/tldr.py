@@ -1,46 +1,28 @@
 """TL;DR DataModules: SFT, preferences (reward model / DPO) and prompts (PPO / GRPO).
 
-Sources (defaults are the real hub datasets; see `lit_rlhf.data.base` for local paths):
-- SFT and prompts: `vwxyzjn/summarize_from_feedback_tldr_3_filtered`, columns
-  `id, subreddit, title, post, summary`, splits train / validation / test;
-- preferences: `openai/summarize_from_feedback`, config `comparisons`, columns
-  `info{id, post, title, subreddit[, site, article]}, summaries[{text, policy, note}] (2),
-  choice, worker, batch, split, extra{confidence}`, splits train / validation.
-
-Formatting (`docs/ARCHITECTURE.md`): D2 query with paragraph truncation to `max_prompt_length` tokens; D3
-completion = " " + summary + EOS (exactly one leading space); D5 right padding for SFT and
-pairs, left padding for prompts. A completion longer than `max_completion_length` tokens (EOS
-included; SFT 53, preferences 169, N+ Detail 4) is cut to `max_completion_length - 1` tokens +
-EOS when `truncate_completions=True` (the default for preferences; counted and logged), else it
-is a bad row (the default for SFT). CNN/DM rows of the comparisons: see
-`TLDRPreferenceDataModule`.
+Sources (defaults are the real hub datasets): SFT and prompts read
+`vwxyzjn/summarize_from_feedback_tldr_3_filtered` (`id, subreddit, title, post, summary`);
+preferences read `openai/summarize_from_feedback`, config `comparisons` (`info{id, post, title,
+subreddit[, site, article]}, summaries[{text, policy, note}] (2), choice, worker, batch, split,
+extra{confidence}`). Prompts are the D2 query, truncated by paragraphs to `max_prompt_length`
+tokens; completions are " " + summary + EOS (D3); SFT and pairs are right padded, prompts left
+padded (D5).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any
 
 import datasets
 
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import Formatter, RLHFDataModule
-from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SFTCollator
-from lit_rlhf.data.packing import PackedSFTCollator, sft_collator
+from lit_rlhf.data.kinds import PreferenceDataModule, SFTDataModule
+from lit_rlhf.data.collate import PromptCollator
 from lit_rlhf.data.formatting import (
-    BAD_CHOICE,
-    BAD_STRUCTURE,
-    IDENTICAL,
-    MISSING,
-    BadRow,
-    adds_bos,
-    encode_completion,
-    fit_completion,
-    format_tldr_completion,
-    require_finite,
-    require_text,
-    truncate_cnndm_query,
-    truncate_tldr_query,
+    BAD_CHOICE, BAD_STRUCTURE, IDENTICAL, MISSING, BadRow, adds_bos, encode_completion, fit_completion,
+    format_tldr_completion, require_finite, require_text, truncate_cnndm_query, truncate_tldr_query
 )
 from lit_rlhf.data.processing import CNNDM, TRUNCATED
 from lit_rlhf.data.sources import parse_split
@@ -51,8 +33,6 @@ TLDR_SFT_HUB = "vwxyzjn/summarize_from_feedback_tldr_3_filtered"
 TLDR_COMPARISONS_HUB = "openai/summarize_from_feedback"
 TLDR_COMPARISONS_CONFIG = "comparisons"
 CNNDM_BATCHES = ("batch0_cnndm", "cnndm0", "cnndm2")  # the CNN/DM batches of the comparisons' validation split
-
-MarginFrom = Literal["confidence", "score_difference"]
 
 _IDS = datasets.Sequence(datasets.Value("int32"))
 _STR = datasets.Value("string")
@@ -69,36 +49,6 @@ def _query(tokenizer, max_prompt_length: int, subreddit, title, post, prefix: st
     except BadRow as err:
         raise BadRow(err.reason, prefix + err.field, err.detail) from None
     return query.text, query.input_ids
-
-
-class TLDRSFTFormatter(Formatter):
-    """`{subreddit, title, post, summary, ...}` -> D2 prompt ids + D3 completion ids."""
-
-    consumed = ("post", "summary")
-
-    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
-                 passthrough: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
-        self.passthrough = passthrough
-        self.bos = adds_bos(tokenizer)
-
-    def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "reference": _STR, "_prompt_ids": _IDS, "_completion_ids": _IDS,
-                "_prompt_len": _INT, "_completion_len": _INT, TRUNCATED: _INT}
-
-    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, row.get("subreddit"), row.get("title"),
-                                  row.get("post"), bos=self.bos)
-        reference = format_tldr_completion(require_text(row.get("summary"), "summary"))
-        full = encode_completion(self.tokenizer, reference)
-        completion_ids = fit_completion(full, self.max_completion_length, self.tokenizer.eos_token_id,
-                                        truncate=self.truncate_completions, field="summary")
-        return [{"prompt": text, "reference": reference, "_prompt_ids": prompt_ids, "_completion_ids": completion_ids,
-                 "_prompt_len": len(prompt_ids), "_completion_len": len(completion_ids),
-                 TRUNCATED: int(len(full) > len(completion_ids))}]
 
 
 class TLDRPromptFormatter(Formatter):
@@ -121,6 +71,28 @@ class TLDRPromptFormatter(Formatter):
         if "summary" in row:
             reference = format_tldr_completion(require_text(row["summary"], "summary"))
         return [{"prompt": text, "reference": reference, "_prompt_ids": prompt_ids, "_prompt_len": len(prompt_ids)}]
+
+
+class TLDRSFTFormatter(TLDRPromptFormatter):
+    """`{subreddit, title, post, summary, ...}` -> D2 prompt ids + D3 completion ids of the summary."""
+
+    consumed = ("post", "summary")
+
+    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
+                 passthrough: tuple[str, ...]):
+        super().__init__(tokenizer, max_prompt_length, passthrough)
+        self.max_completion_length = max_completion_length
+        self.truncate_completions = truncate_completions
+
+    def features(self) -> dict[str, Any]:
+        return {**super().features(), "_completion_ids": _IDS, "_completion_len": _INT, TRUNCATED: _INT}
+
+    def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        [example] = super().__call__({**row, "summary": row.get("summary")})  # the summary is required here
+        full = encode_completion(self.tokenizer, example["reference"])
+        ids = fit_completion(full, self.max_completion_length, self.tokenizer.eos_token_id,
+                             truncate=self.truncate_completions, field="summary")
+        return [{**example, "_completion_ids": ids, "_completion_len": len(ids), TRUNCATED: int(len(full) > len(ids))}]
 
 
 def is_cnndm(row: dict[str, Any]) -> bool:
@@ -247,54 +219,16 @@ class _ReferenceTexts:
         return list(prompts), list(references)
 
 
-class _SFTExamples:
-    """What the SFT DataModules share: the completion cap, packing, and their collator."""
-
-    def set_sft_options(self, max_completion_length: int, truncate_completions: bool, packing: bool,
-                        pack_length: int | None) -> None:
-        if pack_length is not None and pack_length < 1:
-            raise ValueError(f"pack_length must be >= 1 or null (one row per batch), got {pack_length}")
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
-        self.packing = packing
-        self.pack_length = pack_length
-
-    def _collator(self, role: str) -> SFTCollator | PackedSFTCollator:
-        return sft_collator(self.tokenizer.pad_token_id, self.packing, self.pack_length)
-
-
-class TLDRSFTDataModule(_SFTExamples, _ReferenceTexts, RLHFDataModule):
-    """TL;DR SFT: (D2 query, D3 reference summary) -> `SFTBatch` (right padded, D5), or with
-    `packing: true` -> `PackedSFTBatch` (the same examples per batch, packed end to end without
-    padding into rows of at most `pack_length` tokens; null: one row per batch; see
-    `lit_rlhf.data.packing`). Packing applies to every split; the loss is the same either way.
+class TLDRSFTDataModule(_ReferenceTexts, SFTDataModule):
+    """TL;DR SFT rows: the D2 query and the D3 reference summary, for supervised fine-tuning.
 
     Metadata: "prompt", "reference" and every other source column but `post` (`id`,
     `subreddit`, `title`).
     """
 
-    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
+    defaults = {"path": TLDR_SFT_HUB, "test_split": "test", "max_completion_length": 53}
     raw_schema = schemas.TLDR_SFT
     schema_name = "TL;DR SFT"
-
-    def __init__(
-        self,
-        path: str = TLDR_SFT_HUB,
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train",
-        val_split: str | None = "validation",
-        test_split: str | None = "test",
-        max_completion_length: int = 53,
-        truncate_completions: bool = False,
-        packing: bool = False,
-        pack_length: int | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
-        self.set_sft_options(max_completion_length, truncate_completions, packing, pack_length)
 
     def _formatter(self, role: str) -> Formatter:
         return TLDRSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
@@ -302,29 +236,16 @@ class TLDRSFTDataModule(_SFTExamples, _ReferenceTexts, RLHFDataModule):
 
 
 class TLDRPromptDataModule(_ReferenceTexts, RLHFDataModule):
-    """TL;DR prompts for PPO / GRPO -> left-padded `PromptBatch` (D5).
+    """TL;DR prompts (the D2 query) for PPO and GRPO, left padded (D5).
 
     Metadata: "prompt" (the D2 query), "reference" (" " + summary, when the data has a
     `summary` column) and every other source column but `post` (`id`, `subreddit`, `title`).
     The train loader reshuffles at every pass over the data (D21).
     """
 
+    defaults = {"path": TLDR_SFT_HUB, "test_split": "test"}
     raw_schema = schemas.TLDR_SFT
     schema_name = "TL;DR SFT"
-
-    def __init__(
-        self,
-        path: str = TLDR_SFT_HUB,
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train",
-        val_split: str | None = "validation",
-        test_split: str | None = "test",
-        **kwargs: Any,
-    ):
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
 
     def _formatter(self, role: str) -> Formatter:
         return TLDRPromptFormatter(self.tokenizer, self.max_prompt_length,
@@ -334,59 +255,39 @@ class TLDRPromptDataModule(_ReferenceTexts, RLHFDataModule):
         return PromptCollator(self.tokenizer.pad_token_id)
 
 
-class TLDRPreferenceDataModule(RLHFDataModule):
-    """TL;DR human comparisons -> `PreferenceBatch` (rows [:B] chosen = `summaries[choice]`,
-    rows [B:] rejected, one T, right padded).
+class TLDRPreferenceDataModule(PreferenceDataModule):
+    """TL;DR human comparisons: the chosen summary (`summaries[choice]`) against the other.
 
     Completions: up to `max_completion_length` tokens, EOS included (169, N+ Detail 4: the longest
-    chosen/rejected summary of the data; the SFT targets stay at 53). Longer ones are cut to that
-    many tokens with EOS last (`truncate_completions=True`, the reference code truncates them too),
-    counted in `truncated_completions` and logged; with `truncate_completions=False` they are bad rows.
+    summary of the data; the SFT targets stay at 53); longer ones are truncated by default, as the
+    reference code does. `margin_from="confidence"` gives `batch.margin` the labeller's
+    `extra.confidence` (rows without one are then bad rows).
 
     CNN/DM rows (`is_cnndm`: the validation split's news articles, N+ Detail 6) get the reference
-    code's CNN/DM query, `Article:\\n{article}\\n\\nTL;DR:\\n` cut at newlines to
-    `max_cnndm_prompt_length` tokens (1919 = 2047 - 128 there), and completions of up to
-    `max_cnndm_completion_length` (155) tokens. With `cnndm_split` set (default
-    "validation_cnndm") they form their own named evaluation split: the `eval_split` metadata
-    column says which split each pair belongs to, the evaluation data lists TL;DR pairs first and
-    CNN/DM pairs after them, and `eval_split_names(role)` gives the names (a reward model logs
-    accuracy per split); with `cnndm_split=None` they count as rows of the split they are in. Their
-    number is logged either way.
-
-    `margin_from="confidence"` fills `batch.margin` with the labeller's `extra.confidence`
-    (rows without one are then bad rows). Metadata for per-group tables: "batch", "confidence",
+    code's CNN/DM query, `Article:\\n{article}\\n\\nTL;DR:\\n` cut at newlines. With `cnndm_split`
+    set they form their own named evaluation split: the `eval_split` metadata column names each
+    pair's split, the evaluation data lists TL;DR pairs first, and `eval_split_names(role)` gives
+    the names (a reward model logs accuracy per split). Metadata: "batch", "confidence",
     "chosen_policy", "rejected_policy", "worker", "split" (the row's own, e.g. `valid1`), "id",
-    "eval_split", plus the texts "prompt", "chosen", "rejected".
+    "eval_split", and the texts "prompt", "chosen", "rejected".
+
+    Args:
+        cnndm_split: the name of the CNN/DM rows' own evaluation split; null: they count as rows
+            of the split they are in.
+        max_cnndm_prompt_length: the longest CNN/DM query, in tokens (1919 = 2047 - 128 in the
+            reference code).
+        max_cnndm_completion_length: the longest CNN/DM completion, in tokens, EOS included.
     """
 
-    length_columns = {"prompt": "_prompt_len", "chosen": "_chosen_len", "rejected": "_rejected_len"}
+    defaults = {"path": TLDR_COMPARISONS_HUB, "name": TLDR_COMPARISONS_CONFIG, "max_completion_length": 169,
+                "truncate_completions": True}
+    margin_sources = ("confidence",)
     raw_schema = schemas.TLDR_COMPARISONS
     schema_name = "TL;DR comparisons"
 
-    def __init__(
-        self,
-        path: str = TLDR_COMPARISONS_HUB,
-        tokenizer: Any = None,
-        *,
-        name: str | None = TLDR_COMPARISONS_CONFIG,
-        train_split: str | None = "train",
-        val_split: str | None = "validation",
-        test_split: str | None = None,
-        max_completion_length: int = 169,
-        truncate_completions: bool = True,
-        margin_from: MarginFrom | None = None,
-        cnndm_split: str | None = "validation_cnndm",
-        max_cnndm_prompt_length: int = 1919,
-        max_cnndm_completion_length: int = 155,
-        **kwargs: Any,
-    ):
-        if margin_from not in (None, "confidence"):
-            raise ValueError(f"TL;DR comparisons support margin_from None or 'confidence', got {margin_from!r}")
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
-        self.margin_from = margin_from
+    def __init__(self, *, cnndm_split: str | None = "validation_cnndm", max_cnndm_prompt_length: int = 1919,
+                 max_cnndm_completion_length: int = 155, **kwargs: Any):
+        super().__init__(**kwargs)
         self.cnndm_split = cnndm_split
         self.max_cnndm_prompt_length = max_cnndm_prompt_length
         self.max_cnndm_completion_length = max_cnndm_completion_length
@@ -416,6 +317,3 @@ class TLDRPreferenceDataModule(RLHFDataModule):
         """The names of the evaluation splits in the `role` data, in their order (e.g.
         `["validation", "validation_cnndm"]`); each pair's `meta["eval_split"]` is one of them."""
         return list(dict.fromkeys(self.dataset(role)["eval_split"]))
-
-    def _collator(self, role: str) -> PreferenceCollator:
-        return PreferenceCollator(self.tokenizer.pad_token_id, with_margin=self.margin_from is not None)

@@ -1,23 +1,17 @@
 """UltraFeedback DataModules: pairs (reward model / DPO), single trajectories (KTO / DRO-V)
 and prompts (online methods), all formatted with the tokenizer's chat template.
 
-Sources (defaults are the real hub datasets; see `lit_rlhf.data.base` for local paths):
-- pairs and prompts: `HuggingFaceH4/ultrafeedback_binarized`, splits `train_prefs` /
-  `test_prefs`, columns `prompt, prompt_id, chosen, rejected, score_chosen, score_rejected`,
-  where `chosen` / `rejected` are lists of `{role, content}` messages ending with the
-  assistant's answer;
-- single trajectories: `openbmb/UltraFeedback` (one split, `train`; hold out a slice such as
-  `val_split: "train[98%:]"` with `train_split: "train[:98%]"`), columns `source, instruction,
-  models, completions[{model, response, overall_score, fine-grained_score, annotations,
-  custom_system_prompt, principle, critique}]`.
+Sources (defaults are the real hub datasets): pairs and prompts read
+`HuggingFaceH4/ultrafeedback_binarized` (`prompt, prompt_id, chosen, rejected, score_chosen,
+score_rejected`, `chosen` / `rejected` lists of `{role, content}` messages ending with the
+answer); single trajectories read `openbmb/UltraFeedback` (one split, `train`: hold out a slice
+such as `val_split: "train[98%:]"`; `source, instruction, models, completions[{model, response,
+overall_score, fine-grained_score, ...}]`).
 
-Formatting: prompt = chat template of the conversation before the last assistant message with
-`add_generation_prompt=True`; completion = the template's continuation (the assistant content
-and its turn end) followed by EOS, see `formatting.chat_prompt_and_completion`. Chat prompts
-are not truncated (a cut would break the template): a prompt longer than `max_prompt_length`
-tokens is a bad row. A completion longer than `max_completion_length` tokens (EOS included) is
-a bad row too, unless `truncate_completions=True` (cut to `max_completion_length - 1` tokens
-+ EOS; counted in `truncated_completions` and logged).
+The prompt is the chat template of the conversation before the last assistant message, with the
+generation prompt; the completion is the template's continuation (the answer and its turn end)
+and EOS (`formatting.chat_prompt_and_completion`). Chat prompts are never truncated (a cut would
+break the template): a longer one is a bad row.
 """
 
 from __future__ import annotations
@@ -30,25 +24,15 @@ import torch
 
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import Formatter, RLHFDataModule
-from lit_rlhf.data.collate import PreferenceCollator, PromptCollator, SingleCollator
+from lit_rlhf.data.kinds import CompletionDataModule, PreferenceDataModule
+from lit_rlhf.data.collate import PromptCollator, SingleCollator
 from lit_rlhf.data.formatting import (
-    BAD_STRUCTURE,
-    IDENTICAL,
-    MISSING,
-    PROMPT_TOO_LONG,
-    BadRow,
-    chat_prompt,
-    chat_prompt_and_completion,
-    encode_completion,
-    encode_prompt,
-    fit_completion,
-    require_chat_template,
-    require_finite,
-    require_messages,
-    require_text,
+    BAD_STRUCTURE, IDENTICAL, MISSING, PROMPT_TOO_LONG, BadRow, chat_prompt, chat_prompt_and_completion,
+    encode_completion, encode_prompt, fit_completion, require_chat_template, require_finite, require_messages,
+    require_text
 )
 from lit_rlhf.data.processing import TRUNCATED
-from lit_rlhf.data.tldr import MarginFrom, _passthrough, _ReferenceTexts
+from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts
 
 ULTRAFEEDBACK_BINARIZED_HUB = "HuggingFaceH4/ultrafeedback_binarized"
 ULTRAFEEDBACK_HUB = "openbmb/UltraFeedback"
@@ -228,89 +212,53 @@ def _no_template_check(dm: RLHFDataModule) -> None:
     require_chat_template(dm.tokenizer, f"{type(dm).__name__} ({dm.source.describe()})")
 
 
-class UltraFeedbackPreferenceDataModule(RLHFDataModule):
-    """UltraFeedback pairs -> `PreferenceBatch` (rows [:B] chosen, [B:] rejected, right padded).
+class UltraFeedbackPreferenceDataModule(PreferenceDataModule):
+    """UltraFeedback pairs (binarized): the chosen answer against the rejected one.
 
-    `margin_from="score_difference"` fills `batch.margin` with `score_chosen - score_rejected`.
+    `margin_from="score_difference"` gives `batch.margin` `score_chosen - score_rejected`.
     Metadata: "prompt" (templated), "chosen", "rejected" (completion texts), "raw_prompt",
     "prompt_id", "score_chosen", "score_rejected".
     """
 
-    length_columns = {"prompt": "_prompt_len", "chosen": "_chosen_len", "rejected": "_rejected_len"}
+    defaults = {"path": ULTRAFEEDBACK_BINARIZED_HUB, "train_split": "train_prefs", "val_split": "test_prefs"}
+    margin_sources = ("score_difference",)
     raw_schema = schemas.ULTRAFEEDBACK_BINARIZED
     schema_name = "ultrafeedback_binarized"
-
-    def __init__(
-        self,
-        path: str = ULTRAFEEDBACK_BINARIZED_HUB,
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train_prefs",
-        val_split: str | None = "test_prefs",
-        test_split: str | None = None,
-        max_completion_length: int = 1024,
-        truncate_completions: bool = False,
-        margin_from: MarginFrom | None = None,
-        **kwargs: Any,
-    ):
-        if margin_from not in (None, "score_difference"):
-            raise ValueError(f"UltraFeedback pairs support margin_from None or 'score_difference', got {margin_from!r}")
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
-        self.margin_from = margin_from
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
         return UltraFeedbackPairFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
                                           self.truncate_completions, self.margin_from)
 
-    def _collator(self, role: str) -> PreferenceCollator:
-        return PreferenceCollator(self.tokenizer.pad_token_id, with_margin=self.margin_from is not None)
 
+class UltraFeedbackSingleDataModule(CompletionDataModule):
+    """openbmb/UltraFeedback as single trajectories: one (prompt, completion, reward) row each.
 
-class UltraFeedbackSingleDataModule(RLHFDataModule):
-    """openbmb/UltraFeedback flattened to single trajectories -> `SingleBatch` (right padded).
+    Rewards are normalised to mean 0, variance 1 with the mean and (population) standard
+    deviation of the *training* examples (DRO paper, Sec. 4); the statistics are in
+    `reward_stats` and in `state_dict()`, so a checkpoint carries them and validation uses the
+    training ones. Metadata: "prompt" (templated), "completion", "raw_prompt" (the instruction),
+    "model", "completion_index", "source".
 
-    - `rewards`: `completion[reward_field]` (`overall_score` by default; `fine-grained_score` or
-      any other numeric key of a completion) normalised to mean 0, variance 1 with the mean and
-      (population) standard deviation of the *training* examples (DRO paper, Sec. 4; with
-      `label_mode="pairs"`, of the selected best/worst examples). The
-      statistics are in `reward_stats` and in `state_dict()`, so a checkpoint carries them and
-      validation always uses the training ones. Set `with_rewards=False` to leave them out.
-    - `labels` (KTO's desirable / undesirable), when `label_mode` is set:
-      `"threshold"`: desirable when the raw reward is above `label_threshold` (default: the
-      training mean, i.e. a normalised reward above 0);
-      `"pairs"`: per prompt, the best-scored completion is desirable and the worst one
-      undesirable (first in order on ties); the completions in between are not used, and a
-      prompt whose valid completions all score the same is a bad row (reason `no pair`).
-    Metadata: "prompt" (templated), "completion", "raw_prompt" (the instruction), "model",
-    "completion_index", "source".
+    Args:
+        reward_field: the completion's score to use (`overall_score`, `fine-grained_score`, or
+            any other numeric key of a completion).
+        with_rewards: put the normalised rewards in the batch (False needs a `label_mode`).
+        label_mode: KTO's desirable / undesirable labels: `threshold` (the raw reward above
+            `label_threshold`), `pairs` (per prompt the best completion is desirable and the
+            worst undesirable, first on ties, the others unused; a prompt whose completions all
+            score the same is a bad row), or null: no labels.
+        label_threshold: the raw reward above which a completion is desirable; null: the
+            training mean (with `pairs`, of the selected examples).
     """
 
+    defaults = {"path": ULTRAFEEDBACK_HUB, "val_split": None}
     length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
     raw_schema = schemas.ULTRAFEEDBACK
     schema_name = "openbmb/UltraFeedback"
 
-    def __init__(
-        self,
-        path: str = ULTRAFEEDBACK_HUB,
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train",
-        val_split: str | None = None,
-        test_split: str | None = None,
-        max_completion_length: int = 1024,
-        truncate_completions: bool = False,
-        reward_field: str = "overall_score",
-        with_rewards: bool = True,
-        label_mode: LabelMode | None = None,
-        label_threshold: float | None = None,
-        **kwargs: Any,
-    ):
+    def __init__(self, *, reward_field: str = "overall_score", with_rewards: bool = True,
+                 label_mode: LabelMode | None = None, label_threshold: float | None = None, **kwargs: Any):
         if label_mode not in (None, "threshold", "pairs"):
             raise ValueError(f"label_mode must be None, 'threshold' or 'pairs', got {label_mode!r}")
         if not with_rewards and label_mode is None:
@@ -318,10 +266,7 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
                              "the batches would carry neither rewards nor labels")
         if label_threshold is not None and label_mode != "threshold":
             raise ValueError("label_threshold is only used with label_mode='threshold'")
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
+        super().__init__(**kwargs)
         self.reward_field = reward_field
         self.with_rewards = with_rewards
         self.label_mode = label_mode
@@ -373,29 +318,17 @@ class UltraFeedbackSingleDataModule(RLHFDataModule):
 
 
 class UltraFeedbackPromptDataModule(_ReferenceTexts, RLHFDataModule):
-    """UltraFeedback prompts for online methods -> left-padded `PromptBatch` (chat template with
-    the generation prompt). Reads the binarized schema (preference splits: reference = the
-    chosen answer; SFT splits such as `train_sft`: reference = the last assistant message of
-    `messages`) or the openbmb schema (`instruction`, no reference). Metadata: "prompt", "reference",
-    "raw_prompt", and the other scalar source columns (e.g. `prompt_id`, scores, `source`).
+    """UltraFeedback prompts for online methods, chat-templated and left padded.
+
+    Reads the binarized schema (preference splits: reference = the chosen answer; SFT splits such
+    as `train_sft`: reference = the last assistant message of `messages`) or the openbmb schema
+    (`instruction`, no reference). Metadata: "prompt", "reference", "raw_prompt", and the other
+    scalar source columns (e.g. `prompt_id`, scores, `source`).
     """
 
+    defaults = {"path": ULTRAFEEDBACK_BINARIZED_HUB, "train_split": "train_prefs", "val_split": "test_prefs"}
     raw_schema = schemas.ULTRAFEEDBACK_PROMPTS
     schema_name = "UltraFeedback (binarized or openbmb)"
-
-    def __init__(
-        self,
-        path: str = ULTRAFEEDBACK_BINARIZED_HUB,
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train_prefs",
-        val_split: str | None = "test_prefs",
-        test_split: str | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)

@@ -26,18 +26,6 @@ from lit_rlhf.envs.tool_env import ToolEnvironment
 from lit_rlhf.envs.tools import ToolRunner, parse_tool_calls, tool_schema
 
 __all__ = [
-    "Action",
-    "ChatFormat",
-    "EnvErrorBudgetExceeded",
-    "EnvErrorPolicy",
-    "Environment",
-    "Message",
-    "Observation",
-    "StepResult",
-    "ToolCall",
-    "ToolEnvironment",
-    "ToolRunner",
-    "calculator",
-    "parse_tool_calls",
-    "tool_schema",
+    "Action", "ChatFormat", "EnvErrorBudgetExceeded", "EnvErrorPolicy", "Environment", "Message", "Observation",
+    "StepResult", "ToolCall", "ToolEnvironment", "ToolRunner", "calculator", "parse_tool_calls", "tool_schema"
 ]

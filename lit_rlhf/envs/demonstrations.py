@@ -129,8 +129,11 @@ class DemonstrationCollator:
 
 
 class DemonstrationDataModule(QADataModule):
-    """Question/answer rows played as demonstrated episodes of `environment` -> `SFTBatch`
-    (see the module docstring): an SFT stage that teaches an environment's format before RL.
+    """Question/answer rows played as demonstrated episodes of an environment, for SFT.
+
+    An SFT stage that teaches an environment's format before RL (see the module docstring); the
+    QA prompt is the user's message (`prompt_template` shapes it, `chat` defaults to False: the
+    environment renders the conversation).
 
     Args:
         environment: the environment the RL stage runs (the same settings, so the demonstrations
@@ -139,16 +142,14 @@ class DemonstrationDataModule(QADataModule):
             DataModule's `prompt`, `reference` and `solution` and the source columns
             (`lit_rlhf.envs.demonstrations.calculator_demonstration` for the bundled arithmetic).
         max_completion_length: the longest episode after the prompt, in tokens (longer: a bad row).
-        Other arguments: `QADataModule` (`chat` is the environment's business: the QA prompt is
-            the user's message, `prompt_template` shapes it).
     """
 
+    defaults = {"chat": False}
     length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
 
-    def __init__(self, environment: Environment, demonstration: Callable, max_completion_length: int = 256,
-                 **qa_args: Any):
-        qa_args.setdefault("chat", False)
-        super().__init__(**qa_args)
+    def __init__(self, *, environment: Environment, demonstration: Callable, max_completion_length: int = 256,
+                 **kwargs: Any):
+        super().__init__(**kwargs)
         if not isinstance(environment, Environment):
             raise TypeError(f"environment must be a lit_rlhf.envs.Environment, got {type(environment).__name__}")
         self.environment = environment

@@ -23,21 +23,7 @@ from lit_rlhf.evaluation.prompts import EvalPrompts, encode_prompt_text, prompts
 from lit_rlhf.evaluation.reports import VERDICTS, examples_table, length_ratio_figure, markdown_cell
 
 __all__ = [
-    "BestOfN",
-    "GREEDY",
-    "best_of_n",
-    "VERDICTS",
-    "EvalPrompts",
-    "JudgeEvaluation",
-    "encode_prompt_text",
-    "evaluate_completions",
-    "examples_table",
-    "generate_completions",
-    "judge_metrics",
-    "judge_safely",
-    "length_ratio_figure",
-    "markdown_cell",
-    "prompts_from_dataset",
-    "prompts_from_texts",
-    "token_length",
+    "BestOfN", "GREEDY", "best_of_n", "VERDICTS", "EvalPrompts", "JudgeEvaluation", "encode_prompt_text",
+    "evaluate_completions", "examples_table", "generate_completions", "judge_metrics", "judge_safely",
+    "length_ratio_figure", "markdown_cell", "prompts_from_dataset", "prompts_from_texts", "token_length"
 ]

@@ -32,6 +32,14 @@ import numpy as np
 from lit_rlhf.judges.stats import wilson_interval
 
 
+def _verdict(low: float, high: float) -> str:
+    return "improved" if low > 0 else "regressed" if high < 0 else "no detectable change"
+
+
+def _with_verdict(self) -> dict[str, float | int | str]:
+    return {**self._asdict(), "verdict": self.verdict}
+
+
 class PairedDifference(NamedTuple):
     """Summary of after - before over n paired items (see the module docstring)."""
 
@@ -43,16 +51,8 @@ class PairedDifference(NamedTuple):
     ci_high: float
     p_value: float
 
-    @property
-    def verdict(self) -> str:
-        if self.ci_low > 0:
-            return "improved"
-        if self.ci_high < 0:
-            return "regressed"
-        return "no detectable change"
-
-    def as_dict(self) -> dict[str, float | int | str]:
-        return {**self._asdict(), "verdict": self.verdict}
+    verdict = property(lambda self: _verdict(self.ci_low, self.ci_high))
+    as_dict = _with_verdict
 
 
 class Proportion(NamedTuple):
@@ -121,16 +121,8 @@ class BootstrapMean(NamedTuple):
     ci_high: float
     p_value: float
 
-    @property
-    def verdict(self) -> str:
-        if self.ci_low > 0:
-            return "improved"
-        if self.ci_high < 0:
-            return "regressed"
-        return "no detectable change"
-
-    def as_dict(self) -> dict[str, float | int | str]:
-        return {**self._asdict(), "verdict": self.verdict}
+    verdict = property(lambda self: _verdict(self.ci_low, self.ci_high))
+    as_dict = _with_verdict
 
 
 def _grid(values_by_seed: Sequence[Sequence[float]]) -> np.ndarray:

@@ -5,24 +5,12 @@ log-probs of sampled responses (`logps`).
 """
 
 from lit_rlhf.generation.config import (
-    SamplingConfig,
-    check_prompts,
-    decode_responses,
-    finish_responses,
-    needs_synced_gpus,
+    SamplingConfig, check_prompts, decode_responses, finish_responses, needs_synced_gpus
 )
 from lit_rlhf.generation.hf import filter_logits, generate_responses, sample_tokens
 from lit_rlhf.generation.logps import sequence_token_logps, token_logps_with_grad
 
 __all__ = [
-    "SamplingConfig",
-    "check_prompts",
-    "decode_responses",
-    "filter_logits",
-    "finish_responses",
-    "generate_responses",
-    "needs_synced_gpus",
-    "sample_tokens",
-    "sequence_token_logps",
-    "token_logps_with_grad",
+    "SamplingConfig", "check_prompts", "decode_responses", "filter_logits", "finish_responses", "generate_responses",
+    "needs_synced_gpus", "sample_tokens", "sequence_token_logps", "token_logps_with_grad"
 ]

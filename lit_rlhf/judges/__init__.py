@@ -22,42 +22,14 @@ from lit_rlhf.judges.pointwise import ChatAPIScorer, LocalLMScorer
 from lit_rlhf.judges.reward import RewardModelJudge
 from lit_rlhf.judges.rubric import Criterion, PointScore, PointwiseScorer, RubricJudge, RubricResult
 from lit_rlhf.judges.stats import (
-    AgreementStats,
-    LengthRatioBuckets,
-    WinRateStats,
-    agreement,
-    wilson_interval,
-    win_rate,
-    win_rate_by_length_ratio,
+    AgreementStats, LengthRatioBuckets, WinRateStats, agreement, wilson_interval, win_rate, win_rate_by_length_ratio
 )
 from lit_rlhf.judges.templates import JudgeTemplate, get_template
 
 __all__ = [
-    "AgreementStats",
-    "ChatAPIJudge",
-    "ChatAPIScorer",
-    "Criterion",
-    "JudgeTemplate",
-    "KeyFactJudge",
-    "Judgement",
-    "LengthRatioBuckets",
-    "LocalLMJudge",
-    "LocalLMScorer",
-    "PairwiseJudge",
-    "PointScore",
-    "PointwiseScorer",
-    "RandomOrderJudge",
-    "RewardModelJudge",
-    "RubricJudge",
-    "RubricResult",
-    "WinRateStats",
-    "agreement",
-    "get_template",
-    "keyfact_f1",
-    "keyfact_recall",
-    "listed_matches",
-    "order_is_swapped",
-    "wilson_interval",
-    "win_rate",
-    "win_rate_by_length_ratio",
+    "AgreementStats", "ChatAPIJudge", "ChatAPIScorer", "Criterion", "JudgeTemplate", "KeyFactJudge", "Judgement",
+    "LengthRatioBuckets", "LocalLMJudge", "LocalLMScorer", "PairwiseJudge", "PointScore", "PointwiseScorer",
+    "RandomOrderJudge", "RewardModelJudge", "RubricJudge", "RubricResult", "WinRateStats", "agreement", "get_template",
+    "keyfact_f1", "keyfact_recall", "listed_matches", "order_is_swapped", "wilson_interval", "win_rate",
+    "win_rate_by_length_ratio"
 ]

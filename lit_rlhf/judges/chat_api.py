@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from lit_rlhf.judges.base import RandomOrderJudge, ShownVerdict
 from lit_rlhf.judges.templates import JudgeTemplate, get_template
@@ -142,31 +142,34 @@ class ChatAPIJudge(RandomOrderJudge):
     # ---------------------------------------------------------------------------------------
 
     def _judge_shown(self, prompts: list[str], firsts: list[str], seconds: list[str]):
-        if not prompts:
-            return []
-        workers = min(self.max_concurrency, len(prompts))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chat-judge") as pool:
-            return list(pool.map(self._judge_one, range(len(prompts)), prompts, firsts, seconds))
+        return self._each(self._judge_one, prompts, firsts, seconds)
 
-    def _judge_one(
-        self, index: int, prompt: str, first: str, second: str
-    ) -> tuple[ShownVerdict | None, str, str | None]:
-        body = {
-            "model": self.model,
-            "messages": self.template.messages(prompt, first, second),
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-        }
+    def _each(self, fn: Callable, *columns: list) -> list:
+        """`fn(index, *row)` for every row of `columns`, `max_concurrency` rows at a time."""
+        if not columns[0]:
+            return []
+        workers = min(self.max_concurrency, len(columns[0]))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chat-judge") as pool:
+            return list(pool.map(fn, range(len(columns[0])), *columns))
+
+    def _reply(self, index: int, messages: list[dict[str, str]]) -> tuple[str, str | None]:
+        """(the reply's text, None), or ("", why) when no reply came; never raises."""
+        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                "max_tokens": self.max_tokens}
         try:
-            text = self._request_with_retries(index, json.dumps(body).encode("utf-8"))
+            return self._request_with_retries(index, json.dumps(body).encode("utf-8")), None
         except _Fatal as err:
-            log.warning("judge item %d invalid: %s", index, err)
-            return None, "", str(err)
+            message = str(err)
         except Exception as err:  # anything unforeseen stays confined to its item
             key = os.environ.get(self.api_key_env) if self.api_key_env else None
             message = _redact(f"unexpected error: {type(err).__name__}: {err}", key)
-            log.warning("judge item %d invalid: %s", index, message)
-            return None, "", message
+        log.warning("judge item %d invalid: %s", index, message)
+        return "", message
+
+    def _judge_one(self, index: int, prompt: str, first: str, second: str) -> tuple[ShownVerdict | None, str, str | None]:
+        text, error = self._reply(index, self.template.messages(prompt, first, second))
+        if error is not None:
+            return None, "", error
         verdict = self.template.parse(text)
         if verdict is None:
             log.warning("judge item %d invalid: no verdict in the reply", index)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -125,40 +125,45 @@ class LocalLMJudge(RandomOrderJudge):
 
     def judge_prompt(self, prompt: str, first: str, second: str) -> str:
         """The full text the judge model reads, ending where the verdict letter goes."""
+        return self.render(self.template.messages(prompt, first, second))
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """`messages` in the tokenizer's chat template (or plain, without one), then `answer_prefix`."""
         tok = self.tokenizer()
-        messages = self.template.messages(prompt, first, second)
         if getattr(tok, "chat_template", None):
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         else:
             text = "\n\n".join(m["content"] for m in messages) + "\n\n"
         return text + self.answer_prefix
 
-    @torch.no_grad()
     def _judge_shown(self, prompts: list[str], firsts: list[str], seconds: list[str]):
-        if not prompts:
+        texts = [self.judge_prompt(p, f, s) for p, f, s in zip(prompts, firsts, seconds)]
+        return self.read_verdicts(texts, _verdict_from_probs, lambda why: (None, "", why))
+
+    @torch.no_grad()
+    def read_verdicts(self, texts: list[str], verdict: Callable[[float, float], Any],
+                      too_long: Callable[[str], Any]) -> list[Any]:
+        """`verdict(p_first, p_second)` of the next-token probabilities after each text, in batches
+        of `batch_size`, or `too_long(message)` for a text of more than `max_length` tokens."""
+        if not texts:
             return []
         if self._model is None or self._verdict_ids is None:
             self._load()
         tok = self._tokenizer
-        # Texts from a chat template carry their own special tokens (BOS, ...); a plain prompt gets
-        # the tokenizer's usual ones.
+        # texts from a chat template carry their own special tokens; a plain prompt gets the usual ones
         add_special = not getattr(tok, "chat_template", None)
-        encoded = [
-            tok.encode(self.judge_prompt(p, f, s), add_special_tokens=add_special)
-            for p, f, s in zip(prompts, firsts, seconds)
-        ]
-        results: list[tuple[ShownVerdict | None, str, str | None]] = [None] * len(encoded)  # type: ignore[list-item]
+        encoded = [tok.encode(text, add_special_tokens=add_special) for text in texts]
+        results: list[Any] = [None] * len(encoded)
         runnable = []
         for i, ids in enumerate(encoded):
             if self.max_length is not None and len(ids) > self.max_length:
-                results[i] = (None, "", f"judge prompt has {len(ids)} tokens > max_length={self.max_length}")
+                results[i] = too_long(f"judge prompt has {len(ids)} tokens > max_length={self.max_length}")
             else:
                 runnable.append(i)
         for start in range(0, len(runnable), self.batch_size):
             rows = runnable[start : start + self.batch_size]
-            probs = self._verdict_probs([encoded[i] for i in rows])  # (b, 2)
-            for i, (p_a, p_b) in zip(rows, probs.tolist()):
-                results[i] = _verdict_from_probs(p_a, p_b)
+            for i, (p_a, p_b) in zip(rows, self._verdict_probs([encoded[k] for k in rows]).tolist()):  # (b, 2)
+                results[i] = verdict(p_a, p_b)
         return results
 
     def _verdict_probs(self, rows: list[list[int]]) -> torch.Tensor:

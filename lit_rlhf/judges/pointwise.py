@@ -14,16 +14,13 @@ judges' failure policy: an item that cannot be read is invalid, never an excepti
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from lit_rlhf.judges.chat_api import ChatAPIJudge, _Fatal, _redact
+from lit_rlhf.judges.chat_api import ChatAPIJudge
 from lit_rlhf.judges.local_lm import LocalLMJudge, verdict_token_ids
 from lit_rlhf.judges.rubric import POINTWISE_TEMPLATE, Criterion, PointScore, PointwiseScorer
 
@@ -67,42 +64,21 @@ class LocalLMScorer(LocalLMJudge, PointwiseScorer):
 
     def scoring_prompt(self, prompt: str, completion: str, criterion: Criterion) -> str:
         """The full text the judge reads, ending where its Yes / No goes."""
-        tok = self.tokenizer()
         user = self.pointwise_template.format(prompt=prompt, completion=completion, criterion=criterion.description)
-        if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                           add_generation_prompt=True)
-        else:
-            text = user + "\n\n"
-        return text + self.answer_prefix
+        return self.render([{"role": "user", "content": user}])
 
-    @torch.no_grad()
     def score(self, prompts: list[str], completions: list[str], criterion: Criterion) -> list[PointScore]:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
-        if not prompts:
-            return []
-        if self._model is None or self._verdict_ids is None:
-            self._load()
-        tok = self._tokenizer
-        add_special = not getattr(tok, "chat_template", None)
-        encoded = [tok.encode(self.scoring_prompt(p, c, criterion), add_special_tokens=add_special)
-                   for p, c in zip(prompts, completions)]
-        results: list[PointScore | None] = [None] * len(encoded)
-        runnable = []
-        for i, ids in enumerate(encoded):
-            if self.max_length is not None and len(ids) > self.max_length:
-                results[i] = PointScore(None, "", f"judge prompt has {len(ids)} tokens > max_length={self.max_length}")
-            else:
-                runnable.append(i)
-        for start in range(0, len(runnable), self.batch_size):
-            rows = runnable[start:start + self.batch_size]
-            for i, (p_yes, p_no) in zip(rows, self._verdict_probs([encoded[k] for k in rows]).tolist()):
-                raw = f"P(Yes)={p_yes:.6g} P(No)={p_no:.6g}"
-                total = p_yes + p_no
-                ok = math.isfinite(total) and total > 0
-                results[i] = PointScore(p_yes / total if ok else None, raw, None if ok else "no Yes/No probability")
-        return results  # type: ignore[return-value]
+        texts = [self.scoring_prompt(p, c, criterion) for p, c in zip(prompts, completions)]
+        return self.read_verdicts(texts, _yes_share, lambda why: PointScore(None, "", why))
+
+
+def _yes_share(p_yes: float, p_no: float) -> PointScore:
+    raw = f"P(Yes)={p_yes:.6g} P(No)={p_no:.6g}"
+    total = p_yes + p_no
+    ok = math.isfinite(total) and total > 0
+    return PointScore(p_yes / total if ok else None, raw, None if ok else "no Yes/No probability")
 
 
 class ChatAPIScorer(ChatAPIJudge, PointwiseScorer):
@@ -132,24 +108,13 @@ class ChatAPIScorer(ChatAPIJudge, PointwiseScorer):
     def score(self, prompts: list[str], completions: list[str], criterion: Criterion) -> list[PointScore]:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
-        if not prompts:
-            return []
-        workers = min(self.max_concurrency, len(prompts))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rubric-judge") as pool:
-            return list(pool.map(self._score_one, range(len(prompts)), prompts, completions,
-                                 [criterion] * len(prompts)))
+        return self._each(lambda i, p, c: self._score_one(i, p, c, criterion), prompts, completions)
 
     def _score_one(self, index: int, prompt: str, completion: str, criterion: Criterion) -> PointScore:
         user = self.pointwise_template.format(prompt=prompt, completion=completion, criterion=criterion.description)
-        body = {"model": self.model, "messages": [{"role": "user", "content": user + CHAT_SUFFIX}],
-                "temperature": self.temperature, "max_tokens": self.max_tokens}
-        try:
-            text = self._request_with_retries(index, json.dumps(body).encode("utf-8"))
-        except _Fatal as err:
-            return PointScore(None, "", str(err))
-        except Exception as err:  # anything unforeseen stays confined to its item
-            key = os.environ.get(self.api_key_env) if self.api_key_env else None
-            return PointScore(None, "", _redact(f"unexpected error: {type(err).__name__}: {err}", key))
+        text, error = self._reply(index, [{"role": "user", "content": user + CHAT_SUFFIX}])
+        if error is not None:
+            return PointScore(None, "", error)
         found = _VERDICT.findall(text)
         if not found:
             return PointScore(None, text, "unparseable reply (no 'Verdict: YES|NO')")

@@ -48,17 +48,10 @@ class RewardModelJudge(PairwiseJudge):
         return out
 
     @classmethod
-    def from_pretrained(
-        cls,
-        model_dir: str,
-        tokenizer_name: str | None = None,
-        batch_size: int = 8,
-        append_eos: bool = True,
-        device: str | torch.device = "cpu",
-        dtype: str | torch.dtype | None = None,
-    ) -> "RewardModelJudge":
-        """A judge on a reward model exported as `AutoModelForSequenceClassification` (num_labels=1)."""
-        return cls(SequenceClassifierReward(model_dir, tokenizer_name, batch_size, append_eos, device, dtype))
+    def from_pretrained(cls, model_dir: str, **kwargs) -> "RewardModelJudge":
+        """A judge on a reward model exported as `AutoModelForSequenceClassification` (num_labels=1);
+        `kwargs`: `SequenceClassifierReward`'s."""
+        return cls(SequenceClassifierReward(model_dir, **kwargs))
 
 
 class SequenceClassifierReward:

@@ -20,43 +20,11 @@ from __future__ import annotations
 
 import importlib.util  # noqa: F401  (tests patch `lit_rlhf.models.importlib.util.find_spec`)
 
-from lit_rlhf.models.export import _FINAL_NORM_NAMES, REWARD_BIAS_KEY, final_norm_of, to_sequence_classifier
-from lit_rlhf.models.heads import (
-    ScalarHeadModel,
-    _is_sequence_classifier,
-    backbone_of,
-    hidden_size,
-    init_scalar_head,
-    load_scalar_model,
-)
+from lit_rlhf.models.export import REWARD_BIAS_KEY, final_norm_of, to_sequence_classifier
+from lit_rlhf.models.heads import (ScalarHeadModel, backbone_of, hidden_size, init_scalar_head, load_scalar_model)
 from lit_rlhf.models.loading import (
-    BUILTIN_MODELS,
-    PAD_TOKEN,
-    SMOLLM2_135M_INSTRUCT,
-    TINY_RANDOM_LLAMA,
-    TINY_RANDOM_SMOLLM2,
-    ModelNotFoundError,
-    _SMOLLM2_GGUF,
-    _SMOLLM2_PACKAGE,
-    _TINY_CHAT_TEMPLATE,
-    _TINY_SEED,
-    _check_hub,
-    _finish,
-    _hub_error,
-    _load_gguf,
-    _parse_dtype,
-    _resolve,
-    _smollm2_dir,
-    _smollm2_gguf_path,
-    _tiny_model,
-    _tiny_tokenizer,
-    cache_dir,
-    disable_dropout,
-    ensure_pad_token,
-    frozen_copy,
-    load_causal_lm,
-    load_reference_model,
-    load_tokenizer,
+    BUILTIN_MODELS, PAD_TOKEN, SMOLLM2_135M_INSTRUCT, TINY_RANDOM_LLAMA, TINY_RANDOM_SMOLLM2, ModelNotFoundError,
+    cache_dir, disable_dropout, ensure_pad_token, frozen_copy, load_causal_lm, load_reference_model, load_tokenizer
 )
 from lit_rlhf.models.reward_loading import load_reward_model
 

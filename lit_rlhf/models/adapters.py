@@ -40,7 +40,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
 from torch import nn
 
 POLICY = "policy"

@@ -14,13 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lit_rlhf.models.loading import (
-    _finish,
-    _parse_dtype,
-    _resolve,
-    load_causal_lm,
-    load_tokenizer,
-)
+from lit_rlhf.models.loading import (_finish, _parse_dtype, _resolve, load_causal_lm, load_tokenizer)
 
 
 def init_scalar_head(head: nn.Linear) -> nn.Linear:

@@ -17,15 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf.models.adapters import (
-    REWARD,
-    VALUE,
-    adapter_base_name,
-    add_lora,
-    backbone,
-    is_adapter_dir,
-    load_adapter,
-    set_trainable,
-    use_adapter,
+    REWARD, VALUE, adapter_base_name, add_lora, backbone, is_adapter_dir, load_adapter, set_trainable, use_adapter
 )
 from lit_rlhf.models.heads import ScalarHeadModel, _is_sequence_classifier, hidden_size, init_scalar_head
 from lit_rlhf.models.loading import _resolve, load_causal_lm

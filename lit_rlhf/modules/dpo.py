@@ -18,11 +18,8 @@ from torch import Tensor
 from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
 from lit_rlhf.modules.pairwise import PairwiseModule
 from lit_rlhf.ops import masked_mean
-from lit_rlhf.training.reference_table import (  # noqa: F401 - sequence_keys: importable from here
-    datamodule_loaders,
-    export_overwrites_reference,
-    precompute_reference_logps,
-    sequence_keys,
+from lit_rlhf.training.reference_table import (
+    datamodule_loaders, export_overwrites_reference, precompute_reference_logps, sequence_keys
 )
 from lit_rlhf.types import PreferenceBatch, split_pair
 

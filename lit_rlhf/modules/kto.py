@@ -1,27 +1,14 @@
 """KTO: unpaired desirable / undesirable completions (`lit_rlhf.losses.kto_loss`).
 
-The KL reference point z0 is estimated at every step from mismatched prompt/completion pairs
-of the batch (prompt i with the completion of the next row whose prompt differs,
-`mismatch_partners`), without gradient, averaged over ranks and clamped at 0 (Ethayarajh et al.
-2024, Sec. 4). Both the clamped z0 (`objective/kl`) and the raw estimate (`objective/kl_raw`)
-are logged.
-
-What the raw estimate showed on the KTO quickstart (z0 = 0 in both validations and in 11 of 12
-training steps): the clamp hid two things.
-- A pairing bug: rows were paired with row i+1 whatever its prompt. An UltraFeedback batch holds
-  several completions of one instruction next to each other (always in validation, which is not
-  shuffled), so most "mismatched" pairs were a completion with its own prompt: the estimate
-  measured the matched log-ratio the loss pushes down for undesirable completions. Rows are now
-  paired with the next row that has a different prompt.
-- A negative estimate is expected, not a sign error: the completions are the dataset's, not
-  samples of pi, so their mean log-ratio is no KL and can be below 0. It is exactly 0 at the
-  first step (pi == pi_ref: the reference is a copy of the initial policy, dropout off, D7).
-  Measured on the quickstart with the pairing fixed (8 mismatched rows per step): 0 exactly at
-  step 1, +0.0025 at step 2, +0.09 at step 8, and negative at the 9 other steps, falling to
-  -3.3 nats per sequence at step 10 (-1.4 at step 12); validation -0.58 at step 6 and -1.07
-  at step 12. Training lowers the likelihood of the dataset's completions under other prompts
-  (log pi - log pi_ref < 0 on them) faster than anything raises it, so on this data the
-  paper's clamp keeps z0 at 0: the zeros are the clamp, not a wrong sign.
+The KL reference point z0 is estimated at every step from mismatched prompt/completion pairs of
+the batch, without gradient, averaged over ranks and clamped at 0 (Ethayarajh et al. 2024,
+Sec. 4); the clamped z0 (`objective/kl`) and the raw estimate (`objective/kl_raw`) are logged.
+Row i is paired with the next row whose prompt differs (`mismatch_partners`): an UltraFeedback
+batch holds several completions of one instruction side by side, and pairing with row i+1 would
+mostly score a completion with its own prompt. A negative raw estimate is expected, not a sign
+error: the completions are the dataset's, not samples of pi, so their mean log-ratio is no KL
+(measured on the KTO quickstart: 0 at the first step, where pi == pi_ref, then mostly negative,
+down to -3.3 nats per sequence, so the clamp keeps z0 at 0).
 """
 
 from __future__ import annotations
@@ -35,12 +22,7 @@ from torch import Tensor
 from lit_rlhf import checks, distributed
 from lit_rlhf.distributed import gather_rows
 from lit_rlhf.losses import (
-    KTO_WEIGHT_RATIO_RANGE,
-    RewardLabels,
-    kto_kl_estimate,
-    kto_loss,
-    kto_weight_ratio,
-    labels_from_rewards,
+    KTO_WEIGHT_RATIO_RANGE, RewardLabels, kto_kl_estimate, kto_loss, kto_weight_ratio, labels_from_rewards
 )
 from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.policy import PolicyModule
@@ -73,10 +55,7 @@ class KTOModule(PolicyModule):
     (`data/weight_ratio_cumulative`); a warning names the weights to change when the run's ratio
     leaves the paper's [1, 4/3] (checked from the 8th step on, and at each epoch end; once).
 
-    z0 (the KL reference point) is the mean log-ratio log pi/pi_ref over the mismatched
-    sequences of the batch (prompt i with the completion of the next row whose prompt differs),
-    computed without gradient, averaged across ranks, clamped at 0 (`kl_reference_point`); the
-    unclamped mean is logged too (`objective/kl_raw`, `kl_estimate`; see the module docstring).
+    z0, the KL reference point, is `kl_reference_point` (see the module docstring).
 
     Args:
         beta: KL strength in the value function sigmoid(beta * (r - z0)); the KTO paper uses 0.1

@@ -47,19 +47,10 @@ from lit_rlhf.training.memory import DEFAULTS, Memory
 from lit_rlhf.training.moved import refuse_moved
 from lit_rlhf.training.optim import SchedulerName, decay_groups
 from lit_rlhf.training.settings import record_settings
-from lit_rlhf.training.reward_eval import EVAL_SPLIT, PairEvaluationMixin
-from lit_rlhf.training.reward_metrics import (  # importable from here as well
-    PreferenceRecords,
-    accuracy_table,
-    calibration_buckets,
-    calibration_figure,
-    grouped_accuracy,
-)
+from lit_rlhf.training.reward_eval import PairEvaluationMixin
 from lit_rlhf.types import PreferenceBatch, split_pair
 from lit_rlhf.lightning_compat import attached_trainer
 
-__all__ = ["EVAL_SPLIT", "PreferenceRecords", "RewardModule", "accuracy_table", "calibration_buckets",
-           "calibration_figure", "grouped_accuracy"]
 log = logging.getLogger(__name__)
 
 

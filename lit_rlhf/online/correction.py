@@ -15,12 +15,7 @@ import dataclasses
 from torch import Tensor
 
 from lit_rlhf.losses.rollout_correction import (
-    CorrectionOutput,
-    Level,
-    Mode,
-    check_bounds,
-    mismatch_stats,
-    rollout_correction,
+    CorrectionOutput, Level, Mode, check_bounds, mismatch_stats, rollout_correction
 )
 from lit_rlhf.types import Rollout
 

@@ -40,37 +40,13 @@ from lit_rlhf.rewards.rubric import RubricReward
 from lit_rlhf.rewards.math_answer import MathAnswerReward, answer_keys, answers_match, final_answer_text, parse_answer
 from lit_rlhf.rewards.shaping import FormatReward, OverlongPenalty
 from lit_rlhf.rewards.sources import (
-    RewardFn,
-    RewardFunctionError,
-    RewardNormalization,
-    call_reward_fn,
-    combine_rewards,
-    function_name,
-    load_reward_model,
-    normalize_reward,
-    reward_model_scores,
+    RewardFn, RewardFunctionError, RewardNormalization, call_reward_fn, combine_rewards, function_name,
+    load_reward_model, normalize_reward, reward_model_scores
 )
 
 __all__ = [
-    "CharacterFractionReward",
-    "FormatReward",
-    "KeyFactRecallReward",
-    "MathAnswerReward",
-    "OverlongPenalty",
-    "PairwiseJudgeReward",
-    "ReferenceMatchReward",
-    "RewardFn",
-    "RewardFunctionError",
-    "RewardNormalization",
-    "RubricReward",
-    "answer_keys",
-    "answers_match",
-    "call_reward_fn",
-    "combine_rewards",
-    "final_answer_text",
-    "function_name",
-    "load_reward_model",
-    "normalize_reward",
-    "parse_answer",
-    "reward_model_scores",
+    "CharacterFractionReward", "FormatReward", "KeyFactRecallReward", "MathAnswerReward", "OverlongPenalty",
+    "PairwiseJudgeReward", "ReferenceMatchReward", "RewardFn", "RewardFunctionError", "RewardNormalization",
+    "RubricReward", "answer_keys", "answers_match", "call_reward_fn", "combine_rewards", "final_answer_text",
+    "function_name", "load_reward_model", "normalize_reward", "parse_answer", "reward_model_scores"
 ]

@@ -327,6 +327,6 @@ def test_bad_configuration_is_a_clear_error():
 
 
 def _bundled(name):
-    from lit_rlhf.data.base import BUNDLED_DIR
+    from lit_rlhf.data.sources import BUNDLED_DIR
 
     return BUNDLED_DIR / name

@@ -17,7 +17,7 @@ from lit_rlhf.data import (
     UltraFeedbackSingleDataModule,
     bundled_aliases,
 )
-from lit_rlhf.data.base import BUNDLED_DIR
+from lit_rlhf.data.sources import BUNDLED_DIR
 from lit_rlhf.types import PreferenceBatch, PromptBatch, SFTBatch, SingleBatch
 
 

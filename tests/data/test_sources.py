@@ -8,7 +8,7 @@ import datasets
 import pytest
 
 from lit_rlhf.data import BadRowError, TLDRSFTDataModule
-from lit_rlhf.data.base import parse_split, slice_range
+from lit_rlhf.data.sources import parse_split, slice_range
 from tests.data.conftest import tldr_sft_row, write_jsonl, write_parquet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,3 +125,19 @@ def test_empty_slice_of_a_file_is_named(tiny_tokenizer, tmp_path):
     with pytest.raises(Exception, match=rf"split 'train\[:0\]' of {path} is out of range: split 'train' has 6 "
                                         r"row\(s\), and the slice selects none of them"):
         dm.setup("fit")
+
+
+def test_a_datamodule_states_only_its_own_defaults():
+    """`defaults` reach the signature the CLI reads and Python calls alike; hparams record every argument."""
+    import inspect
+
+    from lit_rlhf.data import QADataModule, UltraFeedbackPreferenceDataModule
+
+    sig = inspect.signature(UltraFeedbackPreferenceDataModule)
+    assert sig.parameters["val_split"].default == "test_prefs" and sig.parameters["margin_from"].default is None
+    dm = UltraFeedbackPreferenceDataModule(limit=2)
+    assert dm.splits == {"train": "train_prefs", "val": "test_prefs", "test": None}
+    assert dm.hparams["limit"] == 2 and dm.hparams["max_completion_length"] == 1024
+    assert QADataModule("bundled:arithmetic", chat=False).splits["test"] == "test"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        QADataModule(nope=1)

@@ -29,7 +29,7 @@ import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from lit_rlhf.data.base import ResumableSampler  # noqa: E402
+from lit_rlhf.data.sampler import ResumableSampler  # noqa: E402
 
 from tests.distributed import workloads as W  # noqa: E402
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torchmetrics.utilities import dim_zero_cat
 
-from lit_rlhf.modules.reward import PreferenceRecords, grouped_accuracy
+from lit_rlhf.training.reward_metrics import PreferenceRecords, grouped_accuracy
 
 RANK_DATA = {
     0: [([1.0, -0.5, 2.0], {"batch": ["batch13", "batch13", "batch18"], "confidence": [3, 9, 3]})],

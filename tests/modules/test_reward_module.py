@@ -11,7 +11,7 @@ from torch import nn
 
 from lit_rlhf import models
 from lit_rlhf.modules import RewardModule
-from lit_rlhf.modules.reward import (
+from lit_rlhf.training.reward_metrics import (
     PreferenceRecords,
     accuracy_table,
     calibration_buckets,
