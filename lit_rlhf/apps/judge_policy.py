@@ -108,9 +108,11 @@ def weight_shapes(model: torch.nn.Module) -> tuple[str, dict[str, tuple[int, ...
 def load_prompts(path: str, tokenizer: Any, data_class: str, split: str, num_prompts: int | None,
                  reference_column: str = "reference") -> EvalPrompts:
     """Evaluation prompts from split `split` of a `lit_rlhf.data` DataModule built on `path`."""
-    from lit_rlhf.apps.compare_policies import import_class
+    import importlib
 
-    dm = import_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split, test_split=None)
+    module_name, _, class_name = data_class.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    dm = cls(path=path, tokenizer=tokenizer, train_split=None, val_split=split, test_split=None)
     return prompts_from_dataset(dm.dataset("val"), num_prompts, reference_column, tokenizer)
 
 
