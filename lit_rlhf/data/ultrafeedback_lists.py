@@ -15,8 +15,9 @@ from typing import Any
 import datasets
 
 from lit_rlhf.data import schema as schemas
-from lit_rlhf.data.base import Formatter, RLHFDataModule
+from lit_rlhf.data.base import Formatter
 from lit_rlhf.data.collate import ListCollator
+from lit_rlhf.data.kinds import CompletionDataModule
 from lit_rlhf.data.formatting import (
     BAD_STRUCTURE,
     MISSING,
@@ -79,7 +80,7 @@ class UltraFeedbackListFormatter(_ChatFormatter):
                  "_completion_len": max(map(len, ids)), TRUNCATED: cut}]
 
 
-class UltraFeedbackListDataModule(RLHFDataModule):
+class UltraFeedbackListDataModule(CompletionDataModule):
     """openbmb/UltraFeedback rows as ranked lists of `list_size` completions -> `ListBatch`.
 
     - One row = one list: `batch_size` counts lists (a batch has `batch_size * list_size`
@@ -93,33 +94,21 @@ class UltraFeedbackListDataModule(RLHFDataModule):
       are all equal (reason `no ranking`).
     Metadata per list: "prompt" (templated), "raw_prompt" (the instruction), "responses" (the K
     texts), "models", "source".
+
+    Args:
+        list_size: K, the completions of every list (a row with another number is a bad row; >= 2).
+        score_field: the completion field that ranks a list (highest first).
     """
 
+    defaults = {"path": ULTRAFEEDBACK_HUB, "val_split": None}
     length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
     raw_schema = schemas.ULTRAFEEDBACK
     schema_name = "openbmb/UltraFeedback"
 
-    def __init__(
-        self,
-        path: str = ULTRAFEEDBACK_HUB,
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train",
-        val_split: str | None = None,
-        test_split: str | None = None,
-        max_completion_length: int = 1024,
-        truncate_completions: bool = False,
-        list_size: int = 4,
-        score_field: str = "overall_score",
-        **kwargs: Any,
-    ):
+    def __init__(self, *, list_size: int = 4, score_field: str = "overall_score", **kwargs: Any):
         if list_size < 2:
             raise ValueError(f"list_size must be >= 2 (a ranking needs two completions), got {list_size}")
-        super().__init__(path, tokenizer, name=name, train_split=train_split, val_split=val_split,
-                         test_split=test_split, **kwargs)
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
+        super().__init__(**kwargs)
         self.list_size, self.score_field = list_size, score_field
 
     def _formatter(self, role: str) -> Formatter:
