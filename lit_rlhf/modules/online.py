@@ -162,6 +162,8 @@ class OnlineModule(PolicyModule):
         self.lr_schedule_per, self.total_episodes = lr_schedule_per, total_episodes
         self.log_completions_every_n_steps = log_completions_every_n_steps
         self.logprob_temperature = temperature if logprob_temperature is None else float(logprob_temperature)
+        # the policy's log-probs replay the sampler's filter where they are of its temperature
+        self.logprob_filter = (top_k, top_p) if self.logprob_temperature == temperature else (0, 1.0)
         if reward_model is not None:
             self.add_frozen("reward_model", self.load_reward_source(reward_model))
         self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints
@@ -255,6 +257,9 @@ class OnlineModule(PolicyModule):
         stats["perf/tokens_per_sec"] = rollout.attention_mask.sum().float() / max(updated - started, 1e-9)
         stats["data/padding_fraction"] = torch.tensor(padding_fraction(rollout))  # prompt and response PAD
         stats["objective/episodes"] = torch.tensor(float(self.episodes))
+        probe = getattr(getattr(self.rollout_source, "engine", None), "probe", None)  # a verified weight sync
+        if probe is not None:
+            stats["time/weight_sync_check"] = torch.tensor(probe.seconds)
         if "time/rollout_wait" in stats:  # the share of the step the learner waited for its batch
             stats["perf/trainer_idle_fraction"] = stats["time/rollout_wait"] / max(updated - started, 1e-9)
         self.log_stats("train", stats, prog_bar=("objective/scores", "objective/kl"))

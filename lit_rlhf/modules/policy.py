@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,6 +84,10 @@ class PolicyModule(TrainingModule):
         batch_types: the batch classes `training_step` consumes (e.g. `(PreferenceBatch,)`); the
             start-up checks refuse a DataModule yielding anything else. Empty = not checked.
     """
+
+    logprob_filter: tuple[int, float] = (0, 1.0)
+    """(top_k, top_p) the policy's log-probs replay (`response_token_logps`): the sampler's, set by
+    an online module whose log-probs are of its sampling temperature; (0, 1.0) is no filter."""
 
     def __init__(
         self,
@@ -254,11 +259,10 @@ class PolicyModule(TrainingModule):
         elsewhere), chunked or dense as `logprob_chunk_size` says. `sharing` says which rows
         share a prompt (`PreferenceBatch.sharing`): with `shared_prompt` on, each such prompt is
         computed once (`lit_rlhf.ops.shared_prompt`); the values are the same either way."""
-        if isinstance(model, adapters.AdapterView):  # a LoRA adapter on the shared base: run with it active
-            with adapters.activated(model) as inner:
-                return self.model_logps(inner, input_ids, attention_mask, loss_mask, temperature, sharing)
-        return grouped_token_logps(model, input_ids, attention_mask, loss_mask, sharing if self.shared_prompt else None,
-                                   temperature, self.logprob_chunk_size)
+        active = adapters.activated(model) if isinstance(model, adapters.AdapterView) else nullcontext(model)
+        with active as module:  # a LoRA adapter on the shared base: run with it active
+            return grouped_token_logps(module, input_ids, attention_mask, loss_mask,
+                                       sharing if self.shared_prompt else None, temperature, self.logprob_chunk_size)
 
     def policy_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0,
                      sharing: PromptSharing | None = None) -> Tensor:
@@ -285,16 +289,17 @@ class PolicyModule(TrainingModule):
         """Log-probs (B, R) of sampled responses under `model` (0 where `response_mask` is
         False), differentiable unless called under `torch.no_grad()`; chunked or dense as
         `logprob_chunk_size` says. `groups` (B,): rows with equal ids have the same prompt (a
-        GRPO group): with `shared_prompt` on, each micro-batch computes each of its prompts once."""
-        if isinstance(model, adapters.AdapterView):  # a LoRA adapter on the shared base: run with it active
-            with adapters.activated(model) as inner:
-                return self.response_token_logps(inner, prompt_ids, prompt_mask, response_ids, response_mask,
-                                                 temperature, micro_batch_size, groups)
-        if groups is None or not self.shared_prompt:
-            return token_logps_with_grad(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                                         micro_batch_size, chunk_size=self.logprob_chunk_size)
-        return shared_response_logps(model, prompt_ids, prompt_mask, response_ids, response_mask, groups, temperature,
-                                     micro_batch_size, self.logprob_chunk_size)
+        GRPO group): with `shared_prompt` on, each micro-batch computes each of its prompts once.
+        The policy's log-probs replay the sampler's top-k / top-p (`logprob_filter`,
+        `lit_rlhf.ops.sampling`: the distribution sampled); any other model's are of the full vocabulary."""
+        top_k, top_p = self.logprob_filter if model is self.policy else (0, 1.0)
+        active = adapters.activated(model) if isinstance(model, adapters.AdapterView) else nullcontext(model)
+        with active as module:  # a LoRA adapter on the shared base: run with it active
+            if groups is None or not self.shared_prompt:
+                return token_logps_with_grad(module, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+                                             micro_batch_size, self.logprob_chunk_size, top_k, top_p)
+            return shared_response_logps(module, prompt_ids, prompt_mask, response_ids, response_mask, groups,
+                                         temperature, micro_batch_size, self.logprob_chunk_size, top_k, top_p)
 
     @staticmethod
     def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:
