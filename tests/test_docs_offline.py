@@ -1,5 +1,6 @@
 """The documentation site works offline: it loads nothing from outside itself, and a real browser
-with the network off renders its formulas without a console error.
+with the network off renders its formulas without a console error. Its footer shows the package's
+version, and its API reference formats signatures and lists no private base class.
 
 - Every built page is scanned: no `<script>`, `<link>`, `<img>`, ... and no stylesheet `url()` or
   `@import` names an address outside the site (MathJax and the fonts are the site's own).
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+import lit_rlhf
 from tests.helpers import REPO_ROOT, subprocess_env
 
 OUTSIDE = re.compile(r"^(https?:)?//", re.IGNORECASE)
@@ -93,6 +95,33 @@ def test_the_scan_sees_a_cdn_script_and_a_web_font(tmp_path):
     assert outside_loads(tmp_path) == {"a.html": ["<script src=https://cdn.x/mathjax.js>",
                                                   "<link href=//fonts.x/css?family=Roboto>"],
                                        "b.css": ["url('https://"]}
+
+
+def text_of(html: str) -> str:
+    return re.sub(r"<[^>]+>", "", html).replace("&quot;", '"').replace("&gt;", ">").replace("&amp;", "&")
+
+
+def test_the_version_is_one_everywhere_and_in_the_footer(site):
+    version = lit_rlhf.__version__
+    done = subprocess.run([sys.executable, "main.py", "--version"], cwd=REPO_ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, f"lit_rlhf {version}\n"), done.stderr[-2000:]
+    newest = re.search(r"^## (\S+)", (REPO_ROOT / "docs" / "changelog.md").read_text(), re.M).group(1)
+    assert newest == version, f"docs/changelog.md's newest entry is {newest}, the package is {version}"
+    assert 'dynamic = ["version"]' in (REPO_ROOT / "pyproject.toml").read_text()  # read from lit_rlhf.__version__
+    for page in ("index.html", "methods/grpo/index.html", "reference/losses/index.html"):
+        footer = (site / page).read_text().split('class="md-copyright"')[1][:400]
+        assert f"lit_rlhf {version}" in footer, page
+
+
+def test_the_api_reference_formats_signatures_and_hides_private_bases(site):
+    data = (site / "reference" / "data" / "index.html").read_text()
+    assert "TLDRSFTDataModule" in data and "RLHFDataModule" in data
+    assert "_SFTExamples" not in data and "_ReferenceTexts" not in data
+    losses = text_of((site / "reference" / "losses-policy-gradient" / "index.html").read_text())
+    assert "grpo_policy_loss(\n    logps: Tensor,\n    old_logps: Tensor | None," in losses  # one argument a line
+    pages = {p.parent.name for p in (site / "reference").glob("*/index.html")}
+    assert {"modules", "modules-offline", "modules-online", "losses", "losses-policy-gradient"} <= pages
 
 
 def browser() -> str | None:
