@@ -86,3 +86,15 @@ def test_the_chooser_covers_every_quick_recipe():
     named = set(RECIPE.findall((DOCS / "choosing.md").read_text()))
     quick = {f"configs/quickstart/{p.name}" for p in (REPO_ROOT / "configs" / "quickstart").glob("*.yaml")}
     assert quick - named <= {"configs/quickstart/judge.yaml", "configs/quickstart/grpo_rubric.yaml"}
+
+
+@pytest.mark.parametrize("package", ["lit_rlhf.losses", "lit_rlhf.modules"])
+def test_the_api_reference_lists_every_export(package):
+    """The loss and module pages list their objects one by one (a page per family): a new export
+    must be put on one of them."""
+    import importlib
+
+    listed = {m.group(1) for page in (DOCS / "reference").glob("*.md")
+              for m in re.finditer(rf"^::: {re.escape(package)}\.(\w+)$", page.read_text(), re.M)}
+    missing = set(importlib.import_module(package).__all__) - listed
+    assert not missing, f"exports of {package} on no page of docs/reference/: {sorted(missing)}"
