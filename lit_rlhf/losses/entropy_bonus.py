@@ -29,18 +29,38 @@ from lit_rlhf.ops import masked_mean
 
 def entropy_bonus_penalty(logps: Tensor, mask: Tensor, coef: float) -> Tensor:
     """(N, T) per-token term coef * stopgrad(logps) * logps on the mask (0 off it), with the
-    gradient of `logps`: added to the per-token loss, it is -coef times the entropy's gradient."""
+    gradient of `logps`: added to the per-token loss, it is -coef times the entropy's gradient.
+
+    Args:
+        logps: (N, T) log-probs of the sampled tokens, with gradient.
+        mask: (N, T) bool, the tokens in the term.
+        coef: the entropy bonus's weight.
+    """
     return torch.where(mask, coef * logps.detach() * logps, logps.new_zeros(()))
 
 
 def sampled_entropy(logps: Tensor, mask: Tensor) -> Tensor:
-    """The token entropy's estimate mean_t(-log pi(y_t)) over the mask, detached."""
+    """The token entropy's estimate mean_t(-log pi(y_t)) over the mask, detached.
+
+    Args:
+        logps: (N, T) log-probs of the sampled tokens.
+        mask: (N, T) bool, the tokens averaged over.
+    """
     return masked_mean(-logps.detach().float(), mask)
 
 
 def adaptive_entropy_coef(coef: float, entropy: float, target: float, step: float, lower: float,
                           upper: float) -> float:
-    """alpha + step * sign(target - entropy), clipped to [lower, upper] (unchanged at the target)."""
+    """alpha + step * sign(target - entropy), clipped to [lower, upper] (unchanged at the target).
+
+    Args:
+        coef: the current coefficient alpha.
+        entropy: the measured token entropy.
+        target: the entropy aimed at.
+        step: the change of alpha per call.
+        lower: alpha's floor.
+        upper: alpha's ceiling.
+    """
     direction = (target > entropy) - (target < entropy)
     return float(min(max(coef + step * direction, lower), upper))
 

@@ -35,7 +35,13 @@ KL_COV_RATIO, KL_COV_COEF = 2e-4, 1.0
 
 def token_covariance(logps: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
     """(N, T) Cov_t = (logp_t - mean logp) * (A_t - mean A) over the mask's tokens, detached
-    float32, 0 off the mask. logps: (N, T); advantages: (N,) per row or (N, T) per token."""
+    float32, 0 off the mask.
+
+    Args:
+        logps: (N, T) log-probs of the sampled tokens.
+        advantages: (N,) one per row, or (N, T) one per token.
+        mask: (N, T) bool, the tokens the means run over.
+    """
     adv = advantages.detach().float()
     adv = adv.unsqueeze(1).expand_as(logps) if adv.dim() == 1 else adv  # (N, T)
     lp = logps.detach().float()
@@ -55,7 +61,17 @@ def clip_cov_keep(cov: Tensor, mask: Tensor, ratio: float = CLIP_COV_RATIO, lowe
                   generator: torch.Generator | None = None) -> Tensor:
     """Clip-Cov's keep-mask (N, T) bool: the mask without max(1, floor(ratio * N)) tokens drawn
     uniformly (`generator`) among those with lower < cov < upper and not in `exclude` (N, T)
-    bool (the tokens the PPO clip already cut); all candidates when there are fewer."""
+    bool (the tokens the PPO clip already cut); all candidates when there are fewer.
+
+    Args:
+        cov: (N, T) the tokens' covariances (`token_covariance`).
+        mask: (N, T) bool, the policy's tokens.
+        ratio: the fraction of N rows' worth of tokens to drop.
+        lower: candidates have cov > lower.
+        upper: candidates have cov < upper.
+        exclude: (N, T) bool, tokens never drawn (those the PPO clip already cut), or None.
+        generator: the random generator of the draw, or None.
+    """
     if not lower < upper:
         raise ValueError(f"Clip-Cov needs lower < upper, got {lower} and {upper}")
     candidates = mask & (cov > lower) & (cov < upper)
@@ -71,7 +87,13 @@ def clip_cov_keep(cov: Tensor, mask: Tensor, ratio: float = CLIP_COV_RATIO, lowe
 
 
 def kl_cov_selected(cov: Tensor, mask: Tensor, ratio: float = KL_COV_RATIO) -> Tensor:
-    """KL-Cov's tokens (N, T) bool: the max(1, floor(ratio * N)) of largest covariance."""
+    """KL-Cov's tokens (N, T) bool: the max(1, floor(ratio * N)) of largest covariance.
+
+    Args:
+        cov: (N, T) the tokens' covariances (`token_covariance`).
+        mask: (N, T) bool, the candidate tokens.
+        ratio: the fraction of N rows' worth of tokens selected.
+    """
     k = selection_size(mask, ratio)
     scores = cov.float().masked_fill(~mask, float("-inf")).flatten()
     selected = torch.zeros_like(scores, dtype=torch.bool)
@@ -82,7 +104,14 @@ def kl_cov_selected(cov: Tensor, mask: Tensor, ratio: float = KL_COV_RATIO) -> T
 
 def kl_cov_penalty(logps: Tensor, old_logps: Tensor, selected: Tensor, coef: float = KL_COV_COEF) -> Tensor:
     """(N, T) KL-Cov's per-token term coef * |logps - old_logps| on the `selected` tokens, 0
-    elsewhere, with the gradient of `logps` (added to the policy loss before aggregation)."""
+    elsewhere, with the gradient of `logps` (added to the policy loss before aggregation).
+
+    Args:
+        logps: (N, T) the current log-probs, with gradient.
+        old_logps: (N, T) the sampling-time log-probs.
+        selected: (N, T) bool, the tokens penalised (`kl_cov_selected`).
+        coef: the penalty's weight.
+    """
     return torch.where(selected, coef * (logps - old_logps.detach()).abs(), logps.new_zeros(()))
 
 

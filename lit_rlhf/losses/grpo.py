@@ -32,7 +32,6 @@ def grpo_advantages(
 ) -> Tensor:
     """GRPO outcome advantages (DeepSeekMath, Shao et al. 2024, Sec. 4.1.2), one per completion.
 
-    rewards: (B*G,) scalar rewards, the G completions of each prompt contiguous -> (B*G,).
     Every variant first subtracts the group mean; then `scale` divides by
 
     - "group": the std of the group's G rewards, plus eps (GRPO);
@@ -42,7 +41,13 @@ def grpo_advantages(
 
     Stds are unbiased (Bessel-corrected, torch's default, as in TRL's GRPO). A group whose G
     rewards are all equal carries no signal and gets exactly 0 (not a rounding residue, never
-    NaN), whatever the scale.
+    NaN), whatever the scale. Returns (B*G,).
+
+    Args:
+        rewards: (B*G,) scalar rewards, the G completions of each prompt contiguous.
+        group_size: G, the completions per prompt.
+        scale: "group", "batch" or "none" (above).
+        eps: added to the std before dividing.
     """
     grouped = groups_of(rewards, group_size)  # (B, G)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
@@ -74,12 +79,6 @@ def grpo_policy_loss(
 ) -> GRPOLossOutput:
     """Clipped GRPO loss with the KL to the reference inside the loss (DeepSeekMath eq. 3).
 
-    logps: (N, T) per-token log-probs of the N = B*G completions under the current policy;
-    old_logps: (N, T) under the sampling policy, or None for a single on-policy step (then
-    old = logps.detach() and the ratio is 1 with the gradient of A * log pi); ref_logps: (N, T)
-    under the reference, may be None when kl_coef == 0; advantages: (N,), one per completion,
-    broadcast to its tokens; mask: (N, T) bool, True on completion tokens.
-
     Per token, with ratio = exp(logps - old_logps) and A the sequence's advantage:
 
         l_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) + kl_coef * k3_t
@@ -96,10 +95,22 @@ def grpo_policy_loss(
                              Liu et al. 2025: no length-dependent normaliser). `max_completion_length`
                              defaults to T, the padded completion length.
 
-    `token_weights` (N, T), no gradient: each token's clipped surrogate is multiplied by its
-    weight (truncated importance sampling, `losses.rollout_correction`); None = 1.
-    `token_penalty` (N, T), with gradient: added to each token's loss before aggregation
-    (KL-Cov's |log-ratio| term, `losses.entropy_cov`); None = 0.
+    Args:
+        logps: (N, T) per-token log-probs of the N = B*G completions under the current policy.
+        old_logps: (N, T) under the sampling policy; None for a single on-policy step (old =
+            logps.detach(): the ratio is 1 with the gradient of A * log pi).
+        ref_logps: (N, T) under the reference; may be None when kl_coef == 0.
+        advantages: (N,), one per completion, broadcast to its tokens.
+        mask: (N, T) bool, True on completion tokens.
+        clip_eps_low: eps_low, the lower clip 1 - eps_low of the ratio.
+        clip_eps_high: eps_high, the upper clip 1 + eps_high (DAPO's clip-higher when > eps_low).
+        kl_coef: the paper's beta, weight of the k3 KL to the reference.
+        aggregation: "token_mean", "sequence_mean" or "constant_normalizer" (above).
+        max_completion_length: the constant normaliser's length; None = T.
+        token_weights: (N, T), no gradient: multiplies each token's clipped surrogate (truncated
+            importance sampling, `losses.rollout_correction`); None = 1.
+        token_penalty: (N, T), with gradient: added to each token's loss before aggregation
+            (KL-Cov's |log-ratio| term, `losses.entropy_cov`); None = 0.
     """
     if kl_coef != 0.0 and ref_logps is None:
         raise ValueError("ref_logps is required when kl_coef != 0")

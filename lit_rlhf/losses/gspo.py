@@ -23,7 +23,6 @@ def gspo_policy_loss(
 ) -> GRPOLossOutput:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", Eq. 5-7).
 
-    logps, old_logps (None: on-policy), ref_logps: (N, T); advantages: (N,); mask: (N, T) bool.
     The importance ratio is per SEQUENCE and length-normalised (Eq. 7):
 
         s_i = (pi(y_i|x) / pi_old(y_i|x)) ^ (1/|y_i|) = exp( mean_t (logps - old_logps) )
@@ -33,9 +32,17 @@ def gspo_policy_loss(
     a geometric mean. With `kl_coef` > 0 the k3 KL to the reference (token mean of each sequence,
     then mean over sequences) is added, as in GRPO. Clip fractions count sequences.
 
-    `token_weights` (N, T), no gradient (a rollout correction, `losses.rollout_correction`): each
-    sequence's clipped term l_i is multiplied by the mean of its tokens' weights (at the sequence
-    or geometric level, constant over the row: the sequence's weight); None = 1.
+    Args:
+        logps: (N, T) per-token log-probs under the current policy.
+        old_logps: (N, T) under the sampling policy; None: on-policy (old = logps.detach()).
+        ref_logps: (N, T) under the reference; may be None when kl_coef == 0.
+        advantages: (N,), one per sequence.
+        mask: (N, T) bool, True on completion tokens.
+        clip_eps_low: eps_low of the sequence ratio's clip.
+        clip_eps_high: eps_high of the sequence ratio's clip.
+        kl_coef: weight of the k3 KL to the reference.
+        token_weights: (N, T), no gradient: a rollout correction; each l_i is multiplied by the mean of its
+            tokens' weights; None = 1.
     """
     if kl_coef != 0.0 and ref_logps is None:
         raise ValueError("ref_logps is required when kl_coef != 0")

@@ -32,8 +32,6 @@ def kto_loss(
 ) -> KTOLossOutput:
     """KTO loss (Ethayarajh et al. 2024, Sec. 4, "Kahneman-Tversky Optimization").
 
-    policy_logps, ref_logps: (B,) sequence log-probs of the completions; desirable: (B,) bool,
-    True = desirable; kl: scalar estimate of KL(pi || pi_ref) (see `kto_kl_estimate`).
     With r = log pi(y|x) - log pi_ref(y|x) and the reference point z0 = max(kl, 0), detached
     (the paper neither backpropagates through z0 nor lets it go negative):
 
@@ -45,11 +43,20 @@ def kto_loss(
     the batch weighs the two terms; `desirable_weight` / `undesirable_weight` (lambda_D, lambda_U)
     correct for imbalance (the paper suggests lambda_D n_D / (lambda_U n_U) in [1, 4/3]).
 
-    labelled: (B,) bool, True = the row is in the loss (default: every row). Rows with no label
-    (a reward tied with the batch mean, `labels_from_rewards`) contribute nothing, neither to
-    the sum nor to the count the mean divides by, and are counted in `num_unlabelled`. A batch
-    without any labelled row gives loss 0 (still attached to the graph, so its gradient is an
-    exact zero) and zero statistics.
+    Rows with no label (a reward tied with the batch mean, `labels_from_rewards`) contribute
+    nothing, neither to the sum nor to the count the mean divides by, and are counted in
+    `num_unlabelled`. A batch without any labelled row gives loss 0 (still attached to the graph,
+    so its gradient is an exact zero) and zero statistics.
+
+    Args:
+        policy_logps: (B,) sequence log-probs of the completions under the policy.
+        ref_logps: (B,) the same under the reference.
+        desirable: (B,) bool, True = desirable.
+        kl: scalar estimate of KL(pi || pi_ref) (`kto_kl_estimate`).
+        beta: the KL strength, > 0.
+        desirable_weight: lambda_D.
+        undesirable_weight: lambda_U.
+        labelled: (B,) bool, True = the row is in the loss; None: every row.
     """
     desirable = desirable.bool()
     labelled = torch.ones_like(desirable) if labelled is None else labelled.bool()
@@ -80,18 +87,22 @@ def kto_loss(
 def kto_kl_estimate(policy_mismatched_logps: Tensor, ref_mismatched_logps: Tensor, clamp: bool = True) -> Tensor:
     """The KTO reference point z0 from one micro-batch: mean log-ratio on mismatched pairs, >= 0.
 
-    policy_mismatched_logps, ref_mismatched_logps: (B,) log-probs of completions paired with the
-    *wrong* prompts (y_j with x_i, prompt x_j != x_i), so the estimate does not reuse the examples
-    the loss is computed on (Ethayarajh et al. 2024, Sec. 4: a biased but cheap estimate of
-    KL(pi || pi_ref)). Returns a detached scalar clamped at 0; `clamp=False` gives the raw mean
-    log-ratio, which the module logs next to z0. Under data parallelism the module averages the
-    log-ratios across ranks first (`kto_loss` clamps again).
+    The completions are paired with the *wrong* prompts (y_j with x_i, prompt x_j != x_i), so the
+    estimate does not reuse the examples the loss is computed on (Ethayarajh et al. 2024, Sec. 4: a
+    biased but cheap estimate of KL(pi || pi_ref)). Returns a detached scalar clamped at 0;
+    `clamp=False` gives the raw mean log-ratio, which the module logs next to z0. Under data
+    parallelism the module averages the log-ratios across ranks first (`kto_loss` clamps again).
 
     The raw mean is not a KL: the completions are the dataset's, not samples of pi, so it can be
     negative. It is exactly 0 while pi == pi_ref (the first step: the reference is a copy of the
     initial policy and dropout is off, D7), and negative whenever training lowered the
     likelihood of those completions under unrelated prompts more than it raised it; the clamp
     then makes z0 = 0, i.e. KTO compares each reward with 0 (the paper's Sec. 4 choice).
+
+    Args:
+        policy_mismatched_logps: (B,) policy log-probs of completions paired with the wrong prompts.
+        ref_mismatched_logps: (B,) the same under the reference.
+        clamp: clamp the estimate at 0 (z0); False: the raw mean log-ratio.
     """
     raw = (policy_mismatched_logps - ref_mismatched_logps).detach().mean()
     return raw.clamp(min=0) if clamp else raw
@@ -111,7 +122,7 @@ def labels_from_rewards(rewards: Tensor) -> RewardLabels:
     """KTO labels from scalar rewards, relative to the batch mean: desirable above it,
     undesirable below it, and no label when equal to it.
 
-    rewards: (B,). The DRO paper (Richemond et al. 2024) builds its KTO baseline from
+    The DRO paper (Richemond et al. 2024) builds its KTO baseline from
     single-trajectory rewards by whether a reward is greater or less than the batch average
     (`docs/ARCHITECTURE.md` section 2); its rewards are dense reward-model scores, where a tie
     does not arise. With discrete rewards (0/1 correctness) it does: a batch whose rewards are all
@@ -122,6 +133,9 @@ def labels_from_rewards(rewards: Tensor) -> RewardLabels:
     The comparison is exact: r_i against mean(r) as B * r_i against sum_j r_j in float64, which
     has no rounding for float32 (or lower precision) rewards of a sane range, so an all-equal
     batch is all tied whatever the value (a float mean of B copies of 0.1 need not equal 0.1).
+
+    Args:
+        rewards: (B,) one scalar reward per row.
     """
     wide = rewards.detach().double()
     scaled, total = wide * wide.numel(), wide.sum()
@@ -135,7 +149,14 @@ def kto_weight_ratio(num_desirable: Tensor | float, num_undesirable: Tensor | fl
                      undesirable_weight: float) -> float:
     """lambda_D n_D / (lambda_U n_U): how much the desirable examples weigh against the undesirable
     ones. The KTO paper (Sec. 4.2) recommends keeping it in [1, 4/3]; `inf` with no undesirable
-    example (or lambda_U = 0), `nan` when both sides weigh 0."""
+    example (or lambda_U = 0), `nan` when both sides weigh 0.
+
+    Args:
+        num_desirable: n_D, the desirable examples.
+        num_undesirable: n_U, the undesirable examples.
+        desirable_weight: lambda_D.
+        undesirable_weight: lambda_U.
+    """
     desirable = desirable_weight * float(num_desirable)
     undesirable = undesirable_weight * float(num_undesirable)
     if undesirable == 0:

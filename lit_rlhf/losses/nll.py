@@ -12,10 +12,14 @@ from lit_rlhf.ops import masked_sum
 def nll_loss(logps: Tensor, mask: Tensor, num_tokens: Tensor | float | None = None) -> Tensor:
     """-sum_{i,t} log pi(y_i,t | x_i, y_i,<t) / (number of tokens): the token-mean NLL.
 
-    logps: (n, T) per-token log-probs with gradient; mask: (n, T) bool, True on the scored tokens.
-    `num_tokens`: what the sum is divided by; None = `mask.sum()`, the token mean of these rows.
     A micro-batch's share of a larger batch's token mean passes that batch's token count, so the
-    shares of its micro-batches add up to the batch's token mean."""
+    shares of its micro-batches add up to the batch's token mean.
+
+    Args:
+        logps: (n, T) per-token log-probs, with gradient.
+        mask: (n, T) bool, True on the scored tokens.
+        num_tokens: what the sum is divided by; None = `mask.sum()`, the token mean of these rows.
+    """
     tokens = mask.sum() if num_tokens is None else num_tokens
     if isinstance(tokens, Tensor):
         tokens = tokens.clamp(min=1)

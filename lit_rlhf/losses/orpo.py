@@ -34,7 +34,11 @@ def log1mexp(x: Tensor) -> Tensor:
 
 def log_odds(mean_logps: Tensor) -> Tensor:
     """log odds(y|x) = log P - log(1 - P) of the length-normalised probability
-    P = exp((1/|y|) sum_t log pi(y_t|x, y_<t)) (ORPO eq. 4). (B,) -> (B,)."""
+    P = exp((1/|y|) sum_t log pi(y_t|x, y_<t)) (ORPO eq. 4). (B,) -> (B,).
+
+    Args:
+        mean_logps: (B,) length-normalised sequence log-probs.
+    """
     return mean_logps - log1mexp(mean_logps)
 
 
@@ -53,6 +57,11 @@ def orpo_loss(chosen_mean_logps: Tensor, rejected_mean_logps: Tensor, odds_ratio
     pushes log P(y_c) up with weight 1/(1 - P(y_c)) and log P(y_r) down with weight
     1/(1 - P(y_r)) (eq. 8-10), each scaled by sigmoid(-log OR): pairs already well separated
     contribute little. There is no reference model and no KL strength.
+
+    Args:
+        chosen_mean_logps: (B,) length-normalised log-probs of the chosen completions under the policy.
+        rejected_mean_logps: (B,) the same for the rejected completions.
+        odds_ratio_coef: the paper's lambda, weight of L_OR (0.1 in its experiments).
     """
     log_or = log_odds(chosen_mean_logps) - log_odds(rejected_mean_logps)  # (B,)
     ratio_losses = -F.logsigmoid(log_or)  # (B,)

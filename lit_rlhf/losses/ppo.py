@@ -45,14 +45,19 @@ def ppo_policy_loss(
 ) -> PPOPolicyLossOutput:
     """PPO-Clip policy loss (Schulman et al. 2017, eq. 7, negated), token mean over `mask`.
 
-    logps: (B, R) log-probs of the sampled tokens under the current policy (with grad);
-    old_logps: (B, R) the same under the policy that sampled them (no grad); advantages: (B, R)
-    (whitened upstream, D25); mask: (B, R) bool. With ratio = exp(logps - old_logps):
+    With ratio = exp(logps - old_logps):
 
         loss = masked_mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))
 
     On the first minibatch of a rollout (D7: no dropout) ratio == 1 exactly and the loss is
     -masked_mean(A). `approxkl` is the N+ code's 0.5 * mean(log ratio^2) (the k2 estimator).
+
+    Args:
+        logps: (B, R) log-probs of the sampled tokens under the current policy (with grad).
+        old_logps: (B, R) the same under the policy that sampled them (no grad).
+        advantages: (B, R), whitened upstream (D25).
+        mask: (B, R) bool, the response tokens.
+        clip_eps: eps of the ratio's clip.
     """
     old_logps = old_logps.detach()
     advantages = advantages.detach()
@@ -81,11 +86,16 @@ def ppo_value_loss(
 ) -> PPOValueLossOutput:
     """Clipped value loss of the N+ code / cleanrl (`clip_vloss`), token mean over `mask`.
 
-    values: (B, R) current predictions (with grad); old_values: (B, R) predictions at rollout
-    time; returns: (B, R) GAE returns (advantages + old values); mask: (B, R) bool.
     With v_clip = old_values + clip(values - old_values, -eps, +eps):
 
         loss = 0.5 * masked_mean(max((values - returns)^2, (v_clip - returns)^2))
+
+    Args:
+        values: (B, R) current predictions (with grad).
+        old_values: (B, R) predictions at rollout time.
+        returns: (B, R) GAE returns (advantages + old values).
+        mask: (B, R) bool, the response tokens.
+        clip_eps: eps of the value clip.
     """
     old_values = old_values.detach()
     returns = returns.detach()
@@ -112,9 +122,7 @@ def ppo_rewards(
 ) -> PPORewardsOutput:
     """Per-token RLHF rewards: a KL penalty on every response token, the score on the last one.
 
-    scores: (B,) reward-model scores (after the D23 EOS trick); logps, ref_logps: (B, R) log-probs
-    of the sampled tokens under the rollout policy and the reference; mask: (B, R) bool, each
-    row with at least one True. With kl_t = kl_penalty(logps, ref_logps, estimator) (k1 =
+    With kl_t = kl_penalty(logps, ref_logps, estimator) (k1 =
     log pi - log pi_ref, the N+ choice):
 
         rewards[b, t] = -kl_coef * kl[b, t] + (t == last response token of b) * scores[b]
@@ -123,6 +131,16 @@ def ppo_rewards(
     episode's `turn_rewards` (B, R), each turn's reward on its last policy token, stay where they
     are and the rest of the score goes on the last token (`ops.place_rewards`): the rewards of a
     row still sum to its score.
+
+    Args:
+        scores: (B,) reward-model scores (after the D23 EOS trick).
+        logps: (B, R) log-probs of the sampled tokens under the rollout policy.
+        ref_logps: (B, R) the same under the reference.
+        mask: (B, R) bool, each row with at least one True.
+        kl_coef: weight of the per-token KL penalty.
+        estimator: the KL estimator of `ops.kl_penalty` (k1 = log pi - log pi_ref, the N+ choice).
+        turn_rewards: (B, R) a multi-turn episode's turn rewards, each on its turn's last policy token, or
+            None.
     """
     zero = logps.new_zeros(())
     kl = torch.where(mask, kl_penalty(logps.detach(), ref_logps.detach(), estimator), zero)  # (B, R)

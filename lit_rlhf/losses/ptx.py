@@ -28,11 +28,14 @@ class PtxLossOutput(NamedTuple):
 def ptx_loss(logps: Tensor, mask: Tensor, ptx_coef: float, num_tokens: Tensor | float | None = None) -> PtxLossOutput:
     """gamma * E_x[-log pi(x)] of eq. 2 on the tokens of `mask`, as a token mean: ptx_coef * NLL.
 
-    logps: (n, T) the policy's per-token log-probs of the language-modelling rows (with grad);
-    mask: (n, T) bool, the tokens in the term; `ptx_coef` is eq. 2's gamma (>= 0; 0 is plain PPO);
-    `num_tokens` (default `mask.sum()`) divides the summed NLL: the whole batch's token count
-    when `logps` holds one micro-batch of it (`losses.nll_loss`). The gradient on each kept token's
-    log-prob is -ptx_coef / num_tokens.
+    The gradient on each kept token's log-prob is -ptx_coef / num_tokens.
+
+    Args:
+        logps: (n, T) the policy's per-token log-probs of the language-modelling rows (with grad).
+        mask: (n, T) bool, the tokens in the term.
+        ptx_coef: eq. 2's gamma, >= 0 (0 is plain PPO).
+        num_tokens: divides the summed NLL (default `mask.sum()`): the whole batch's token count when `logps`
+            holds one micro-batch of it.
     """
     if not ptx_coef >= 0:
         raise ValueError(f"ptx_coef must be >= 0, got {ptx_coef}")

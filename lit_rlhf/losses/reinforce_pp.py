@@ -22,8 +22,7 @@ def reinforce_pp_advantages(
 ) -> Tensor:
     """REINFORCE++ per-token advantages (Hu et al. 2025, arXiv 2501.03262), unnormalised.
 
-    scores: (N,) outcome rewards; mask: (N, T) bool; old_logps / ref_logps: (N, T) sampling-time
-    and reference log-probs (needed when kl_coef > 0). The KL penalty is part of the per-token
+    The KL penalty is part of the per-token
     reward, so with gamma = 1 the return of token t is
 
         A_t = r - kl_coef * sum_{i >= t} KL_i,   KL_i = log pi_old(y_i) - log pi_ref(y_i)  (k1)
@@ -31,6 +30,14 @@ def reinforce_pp_advantages(
     With `group_size` G (REINFORCE++ with baseline), r is first replaced by r - mean of its
     group's G rewards. The result is 0 on masked positions; normalise it over the global batch
     with `normalize_token_advantages`. No critic anywhere.
+
+    Args:
+        scores: (N,) outcome rewards.
+        mask: (N, T) bool, the response tokens.
+        old_logps: (N, T) sampling-time log-probs (needed when kl_coef > 0).
+        ref_logps: (N, T) reference log-probs (needed when kl_coef > 0).
+        kl_coef: weight of the k1 KL in the per-token reward.
+        group_size: G: r becomes r - the mean of its group's G rewards; None: no baseline.
     """
     r = scores.float()
     if group_size is not None:
@@ -51,7 +58,13 @@ def reinforce_pp_advantages(
 def normalize_token_advantages(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """(A - mean) / (std + eps) over every kept token of the batch (REINFORCE++'s global batch
     normalisation; pass all ranks' rows to make it global). Unbiased std; 0 on masked positions
-    and everywhere when all kept values are equal."""
+    and everywhere when all kept values are equal.
+
+    Args:
+        advantages: (N, T) per-token advantages.
+        mask: (N, T) bool, the kept tokens.
+        eps: added to the std before dividing.
+    """
     kept = advantages[mask]
     if kept.numel() < 2 or bool((kept == kept[0]).all()):
         return torch.zeros_like(advantages)
@@ -70,9 +83,16 @@ def clipped_token_loss(
 ) -> GRPOLossOutput:
     """PPO's clipped surrogate with one advantage per TOKEN, token mean (REINFORCE++'s loss).
 
-    logps, old_logps (None: on-policy, old = logps.detach()), advantages: (N, T); mask: (N, T)
-    bool. l_t = -min(ratio_t A_t, clip(ratio_t, 1 - eps_low, 1 + eps_high) A_t), averaged over
+    l_t = -min(ratio_t A_t, clip(ratio_t, 1 - eps_low, 1 + eps_high) A_t), averaged over
     the kept tokens. No KL term: REINFORCE++ puts the KL in the reward.
+
+    Args:
+        logps: (N, T) per-token log-probs under the current policy.
+        old_logps: (N, T) under the sampling policy; None: on-policy (old = logps.detach()).
+        advantages: (N, T), one per token.
+        mask: (N, T) bool, the kept tokens.
+        clip_eps_low: eps_low of the ratio's clip.
+        clip_eps_high: eps_high of the ratio's clip.
     """
     if advantages.shape != logps.shape:
         raise ValueError(f"advantages must be (N, T) = {tuple(logps.shape)}, got {tuple(advantages.shape)}")

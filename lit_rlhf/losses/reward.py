@@ -26,9 +26,6 @@ def bradley_terry_loss(
 ) -> RewardLossOutput:
     """Bradley-Terry ranking loss on scalar rewards of (chosen, rejected) pairs.
 
-    chosen_rewards, rejected_rewards: (B,) rewards r_c = r(x, y_c), r_r = r(x, y_r).
-    margin: optional (B,) per-pair margin m (e.g. from rating differences), or None for m = 0.
-
         loss = mean_b[ -log sigmoid(r_c - r_r - m) ] + center_coef * mean_b[ (r_c + r_r)^2 ]
 
     The first term is the negative log-likelihood of the Bradley-Terry preference model
@@ -37,6 +34,12 @@ def bradley_terry_loss(
     eq. 5; Touvron et al. 2023, eq. 2): the chosen reward must beat the rejected one by m.
     The second term (Eisenstein et al. 2023, "Helping or Herding?") pulls the pair's reward sum
     towards 0; the Bradley-Terry term alone is invariant to a constant shift of all rewards.
+
+    Args:
+        chosen_rewards: (B,) r_c = r(x, y_c).
+        rejected_rewards: (B,) r_r = r(x, y_r).
+        margin: (B,) per-pair margin m (e.g. from rating differences); None: m = 0.
+        center_coef: weight of the centring term.
     """
     if chosen_rewards.shape != rejected_rewards.shape:
         raise ValueError(

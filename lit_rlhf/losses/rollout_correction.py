@@ -128,12 +128,17 @@ def rollout_correction(train_logps: Tensor, sampler_logps: Tensor, mask: Tensor,
                        advantages: Tensor | None = None, offpolicy_kl: float | None = None) -> CorrectionOutput:
     """Importance weights and a keep-mask of the sampled tokens (see the module docstring).
 
-    train_logps, sampler_logps: (N, T) the trainer's and the sampler's log-probs of the sampled
-    tokens (at the sampling temperature); mask: (N, T) bool, the policy's tokens.
-    mode: `truncate` (weights min(w, upper), all kept) or `mask` (weights w, kept where
-    lower <= w <= upper; lower None = 1 / upper). level: `token`, `sequence` or `geometric`.
-    advantages: (N,) or (N, T), needed only with `offpolicy_kl`, the KL threshold delta of
-    DeepSeek-V3.2's off-policy sequence mask (None: off).
+    Args:
+        train_logps: (N, T) the trainer's log-probs of the sampled tokens (at the sampling temperature).
+        sampler_logps: (N, T) the sampler's log-probs of the same tokens.
+        mask: (N, T) bool, the policy's tokens.
+        mode: `truncate` (weights min(w, upper), all kept) or `mask` (weights w, kept where lower <= w <=
+            upper).
+        level: `token`, `sequence` or `geometric`.
+        upper: the cap (truncate) or upper bound (mask) of the weights.
+        lower: `mask`'s lower bound; None = 1 / upper.
+        advantages: (N,) or (N, T), needed only with `offpolicy_kl`.
+        offpolicy_kl: the KL threshold delta of DeepSeek-V3.2's off-policy sequence mask; None: off.
     """
     check_bounds(mode, level, lower, upper, offpolicy_kl)
     log_w = log_ratios(train_logps, sampler_logps, mask, level).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (N, T)
@@ -153,7 +158,14 @@ def rollout_correction(train_logps: Tensor, sampler_logps: Tensor, mask: Tensor,
 
 def truncated_importance_weights(train_logps: Tensor, sampler_logps: Tensor, mask: Tensor, cap: float) -> Tensor:
     """Per-token weights (N, T) `min(exp(train_logps - sampler_logps), cap)`, detached; 1 where
-    `mask` is False: `rollout_correction` at the token level in `truncate` mode (cap = upper)."""
+    `mask` is False: `rollout_correction` at the token level in `truncate` mode (cap = upper).
+
+    Args:
+        train_logps: (N, T) the trainer's log-probs of the sampled tokens.
+        sampler_logps: (N, T) the sampler's log-probs of the same tokens.
+        mask: (N, T) bool, the policy's tokens.
+        cap: the weights' upper bound C.
+    """
     if cap <= 0:
         raise ValueError(f"the TIS cap must be > 0, got {cap}")
     return rollout_correction(train_logps, sampler_logps, mask, "truncate", "token", upper=cap).weights
@@ -178,6 +190,12 @@ def mismatch_stats(train_logps: Tensor, sampler_logps: Tensor, mask: Tensor,
     1 - log r_t) (unbiased, >= 0; Schulman 2020, "Approximating KL Divergence"). The token ratios'
     mean, min, max and 5/50/95% quantiles; with a `correction`, the fraction of the mask's tokens
     it drops and the mean of its weights over the kept ones (else 0 and 1).
+
+    Args:
+        train_logps: (N, T) the trainer's log-probs of the sampled tokens.
+        sampler_logps: (N, T) the sampler's log-probs of the same tokens.
+        mask: (N, T) bool, the tokens measured.
+        correction: the `rollout_correction` applied, or None.
     """
     log_r = log_ratios(train_logps, sampler_logps, mask, "token").clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (N, T)
     ratio = torch.exp(log_r)
