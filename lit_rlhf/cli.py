@@ -35,7 +35,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_rlhf import console, hub, resume
-from lit_rlhf.cli_errors import OptionError, ProjectArgumentParser, TrainerSettingError, locate
+from lit_rlhf.cli_errors import CKPT_PATH_HELP, OptionError, ProjectArgumentParser, TrainerSettingError, locate
 from lit_rlhf.preemption import PreemptionCheckpoint
 from lit_rlhf.training.sharding import resolve_data_parallel_size
 
@@ -135,10 +135,6 @@ def register_project_classes() -> None:
 
 
 BASES = {"TrainingModule", "PolicyModule", "PairwiseModule", "OnlineModule", "RLHFDataModule"}  # not runnable alone
-CKPT_PATH_HELP = ("a checkpoint file to resume from, or `last`: this run's last.ckpt (the logger's newest version_N "
-                  "directory is reused; exit 2 when it has none, unless --fresh_if_no_checkpoint true; lit_rlhf.resume)")
-
-
 def fit_description() -> str:
     """The top of `fit --help`: where the methods' and DataModules' own arguments are."""
     import lit_rlhf.data

@@ -5,7 +5,7 @@ Checked: the constructor of every LightningModule exported by `lit_rlhf.modules`
 `OnlineModule`), every DataModule exported by `lit_rlhf.data`, every Lightning callback exported
 by `callbacks`, and every function exported by `lit_rlhf.losses`. A constructor's arguments may be
 described in the class docstring or in `__init__`'s; `*args`/`**kwargs` and names starting with
-`_` are not public.
+`_` are not public. An inherited argument may be described on the base class that declares it.
 """
 
 from __future__ import annotations
@@ -58,8 +58,11 @@ def public_parameters(function) -> list[str]:
 
 def undescribed(obj) -> list[str]:
     """The public arguments of a function, or of a class's constructor, that have no description."""
-    if inspect.isclass(obj):
-        docs = {**described(obj.__doc__), **described(obj.__init__.__doc__ if "__init__" in vars(obj) else "")}
+    if inspect.isclass(obj):  # an inherited argument may be described on the base that declares it
+        docs = {}
+        for klass in reversed(obj.__mro__):
+            docs.update(described(klass.__doc__))
+            docs.update(described(vars(klass)["__init__"].__doc__ if "__init__" in vars(klass) else ""))
         names = public_parameters(obj.__init__) if "__init__" in vars(obj) else []
     else:
         docs, names = described(obj.__doc__), public_parameters(obj)
@@ -137,4 +140,4 @@ def test_the_reader_finds_described_and_undescribed_arguments():
         def __init__(self, lr: float, gamma: float = 1.0, **kwargs) -> None:
             super().__init__(lr, 0.1)
 
-    assert undescribed(NewArgument) == ["lr", "gamma"]
+    assert undescribed(NewArgument) == ["gamma"]  # `lr` is described on the base that declares it

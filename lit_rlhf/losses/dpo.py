@@ -123,8 +123,10 @@ def xpo_loss(
     support (the paper's optimism; alpha = 0 is online DPO).
 
     Args:
-        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps: (B,)
-            sequence log-probs of each pair's chosen and rejected responses (`dpo_loss`).
+        policy_chosen_logps: (B,) the policy's sequence log-probs of each pair's chosen response.
+        policy_rejected_logps: (B,) the policy's, of the rejected response.
+        ref_chosen_logps: (B,) the reference's, of the chosen response (`dpo_loss`).
+        ref_rejected_logps: (B,) the reference's, of the rejected response.
         policy_ref_sample_logps: (B,) the policy's sequence log-probs of the reference's samples y~.
         beta: DPO's beta (`dpo_loss`).
         alpha: the exploration coefficient (>= 0).

@@ -21,7 +21,11 @@ def rank_by_scores(scores: Tensor) -> Tensor:
     """(B, K) long: each list's completion indices, best first, by descending `scores` (B, K).
 
     Ties keep the data's order (a stable sort): of two equal scores the earlier completion ranks
-    higher."""
+    higher.
+
+    Args:
+        scores: (B, K) each list's completion scores (higher is better).
+    """
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices
 
 
