@@ -135,8 +135,6 @@ def register_project_classes() -> None:
 
 
 BASES = {"TrainingModule", "PolicyModule", "PairwiseModule", "OnlineModule", "RLHFDataModule"}  # not runnable alone
-CKPT_PATH_HELP = ("a checkpoint file to resume from, or `last`: this run's last.ckpt (the logger's newest version_N "
-                  "directory is reused; exit 2 when it has none, unless --fresh_if_no_checkpoint true; lit_rlhf.resume)")
 
 
 def fit_description() -> str:

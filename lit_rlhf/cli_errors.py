@@ -47,6 +47,10 @@ class TrainerSettingError(ValueError):
     """A value Lightning's Trainer refuses when it is built (e.g. `max_steps: -5`)."""
 
 
+CKPT_PATH_HELP = ("a checkpoint file to resume from, or `last`: this run's last.ckpt (the logger's newest version_N "
+                  "directory is reused; exit 2 when it has none, unless --fresh_if_no_checkpoint true; lit_rlhf.resume)")
+
+
 class ProjectArgumentParser(LightningArgumentParser):
     """The CLI's parser: where jsonargparse would print its usage and exit, raise `OptionError`."""
 
@@ -63,8 +67,6 @@ class ProjectArgumentParser(LightningArgumentParser):
     def add_method_arguments(self, theclass: Any, themethod: str, *args: Any, **kwargs: Any) -> Any:
         """Lightning's arguments of `Trainer.<themethod>`, `--ckpt_path`'s help saying what `last`
         means here (`lit_rlhf.resume`) instead of Lightning's."""
-        from lit_rlhf.cli import CKPT_PATH_HELP
-
         added = super().add_method_arguments(theclass, themethod, *args, **kwargs)
         for action in self._actions:
             if action.dest == "ckpt_path":
