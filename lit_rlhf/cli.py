@@ -35,7 +35,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_rlhf import console, hub, resume
-from lit_rlhf.cli_errors import CKPT_PATH_HELP, OptionError, ProjectArgumentParser, TrainerSettingError, locate
+from lit_rlhf.cli_errors import OptionError, ProjectArgumentParser, TrainerSettingError, locate
 from lit_rlhf.preemption import PreemptionCheckpoint
 from lit_rlhf.training.sharding import resolve_data_parallel_size
 
@@ -135,6 +135,8 @@ def register_project_classes() -> None:
 
 
 BASES = {"TrainingModule", "PolicyModule", "PairwiseModule", "OnlineModule", "RLHFDataModule"}  # not runnable alone
+
+
 def fit_description() -> str:
     """The top of `fit --help`: where the methods' and DataModules' own arguments are."""
     import lit_rlhf.data

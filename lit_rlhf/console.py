@@ -17,8 +17,8 @@ Everything else (other warnings, errors, Lightning's "`Trainer.fit` stopped: ...
 kept, and the project's loggers (`lit_rlhf.*`, `callbacks.*`) print their INFO lines. With
 `verbose=True` (the CLI's `--verbose` flag or `LIT_RLHF_VERBOSE=1`) nothing is filtered.
 
-In both, every log line (the project's and Lightning's) and every Python warning is written on a
-line of its own above the progress bar (`tqdm.write`), never onto the bar's line.
+In both, every log line (the project's and Lightning's) and, at a terminal, every Python warning
+is written on a line of its own above the progress bar (`tqdm.write`), never onto the bar's line.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ def configure(verbose: bool = False) -> None:
         lightning.addHandler(above := AboveTheBar())
         above.setLevel(handler.level)
         above.setFormatter(handler.formatter)
-    warnings.showwarning = show_warning
+    if sys.stderr.isatty():  # a terminal shows the bar's line; elsewhere leave warnings to whoever records them
+        warnings.showwarning = show_warning
     if verbose:
         return
     for name, patterns in LOG_FILTERS.items():
