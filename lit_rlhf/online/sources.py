@@ -37,6 +37,7 @@ learner; `lit_rlhf.online.environment.EnvironmentRollouts` runs multi-turn episo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from typing import Any, Sequence
@@ -204,7 +205,8 @@ class HFSampler(RolloutSource):
     def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
                  sampling: SamplingConfig) -> Responses:
         eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
-        with adapters.activated(model.model) as network:  # a LoRA reference: the base, no adapter
+        view = isinstance(model.model, adapters.AdapterView)  # a LoRA reference: the base, no adapter
+        with adapters.activated(model.model) if view else contextlib.nullcontext(model.model) as network:
             return (*generate_responses(network, prompt_ids, prompt_mask, sampling, eos, pad,
                                         synced_gpus=model.synced_gpus), None)
 
