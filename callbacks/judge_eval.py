@@ -279,7 +279,7 @@ class JudgeEvalCallback(ScheduledEvaluation):
         engine = None  # the policy of a module that samples with a colocated vLLM engine samples with it
         source = getattr(module, "rollout_source", None)
         if model is getattr(module, "policy", None) and isinstance(source, VLLMSampler):
-            engine = source.synced_engine(module)
+            engine = source.synced_engine(module.sampled_model())
         with trainer.precision_plugin.forward_context(), policy_sampler(model) as sampler:
             return generate_completions(sampler, tokenizer, prompts.prompt_ids, self.sampling, self.batch_size,
                                         synced_gpus=synced, seed=self.seed, engine=engine)

@@ -91,7 +91,7 @@ class PassAtKCallback(ScheduledEvaluation):
             engine = None  # a module sampling with a colocated vLLM engine evaluates with it
             source = getattr(pl_module, "rollout_source", None)
             if isinstance(source, VLLMSampler):
-                engine = source.synced_engine(pl_module)
+                engine = source.synced_engine(pl_module.sampled_model())
             with trainer.precision_plugin.forward_context(), policy_sampler(pl_module.policy) as sampler:
                 answers = sample_answers(sampler, pl_module.tokenizer, prompts, self.n, self.ks, self.sampling,
                                          self.batch_size, self.seed, synced_gpus=synced, engine=engine)

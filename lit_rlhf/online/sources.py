@@ -37,9 +37,9 @@ learner; `lit_rlhf.online.environment.EnvironmentRollouts` runs multi-turn episo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-from contextlib import nullcontext
 from typing import Any, Sequence
 
 import torch
@@ -205,8 +205,8 @@ class HFSampler(RolloutSource):
     def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
                  sampling: SamplingConfig) -> Responses:
         eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
-        network = model.model  # a LoRA reference (an adapter view): the base, its adapters off
-        with adapters.activated(network) if isinstance(network, adapters.AdapterView) else nullcontext(network) as network:
+        view = isinstance(model.model, adapters.AdapterView)  # a LoRA reference: the base, no adapter
+        with adapters.activated(model.model) if view else contextlib.nullcontext(model.model) as network:
             return (*generate_responses(network, prompt_ids, prompt_mask, sampling, eos, pad,
                                         synced_gpus=model.synced_gpus), None)
 
