@@ -78,6 +78,8 @@ class LocalSampler(Sampler):
         frozen: `model`'s weights never change (a reference): every version is the one it holds.
         stream: nonzero: always a generator per batch, seeded `rollout_seed(index) ^ stream` (a
             second model's samples, independent of the policy's and of timing).
+        probe: the learner's `SyncProbe`: a version stamped with the trainer's probe log-probs is
+            checked after it is loaded (`SyncCheckError` naming the version; None: not checked).
 
     The versions come from the learner in this process: the wait for one ends when it is
     published or when the producer is stopped (the learner's own waits have deadlines).
@@ -85,11 +87,11 @@ class LocalSampler(Sampler):
 
     def __init__(self, model: nn.Module, sync: WeightSync, sampling: SamplingConfig, repeats: int,
                  eos_token_id: int, pad_token_id: int, max_staleness: int, frozen: bool = False,
-                 stream: int = 0) -> None:
+                 stream: int = 0, probe: Any = None) -> None:
         self.model = model.eval().requires_grad_(False)
         self.sync, self.sampling, self.repeats = sync, sampling, repeats
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
-        self.max_staleness, self.frozen, self.stream = max_staleness, frozen, stream
+        self.max_staleness, self.frozen, self.stream, self.probe = max_staleness, frozen, stream, probe
         self.version = None
 
     def prepare(self, version: int, stop: threading.Event) -> bool:
@@ -99,7 +101,7 @@ class LocalSampler(Sampler):
         tensors = fetch_until(self.sync, version, stop, timeout=None)  # waits for the learner to publish it
         if tensors is None:
             return False
-        load_weights(self.model, tensors)
+        load_weights(self.model, tensors, self.probe, "in-memory sync (asynchronous producer)", version)
         self.version = version
         return True
 

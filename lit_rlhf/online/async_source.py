@@ -64,6 +64,7 @@ from lit_rlhf.async_rollouts import (
     staleness_stats,
 )
 from lit_rlhf.generation import SamplingConfig
+from lit_rlhf.generation.sync_check import SyncProbe
 from lit_rlhf.generation.weight_sync import InMemoryWeightSync, trained_weights
 from lit_rlhf.online.server import VLLMServerBackend
 from lit_rlhf.online.correction import RolloutCorrection, source_correction
@@ -83,6 +84,7 @@ class Running(NamedTuple):
     queue: RolloutQueue
     producer: RolloutProducer
     sync: InMemoryWeightSync
+    probe: SyncProbe | None  # the learner stamps each version with it, the in-process sampler checks it
 
 
 class AsyncRollouts(RolloutSource):
@@ -188,12 +190,14 @@ class AsyncRollouts(RolloutSource):
         schedule = PromptSchedule(trainer.train_dataloader, trainer.num_training_batches)
         sync = InMemoryWeightSync()
         eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
+        probe = None
         if self.server is not None:
             sampler = self.server.sampler(model, trainer, sampling, repeats, sync, s, self.timeout)
         else:
+            probe = None if model.frozen else SyncProbe(len(model.tokenizer))
             sampler = LocalSampler(copy.deepcopy(standalone(model.model)), sync, sampling, repeats, eos, pad, s,
-                                   frozen=model.frozen, stream=self.stream)
-        self.running = Running(queue, RolloutProducer(queue, schedule, sampler).start(), sync)
+                                   frozen=model.frozen, stream=self.stream, probe=probe)
+        self.running = Running(queue, RolloutProducer(queue, schedule, sampler).start(), sync, probe)
         self.published = None
 
     def stop(self, siblings: bool = True) -> None:
@@ -212,10 +216,11 @@ class AsyncRollouts(RolloutSource):
         `batch`'s prompts -> (batch, stats)."""
         if self.running is None:
             raise RuntimeError("asynchronous rollouts are not running: they start in on_train_start")
-        queue, sync = self.running.queue, self.running.sync
+        queue, sync, probe = self.running.queue, self.running.sync, self.running.probe
         k = int(model.version)
         if not model.frozen and (self.published is None or self.published < k):
-            sync.publish(k, trained_weights(model.model))
+            tensors = trained_weights(model.model)
+            sync.publish(k, tensors if probe is None else probe.stamp(tensors, model.model))
             self.published = k
         generated, depth, waited = queue.take(k, self.timeout)
         ids, mask = batch.input_ids, batch.attention_mask.bool()

@@ -89,3 +89,22 @@ def test_the_check_by_hand():
         probe.check("s", 7, expected, expected + torch.tensor([[0.0, 0.0], [0.0, 0.6]]), torch.float32)
     with pytest.raises(SyncCheckError):  # a NaN is a failure, never a pass
         probe.check("s", 7, expected, expected * float("nan"), torch.float32)
+
+
+def test_the_asynchronous_producer_checks_every_version_it_loads(base):
+    """`AsyncRollouts`' in-process sampler holds the learner's probe: a version stamped by the
+    learner loads when the weights arrived whole, and a version missing a tensor raises."""
+    import threading
+
+    from lit_rlhf.async_rollouts import LocalSampler
+    from lit_rlhf.generation import SamplingConfig
+
+    trainer = _trained(copy.deepcopy(base))
+    probe, sync = SyncProbe(trainer.config.vocab_size), InMemoryWeightSync()
+    sampler = LocalSampler(copy.deepcopy(base), sync, SamplingConfig(max_new_tokens=2), 1, 0, 1, 0, probe=probe)
+    weights, stop = trained_weights(trainer), threading.Event()
+    sync.publish(1, probe.stamp(weights, trainer))
+    assert sampler.prepare(1, stop) and sampler.version == 1
+    sync.publish(2, probe.stamp({n: t for n, t in weights.items() if "layers.0.self_attn" not in n}, _trained(trainer)))
+    with pytest.raises(SyncCheckError, match="asynchronous producer.*version 2"):
+        sampler.prepare(2, stop)
