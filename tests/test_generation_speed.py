@@ -132,3 +132,16 @@ def test_the_sampler_benchmark_times_three_samplers_and_renders(tmp_path):
     write_block(text, bench_generation.BEGIN, bench_generation.END, bench_generation.TITLE, "## Generation backends", page)
     write_block(text, bench_generation.BEGIN, bench_generation.END, bench_generation.TITLE, "## Generation backends", page)
     assert page.read_text().count(bench_generation.BEGIN) == 1 and page.read_text().index("## Next") > page.read_text().index(text)
+
+
+def test_the_sampler_table_in_results_md_is_its_raw_file_rendered():
+    import re
+    from pathlib import Path
+
+    from benchmarks import bench_generation
+
+    root = Path(__file__).resolve().parents[1]
+    shown = (root / "benchmarks/RESULTS.md").read_text().split(bench_generation.BEGIN, 1)[1]
+    shown = shown.split(bench_generation.END, 1)[0].strip("\n")
+    raw = re.search(r"Raw file: `([^`]+)`", shown).group(1)
+    assert shown == bench_generation.render_samplers(json.loads((root / raw).read_text()))
