@@ -38,7 +38,6 @@ import statistics
 import time
 from pathlib import Path
 
-
 SAMPLERS = ("ours", "previous", "generate")
 BEGIN, END = "<!-- sampler-benchmark:begin -->", "<!-- sampler-benchmark:end -->"
 TITLE = "Our sampler: preallocated cache and finished rows compacted (`bench_generation.py --samplers`)"
@@ -142,12 +141,12 @@ def render_samplers(result: dict) -> str:
     """The table: seconds per rollout (median, min-max) per sampler, our speed-up, same tokens."""
     a, m = result["args"], result["machine"]
     load = f"{result['load_average_before'][0]:.1f}/{result['load_average_after'][0]:.1f}"
-    lines = [f"Measured {m['date'][:16].replace('T', ' ')} on {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch "
+    lines = [(f"Measured {m['date'][:16].replace('T', ' ')} on {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch "
              f"threads; torch {m['torch']}, transformers {m['transformers']}; load average before/after {load}), "
              f"{a['model']} fp32, up to {a['new_tokens']} new tokens at temperature {a['temperature']}, median of "
-             f"{a['rounds']} rounds after {a['warmup']} warm-up. Raw file: `{result.get('file', '-')}`.", "",
-             "| workload | rows | mean length (ended on EOS) | ours s | previous loop s | transformers generate s "
-             "| **speed-up vs previous** | speed-up vs generate | same tokens (previous, generate) |",
+             f"{a['rounds']} rounds after {a['warmup']} warm-up. Raw file: `{result.get('file', '-')}`."), "",
+             ("| workload | rows | mean length (ended on EOS) | ours s | previous loop s | transformers generate s "
+             "| **speed-up vs previous** | speed-up vs generate | same tokens (previous, generate) |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for workload, w in result["workloads"].items():
         s = {k: v for k, v in w["seconds"].items()}
@@ -182,7 +181,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     import torch
 
     from lit_rlhf.data.collate import pad_left
-    from lit_rlhf.generation import SamplingConfig, generate_responses, token_logps_with_grad
+    from lit_rlhf.generation import (
+        SamplingConfig,
+        generate_responses,
+        token_logps_with_grad,
+    )
     from lit_rlhf.generation.vllm import VLLMEngine
     from lit_rlhf.models import load_causal_lm, load_tokenizer
 

@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from benchmarks.previous_sampler import previous_sample_tokens
-from lit_rlhf.generation import SamplingConfig, finish_responses, generate_responses, sample_tokens
+from lit_rlhf.generation import (
+    SamplingConfig,
+    finish_responses,
+    generate_responses,
+    sample_tokens,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -21,11 +26,16 @@ PAD, EOS = 0, 1
 def small_vocab_lm(sliding_window: int | None = None):
     """A 2-layer Llama (or Mistral, with a sliding window) of 24 tokens: EOS is drawn often, so
     rows finish at different steps."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+    )
 
     torch.manual_seed(0)
-    common = dict(vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD, eos_token_id=EOS)
+    common = {"vocab_size": 24, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "max_position_embeddings": 128, "pad_token_id": PAD, "eos_token_id": EOS}
     if sliding_window:
         return MistralForCausalLM(MistralConfig(sliding_window=sliding_window, **common)).eval()
     return LlamaForCausalLM(LlamaConfig(**common)).eval()
@@ -132,3 +142,16 @@ def test_the_sampler_benchmark_times_three_samplers_and_renders(tmp_path):
     write_block(text, bench_generation.BEGIN, bench_generation.END, bench_generation.TITLE, "## Generation backends", page)
     write_block(text, bench_generation.BEGIN, bench_generation.END, bench_generation.TITLE, "## Generation backends", page)
     assert page.read_text().count(bench_generation.BEGIN) == 1 and page.read_text().index("## Next") > page.read_text().index(text)
+
+
+def test_the_sampler_table_in_results_md_is_its_raw_file_rendered():
+    import re
+    from pathlib import Path
+
+    from benchmarks import bench_generation
+
+    root = Path(__file__).resolve().parents[1]
+    shown = (root / "benchmarks/RESULTS.md").read_text().split(bench_generation.BEGIN, 1)[1]
+    shown = shown.split(bench_generation.END, 1)[0].strip("\n")
+    raw = re.search(r"Raw file: `([^`]+)`", shown).group(1)
+    assert shown == bench_generation.render_samplers(json.loads((root / raw).read_text()))
