@@ -31,9 +31,12 @@ class MatchedSampler(HFSampler):
     def __init__(self, correction: RolloutCorrection | None = None, shift: float = 0.0) -> None:
         self.correction, self.shift = correction, shift  # shift: subtracted from the sampler's log-probs
 
-    def sample(self, module, batch, repeats, sampling, training=True):
-        rollout, stats = super().sample(module, batch, repeats, sampling, training)
+    learner = None  # the module that trains on these samples (set by `run`): its scoring is copied
+
+    def sample(self, model, batch, repeats, sampling, training=True):
+        rollout, stats = super().sample(model, batch, repeats, sampling, training)
         groups = torch.arange(rollout.num_rows) // repeats if repeats > 1 else None
+        module = self.learner
         with torch.no_grad():
             logps = module.response_token_logps(module.policy, rollout.prompt_ids, rollout.prompt_mask,
                                                 rollout.response_ids, rollout.response_attention_mask,
@@ -47,6 +50,8 @@ def run(cls, source, path):
         cls, {"num_generations": 2, "num_iterations": 2})  # GRPO's old log-probs from the rollout
     module = cls(model="tiny-random-llama", reward_fns=[CharacterFractionReward(LETTERS)], max_new_tokens=4, lr=1e-3, lr_scheduler="constant", kl_coef=0.0, total_episodes=16, rollout=source,
                  **options)
+    if isinstance(module.rollout_source, MatchedSampler):
+        module.rollout_source.learner = module
     initial = [p.detach().clone() for p in module.policy.parameters()]
     _, metrics = fit(module, path)
     assert any(not torch.equal(a, b) for a, b in zip(initial, module.policy.parameters()))  # it trained
