@@ -76,7 +76,7 @@ def test_new_online_methods_sample_with_the_engine(name, vllm_model_dir, engine)
                             enable_progress_bar=False, enable_model_summary=False, callbacks=[shaped])
         trainer.fit(module, prompt_loader(module.tokenizer))
     finally:
-        engine.generate = generate
+        del engine.generate  # back to the class method
     assert calls == rows * 2  # every response of both rollouts came from the engine
     assert any(not torch.equal(v, initial[k]) for k, v in module.policy.state_dict().items())
     assert all(w is None for w in weighed) != (name in WEIGHED), weighed  # weights only with a correction

@@ -28,6 +28,8 @@ def test_policy_and_reference_responses_both_come_from_vllm(vllm_model_dir, engi
         calls.append(id(self))
         return generate(self, *args, **kwargs)
 
+    if "generate" in vars(engine):  # an earlier test of the shared engine left its own wrapper on it
+        monkeypatch.delattr(engine, "generate")
     monkeypatch.setattr(VLLMEngine, "generate", counted)
     ended = Ended()
     trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[ended],
