@@ -60,6 +60,16 @@ class OnlineDPOModule(OnlineModule):
     def needs_rollout_logps(self) -> bool:
         return False  # the update's own forward pass gives the policy's log-probs
 
+    def pair_loss(self, policy: Tensor, reference: Tensor, logps: Tensor,
+                  first_wins: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of k annotated pairs: `policy` and `reference` (k, 2) sequence log-probs of
+        (chosen, rejected); `logps` (k, 2) the policy's of each pair's (first, second) rows;
+        `first_wins` (k,) bool. Online DPO: `dpo_loss`."""
+        out = dpo_loss(policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1], self.beta, self.loss_type)
+        return out.loss, {"loss/dpo": out.loss.detach(), "rewards/chosen": out.chosen_rewards.mean(),
+                          "rewards/rejected": out.rejected_rewards.mean(), "rewards/margins": out.margins.mean(),
+                          "rewards/accuracies": out.accuracies}
+
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         scores, mask, attention = rollout.scores.float().view(-1, 2), rollout.loss_mask, rollout.response_attention_mask
         annotated = (scores[:, 0] != scores[:, 1]).float()  # (B,) ties are left out
@@ -80,10 +90,7 @@ class OnlineDPOModule(OnlineModule):
             order = torch.stack([1 - wins, wins], dim=1)  # (n, 2): the columns of chosen, rejected
             policy = logps.gather(1, order)[keep]  # (k, 2)
             reference = ref.view(-1, 2)[pairs].gather(1, order)[keep]
-            out = dpo_loss(policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1], self.beta, self.loss_type)
-            return out.loss, {"loss/dpo": out.loss.detach(), "rewards/chosen": out.chosen_rewards.mean(),
-                              "rewards/rejected": out.rejected_rewards.mean(), "rewards/margins": out.margins.mean(),
-                              "rewards/accuracies": out.accuracies}
+            return self.pair_loss(policy, reference, logps[keep], first_wins[keep])
 
         # a mean over annotated pairs: each row weighs half its pair's 0/1 annotation
         stats = self.run_updates(mask.shape[0], 1, 1, loss_fn, row_weights=annotated.repeat_interleave(2) / 2)

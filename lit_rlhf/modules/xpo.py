@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from lit_rlhf.losses import xpo_loss
 from lit_rlhf.modules.online_dpo import OnlineDPOModule
-from lit_rlhf.ops import masked_sum
-from lit_rlhf.types import Rollout
 
 
 class XPOModule(OnlineDPOModule):
@@ -46,33 +43,14 @@ class XPOModule(OnlineDPOModule):
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         self.alpha = float(alpha)
 
-    def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
-        scores, mask, attention = rollout.scores.float().view(-1, 2), rollout.loss_mask, rollout.response_attention_mask
-        annotated = (scores[:, 0] != scores[:, 1]).float()  # (B,) ties are left out
-        ref = masked_sum(rollout.ref_logps, mask, dim=1).view(-1, 2)  # (B, 2) at temperature 1
-
-        def loss_fn(rows: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-            # `rows`: whole pairs (`whole_groups`): a policy row, then its prompt's reference row
-            per_token = self.response_token_logps(
-                self.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.response_ids[rows],
-                attention[rows], self.logprob_temperature, groups=rows // 2,
-            )  # (2n, R)
-            logps, pairs = masked_sum(per_token, mask[rows], dim=1).view(-1, 2), rows[0::2] // 2  # (n, 2), (n,)
-            keep = annotated[pairs].bool()
-            if not keep.any():
-                return logps.sum() * 0.0, {}  # no annotated pair here: no gradient, no stats
-            wins = (scores[pairs, 1] > scores[pairs, 0]).long()  # (n,) 1: the reference's response won
-            order = torch.stack([wins, 1 - wins], dim=1)  # (n, 2): the columns of chosen, rejected
-            policy, reference = logps.gather(1, order)[keep], ref[pairs].gather(1, order)[keep]  # (k, 2)
-            out = xpo_loss(policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1], logps[keep, 1], self.beta,
-                           self.alpha, self.loss_type)
-            dpo = out.dpo
-            return out.loss, {"loss/xpo": out.loss.detach(), "loss/dpo": dpo.loss, "loss/exploration": out.exploration,
-                              "rewards/chosen": dpo.chosen_rewards.mean(), "rewards/rejected": dpo.rejected_rewards.mean(),
-                              "rewards/margins": dpo.margins.mean(), "rewards/accuracies": dpo.accuracies,
-                              "pairs/policy_wins": 1.0 - wins[keep].float().mean()}
-
-        # a mean over annotated pairs: each row weighs half its pair's 0/1 annotation
-        stats = self.run_updates(mask.shape[0], 1, 1, loss_fn, row_weights=annotated.repeat_interleave(2) / 2)
-        stats["pairs/tie_fraction"] = 1.0 - annotated.mean()
-        return rollout, stats
+    def pair_loss(self, policy: Tensor, reference: Tensor, logps: Tensor,
+                  first_wins: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """`xpo_loss`: DPO on (chosen, rejected) plus alpha times the policy's log-prob of each
+        pair's second row, the reference's sample."""
+        out = xpo_loss(policy[:, 0], policy[:, 1], reference[:, 0], reference[:, 1], logps[:, 1], self.beta,
+                       self.alpha, self.loss_type)
+        dpo = out.dpo
+        return out.loss, {"loss/xpo": out.loss.detach(), "loss/dpo": dpo.loss, "loss/exploration": out.exploration,
+                          "rewards/chosen": dpo.chosen_rewards.mean(), "rewards/rejected": dpo.rejected_rewards.mean(),
+                          "rewards/margins": dpo.margins.mean(), "rewards/accuracies": dpo.accuracies,
+                          "pairs/policy_wins": first_wins.float().mean()}
