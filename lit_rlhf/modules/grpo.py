@@ -15,69 +15,39 @@ import torch
 from torch import Tensor
 
 from lit_rlhf.distributed import gather_rows
-from lit_rlhf.losses import (
-    AdvantageScale,
-    Aggregation,
-    EntropyControl,
-    GRPOLossOutput,
-    entropy_bonus_penalty,
-    grpo_advantages,
-    grpo_policy_loss,
-    sampled_entropy,
-)
+from lit_rlhf.losses import (AdvantageScale, Aggregation, EntropyControl, GRPOLossOutput, entropy_bonus_penalty,
+                             grpo_advantages, grpo_policy_loss, sampled_entropy)
 from lit_rlhf.modules.online import OnlineModule
+from lit_rlhf.online.moved import GRPO_MOVED
 from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.types import Rollout
-
-# options GRPOModule once took that now belong to a variant (`lit_rlhf.training.moved`)
-MOVED_OPTIONS = {
-    "advantage": "use ReinforcePPModule for reinforce_pp (baseline: true for reinforce_pp_baseline), RLOOModule for "
-                 "leave-one-out; GRPOModule's advantages are group-normalised (scale: group, batch or none)",
-    "importance_sampling": "use GSPOModule",
-    "dynamic_sampling": "use DAPOModule",
-    "max_sampling_rounds": "use DAPOModule",
-    "mask_truncated": "use DAPOModule",
-    "eps": "the class attribute `eps` (GRPO 1e-4, Dr. GRPO 0, REINFORCE++ 1e-8): a subclass sets another",
-    "entropy_control": "use entropy: {covariance: {method: ..., ...}} (a lit_rlhf.losses.EntropyControl)",
-    "entropy_bonus": "use entropy: {bonus: {coef: ..., ...}} (a lit_rlhf.losses.EntropyControl)",
-}
-
 
 class GRPOModule(OnlineModule):
     """Group relative policy optimisation (DeepSeekMath, Shao et al. 2024, Sec. 4.1).
 
     Each training step takes B prompts and:
 
-    1. samples `num_generations` (G) completions per prompt, the G copies of a prompt
-       contiguous (N = B*G rows), and scores them once: old log-probs (only when the rollout
-       gets more than one update: with one pass over one minibatch the update is on-policy and
-       its own forward pass gives them, as a ratio of exactly 1), reference log-probs (only
-       when `kl_coef` > 0: with `kl_coef` 0 the reference is never loaded), scores; callbacks shape
-       the scores through their `on_rollout_scores` (`OnlineModule.shape`);
-    2. `advantages`: one per completion, (r - mean_group) / (std + eps) with the std of `scale`
-       (`losses.grpo_advantages`; `batch` takes the std over the global batch, every rank's
-       rewards); a group whose rewards are all equal gets exactly 0;
+    1. samples `num_generations` (G) completions per prompt, contiguous (N = B*G rows), and scores
+       them once: old log-probs only when the rollout gets more than one update (one pass over
+       one minibatch is on-policy: the update's own forward pass gives them, a ratio of exactly
+       1), reference log-probs only when `kl_coef` > 0, scores, shaped by the callbacks;
+    2. `advantages`: (r - mean_group) / (std + eps) per completion, the std of `scale`
+       (`losses.grpo_advantages`; `batch`: over every rank's rewards); a group of equal rewards gets 0;
     3. `num_iterations` passes over `num_minibatches` minibatches (one optimizer step each) of
-       `policy_loss`: the clipped surrogate (eps low/high) plus `kl_coef` times the k3 KL to the
-       reference IN THE LOSS (`losses.grpo_policy_loss`, DeepSeekMath Eq. 3-4) over the tokens of
-       `loss_mask`, aggregated by `aggregation` over the whole minibatch whatever
-       `micro_batch_size`: micro-batch losses are weighted by their share of the minibatch's
-       tokens (`token_mean`, counted over all ranks) or rows (the others).
+       `policy_loss`: the clipped surrogate plus `kl_coef` times the k3 KL to the reference IN
+       THE LOSS (`losses.grpo_policy_loss`, DeepSeekMath Eq. 3-4) over the tokens of `loss_mask`,
+       aggregated by `aggregation` over the whole minibatch whatever `micro_batch_size`
+       (micro-batches weigh their share of the minibatch's tokens, all ranks, or rows).
 
-    A variant overrides those named steps; e.g. GRPO's clipped loss fed RLOO's leave-one-out
-    advantages (`losses.rloo_advantages`) is `advantages` returning
-    `rloo_advantages(rollout.scores.float(), self.num_generations)` (the textbook RLOO, KL in the
-    reward and REINFORCE on the summed log-prob, is `RLOOModule`).
-
-    With `shared_prompt` (default) the rows of a group in one forward pass (rollout scoring:
-    reference log-probs, reward model; the update's micro-batches) compute their prompt once
+    A variant overrides those named steps (GRPO's clipped loss on RLOO's leave-one-out advantages
+    is `advantages` returning `rloo_advantages(rollout.scores.float(), self.num_generations)`).
+    With `shared_prompt` (default) a group's rows in one forward pass compute their prompt once
     (`lit_rlhf.ops.shared_prompt`), with the same log-probs and gradients.
 
-    Logs the `OnlineModule` objective stats (scores, KL, entropy, RLHF reward = score -
-    kl_coef * KL, lengths, EOS fraction, times, tokens/s) plus `policy/{loss,clipfrac,
-    clipfrac_low,clipfrac_high,ratio_mean,first_ratio_mean}`, `objective/kl_loss` (the k3
-    token mean inside the loss), `advantages/abs_mean`, `rewards/group_std` and
-    `rewards/zero_std_fraction` (the fraction of groups whose G rewards are all equal).
+    Logs the `OnlineModule` stats plus `policy/{loss,clipfrac,clipfrac_low,clipfrac_high,
+    ratio_mean,first_ratio_mean}`, `objective/kl_loss` (the k3 token mean inside the loss),
+    `advantages/abs_mean`, `rewards/group_std` and `rewards/zero_std_fraction` (groups whose G
+    rewards are all equal).
 
     Args:
         num_generations: G, completions per prompt (>= 2).
@@ -108,7 +78,7 @@ class GRPOModule(OnlineModule):
 
     supports_tis = True
     accepts_environment = True
-    moved_options: ClassVar[dict[str, str]] = MOVED_OPTIONS
+    moved_options: ClassVar[dict[str, str]] = GRPO_MOVED
     eps: ClassVar[float] = 1e-4
     """Added to the std that divides the advantages (a group of equal rewards gets 0, not NaN)."""
     takes_entropy_control: ClassVar[bool] = True  # `policy_loss` is GRPO's: `entropy` acts on it
@@ -162,9 +132,7 @@ class GRPOModule(OnlineModule):
         # (detached) log-probs, so the rollout skips that extra forward pass
         return self.updates_per_rollout() > 1
 
-    # ------------------------------------------------------------------------------------------
     # the steps a variant overrides
-    # ------------------------------------------------------------------------------------------
 
     def advantages(self, rollout: Rollout) -> Tensor:
         """(N,) one advantage per completion (broadcast to its tokens by `policy_loss`), or (N, R)
@@ -204,8 +172,6 @@ class GRPOModule(OnlineModule):
         """Whether `policy_loss` is a token mean (micro-batches weigh their share of the tokens)
         rather than a mean over rows."""
         return self.aggregation == "token_mean"
-
-    # ------------------------------------------------------------------------------------------
 
     def update(self, rollout: Rollout) -> tuple[Rollout, dict[str, Tensor]]:
         group = self.num_generations

@@ -1,20 +1,14 @@
 """`OnlineModule`: the base of the methods that sample their own training data (PPO, GRPO and its
-family, RLOO, ReMax, rejection sampling, online DPO, distillation).
+family, RLOO, ReMax, rejection sampling, online DPO, XPO, distillation).
 
-A training step reads top to bottom in this file: **sample** (`make_rollout`: the rollout source
-passed as `rollout`, `HFSampler` by default, gives `repeats` responses per prompt, cut after the
-first EOS, D23), **score once** without grad (old and reference log-probs, values, at
-`logprob_temperature`), **reward** (`score`: every reward source, normalised and weighted; then
-the method's `rollout_extras` and the callbacks' `on_rollout_scores`, `shape`), **update** (the
-method's `update` over `run_updates`: minibatches of whole groups, one optimizer step each, the
-contract in `lit_rlhf.online.update`), then the callbacks' `on_rollout_end` and the step's stats.
-Nothing non-finite reaches the weights (`check_finite`). A run is measured in episodes (sampled
-responses, all ranks; `total_episodes`, `num_training_steps`).
-
-**What a method defines** (each documented below): `update`; and where it differs from the
-default, `repeats`, `updates_per_rollout`, `needs_rollout_logps`, `rollout_values`,
-`rollout_extras`, `step_loss`, `update_rows`, `check_config`, the attributes `supports_tis`,
-`accepts_environment`, `whole_groups` and `reward_optional`, and `kl_coef` through `init_kl`.
+A training step reads top to bottom here: **sample** (`make_rollout`: the `rollout` source,
+`HFSampler` by default, `repeats` responses per prompt cut after the first EOS, D23), **score
+once** without grad (old and reference log-probs, values, at `logprob_temperature`), **reward**
+(`score`, then the method's `rollout_extras` and the callbacks' `on_rollout_scores`: `shape`),
+**update** (the method's `update` over `run_updates`, the contract in `lit_rlhf.online.update`),
+then the callbacks' `on_rollout_end` and the step's stats. A run is measured in episodes (sampled
+responses, all ranks: `total_episodes`). A method defines `update` and, where it differs from the
+default, the hooks and class attributes of the first section of `OnlineModule`.
 """
 
 from __future__ import annotations
@@ -55,27 +49,24 @@ class OnlineModule(PolicyModule):
     """Base of the online methods (see the module docstring).
 
     Args:
-        reward_model: a reward model: a `RewardModule` checkpoint or an exported
-            `AutoModelForSequenceClassification` directory (frozen, read at EOS, D12), sharing the
-            policy's tokenizer.
-        reward_fns: reward functions `(prompts, completions, **batch_columns) -> rewards` (see
-            `lit_rlhf.rewards`); in YAML a dotted function path or `{class_path, init_args}`.
+        reward_model: a `RewardModule` checkpoint or an exported `AutoModelForSequenceClassification`
+            directory (frozen, read at EOS, D12), sharing the policy's tokenizer.
+        reward_fns: reward functions `(prompts, completions, **batch_columns) -> rewards`
+            (`lit_rlhf.rewards`); in YAML a dotted function path or `{class_path, init_args}`.
         reward_weights: one weight per reward source, the reward model first, then `reward_fns`
             in order, then an environment's return (default 1 each); the score is their sum.
         reward_normalization: each source normalised before the weighted sum: `none`, `group`
             (z-score within a prompt's responses, GDPO) or `batch` (over the rollout).
         ref_model: the frozen reference policy; None = a frozen copy of the initial policy.
         max_new_tokens: response length R: exactly this many tokens are sampled (D23).
-        temperature: sampling temperature (`lit_rlhf.ops.apply_temperature`); each method
-            declares its paper's (PPO 0.7, GRPO and RLOO 1.0). Also the log-prob temperature
-            unless `logprob_temperature` is set.
+        temperature: sampling temperature (`lit_rlhf.ops.apply_temperature`), each method's paper's
+            (PPO 0.7, GRPO and RLOO 1.0); also the log-probs' unless `logprob_temperature` is set.
         top_k: top-k sampling (0 = off).
         top_p: nucleus sampling (1.0 = off).
         val_temperature: sampling temperature of the validation responses; None = `temperature`
-            (the N+ paper evaluates at 0.01). Validation log-probs stay at `logprob_temperature`.
+            (the N+ paper evaluates at 0.01).
         logprob_temperature: the temperature of every log-prob the method trains on (old, new,
-            reference); None = `temperature`. Set apart to train another distribution (a DPO
-            loss at 1.0 on responses sampled at 0.7).
+            reference); None = `temperature` (a DPO loss at 1.0 on responses sampled at 0.7).
         micro_batch_size: rows per forward pass, in scoring and in the update (whole groups
             where the loss reads groups); None = a whole minibatch at once.
         max_grad_norm: gradient clipping norm (0 or None = off).
@@ -85,38 +76,32 @@ class OnlineModule(PolicyModule):
             from it; None = `trainer.max_steps` decides.
         log_completions_every_n_steps: log `num_logged_completions` sample completions as
             TensorBoard text every this many rollouts (0 = never).
-        rollout: where the responses come from (`lit_rlhf.online`): `HFSampler` (default, our
-            sampler in this process), `VLLMSampler` (a colocated vLLM engine), `AsyncRollouts`
-            (a producer ahead of the learner, on a thread or a vLLM server) or
-            `EnvironmentRollouts` (multi-turn episodes; for methods that accept them).
+        rollout: where the responses come from (`lit_rlhf.online`): `HFSampler` (default),
+            `VLLMSampler` (a colocated vLLM engine), `AsyncRollouts` (a producer ahead of the
+            learner) or `EnvironmentRollouts` (multi-turn episodes, where the method accepts them).
         **kwargs: `PolicyModule` (model, tokenizer, dtype, optimiser and schedule, export).
     """
 
     batch_types = (PromptBatch,)
     supports_tis = False
-    """The update weighs the policy-gradient term by `tis_weights` (the GRPO family, RLOO, PPO,
-    distillation): it may train on samples from another engine or an older policy
-    (`VLLMSampler(correction=...)` or `tis_cap`, `AsyncRollouts`)."""
+    """The update weighs the policy-gradient term by `tis_weights`: it may train on samples from
+    another engine or an older policy (a source's `correction`, `AsyncRollouts`)."""
     accepts_environment = False
-    """The method's maths is one trajectory per row, so a row may be an episode with environment
-    tokens (GRPO, PPO, RLOO, rejection sampling); any other refuses `EnvironmentRollouts`."""
+    """The loss is one trajectory per row, so a row may be an episode with environment tokens."""
     whole_groups = False
     """The loss reads a whole group at once (a pair loss): micro-batches hold whole groups."""
     reward_optional = False
     """The method trains without a reward source (pure on-policy distillation): scores are then 0."""
     moved_options = MOVED
-    """Online settings that moved to the rollout source (`lit_rlhf.online.moved`)."""
     num_minibatches: int = 1
     """Minibatches of each pass over the rollout, one optimizer step each (`run_updates`)."""
     num_logged_completions: int = 4
-    """Completions (or episodes) each completion log shows."""
     sampled_models: tuple[str, ...] = ("policy",)
-    """The models a training rollout samples, each through the rollout source
-    (`RolloutSource.for_model`), `repeats / len` responses per prompt each, a prompt's rows
-    alternating in this order (XPO: the policy's, then the reference's); validation samples the policy."""
+    """The models a training rollout samples, each through `RolloutSource.for_model`, `repeats /
+    len` responses per prompt each, alternating (XPO: the policy's, then the reference's)."""
     kl_coef: float = 0.0
-    """The KL coefficient, one name for every method; `KLControlCallback` moves it (`set_kl_coef`).
-    What it weighs is the method's (its docstring says: a KL in the loss or in the reward)."""
+    """The KL coefficient of every method (`KLControlCallback` moves it: `set_kl_coef`); what it
+    weighs is the method's (a KL in the loss or in the reward)."""
 
     def __init__(
         self,
@@ -169,9 +154,7 @@ class OnlineModule(PolicyModule):
         self.episodes = 0  # sampled responses so far, all ranks; saved in checkpoints
         self.rollouts = 0
 
-    # ------------------------------------------------------------------------------------------
     # what a method defines
-    # ------------------------------------------------------------------------------------------
 
     @property
     def repeats(self) -> int:
@@ -232,9 +215,7 @@ class OnlineModule(PolicyModule):
         (best-of-N trains on fewer than it samples): checked at start-up."""
         return prompts * self.repeats
 
-    # ------------------------------------------------------------------------------------------
     # the training step and the validation step
-    # ------------------------------------------------------------------------------------------
 
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         started = time.perf_counter()
@@ -280,9 +261,7 @@ class OnlineModule(PolicyModule):
             stats.pop(name, None)  # validation: the unshaped scores and the KL only
         self.log_stats("val", stats, batch_size=rollout.num_rows)
 
-    # ------------------------------------------------------------------------------------------
     # the rollout: sample, score once, reward, shape
-    # ------------------------------------------------------------------------------------------
 
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
         """The shaped rollout a training step optimises on -> (rollout, each source's rewards,
@@ -452,9 +431,7 @@ class OnlineModule(PolicyModule):
             rows.append(f"| {p} | {c} | {s:.3f} |")
         return "\n".join(rows)
 
-    # ------------------------------------------------------------------------------------------
     # the update: passes over minibatches of whole groups (`lit_rlhf.online.update`)
-    # ------------------------------------------------------------------------------------------
 
     def run_updates(self, n_rows: int, epochs: int, num_minibatches: int, loss_fn: Callable[[Tensor], LossResult],
                     row_weights: Tensor | None = None, group_size: int | None = None) -> dict[str, Tensor]:
@@ -526,9 +503,7 @@ class OnlineModule(PolicyModule):
         for scheduler in schedulers if isinstance(schedulers, list) else [schedulers] if schedulers else []:
             scheduler.step()
 
-    # ------------------------------------------------------------------------------------------
     # the fit: checks, the source's life, the budget, checkpoints
-    # ------------------------------------------------------------------------------------------
 
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
         """The shared problems, the source's, and the update's split: the rows a rollout's update

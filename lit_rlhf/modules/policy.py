@@ -134,9 +134,7 @@ class PolicyModule(TrainingModule):
         self._frozen_names: list[str] = []
         self._whole_frozen: dict[str, nn.Module] = {}  # frozen models kept out of the module tree
 
-    # ----------------------------------------------------------------------------------------
     # frozen models (reference policy, reward model): never trained, never checkpointed
-    # ----------------------------------------------------------------------------------------
 
     def add_frozen(self, name: str, module: nn.Module) -> nn.Module:
         """Register `module` as a frozen submodule `self.<name>` (eval mode, no grads, not saved).
@@ -249,9 +247,7 @@ class PolicyModule(TrainingModule):
                     state_dict[key] = value
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
-    # ----------------------------------------------------------------------------------------
     # log-probs
-    # ----------------------------------------------------------------------------------------
 
     def model_logps(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
                     temperature: float = 1.0, sharing: PromptSharing | None = None) -> Tensor:
@@ -306,17 +302,13 @@ class PolicyModule(TrainingModule):
         """Sum of per-token log-probs over the kept tokens: (B, T) -> (B,)."""
         return masked_sum(per_token, mask, dim=1)
 
-    # ----------------------------------------------------------------------------------------
     # optimisation
-    # ----------------------------------------------------------------------------------------
 
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         """Parameter groups for AdamW; override to add models or learning rates (e.g. DRO-V's value)."""
         return decay_groups(self.policy, self.weight_decay)
 
-    # ----------------------------------------------------------------------------------------
     # export
-    # ----------------------------------------------------------------------------------------
 
     def export_hf(self, directory: str | Path) -> Path:
         """Write the policy and tokenizer with `save_pretrained` (loadable by plain transformers).

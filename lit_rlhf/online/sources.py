@@ -2,37 +2,25 @@
 
 An online module (`lit_rlhf.modules.online.OnlineModule`) takes its source as the `rollout`
 argument (`rollout: {class_path: lit_rlhf.online.VLLMSampler}` in YAML; `HFSampler()` when none
-is given). The source answers two questions, and the module does the rest (log-probs, rewards,
-the rollout hook, the update):
-
-- `sample(model, batch, repeats, sampling, training)`: the rollout's rows for a prompt batch,
-  each prompt repeated `repeats` times (its copies contiguous), without log-probs or scores;
-- `generate(model, prompt_ids, prompt_mask, sampling)`: one response per row, one turn
-  (validation, ReMax's greedy baseline, an environment's policy turns).
-
-`model` is a `SampledModel`, what the module says of the model to sample (`OnlineModule.sampled_model`):
-the network, its tokenizer, its LoRA adapter, the version of its weights, whether it is frozen.
+is given). The source gives a rollout's rows (`sample`: each prompt `repeats` times, contiguous,
+without log-probs or scores) and one response per row (`generate`: validation, ReMax's greedy
+baseline, an environment's turns); the module does the rest. `model` is a `SampledModel`, what
+the module says of the model to sample (`OnlineModule.sampled_model`).
 
 **A second model.** `for_model(name)` is the source of another model's responses (`reference`, a
 teacher, an opponent), sampled as this source samples the policy's: by the same engine kind, from
-the same random streams, with the same checkpoint state. `HFSampler` is stateless and answers for
-every model; `VLLMSampler` builds the frozen model its own engine once and never reloads it;
-`AsyncRollouts` runs it its own producer, seeded per batch from its own stream, whose queue is
-saved in the policy's checkpoint state. A method lists the models it samples
-(`OnlineModule.sampled_models`); `sample_models` lays their rows side by side per prompt (XPO:
-the policy's response, then the reference's).
+the same random streams, with the same checkpoint state (`HFSampler` is stateless; `VLLMSampler`
+builds the frozen model its own engine, loaded once; `AsyncRollouts` runs it its own producer,
+whose queue is saved with the policy's). `sample_models` lays the models' rows side by side per
+prompt (XPO: the policy's response, then the reference's).
 
-A source holds the backend's settings (a vLLM engine's arguments, the staleness bound of
-asynchronous rollouts, an environment) so a method's constructor carries only the method's. Its
-`correction` (`lit_rlhf.online.correction.RolloutCorrection`; `tis_cap` is its token-truncate
-shorthand) is the importance weighting or masking the update applies when the sampler is not
-the trainer (`lit_rlhf.losses.rollout_correction`): None means off. A source with state worth a checkpoint
-(the asynchronous queue) returns it from `state_dict` and takes it back in `load_state_dict`.
-
-The sources here sample in this process: `HFSampler`, our KV-cache sampler on the policy itself
-(the reference every other backend is tested against), and `VLLMSampler`, a vLLM engine
-colocated in this process. `lit_rlhf.online.async_source.AsyncRollouts` samples ahead of the
-learner; `lit_rlhf.online.environment.EnvironmentRollouts` runs multi-turn episodes.
+A source holds the backend's settings, so a method's constructor carries only the method's; its
+`correction` (`lit_rlhf.online.correction.RolloutCorrection`, None = off) is what the update
+applies when the sampler is not the trainer; a source with state worth a checkpoint (the
+asynchronous queue) returns it from `state_dict`. Here: the interface and `HFSampler`, our
+KV-cache sampler on the policy itself (the reference every other backend is tested against);
+`vllm_source.VLLMSampler`, `async_source.AsyncRollouts` and `environment.EnvironmentRollouts`
+are the others.
 """
 
 from __future__ import annotations
@@ -48,7 +36,7 @@ from torch import Tensor, nn
 
 from lit_rlhf.generation import SamplingConfig, generate_responses
 from lit_rlhf.models import adapters
-from lit_rlhf.online.correction import RolloutCorrection, source_correction
+from lit_rlhf.online.correction import RolloutCorrection
 from lit_rlhf.types import PromptBatch, Rollout
 
 Responses = tuple[Tensor, Tensor, Tensor, "Tensor | None"]  # ids (N, R), mask (N, R), has_eos (N,), sampler logps
@@ -231,51 +219,3 @@ def checked_source(method: type, source: Any, temperature: float, logprob_temper
         raise ValueError(f"the rollout correction weighs tokens by pi_train / pi_sampler, and the sampler's log-probs are at "
                          f"temperature {temperature}: logprob_temperature ({logprob_temperature}) must equal it")
     return source
-
-
-class VLLMSampler(RolloutSource):
-    """A vLLM engine colocated in this process (`lit_rlhf.generation.vllm`), holding a copy of
-    the policy's weights (with LoRA: the base with the `policy` adapter merged), reloaded after
-    every optimizer step. The update's log-probs are still the trainer's; the sampler's own are
-    logged against them (`rollout/sampler_logprob_diff`).
-
-    Args:
-        engine_kwargs: keyword arguments of the engine (`VLLMEngine.from_policy`: `max_model_len`,
-            `gpu_memory_utilization`, ... passed to `vllm.LLM`).
-        tis_cap: truncated importance sampling: the policy-gradient term of each token weighed by
-            min(pi_train / pi_sampler, tis_cap); the shorthand of `correction: {mode: truncate,
-            level: token, upper: tis_cap}`. None or 0 = off.
-        correction: the rollout correction (`lit_rlhf.online.correction.RolloutCorrection`:
-            truncated or masked ratios per token, sequence or geometric mean; DeepSeek-V3.2's
-            off-policy sequence mask); None = `tis_cap` decides. Not both.
-    """
-
-    runtime = ("engine",)
-
-    def __init__(self, engine_kwargs: dict[str, Any] | None = None, tis_cap: float | None = None,
-                 correction: RolloutCorrection | None = None) -> None:
-        self.engine_kwargs = dict(engine_kwargs or {})
-        self.correction = source_correction(tis_cap, correction)
-        self.engine = None  # built on the first rollout
-
-    def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
-                 sampling: SamplingConfig) -> Responses:
-        eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
-        return self.synced_engine(model).generate(prompt_ids, prompt_mask, sampling, eos, pad)
-
-    def synced_engine(self, model: SampledModel):
-        """The engine, built on first use, with `model`'s weights of its current version (a frozen
-        model's: loaded once)."""
-        from lit_rlhf.generation.vllm import VLLMEngine
-
-        if self.engine is None:
-            self.engine = VLLMEngine.from_policy(standalone(model.model), model.tokenizer, adapter=model.adapter,
-                                                 **self.engine_kwargs)
-            self.engine.synced_step = model.version
-        elif self.engine.synced_step != model.version and not model.frozen:
-            self.engine.sync_weights(model.model, model.version, adapter=model.adapter)
-        return self.engine
-
-    def sibling(self, name: str) -> "VLLMSampler":
-        """An engine of its own for the frozen model `name`, with this one's settings (no correction)."""
-        return VLLMSampler(self.engine_kwargs)

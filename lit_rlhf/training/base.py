@@ -114,9 +114,7 @@ class TrainingModule(LightningModule):
         self.export_dir, self.on_nonfinite = export_dir, on_nonfinite
         (Memory() if memory is None else memory).apply_to(self)
 
-    # ----------------------------------------------------------------------------------------
     # optimisation
-    # ----------------------------------------------------------------------------------------
 
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         """Parameter groups for AdamW (see `decay_groups`)."""
@@ -180,9 +178,7 @@ class TrainingModule(LightningModule):
         algorithm = GradClipAlgorithmType(gradient_clip_algorithm or trainer.gradient_clip_algorithm or "norm")
         Precision.clip_gradients(plugin, optimizer, value, algorithm)
 
-    # ----------------------------------------------------------------------------------------
     # non-finite guard: nothing non-finite reaches the weights
-    # ----------------------------------------------------------------------------------------
 
     def check_finite(self, batch: Any = None, **tensors: Tensor | None) -> bool:
         """True when every given tensor is finite. Otherwise raise `NonFiniteError` (`error`) or
@@ -258,9 +254,7 @@ class TrainingModule(LightningModule):
         if attached_trainer(self) is not None:  # an epoch cut short by a stop resumes mid-epoch (lit_rlhf.resume)
             resume.as_mid_epoch(self.trainer, checkpoint, getattr(self, "_epoch_counters_at_batch", None))
 
-    # ----------------------------------------------------------------------------------------
     # start-up: checks, atomic checkpoints, restored random state
-    # ----------------------------------------------------------------------------------------
 
     def setup(self, stage: str) -> None:
         """Before fitting: refuse a configuration that cannot work (`lit_rlhf.checks`) and make
@@ -316,9 +310,7 @@ class TrainingModule(LightningModule):
         if trainer is not None:
             resume.start_next_epoch_afresh(trainer)  # resumed after an epoch's last batch
 
-    # ----------------------------------------------------------------------------------------
     # logging
-    # ----------------------------------------------------------------------------------------
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_started_at = time.perf_counter()
@@ -406,9 +398,7 @@ class TrainingModule(LightningModule):
             self.log(f"{stage}/{name}", value, prog_bar=name in prog_bar, on_step=on_step, on_epoch=not on_step,
                      sync_dist=not on_step, **kwargs)
 
-    # ----------------------------------------------------------------------------------------
     # export
-    # ----------------------------------------------------------------------------------------
 
     def export_hf(self, directory: str | Path) -> Path:
         """Write the trained model in Hugging Face format; returns `directory`."""

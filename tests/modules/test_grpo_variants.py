@@ -14,7 +14,7 @@ import torch
 from lit_rlhf import cli
 from lit_rlhf.losses import gspo_policy_loss, normalize_token_advantages, reinforce_pp_advantages
 from lit_rlhf.modules import DAPOModule, DrGRPOModule, GRPOModule, GSPOModule, ReinforcePPModule
-from lit_rlhf.modules.grpo import MOVED_OPTIONS
+from lit_rlhf.online.moved import GRPO_MOVED as MOVED_OPTIONS
 from tests.modules.pinned import LeaveOneOutGRPO
 from tests.test_cli_errors import QUICK, run_lines
 
