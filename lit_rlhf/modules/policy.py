@@ -1,23 +1,13 @@
 """`PolicyModule`: what every policy-training method shares (SFT, DPO, KTO, DRO-V, PPO, GRPO).
 
-A method is a subclass of `PolicyModule` that turns its batch into the tensors its loss needs
-(see `SFTModule` for the smallest one); `TrainingModule` (`lit_rlhf.training.base`), its base,
-holds the optimiser, the non-finite guard, exact resume, checks, logging and export. Here:
-
-- the policy (`self.policy`) and its tokenizer (`self.tokenizer`), loaded by `lit_rlhf.models`
-  with PAD != EOS (D3) and dropout off (D7), or a LoRA adapter on a frozen base (`lora`);
-- frozen models (`self.add_frozen(...)`: a reference policy, a reward model): in eval mode, no
-  gradients, and left out of checkpoints, since they are rebuilt from their names;
-- `model_logps` (`policy_logps` / `frozen_logps`) and `response_token_logps`: the one place
-  modules get per-token log-probs, right under either padding side (D5), without the logits of
-  the whole batch (`logprob_chunk_size`, `lit_rlhf.models.logprobs`), a shared prompt computed once
-  (`shared_prompt`, `lit_rlhf.models.shared_prompt`);
-- the policy's AdamW parameter groups and its Hugging Face export.
-
-A subclass keeps its settings as attributes set in `__init__` and reads those at run time, never
-`self.hparams`; it may pin a setting of its base in its `super().__init__(...)` call, which
-survives the CLI and is recorded in checkpoints (`lit_rlhf.training.settings`). Its own start-up
-checks go in `check_config(trainer, datamodule)` (`lit_rlhf.checks`).
+The policy (`self.policy`) and its tokenizer, loaded by `lit_rlhf.models` with PAD != EOS (D3)
+and dropout off (D7), or a LoRA adapter on a frozen base; frozen models (`add_frozen`: a
+reference, a reward model; eval mode, no gradients, rebuilt from their names, never saved); the
+one place modules get per-token log-probs (`model_logps`, `response_token_logps`: right under
+either padding side, D5, chunked, a shared prompt computed once); the AdamW groups and the export.
+Its base `TrainingModule` holds the optimiser, the guard, exact resume, checks and logging. A
+subclass keeps its settings as attributes read at run time, never `self.hparams`, and may pin a
+base setting in its `super().__init__(...)` call (`lit_rlhf.training.settings`).
 """
 
 from __future__ import annotations
@@ -54,11 +44,10 @@ class PolicyModule(TrainingModule):
         model: the policy: a builtin name (`tiny-random-llama`, `smollm2-135m-instruct`), a local
             directory, a `.gguf` file or a hub id (see `lit_rlhf.models`).
         tokenizer: tokenizer name; defaults to `model`.
-        dtype: dtype the weights are loaded in (`float32`, `bfloat16`, `float16`). Mixed precision
-            is the trainer's `precision`, not this: `bf16-mixed` on `float32` weights is fp32
-            master weights and optimizer state with bf16 compute. Trainable bf16/fp16 weights
-            are refused at start-up (no fp32 master copy) unless DeepSpeed trains or the
-            precision is `bf16-true` / `16-true` (pure low-precision training on purpose).
+        dtype: dtype the weights are loaded in (`float32`, `bfloat16`, `float16`); mixed precision
+            is the trainer's `precision` (`bf16-mixed` on `float32` weights). Trainable bf16/fp16
+            weights are refused (no fp32 master copy) unless DeepSpeed trains or the precision
+            is `bf16-true` / `16-true`.
         lr: peak learning rate of AdamW.
         weight_decay: AdamW weight decay (not applied to biases and norm weights).
         adam_eps: AdamW epsilon (the N+ paper uses 1e-5).
@@ -70,12 +59,10 @@ class PolicyModule(TrainingModule):
         on_nonfinite: what a NaN/inf loss, reward, advantage or gradient does before the optimizer
             step: `error` (default) stops with an error naming the step, the tensor and the batch
             rows; `skip` skips that optimizer step and counts it (`train/guard/skipped_steps`).
-        lora: train LoRA adapters on a frozen base instead of the weights (`peft`): a
-            `peft.LoraConfig` by `class_path`/`init_args`, or the short spec `r`, `alpha`,
-            `dropout`, `target_modules`, `modules_to_save` (`lit_rlhf.models.adapters.lora_config`).
-            The reference policy is then the base with the adapter disabled (no copy), and the
-            method's other networks (PPO's value and reward, DRO-V's value) are further
-            adapters on the same base. `null`: full fine-tuning.
+        lora: train LoRA adapters on a frozen base (`peft`): a `peft.LoraConfig` by
+            `class_path`/`init_args`, or the short spec `r`, `alpha`, `dropout`, `target_modules`,
+            `modules_to_save` (`lit_rlhf.models.adapters.lora_config`); the reference is the base
+            with the adapter disabled, other networks further adapters on it. `null`: full fine-tuning.
         memory: how compute is traded for memory, never what is computed
             (`lit_rlhf.training.Memory`: `gradient_checkpointing`, `logprob_chunk_size`,
             `shared_prompt`, `frozen_placement`, `optimizer_in_backward`, `release_host_memory`).

@@ -56,30 +56,22 @@ def lr_lambda(name: str, warmup: int, total: int):
 
 class TrainingModule(LightningModule):
     """What every trainable module shares; `PolicyModule` (a causal LM policy) and `RewardModule`
-    (a scalar reward model) build on it.
+    (a scalar reward model) build on it:
 
     - AdamW over `optimizer_param_groups()` with warmup and a cosine/linear/constant schedule
-      (`configure_optimizers`: `lit_rlhf.training.optim.build_adamw`, fused, or DeepSpeed's CPU
-      Adam under ZeRO offload; stepped inside the backward pass with `optimizer_in_backward`,
-      `lit_rlhf.training.in_backward`);
-    - the non-finite guard: `check_finite` on losses and rewards, every gradient before the
-      optimizer step, `on_nonfinite: error | skip` (default `error`): nothing NaN/inf reaches
-      the weights;
-    - exact resume: the random generators of every rank in checkpoints (`lit_rlhf.rng`),
-      restored when training starts, and the skipped-step counter; the train data position is
-      the DataModule's (`lit_rlhf.data.base.ResumableSampler`), an epoch cut short by a stop
-      resumes mid-epoch (`lit_rlhf.resume`);
-    - start-up checks in `setup("fit")` (`lit_rlhf.checks`, against `batch_types`) and atomic
-      checkpoint files (`lit_rlhf.checkpoint_io`);
-    - step logging under `{stage}/{group}/{name}` (`log_stats`), tokens per second, the
-      padding share of each training batch (`train/data/padding_fraction`), every scalar
-      written at the optimizer steps done (`lit_rlhf.training.step_logging`);
-    - `export_hf(export_dir)` at the end of fit when the `export_dir` hparam is set (and from
-      any checkpoint with `python -m lit_rlhf.export`).
+      (`configure_optimizers`, `lit_rlhf.training.optim.build_adamw`; in the backward pass with
+      `optimizer_in_backward`, `lit_rlhf.training.in_backward`);
+    - the non-finite guard (`check_finite`, `gradients_finite`, `on_nonfinite: error | skip`):
+      nothing NaN/inf reaches the weights;
+    - exact resume: every rank's random generators and the skipped-step counter in checkpoints
+      (`lit_rlhf.rng`), an epoch cut short by a stop resumed mid-epoch (`lit_rlhf.resume`);
+    - start-up checks (`lit_rlhf.checks`, against `batch_types`), atomic checkpoint files;
+    - step logging under `{stage}/{group}/{name}` (`log_stats`) at the optimizer steps done
+      (`lit_rlhf.training.step_logging`), tokens per second, the padding share of each batch;
+    - `export_hf(export_dir)` at the end of fit (and `python -m lit_rlhf.export` from a checkpoint).
 
     A subclass records its settings (`lit_rlhf.training.settings.record_settings`), keeps the shared
-    ones with `set_training_settings` (read at run time as attributes: `self.lr`, ...) and
-    implements `optimizer_param_groups` and `export_hf`.
+    ones with `set_training_settings` and implements `optimizer_param_groups` and `export_hf`.
     """
 
     batch_types: ClassVar[tuple[type, ...]] = ()
@@ -165,12 +157,9 @@ class TrainingModule(LightningModule):
         self._layer_release_hooks = []
 
     def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Lightning's `clip_gradients`, also for the fused AdamW under bf16 mixed precision.
-
-        Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales its
-        gradients inside its step (the fused AdamW), which only matters when a GradScaler scales
-        them (fp16; `build_adamw` builds the non-fused AdamW there). Under bf16 nothing is scaled:
-        the gradients are clipped as they are."""
+        """Lightning's `clip_gradients`, also for the fused AdamW under bf16 mixed precision: its
+        plugin refuses an optimizer that unscales inside its step, which matters only when a
+        GradScaler scales (fp16, where `build_adamw` builds the non-fused AdamW)."""
         trainer, plugin = self.trainer, self.trainer.precision_plugin
         if not isinstance(plugin, MixedPrecision) or getattr(plugin, "scaler", None) is not None:
             return super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -279,14 +268,9 @@ class TrainingModule(LightningModule):
         return startup_problems(trainer, self, datamodule)
 
     def on_fit_start(self) -> None:
-        """Put the trained models in train mode before the fit loop starts; frozen models stay
-        in eval mode (`PolicyModule.train`, D7).
-
-        A model loaded with `from_pretrained` arrives in eval mode and Lightning's fit does not
-        switch it; left so, gradient checkpointing (which Hugging Face layers apply only in train
-        mode) would silently stay off. The fit loop then checks the modes before `on_train_start`
-        and would warn of every module in eval mode, the frozen models included: its check is
-        replaced by `warn_trained_in_eval_mode`, which leaves the frozen models out."""
+        """Put the trained models in train mode (a `from_pretrained` model arrives in eval mode,
+        where Hugging Face layers skip gradient checkpointing); frozen models stay in eval mode
+        (D7), so Lightning's mode check is replaced by `warn_trained_in_eval_mode`."""
         self.train()
         self.attach_layer_releases()
         replace_eval_mode_check(self.trainer, self.warn_trained_in_eval_mode)
@@ -320,14 +304,10 @@ class TrainingModule(LightningModule):
             self.log("train/data/padding_fraction", waste, on_step=True, on_epoch=False)
 
     def free_stale_gradients(self, batch_idx: int) -> None:
-        """Drop the previous optimizer step's gradients before this step's forward pass.
-
-        Lightning's automatic optimisation sets them to None only after `training_step`, right
-        before the backward pass, so a full copy of the trained weights' size would stay in memory
-        through the forward pass, where a step with gradient checkpointing peaks. Dropped here at
-        the batches where Lightning zeroes them (the first of each gradient-accumulation window);
-        nothing reads them in between, so the step computes the same. Manual optimisation
-        (`OnlineModule`) frees them right after each optimizer step itself."""
+        """Drop the previous optimizer step's gradients before this step's forward pass (where a
+        step with gradient checkpointing peaks), at the batches where Lightning's automatic
+        optimisation would zero them only after `training_step`; the step computes the same.
+        Manual optimisation (`OnlineModule`) frees them after each optimizer step itself."""
         trainer = attached_trainer(self)
         if trainer is None or not self.automatic_optimization or batch_idx % trainer.accumulate_grad_batches:
             return
@@ -339,9 +319,7 @@ class TrainingModule(LightningModule):
 
     def release_freed_host_memory(self) -> None:
         """With `release_host_memory` set, on CPU: hand the heap the C library keeps after `free`
-        back to the system (`lit_rlhf.host_memory`), at the end of each training batch and before
-        each backward pass, where what a phase freed is not what the next one allocates. Changes
-        no value; on GPU the tensors are not in the host heap."""
+        back to the system (`lit_rlhf.host_memory`) between phases; changes no value."""
         if self.release_host_memory and self.device.type == "cpu":
             host_memory.release_freed_memory()
 
@@ -374,14 +352,9 @@ class TrainingModule(LightningModule):
         self.log("train/perf/tokens_per_sec", float(mask.sum()) / max(elapsed, 1e-9), on_step=True, on_epoch=False)
 
     def step_stats_due(self) -> bool:
-        """Whether this training step's stats reach the logger: every `log_every_n_steps` (every
-        step under `fast_dev_run`), the steps on which Lightning writes `on_step` values.
-
-        Each `self.log` costs ~0.3 ms on CPU (Lightning's result collection), ~7 ms a step for an
-        online method's 20 stats, so step stats are logged only on these steps, plus the
-        progress-bar ones on every step when there is a progress bar (`log_stats`), as
-        Lightning's own `LearningRateMonitor` does; `trainer.callback_metrics` therefore holds
-        the stats of the last logged step."""
+        """Whether this step's stats reach the logger (every `log_every_n_steps`; every step under
+        `fast_dev_run`). Each `self.log` costs ~0.3 ms on CPU, so other steps log only the
+        progress-bar stats (`log_stats`), as Lightning's `LearningRateMonitor` does."""
         trainer = attached_trainer(self)
         return trainer is None or bool(trainer.fast_dev_run) or logger_writes_this_step(trainer)
 
