@@ -71,6 +71,10 @@ RECIPES = {
     "ppo_ptx": ("PPO-ptx", "reward", ("val/objective/scores", "val/objective/kl", "train/loss/ptx")),
     # the teacher is the student's own base given a privileged context: no recipe first
     "distill": ("On-policy distillation", None, ("val/distill/reverse_kl",)),
+    # the annotator is a programmatic key-fact reward: no recipe first
+    "xpo": ("XPO", None, ("val/objective/scores", "val/objective/kl")),
+    "listwise_dpo": ("Listwise DPO (Plackett-Luce, lists of 4)", None,
+                     ("val/loss", "val/rewards/margins", "val/rewards/top1")),
 }
 
 
