@@ -25,7 +25,6 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from lit_rlhf.generation import SamplingConfig, decode_responses, needs_synced_gpus
-from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.models import adapters
 from lit_rlhf.modules.policy import PolicyModule
 from lit_rlhf.online import correction, environment
@@ -311,7 +310,7 @@ class OnlineModule(PolicyModule):
         model = self.policy if trained else getattr(self, "ref_model" if name == "reference" else name)
         adapter = adapters.POLICY if trained and self.lora_config is not None else None
         return SampledModel(name, model, self.tokenizer, adapter, self.rollouts,
-                            needs_synced_gpus(attached_trainer(self)), frozen=not trained)
+                            needs_synced_gpus(self.attached_trainer), frozen=not trained)
 
     def greedy_rollout(self, batch: PromptBatch) -> Rollout:
         """Each prompt's greedy response (B rows, `do_sample` off, the same sampler), scored and
@@ -367,7 +366,7 @@ class OnlineModule(PolicyModule):
         """`on_rollout_scores(trainer, module, rollout) -> Rollout` of every callback that defines
         it, in the order of `trainer.callbacks`: a callback reshapes the scores (the same shape) or
         just observes (`EOSTrickCallback`, D23)."""
-        trainer = attached_trainer(self)
+        trainer = self.attached_trainer
         for callback in trainer.callbacks if trainer is not None else []:
             if not hasattr(callback, "on_rollout_scores"):
                 continue
@@ -518,7 +517,7 @@ class OnlineModule(PolicyModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        trainer = attached_trainer(self)
+        trainer = self.attached_trainer
         if trainer is None:
             return
         if isinstance(trainer.strategy, DeepSpeedStrategy) and self.max_grad_norm:  # it clips inside its step

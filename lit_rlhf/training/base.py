@@ -20,8 +20,7 @@ from torch import Tensor
 from lit_rlhf import checks, host_memory, models, resume, rng
 from lit_rlhf.training import sharding
 from lit_rlhf.training.guard import NonFiniteError, SkipStep, nonfinite_rows_message
-from lit_rlhf.lightning_compat import (attached_trainer, logger_writes_this_step, replace_eval_mode_check,
-                                       trust_checkpoint_instantiator)
+from lit_rlhf.lightning_compat import logger_writes_this_step, replace_eval_mode_check, trust_checkpoint_instantiator
 from lit_rlhf.training.in_backward import attach_to, startup_problems
 from lit_rlhf.training.memory import MOVED as MEMORY_MOVED
 from lit_rlhf.training.memory import Memory
@@ -88,6 +87,14 @@ class TrainingModule(LightningModule):
         self.skipped_steps = 0
         self._restored_rng: dict[str, Any] | None = None  # applied in on_train_start
 
+    @property
+    def attached_trainer(self) -> Any:
+        """The Trainer this module is attached to, or None (`self.trainer` raises without one)."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
     def set_training_settings(self, *, lr: float, weight_decay: float, adam_eps: float,
                               adam_betas: tuple[float, float], warmup_steps: int, warmup_ratio: float,
                               lr_scheduler: str, export_dir: str | None, on_nonfinite: str,
@@ -128,7 +135,7 @@ class TrainingModule(LightningModule):
         """AdamW over `optimizer_param_groups()` (`build_adamw`; attached to the backward pass with
         `optimizer_in_backward`), then a `LambdaLR` of `lr_lambda` over `num_schedule_steps()`,
         warmup `warmup_steps` or `warmup_ratio` of them."""
-        trainer = attached_trainer(self)
+        trainer = self.attached_trainer
         clips = bool(getattr(trainer, "gradient_clip_val", None)) or bool(getattr(self, "max_grad_norm", None))
         optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, in_backward=self.optimizer_in_backward,
                                 lr=self.lr, eps=self.adam_eps, betas=tuple(self.adam_betas), weight_decay=self.weight_decay)
@@ -187,7 +194,7 @@ class TrainingModule(LightningModule):
 
         Under fp16 mixed precision the GradScaler owns this: scaled gradients overflow by design
         and it skips those steps itself (lowering the scale), so nothing is checked here."""
-        if attached_trainer(self) is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+        if self.attached_trainer is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             return True
         named = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
         # a NaN/inf anywhere makes the sum non-finite: one host sync, no mask allocated, when all are finite
@@ -204,7 +211,7 @@ class TrainingModule(LightningModule):
             raise NonFiniteError(message + ". Set on_nonfinite: skip to skip such steps instead.")
         self.skipped_steps += 1
         log.warning("skipping the optimizer step: %s (%d skipped so far)", message, self.skipped_steps)
-        if attached_trainer(self) is not None:
+        if self.attached_trainer is not None:
             self.log("train/guard/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
@@ -232,15 +239,15 @@ class TrainingModule(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get(CHECKPOINT_KEY, {}).get("skipped_steps", 0))
-        self._restored_rng = rng.pending_state(checkpoint, attached_trainer(self))
+        self._restored_rng = rng.pending_state(checkpoint, self.attached_trainer)
         self._resumed_from_step = checkpoint.get("global_step")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cls = type(self)
         checkpoint[CHECKPOINT_KEY] = {"class_path": f"{cls.__module__}.{cls.__qualname__}", "skipped_steps": self.skipped_steps}
         rebuilt_by_us(checkpoint)  # rebuilt with the settings a subclass pins left out (lit_rlhf.training.settings)
-        rng.save_states(checkpoint, attached_trainer(self))  # every rank's generators (exact resume)
-        if attached_trainer(self) is not None:  # an epoch cut short by a stop resumes mid-epoch (lit_rlhf.resume)
+        rng.save_states(checkpoint, self.attached_trainer)  # every rank's generators (exact resume)
+        if self.attached_trainer is not None:  # an epoch cut short by a stop resumes mid-epoch (lit_rlhf.resume)
             resume.as_mid_epoch(self.trainer, checkpoint, getattr(self, "_epoch_counters_at_batch", None))
 
     # start-up: checks, atomic checkpoints, restored random state
@@ -248,9 +255,9 @@ class TrainingModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Before fitting: refuse a configuration that cannot work (`lit_rlhf.checks`) and make
         checkpoint files atomic (`lit_rlhf.checkpoint_io`)."""
-        if attached_trainer(self) is not None:
+        if self.attached_trainer is not None:
             use_step_axis(self.trainer)  # every scalar at the optimizer steps done (lit_rlhf.training.step_logging)
-        if stage == "fit" and attached_trainer(self) is not None:
+        if stage == "fit" and self.attached_trainer is not None:
             checks.startup_checks(self.trainer, self)
             install_atomic_checkpoint_io(self.trainer)
             allow_hparam_globals(self.hparams)  # resume from our own checkpoints with weights_only loading
@@ -290,7 +297,7 @@ class TrainingModule(LightningModule):
         if self._restored_rng is not None:
             rng.restore_state(self._restored_rng)
             self._restored_rng = None
-        trainer = attached_trainer(self)
+        trainer = self.attached_trainer
         if trainer is not None:
             resume.start_next_epoch_afresh(trainer)  # resumed after an epoch's last batch
 
@@ -308,7 +315,7 @@ class TrainingModule(LightningModule):
         step with gradient checkpointing peaks), at the batches where Lightning's automatic
         optimisation would zero them only after `training_step`; the step computes the same.
         Manual optimisation (`OnlineModule`) frees them after each optimizer step itself."""
-        trainer = attached_trainer(self)
+        trainer = self.attached_trainer
         if trainer is None or not self.automatic_optimization or batch_idx % trainer.accumulate_grad_batches:
             return
         for param in self.parameters():
@@ -339,7 +346,7 @@ class TrainingModule(LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.release_freed_host_memory()
-        trainer = attached_trainer(self)
+        trainer = self.attached_trainer
         if trainer is not None:  # for a checkpoint after a cut-short epoch (`lit_rlhf.resume.as_mid_epoch`)
             progress = trainer.fit_loop.epoch_progress.current
             self._epoch_counters_at_batch = (progress.processed, progress.completed)
@@ -355,7 +362,7 @@ class TrainingModule(LightningModule):
         """Whether this step's stats reach the logger (every `log_every_n_steps`; every step under
         `fast_dev_run`). Each `self.log` costs ~0.3 ms on CPU, so other steps log only the
         progress-bar stats (`log_stats`), as Lightning's `LearningRateMonitor` does."""
-        trainer = attached_trainer(self)
+        trainer = self.attached_trainer
         return trainer is None or bool(trainer.fast_dev_run) or logger_writes_this_step(trainer)
 
     def log_stats(self, stage: str, stats: dict[str, Tensor | float], prog_bar: tuple[str, ...] = (), **kwargs) -> None:
@@ -363,7 +370,7 @@ class TrainingModule(LightningModule):
         Training stats are per step, and only the progress-bar ones when `step_stats_due` is not."""
         on_step = stage == "train"
         if on_step and not self.step_stats_due():
-            shown = getattr(attached_trainer(self), "progress_bar_callback", None) is not None
+            shown = getattr(self.attached_trainer, "progress_bar_callback", None) is not None
             stats = {name: value for name, value in stats.items() if shown and name in prog_bar}
         for name, value in stats.items():
             if isinstance(value, Tensor):
@@ -378,7 +385,7 @@ class TrainingModule(LightningModule):
         raise NotImplementedError
 
     def on_fit_end(self) -> None:
-        if attached_trainer(self) is not None and self.trainer.is_global_zero:  # one line: why the run stopped
+        if self.attached_trainer is not None and self.trainer.is_global_zero:  # one line: why the run stopped
             log.warning("run stopped: %s", stop_reason(self.trainer, self, getattr(self, "_resumed_from_step", None)))
         export_dir = self.export_dir
         if export_dir and sharding.is_sharded(self):  # every rank gathers, rank 0 writes
