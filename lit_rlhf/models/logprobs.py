@@ -1,15 +1,11 @@
 """Per-token log-probs of a causal LM, right under left and right padding (D5).
 
-Two paths give the same numbers. The dense one asks the model for its logits (B, T', V) and
-takes a log-softmax (`lit_rlhf.ops.logprobs`). The chunked one (`chunk_size` set) runs the model's
-decoder to its last hidden states and applies the output layer a chunk of scored tokens at a time
-(`lit_rlhf.ops.linear_logprobs`), so the logits of the whole batch never exist: only the scored
-positions reach the output layer, and at most `chunk_size` rows of logits live at once, in the
-forward and in the backward pass. Models whose logits are not the output layer applied to the
-last hidden state (a final logit soft-cap or scale, a non-`nn.Linear` output layer) use the dense
-path, with a warning naming the reason, once per model. Both replay the sampler's `top_k` / `top_p`
-on the model's own logits when given (`lit_rlhf.ops.sampling`: the policy's log-probs are of the
-distribution sampled; a reference's are taken without them, over the full vocabulary).
+Dense path: the model's logits and a log-softmax (`lit_rlhf.ops.logprobs`). Chunked path
+(`chunk_size` set): the decoder's last hidden states, with the output layer applied to at most
+`chunk_size` scored tokens at a time (`lit_rlhf.ops.linear_logprobs`), so the batch's logits never
+exist. A model whose logits are not `output_layer(last hidden state)` (a logit soft-cap or scale,
+a non-`nn.Linear` head) uses the dense path, with a warning once per model. `top_k` / `top_p`
+replay the sampler's filter (`lit_rlhf.ops.sampling`); a reference is scored without them.
 """
 
 from __future__ import annotations
@@ -33,21 +29,11 @@ _chunked_support: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # mod
 
 
 def forward_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int = 0) -> Tensor:
-    """Run a causal LM with position ids derived from the mask; (B, T) -> (B, T', V).
-
-    `logits_to_keep > 0` asks the model for the logits of the last that many positions only.
-    """
-    kwargs = {}
-    if logits_to_keep:
-        kwargs["logits_to_keep"] = logits_to_keep
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask.long(),
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-        **kwargs,
-    )
-    return out.logits
+    """Logits (B, T', V) of a causal LM, position ids from the mask; `logits_to_keep > 0`: only
+    the last that many positions'."""
+    kwargs = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
+    return model(input_ids=input_ids, attention_mask=attention_mask.long(),
+                 position_ids=position_ids_from_mask(attention_mask), use_cache=False, **kwargs).logits
 
 
 def decoder_and_output_layer(model: nn.Module) -> tuple[nn.Module, nn.Linear] | str:
@@ -73,12 +59,8 @@ def decoder_and_output_layer(model: nn.Module) -> tuple[nn.Module, nn.Linear] | 
 
 def forward_hidden(decoder: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Last hidden states (B, T, H) of a causal LM's decoder, position ids from the mask."""
-    out = decoder(
-        input_ids=input_ids,
-        attention_mask=attention_mask.long(),
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    )
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask.long(),
+                  position_ids=position_ids_from_mask(attention_mask), use_cache=False)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
@@ -90,26 +72,27 @@ def sharded_root(model: nn.Module) -> nn.Module | None:
     return next((m for m in model.modules() if isinstance(m, FSDPModule)), None)
 
 
-def as_root_forward(model: nn.Module, fn, *args):
-    """`fn(*args)`, run as the forward of `model`'s FSDP2 root when it has one.
-
-    The chunked path calls the decoder and the output layer itself. Under FSDP2 the embedding,
-    the final norm and the output layer belong to the root's unit, gathered only around the root's
-    forward, whose hooks also reduce their gradients after the backward pass: so the computation
-    runs as that forward (its `__call__` with `fn` in place of `forward`), as `output_layer_logps`
-    does for the output layer under ZeRO-3. Without a sharded root: `fn(*args)`."""
-    root = sharded_root(model)
-    if root is None:
-        return fn(*args)
-    own = root.__dict__.get("forward")
-    root.forward = fn
+def run_as_forward(module: nn.Module, fn, *args):
+    """`module(*args)` with `fn` in place of its `forward`: the module's hooks (ZeRO-3 and FSDP2
+    gather its sharded weights around the forward and reduce their gradients after the backward)
+    fire around `fn`."""
+    own = module.__dict__.get("forward")
+    module.forward = fn
     try:
-        return root(*args)
+        return module(*args)
     finally:
         if own is None:
-            del root.forward
+            del module.forward
         else:
-            root.forward = own
+            module.forward = own
+
+
+def as_root_forward(model: nn.Module, fn, *args):
+    """`fn(*args)` run as the forward of `model`'s FSDP2 root (`run_as_forward`), or plainly
+    without one: the chunked path calls the decoder and the output layer itself, and under FSDP2
+    the embedding, final norm and output layer belong to the root's unit."""
+    root = sharded_root(model)
+    return fn(*args) if root is None else run_as_forward(root, fn, *args)
 
 
 @torch.no_grad()
@@ -126,42 +109,27 @@ def _probe(model: nn.Module, decoder: nn.Module, head: nn.Linear, input_ids: Ten
 
 
 def chunked_layers(model: nn.Module, input_ids: Tensor) -> tuple[nn.Module, nn.Linear] | None:
-    """(decoder, output layer) when the chunked path reproduces `model`'s logits, else None.
-
-    Decided once per model (structure, config, then a few-token comparison); a refusal is logged.
-    """
+    """(decoder, output layer) when the chunked path reproduces `model`'s logits, else None;
+    decided once per model (structure, config, then a few-token comparison), a refusal logged."""
     if model not in _chunked_support:
         found = decoder_and_output_layer(model)
         reason = found if isinstance(found, str) else _probe(model, *found, input_ids)
         if reason is not None:
             log.warning("log-probs of %s use the dense logits: %s", type(model).__name__, reason)
         _chunked_support[model] = reason
-    if _chunked_support[model] is not None:
-        return None
-    found = decoder_and_output_layer(model)
+    found = decoder_and_output_layer(model) if _chunked_support[model] is None else None
     return None if isinstance(found, str) else found
 
 
 def output_layer_logps(head: nn.Linear, hidden: Tensor, targets: Tensor, scored: Tensor, temperature: float, chunk_size: int,
                        top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Log-probs (B, T) of `targets` at the `scored` positions of `hidden` (B, T, H), 0 elsewhere.
-
-    The chunked computation runs as the output layer's forward (its `__call__`), so module hooks
-    that gather a sharded weight (DeepSpeed ZeRO-3) fire around it in forward and backward.
-    """
+    """Log-probs (B, T) of `targets` at the `scored` positions of `hidden` (B, T, H), 0 elsewhere,
+    computed as the output layer's forward (`run_as_forward`: ZeRO-3 gathers its weight)."""
 
     def forward(h: Tensor, t: Tensor) -> Tensor:
         return linear_token_logps(h, head.weight, head.bias, t, temperature, chunk_size, top_k=top_k, top_p=top_p)[0]
 
-    own = head.__dict__.get("forward")
-    head.forward = forward
-    try:
-        picked = head(hidden[scored], targets[scored])  # (N,)
-    finally:
-        if own is None:
-            del head.forward
-        else:
-            head.forward = own
+    picked = run_as_forward(head, forward, hidden[scored], targets[scored])  # (N,)
     out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)
     out[scored] = picked
     return out
@@ -179,10 +147,8 @@ def per_token_logps(
 ) -> Tensor:
     """Per-token log-probs (B, T) of a (left- or right-padded) batch, 0 where `loss_mask` is False.
 
-    `chunk_size`: the chunked path (only the scored positions reach the output layer, at most
-    `chunk_size` of them at a time); None: dense logits, computed only from the position before
-    the batch's first scored token onwards (`logits_to_keep`). `top_k` / `top_p`: the sampler's
-    filter, replayed (`lit_rlhf.ops.sampling`).
+    `chunk_size`: the chunked path; None: dense logits, from the position before the batch's
+    first scored token on (`logits_to_keep`). `top_k` / `top_p`: the sampler's filter, replayed.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -210,39 +176,36 @@ def per_token_logps(
     return torch.where(loss_mask, logps, torch.zeros((), dtype=logps.dtype, device=logps.device))
 
 
-def response_logps(
+def response_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
+                   temperature: float = 1.0, chunk_size: int | None = None, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Log-probs (B, R) of the last R = `response_length` tokens of prompt+response rows, 0 where
+    `attention_mask` is False (`per_token_logps`: only the response's R+1 positions of logits)."""
+    loss_mask = attention_mask.bool().clone()
+    loss_mask[:, :-response_length] = False
+    return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size, top_k, top_p)[:, -response_length:]
+
+
+def token_logps_with_grad(
     model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    response_length: int,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
     temperature: float = 1.0,
+    micro_batch_size: int | None = None,
     chunk_size: int | None = None,
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> Tensor:
-    """Log-probs (B, R) of the last `response_length` tokens of left-padded prompt+response rows
-    (`top_k` / `top_p` replayed as in `per_token_logps`).
+    """Log-probs (B, R) of sampled responses after left-padded prompts, 0 where `response_mask`
+    is False, differentiable, `micro_batch_size` rows at a time (`response_logps`)."""
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask.bool(), response_mask.bool()], dim=1)
+    size, length = micro_batch_size or input_ids.shape[0], response_ids.shape[1]
+    return torch.cat([response_logps(model, input_ids[start:start + size], attention_mask[start:start + size], length,
+                                     temperature, chunk_size, top_k, top_p)
+                      for start in range(0, input_ids.shape[0], size)])
 
-    Only R+1 positions of logits are computed (the prompt's logits are never materialised).
-    Positions past the response mask are left to the caller to mask (the chunked path,
-    `chunk_size` set, gives 0 there and skips them).
-    """
-    layers = chunked_layers(model, input_ids) if chunk_size else None
-    if layers is not None:
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        decoder, head = layers
-        scored = attention_mask.bool()[:, -response_length:]  # (B, R)
-        if not bool(scored.any()):
-            return torch.zeros(scored.shape, dtype=torch.float32, device=input_ids.device)
 
-        def chunked(input_ids: Tensor, attention_mask: Tensor, scored: Tensor) -> Tensor:
-            hidden = forward_hidden(decoder, input_ids, attention_mask)  # (B, T, H)
-            context = hidden[:, -(response_length + 1):-1]  # position t - 1 predicts token t
-            return output_layer_logps(head, context, input_ids[:, -response_length:], scored, temperature, chunk_size,
-                                      top_k, top_p)
-
-        return as_root_forward(model, chunked, input_ids, attention_mask, scored)  # (B, R)
-    logits = forward_logits(model, input_ids, attention_mask, logits_to_keep=response_length + 1)
-    logps = token_logps_from_logits(logits, input_ids[:, -(response_length + 1):], temperature, top_k, top_p)
-    return logps[:, 1:]
+sequence_token_logps = torch.no_grad()(token_logps_with_grad)
+sequence_token_logps.__doc__ = "`token_logps_with_grad` without grad (scoring)."
