@@ -84,7 +84,7 @@ def grpo_policy_loss(
         old_logps: (N, T) under the sampling policy; None for a single on-policy step (old =
             logps.detach(): the ratio is 1 with the gradient of A * log pi).
         ref_logps: (N, T) under the reference; may be None when kl_coef == 0.
-        advantages: (N,), one per completion, broadcast to its tokens.
+        advantages: (N,), one per completion, broadcast to its tokens; or (N, T), one per token.
         mask: (N, T) bool, True on completion tokens.
         clip_eps_low: eps_low, the lower clip 1 - eps_low of the ratio.
         clip_eps_high: eps_high, the upper clip 1 + eps_high (DAPO's clip-higher when > eps_low).
@@ -100,10 +100,10 @@ def grpo_policy_loss(
     """
     if kl_coef != 0.0 and ref_logps is None:
         raise ValueError("ref_logps is required when kl_coef != 0")
-    if advantages.shape != logps.shape[:1]:
-        raise ValueError(f"advantages must be (N,) = {tuple(logps.shape[:1])}, got {tuple(advantages.shape)}")
+    if advantages.shape not in (logps.shape[:1], logps.shape):
+        raise ValueError(f"advantages must be (N,) or (N, T) = {tuple(logps.shape)}, got {tuple(advantages.shape)}")
     old_logps = logps.detach() if old_logps is None else old_logps.detach()
-    adv = advantages.detach().unsqueeze(1)  # (N, 1)
+    adv = advantages.detach().unsqueeze(1) if advantages.dim() == 1 else advantages.detach()  # (N, 1) or (N, T)
     # padding positions get log-ratio 0 *before* exp: masking afterwards would still let an
     # overflowing exp turn the zero gradient of torch.where into 0 * inf = NaN
     zero = logps.new_zeros(())
