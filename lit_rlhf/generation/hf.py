@@ -38,13 +38,11 @@ def generate_responses(
                                 generator=generator, return_logps=return_logps)
     finally:
         model.train(was_training)
-    responses, logps = sampled if return_logps else (sampled, None)
-    finished = finish_responses(responses, config.max_new_tokens, eos_token_id, pad_token_id)
-    if logps is None:
-        return finished
-    missing = config.max_new_tokens - logps.shape[1]
-    logps = torch.nn.functional.pad(logps, (0, missing)) if missing > 0 else logps
-    return (*finished, torch.where(finished[1], logps, torch.zeros((), dtype=logps.dtype)))
+    if not return_logps:
+        return finish_responses(sampled, config.max_new_tokens, eos_token_id, pad_token_id)
+    finished = finish_responses(sampled[0], config.max_new_tokens, eos_token_id, pad_token_id)
+    logps = torch.nn.functional.pad(sampled[1], (0, config.max_new_tokens - sampled[1].shape[1]))
+    return (*finished, logps.masked_fill(~finished[1], 0.0))
 
 
 def _all_ranks_done(done: bool, device: torch.device) -> bool:
