@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
 
+from lit_rlhf.losses.orpo import log1mexp
 from lit_rlhf.ops import masked_mean
 from lit_rlhf.ops.logprobs import apply_temperature
 
@@ -149,13 +150,6 @@ def generalized_jsd(student_logps: Tensor, teacher_logps: Tensor, beta: float) -
     return beta * _kl(teacher_logps, mixture) + (1.0 - beta) * _kl(student_logps, mixture)
 
 
-def _log1mexp(x: Tensor) -> Tensor:
-    """log(1 - exp(x)) for x <= 0, stable at both ends (Maechler 2012); floored at LOG_FLOOR."""
-    x = x.clamp(max=-1e-30 if x.dtype == torch.float64 else -1e-12)
-    out = torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
-    return out.clamp(min=LOG_FLOOR)
-
-
 def topk_buckets(student_logps: Tensor, teacher_topk_logps: Tensor, teacher_topk_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Both distributions on k + 1 buckets: the teacher's top-k tokens, then the rest of the mass.
 
@@ -175,7 +169,9 @@ def topk_buckets(student_logps: Tensor, teacher_topk_logps: Tensor, teacher_topk
     tail = torch.logsumexp(student_logps.masked_fill(~off, LOG_FLOOR * 10), dim=-1, keepdim=True)  # (..., 1)
     student = torch.cat([picked, tail.clamp(min=LOG_FLOOR)], dim=-1)
     teacher_topk_logps = _at_least_float32(teacher_topk_logps)
-    teacher_tail = _log1mexp(torch.logsumexp(teacher_topk_logps, dim=-1, keepdim=True))
+    below_one = -1e-30 if teacher_topk_logps.dtype == torch.float64 else -1e-12  # the top-k mass, in log
+    top_mass = torch.logsumexp(teacher_topk_logps, dim=-1, keepdim=True).clamp(max=below_one)
+    teacher_tail = log1mexp(top_mass).clamp(min=LOG_FLOOR)
     teacher = torch.cat([teacher_topk_logps, teacher_tail], dim=-1)
     return student, teacher
 
