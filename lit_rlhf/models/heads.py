@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from lit_rlhf.models.loading import (_finish, _parse_dtype, _resolve, load_causal_lm, load_tokenizer)
-from lit_rlhf.models.logprobs import forward_hidden
+from lit_rlhf.models.output_layer import forward_hidden
 
 
 def init_scalar_head(head: nn.Linear) -> nn.Linear:

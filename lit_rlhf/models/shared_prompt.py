@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN
-from lit_rlhf.models.logprobs import as_root_forward, chunked_layers, output_layer_logps, per_token_logps
+from lit_rlhf.models.logprobs import per_token_logps
+from lit_rlhf.models.output_layer import as_root_forward, chunked_layers, output_layer_logps
 from lit_rlhf.ops.logprobs import filtered_token_logps
 from lit_rlhf.ops.rl import last_true_index
 from lit_rlhf.ops.shared_prompt import build_layout, longest, shares_anything
