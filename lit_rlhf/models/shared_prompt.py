@@ -30,11 +30,8 @@ _warned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> rea
 
 def layout_support(model: nn.Module, longest_row: int = 0) -> str | None:
     """None when `model` takes the shared-prompt layout's 4D mask, else the reason it does not
-    (logged once per model as a warning: its callers use the padded layout).
-
-    `longest_row`: the most real tokens of a batch row. A model with sliding-window attention
-    limits each token to the last `sliding_window` ones, a pattern the 4D mask does not carry:
-    rows longer than the window use the padded layout."""
+    (warned once per model): another attention implementation, or a batch whose longest row
+    (`longest_row` real tokens) exceeds a sliding attention window, which the 4D mask does not carry."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None) if config is not None else None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
