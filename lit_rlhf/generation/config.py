@@ -1,10 +1,5 @@
-"""What every generation backend shares: the sampling settings, the checks on the prompts, the
-post-processing of sampled tokens (D23) and decoding.
-
-Every backend (`hf`: our KV-cache sampler; `vllm`: a colocated vLLM engine) returns the same
-thing from left-padded prompts (B, P): `(response_ids (B, R), response_mask (B, R), has_eos (B,))`
-with R = `max_new_tokens`, each response cut after its first EOS and PAD-filled
-(`finish_responses`, the same code for every backend).
+"""What every generation backend (`hf`, `vllm`) shares: the sampling settings, the checks on the
+prompts, the post-processing of sampled tokens (D23, `finish_responses`) and decoding.
 """
 
 from __future__ import annotations
@@ -23,15 +18,12 @@ class SamplingConfig:
 
     Args:
         max_new_tokens: response length R (TL;DR: 53, N+ Table 7).
-        temperature: sampling temperature (`lit_rlhf.ops.apply_temperature`), > 0 when sampling.
-            1.0 (the model's own distribution) by default; the methods declare their papers' (PPO
-            on TL;DR: 0.7, N+). Only how tokens are drawn: the temperature of the log-probs a
-            method trains on is its own setting (`OnlineModule`'s `logprob_temperature`).
+        temperature: sampling temperature (`lit_rlhf.ops.apply_temperature`), > 0 when sampling;
+            the log-probs' own is `OnlineModule`'s `logprob_temperature`.
         top_k: keep the k most likely tokens (0 = off).
         top_p: nucleus sampling mass (1.0 = off).
-        do_sample: False for greedy decoding (the most likely token each step): `temperature`,
-            `top_k` and `top_p` are then not used, and any temperature (0 included) is accepted.
-            `SamplingConfig.greedy(max_new_tokens)` builds one.
+        do_sample: False for greedy decoding (`SamplingConfig.greedy`): `temperature`, `top_k`
+            and `top_p` are then not used.
     """
 
     max_new_tokens: int = 53
@@ -52,7 +44,6 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-
 
     @classmethod
     def greedy(cls, max_new_tokens: int = 53) -> "SamplingConfig":

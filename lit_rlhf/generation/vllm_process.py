@@ -1,19 +1,11 @@
 """Several vLLM engines in one process: the distributed state they share outlives all but the last.
 
-A vLLM engine whose core runs in this process (the CPU default here,
-`VLLM_ENABLE_V1_MULTIPROCESSING=0`) sets up vLLM's process-wide distributed state once (its
-tensor-, pipeline- and data-parallel groups and torch's default process group, all of size 1)
-and every later in-process engine reuses it. When a core shuts down (explicitly, or when its
-engine is collected) vLLM tears that state down (`EngineCore.shutdown` ->
-`cleanup_dist_env_and_memory`), whoever else still uses it: the next forward of any other
-engine then fails with "pipeline model parallel group is not initialized". This happens as soon
-as a run holds two engines, e.g. a training engine and the one `judge_policy` builds, or an
-engine replaced by another whose predecessor is collected late.
-
-`share_distributed_state(llm)` registers an in-process engine: its core's shutdown still releases
-its own resources (workers, scheduler, frozen objects), but leaves the distributed state alone
-while another registered core is alive; the last one tears it down as vLLM does. An engine
-whose core runs in its own process (vLLM's default on GPUs) owns its state and is left as it is.
+Every in-process engine core (the CPU default, `VLLM_ENABLE_V1_MULTIPROCESSING=0`) reuses vLLM's
+process-wide distributed state, and vLLM tears it down when any core shuts down
+(`EngineCore.shutdown` -> `cleanup_dist_env_and_memory`), breaking the others ("pipeline model
+parallel group is not initialized"), e.g. a training engine beside `judge_policy`'s.
+`share_distributed_state(llm)` registers a core so that its shutdown leaves the state to the last
+live registered one; an engine whose core runs in its own process is left as it is.
 """
 
 from __future__ import annotations

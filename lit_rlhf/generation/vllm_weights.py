@@ -1,28 +1,15 @@
-"""The weights a colocated vLLM engine (`lit_rlhf.generation.vllm`) gets from the policy: the
-trained model's parameters, gathered under DeepSpeed ZeRO-3, or a LoRA policy's base with its
-adapter merged, and the layers a partial reload must cover.
-
-A LoRA policy (a `peft` model: the `policy` adapter, maybe next to PPO's `value` and `reward`
-adapters on the same frozen base) reaches the engine as plain weights: the base with the policy
-adapter merged, computed out of place (`lit_rlhf.models.merging.merged_weights`: W + B A times
-the scaling, per LoRA layer; other adapters never enter; the trained model is not touched, so
-the reference, the adapter-free base, stays as it is). The engine is built from that merged
-checkpoint; as long as the base stays frozen, a sync then sends only the layers the adapter
-changes (its LoRA layers and `modules_to_save`), completed to whole vLLM layers where vLLM fuses
-several checkpoint tensors into one (`packed_modules_mapping`: q/k/v -> qkv_proj, gate/up ->
-gate_up_proj: a fused layer is reloaded from all its parts or not at all); vLLM's in-place reload
-keeps every layer it gets no tensor for (SmolLM2-135M, fp32: 405 of 513 MiB per sync with
-`all-linear` targets, 63 MiB with q/v only). vLLM's own LoRA serving (`enable_lora` and a
-`LoRARequest` per rollout) also runs on the CPU wheel (tried: greedy tokens equal to the trainer's,
-log-probs within 5e-7 on the tiny test model) and would send only the adapter per sync, but it
-is not used: every decoding step then pays for the LoRA kernels on top of the base's, the adapter
-must be written to disk at each sync, `max_lora_rank` is fixed when the engine is built, at most
-one `modules_to_save` module is accepted, and the engine would be a second code path next to the
-full-weight one; the merged engine samples at the base model's cost through the path full
-fine-tuning uses. Which is faster on a GPU (smaller syncs or cheaper decoding) is not measured.
-Under DeepSpeed ZeRO-3 each LoRA layer is gathered before it is merged (written for ZeRO-3, not
-tested on GPUs); under FSDP2 (`lit_rlhf.training.sharding`) each parameter is gathered with
-`DTensor.full_tensor()`, and a LoRA model's units are unsharded while it is merged.
+"""The weights a colocated vLLM engine (`lit_rlhf.generation.vllm`) gets from the policy: its
+parameters (gathered under ZeRO-3; under FSDP2 by `DTensor.full_tensor()`), or a LoRA policy's
+base with the policy adapter merged out of place (`lit_rlhf.models.merging.merged_weights`; the
+trained model and the reference stay as they are). While the base is frozen, a sync sends only the
+layers the adapter changes, completed to whole vLLM layers where vLLM fuses several checkpoint
+tensors (`packed_modules_mapping`: q/k/v -> qkv_proj, gate/up -> gate_up_proj); the in-place
+reload keeps the others (SmolLM2-135M, fp32: 405 of 513 MiB per sync with `all-linear`, 63 with
+q/v only). vLLM's own LoRA serving (`enable_lora`, a `LoRARequest` per rollout; it works on the CPU
+wheel) would send only the adapter, but is not used: each decoding step would pay the LoRA
+kernels on top of the base's, the adapter be written to disk at each sync, `max_lora_rank` be
+fixed at build time, at most one `modules_to_save` be accepted, and a second code path exist
+beside full fine-tuning's. Which is faster on a GPU is not measured.
 """
 
 from __future__ import annotations

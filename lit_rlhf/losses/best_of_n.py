@@ -1,15 +1,10 @@
 """Best-of-N sampling and rejection-sampling fine-tuning (Lambert, "RLHF", ch. 10, Rejection
 Sampling; Touvron et al. 2023, Llama 2, Sec. 3.2.3; Dong et al. 2023, RAFT).
 
-- `best_of_n_kl(n)`: the KL of the best-of-n distribution to the base policy, log n - (n-1)/n
-  (Stiennon et al. 2020, "Learning to summarize from human feedback"; Gao et al. 2023, "Scaling
-  Laws for Reward Model Overoptimization", best-of-n sampling). Beirami et al. 2024
-  ("Theoretical guarantees on the best-of-n alignment policy") show it is an upper bound, exact
-  when the n samples' rewards are distinct (no ties).
-- `rejection_sampling_mask`: which of N = B*n scored samples are kept: the best of each prompt's
-  n (`per_prompt`, best-of-n) or the k best of the whole rollout (`top_k`).
-- the fine-tuning step on the kept samples is SFT on them: the token-mean negative
-  log-likelihood `losses.nll_loss`.
+`best_of_n_kl(n)`: the best-of-n distribution's KL to the base policy, log n - (n-1)/n (Stiennon
+et al. 2020; Gao et al. 2023), an upper bound exact without ties (Beirami et al. 2024, "Theoretical
+guarantees on the best-of-n alignment policy"). `rejection_sampling_mask`: the kept samples; the
+fine-tuning step on them is SFT (`losses.nll_loss`).
 """
 
 from __future__ import annotations

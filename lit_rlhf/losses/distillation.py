@@ -1,36 +1,9 @@
-"""On-policy distillation: the student samples, and each of its tokens is pulled toward a teacher.
-
-Two forms, both over the student's own sampled responses (Agarwal et al. 2024, "On-Policy
-Distillation of Language Models: Learning from Self-Generated Mistakes", GKD; Thinking
-Machines, "On-Policy Distillation", 2025; Qwen3 technical report, Sec. 4.5). Notation: pi_s the
-student, pi_t the teacher, y_t the sampled token at position t, M the response mask.
-
-**Policy-gradient form** (`reverse_kl_advantages`, `distillation_pg_loss`). The per-token reward
-is the negative sampled reverse KL, r_t = -(log pi_s(y_t) - log pi_t(y_t)), whose expectation
-under pi_s is -KL(pi_s || pi_t) at that position. With a discount gamma the advantage is the
-discounted return A_t = sum_{k>=t} gamma^(k-t) r_k (gamma 0: the token's own reward, as in
-Thinking Machines' recipe); a task reward and a KL penalty to a reference may be added to it.
-The loss is REINFORCE with the advantage held fixed (stop-gradient):
-
-    L = -(1 / sum M) * sum_{i,t} M_it * sg(A_it) * log pi_s(y_it)
-
-whose gradient, for gamma 0 and no other terms, is the score-function estimate of
-grad sum_t KL(pi_s || pi_t) at the sampled prefixes (the E[grad log pi_s] = 0 term drops).
-
-**Supervised form** (`generalized_jsd`, `gkd_loss`). The whole next-token distributions at every
-sampled prefix are compared, GKD's generalized JSD (Agarwal et al. 2024, Eq. 1 and Sec. 3.1)
-with P = pi_t (teacher), Q = pi_s (student) and the mixture m = beta * P + (1 - beta) * Q:
-
-    JSD(beta) = beta * KL(P || m) + (1 - beta) * KL(Q || m)        0 < beta < 1
-    beta = 0:  KL(P || Q) = KL(teacher || student)   (forward KL, mean-seeking)
-    beta = 1:  KL(Q || P) = KL(student || teacher)   (reverse KL, mode-seeking)
-
-the endpoints being the two KLs themselves (the convention of the GKD paper's experiments and of
-TRL's `GKDTrainer`), since JSD(beta) / beta -> KL(P || Q) as beta -> 0. It is taken over the full
-vocabulary, or over the teacher's top-k tokens plus one bucket holding the rest of each
-distribution's mass (`topk_buckets`), and averaged over the response tokens of the batch;
-`chunked_gkd_loss` computes the same from the two models' hidden states and output layers a chunk
-of tokens at a time, so the (B, T, V) log-probabilities never exist.
+"""On-policy distillation losses over the student's own sampled responses (Agarwal et al. 2024,
+"On-Policy Distillation of Language Models", GKD; Thinking Machines, "On-Policy Distillation",
+2025; Qwen3 technical report, Sec. 4.5): the policy-gradient form on the sampled reverse KL
+(`reverse_kl_advantages`, `distillation_pg_loss`) and the supervised form, GKD's generalized JSD
+(`generalized_jsd`, `gkd_loss`, `chunked_gkd_loss`). pi_s the student, pi_t the teacher, M the
+response mask; the equations are in `docs/methods/distillation.md`.
 """
 
 from __future__ import annotations
@@ -43,9 +16,9 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
 
+from lit_rlhf.losses.orpo import log1mexp
+from lit_rlhf.ops import masked_mean
 from lit_rlhf.ops.logprobs import apply_temperature
-
-from lit_rlhf.ops import masked_sum
 
 LOG_FLOOR = -1e4  # log-probabilities are floored here: exp() is exactly 0 and every difference finite
 
@@ -65,11 +38,6 @@ class GKDLossOutput(NamedTuple):
 
 def _at_least_float32(x: Tensor) -> Tensor:
     return x if x.dtype == torch.float64 else x.float()
-
-
-def _token_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """sum over the masked tokens / their count (0 when there are none)."""
-    return masked_sum(values, mask) / mask.sum().clamp(min=1).to(values.dtype)
 
 
 def reverse_kl_advantages(student_logps: Tensor, teacher_logps: Tensor, mask: Tensor, gamma: float = 0.0) -> Tensor:
@@ -110,7 +78,7 @@ def distillation_pg_loss(
     kl_coef: float = 0.0,
     is_weights: Tensor | None = None,
 ) -> DistillationPGOutput:
-    """REINFORCE on the student's sampled tokens with the distillation advantage (module docstring).
+    """REINFORCE on the student's sampled tokens with the distillation advantage held fixed:
 
     A_t = reverse_kl_advantages(logps, teacher_logps, mask, gamma)_t
           + reward_weight * task_advantages            (one per row, broadcast to its tokens)
@@ -147,9 +115,9 @@ def distillation_pg_loss(
         advantages = advantages - kl_coef * (logps.detach().float() - ref_logps.float())
     advantages = torch.where(mask, advantages, 0.0)
     weighted = advantages if is_weights is None else advantages * is_weights.detach().float()
-    loss = -_token_mean(weighted * logps, mask)
-    reverse_kl = distill.new_zeros(()) if teacher_logps is None else _token_mean(logps.detach().float() - teacher_logps.float(), mask)
-    return DistillationPGOutput(loss, reverse_kl, _token_mean(advantages, mask).detach(), _token_mean(distill, mask))
+    loss = -masked_mean(weighted * logps, mask)
+    reverse_kl = distill.new_zeros(()) if teacher_logps is None else masked_mean(logps.detach().float() - teacher_logps.float(), mask)
+    return DistillationPGOutput(loss, reverse_kl, masked_mean(advantages, mask).detach(), masked_mean(distill, mask))
 
 
 def _kl(log_p: Tensor, log_q: Tensor) -> Tensor:
@@ -182,13 +150,6 @@ def generalized_jsd(student_logps: Tensor, teacher_logps: Tensor, beta: float) -
     return beta * _kl(teacher_logps, mixture) + (1.0 - beta) * _kl(student_logps, mixture)
 
 
-def _log1mexp(x: Tensor) -> Tensor:
-    """log(1 - exp(x)) for x <= 0, stable at both ends (Maechler 2012); floored at LOG_FLOOR."""
-    x = x.clamp(max=-1e-30 if x.dtype == torch.float64 else -1e-12)
-    out = torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
-    return out.clamp(min=LOG_FLOOR)
-
-
 def topk_buckets(student_logps: Tensor, teacher_topk_logps: Tensor, teacher_topk_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Both distributions on k + 1 buckets: the teacher's top-k tokens, then the rest of the mass.
 
@@ -208,7 +169,9 @@ def topk_buckets(student_logps: Tensor, teacher_topk_logps: Tensor, teacher_topk
     tail = torch.logsumexp(student_logps.masked_fill(~off, LOG_FLOOR * 10), dim=-1, keepdim=True)  # (..., 1)
     student = torch.cat([picked, tail.clamp(min=LOG_FLOOR)], dim=-1)
     teacher_topk_logps = _at_least_float32(teacher_topk_logps)
-    teacher_tail = _log1mexp(torch.logsumexp(teacher_topk_logps, dim=-1, keepdim=True))
+    below_one = -1e-30 if teacher_topk_logps.dtype == torch.float64 else -1e-12  # the top-k mass, in log
+    top_mass = torch.logsumexp(teacher_topk_logps, dim=-1, keepdim=True).clamp(max=below_one)
+    teacher_tail = log1mexp(top_mass).clamp(min=LOG_FLOOR)
     teacher = torch.cat([teacher_topk_logps, teacher_tail], dim=-1)
     return student, teacher
 
@@ -243,9 +206,9 @@ def gkd_loss(
         tail = torch.zeros((), device=student_logps.device)
     else:
         student, teacher = topk_buckets(_at_least_float32(student_logps), teacher_logps, teacher_topk_ids)
-        tail = _token_mean(teacher[..., -1].exp(), mask).detach()
+        tail = masked_mean(teacher[..., -1].exp(), mask).detach()
     divergence = torch.where(mask, generalized_jsd(student, teacher, beta), 0.0)  # (B, T)
-    return GKDLossOutput(_token_mean(divergence, mask), divergence.detach(), tail)
+    return GKDLossOutput(masked_mean(divergence, mask), divergence.detach(), tail)
 
 
 class ChunkedGKDOutput(NamedTuple):

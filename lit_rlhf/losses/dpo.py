@@ -30,34 +30,22 @@ def dpo_loss(
     beta: float,
     loss_type: DPOLossType = "sigmoid",
 ) -> DPOLossOutput:
-    """Pairwise direct-alignment loss `mean_b f(z_b)` with `z = beta * h`.
-
-    With the log-ratio difference
+    """Pairwise direct-alignment loss `mean_b f(z_b)`, z = beta * h, with the log-ratio difference
 
         h = [log pi(y_c) - log pi_ref(y_c)] - [log pi(y_r) - log pi_ref(y_r)]
 
-    `beta` has one meaning for every `loss_type`: the strength of the KL regularisation, i.e. the
-    implicit reward is `beta * log(pi / pi_ref)` and `z = beta * h` is the implicit reward margin.
+    `beta` is the KL strength for every `loss_type` (the implicit reward is beta * log(pi / pi_ref)):
 
-    - "sigmoid" (DPO, Rafailov et al. 2023, eq. 7):      f(z) = -log sigmoid(z)
-    - "hinge"   (SLiC-HF rank calibration, Zhao et al. 2023, with the reference log-ratio as in
-                 Liu et al. 2024 "RSO"; margin delta = 1 in units of z): f(z) = max(0, 1 - z)
-    - "ipo"     (IPO, Azar et al. 2024, eq. 17, where the regulariser tau plays beta's role):
-                 f(z) = (2z - 1)^2 = 4 beta^2 * (h - 1/(2 beta))^2.
-      Normalisation: this is the paper's per-pair loss (h - 1/(2 beta))^2 multiplied by the
-      constant 4 beta^2, written as a function of z alone. The minimiser is the same (the paper's
-      target h* = 1/(2 beta), i.e. z* = 1/2) and f(0) = 1, but the gradient is 4 beta^2 times the
-      paper's (implementations that use the unscaled form, e.g. TRL, need a learning rate
-      1/(4 beta^2) larger to match). The sequence log-probs are used as given: the IPO paper's
-      experiments average log-probs over tokens; pass length-normalised logps for that.
-    - "exponential" (GPO, Tang et al. 2024, Sec. 2: the GPO loss is E[f(beta * h)] for a convex
-                 f, here the exponential loss of boosting): f(z) = exp(-z). Its expected loss
-                 under a preference probability p is minimised at z* = 1/2 log(p / (1 - p)), half
-                 the DPO optimum; unbounded as z -> -inf, so a badly ranked pair weighs heavily.
-    - "savage"  (GPO's Savage loss, Masnadi-Shirazi & Vasconcelos 2008): f(z) = 1 / (1 + e^z)^2
-                 = sigmoid(-z)^2. Bounded (f <= 1) and not convex, so a badly ranked (possibly
-                 mislabelled) pair's gradient vanishes; its expected loss is minimised at
-                 z* = log(p / (1 - p)), the same optimum as DPO's.
+    - "sigmoid" (DPO, Rafailov et al. 2023, eq. 7): f(z) = -log sigmoid(z)
+    - "hinge" (SLiC-HF, Zhao et al. 2023, with the reference log-ratio as in RSO): max(0, 1 - z)
+    - "ipo" (IPO, Azar et al. 2024, eq. 17): (2z - 1)^2 = 4 beta^2 * (h - 1/(2 beta))^2, the
+      paper's per-pair loss times 4 beta^2: same minimiser, so an implementation of the unscaled
+      form (TRL) needs a learning rate 1/(4 beta^2) larger to match. Pass length-normalised
+      log-probs for the paper's token averages.
+    - "exponential" (GPO, Tang et al. 2024, Sec. 2): exp(-z), minimised at half the DPO optimum
+      and unbounded as z -> -inf.
+    - "savage" (GPO's Savage loss, Masnadi-Shirazi & Vasconcelos 2008): sigmoid(-z)^2, bounded
+      and not convex: a badly ranked (possibly mislabelled) pair's gradient vanishes.
 
     Args:
         policy_chosen_logps: (B,) sequence log-probs (sums over completion tokens) of the chosen

@@ -25,27 +25,15 @@ def drov_loss(
     rewards: Tensor,
     tau: float = 1.0,
 ) -> DROVLossOutput:
-    """The DRO-V losses on single-trajectory data (prompt x, completion y, scalar reward r).
+    """The DRO-V losses on single-trajectory data (x, y, scalar r): the DRO objective (Richemond et
+    al. 2024, Sec. 4) L = 1/2 mean_b (r - V(x) - tau * log(pi(y|x) / pi_ref(y|x)))^2, as two
+    surrogates whose gradients are the paper's updates (sg = stop-gradient):
 
-    The DRO objective (Richemond et al. 2024, Sec. 4) is, over the batch,
+    - policy_loss = mean_b[-(r - sg(V)) * log pi + (tau/2) * (log pi - log pi_ref)^2], whose
+      gradient is Eq. 8 divided by tau (`docs/ARCHITECTURE.md` section 2); its value is not L.
+    - value_loss = 1/2 mean_b (r - V - tau * sg(log pi/pi_ref))^2, whose V-gradient is Eq. 7.
 
-        L = 1/2 mean_b (r - V(x) - tau * log(pi(y|x) / pi_ref(y|x)))^2,
-
-    minimised at pi*(y|x) ∝ pi_ref(y|x) exp(r(x,y)/tau) and V*(x) = tau log E_ref[exp(r/tau)]
-    for any data distribution with full support (Theorem 1). The two networks get separate
-    surrogates whose gradients are exactly the paper's updates:
-
-    - policy_loss = mean_b[ -(r - sg(V)) * log pi + (tau/2) * (log pi - log pi_ref)^2 ]
-      grad_theta = mean_b[ -(r - V) grad log pi + (tau/2) grad (log pi/pi_ref)^2 ], which is
-      Eq. 8 (= grad_theta L) divided by tau. Algorithm 1's box drops the tau on the second term;
-      Eq. 8 is what follows from L, and the division by tau keeps the first term's scale
-      independent of tau (`docs/ARCHITECTURE.md` section 2). Its value is not L.
-    - value_loss = 1/2 mean_b (r - V - tau * sg(log pi/pi_ref))^2,
-      grad_V = -(r - V - tau * log pi/pi_ref) / B per example: Eq. 7.
-
-    sg = stop-gradient. The policy part never moves V and the value part never moves pi, so
-    `loss = policy_loss + value_loss` can be stepped by one optimiser with separate learning
-    rates per parameter group.
+    Neither moves the other's network: one optimiser steps `loss = policy_loss + value_loss`.
 
     Args:
         policy_logps: (B,) sequence log-probs log pi(y|x).

@@ -1,14 +1,6 @@
 """`EntropyControl`: how a clipped per-token policy loss (GRPO's) keeps the policy's entropy from
-collapsing, as one setting of two optional parts.
-
-- `covariance`: Clip-Cov or KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement
-  Learning for Reasoning Language Models"; `lit_rlhf.losses.entropy_cov.CovarianceControl`): acts
-  on the few tokens whose log-prob and advantage covary most, the ones that drive the collapse;
-- `bonus`: an entropy bonus from the sampled tokens, its coefficient fixed or moved toward a
-  target entropy after each rollout (Skywork-OR1's adaptive entropy control;
-  `lit_rlhf.losses.entropy_bonus.EntropyBonus`).
-
-Either, both or neither; in YAML `entropy: {covariance: {method: clip_cov}, bonus: {coef: 0.001}}`.
+collapsing: Clip-Cov or KL-Cov (`entropy_cov`), an entropy bonus (`entropy_bonus`), either, both
+or neither; in YAML `entropy: {covariance: {method: clip_cov}, bonus: {coef: 0.001}}`.
 """
 
 from __future__ import annotations

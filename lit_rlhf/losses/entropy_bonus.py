@@ -1,19 +1,8 @@
-"""An entropy bonus from the sampled tokens, with a fixed or adaptive coefficient.
-
-The bonus adds -alpha * H(pi) to the loss. Over tokens y_t sampled from pi, the token entropy is
-estimated by the surprisal -log pi(y_t) (unbiased for H at the sampling policy), and its
-gradient by the score function, grad H = -E[log pi(y) grad log pi(y)]. The per-token term
-
-    b_t = alpha * stopgrad(log pi(y_t)) * log pi(y_t)
-
-has exactly that gradient (times alpha), so adding it to each token's loss before the loss's
-aggregation maximises the entropy without the full distribution's logits (the log-prob paths
-return the sampled tokens' log-probs only). Its value is not the entropy: `sampled_entropy` is.
-
-The adaptive coefficient follows Skywork-OR1's adaptive entropy control (He et al. 2025,
-"Skywork Open Reasoner 1 Technical Report"): after each rollout,
-alpha <- clip(alpha + delta * sign(H_target - H), alpha_min, alpha_max), so the bonus grows
-while the entropy is below its target and shrinks above it.
+"""An entropy bonus from the sampled tokens (`docs/methods/grpo.md`): the per-token term
+b_t = alpha * stopgrad(log pi(y_t)) * log pi(y_t) has the score-function gradient of -alpha * H(pi)
+(grad H = -E[log pi(y) grad log pi(y)]), without the full distribution's logits. The adaptive
+coefficient is Skywork-OR1's (He et al. 2025): alpha <- clip(alpha + delta * sign(H_target - H),
+alpha_min, alpha_max) after each rollout.
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
-"""Clip-Cov and KL-Cov: entropy control through the tokens of highest covariance.
-
-Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models"
-(arXiv 2505.22617): the policy's entropy falls in proportion to the covariance between a
-token's log-prob and its advantage, and a small set of high-covariance tokens drives the
-collapse. Over the N valid tokens of a batch, each token's centred covariance is
-
-    Cov_t = (log pi(y_t) - mean_j log pi(y_j)) * (A_t - mean_j A_j)
-
-and two controls act on a fraction r of the tokens only:
-
-- **Clip-Cov**: draw max(1, floor(r N)) tokens uniformly among those with lower < Cov_t < upper
-  (and not already clipped by the PPO clip) and detach their policy-gradient term (weight 0);
-- **KL-Cov**: take the max(1, floor(r N)) tokens of largest Cov_t and add
-  beta * |log pi(y_t) - log pi_old(y_t)| to their loss.
-
-Defaults are those of the authors' code (PRIME-RL/Entropy-Mechanism-of-RL, as verl ships it):
-Clip-Cov r = 2e-4, bounds (1, 5); KL-Cov r = 2e-4, beta = 1. The selections carry no gradient;
-the KL-Cov penalty does.
+"""Clip-Cov and KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for
+Reasoning Language Models", arXiv 2505.22617): entropy control through the few tokens whose
+centred covariance Cov_t = (log pi(y_t) - mean log pi) * (A_t - mean A) is highest, explained in
+`docs/methods/grpo.md`. Defaults are the authors' code's (r = 2e-4, band (1, 5), beta = 1).
 """
 
 from __future__ import annotations

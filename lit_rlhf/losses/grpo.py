@@ -30,23 +30,16 @@ def grpo_advantages(
     scale: AdvantageScale = "group",
     eps: float = 1e-4,
 ) -> Tensor:
-    """GRPO outcome advantages (DeepSeekMath, Shao et al. 2024, Sec. 4.1.2), one per completion.
-
-    Every variant first subtracts the group mean; then `scale` divides by
-
-    - "group": the std of the group's G rewards, plus eps (GRPO);
-    - "batch": the std of all B*G rewards, plus eps (a single scale for the batch, which avoids
-      up-weighting groups whose rewards barely differ);
-    - "none":  nothing (Dr. GRPO, Liu et al. 2025, drops the std as a source of bias).
-
-    Stds are unbiased (Bessel-corrected, torch's default, as in TRL's GRPO). A group whose G
-    rewards are all equal carries no signal and gets exactly 0 (not a rounding residue, never
-    NaN), whatever the scale. Returns (B*G,).
+    """GRPO outcome advantages (DeepSeekMath, Shao et al. 2024, Sec. 4.1.2): (B*G,), each reward
+    minus its group's mean, divided by the unbiased std plus eps per `scale`. A group whose
+    rewards are all equal gets exactly 0.
 
     Args:
         rewards: (B*G,) scalar rewards, the G completions of each prompt contiguous.
         group_size: G, the completions per prompt.
-        scale: "group", "batch" or "none" (above).
+        scale: "group" (the group's std, GRPO), "batch" (the std of all B*G rewards: one scale,
+            groups whose rewards barely differ are not up-weighted) or "none" (Dr. GRPO, Liu et
+            al. 2025: no std, a source of bias).
         eps: added to the std before dividing.
     """
     grouped = groups_of(rewards, group_size)  # (B, G)
@@ -83,29 +76,22 @@ def grpo_policy_loss(
 
         l_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) + kl_coef * k3_t
 
-    where `kl_coef` is the paper's beta and k3_t = exp(ref - logps) - 1 - (ref - logps) is the
-    unbiased non-negative KL estimator (DeepSeekMath eq. 4; `ops.kl_penalty(..., "k3")`).
-    eps_high > eps_low is DAPO's clip-higher. `aggregation` turns the (N, T) losses into a scalar:
-
-    - "token_mean":          sum over all kept tokens / number of kept tokens (DAPO, Yu et al.
-                             2025: every token weighs the same, long answers weigh more);
-    - "sequence_mean":       mean over each sequence's tokens, then mean over sequences
-                             (original GRPO eq. 3: every sequence weighs the same);
-    - "constant_normalizer": sum over all kept tokens / (N * max_completion_length) (Dr. GRPO,
-                             Liu et al. 2025: no length-dependent normaliser). `max_completion_length`
-                             defaults to T, the padded completion length.
+    with k3_t = exp(ref - logps) - 1 - (ref - logps), the unbiased non-negative KL estimator
+    (DeepSeekMath eq. 4; `ops.kl_penalty(..., "k3")`).
 
     Args:
         logps: (N, T) per-token log-probs of the N = B*G completions under the current policy.
         old_logps: (N, T) under the sampling policy; None for a single on-policy step (old =
             logps.detach(): the ratio is 1 with the gradient of A * log pi).
         ref_logps: (N, T) under the reference; may be None when kl_coef == 0.
-        advantages: (N,), one per completion, broadcast to its tokens.
+        advantages: (N,), one per completion, broadcast to its tokens; or (N, T), one per token.
         mask: (N, T) bool, True on completion tokens.
         clip_eps_low: eps_low, the lower clip 1 - eps_low of the ratio.
         clip_eps_high: eps_high, the upper clip 1 + eps_high (DAPO's clip-higher when > eps_low).
         kl_coef: the paper's beta, weight of the k3 KL to the reference.
-        aggregation: "token_mean", "sequence_mean" or "constant_normalizer" (above).
+        aggregation: how the (N, T) losses become a scalar: "token_mean" (over all kept tokens,
+            DAPO, Yu et al. 2025), "sequence_mean" (over each sequence, then over sequences: GRPO
+            eq. 3) or "constant_normalizer" (sum / (N * max_completion_length), Dr. GRPO).
         max_completion_length: the constant normaliser's length; None = T.
         token_weights: (N, T), no gradient: multiplies each token's clipped surrogate (truncated
             importance sampling, `losses.rollout_correction`); None = 1.
@@ -114,10 +100,10 @@ def grpo_policy_loss(
     """
     if kl_coef != 0.0 and ref_logps is None:
         raise ValueError("ref_logps is required when kl_coef != 0")
-    if advantages.shape != logps.shape[:1]:
-        raise ValueError(f"advantages must be (N,) = {tuple(logps.shape[:1])}, got {tuple(advantages.shape)}")
+    if advantages.shape not in (logps.shape[:1], logps.shape):
+        raise ValueError(f"advantages must be (N,) or (N, T) = {tuple(logps.shape)}, got {tuple(advantages.shape)}")
     old_logps = logps.detach() if old_logps is None else old_logps.detach()
-    adv = advantages.detach().unsqueeze(1)  # (N, 1)
+    adv = advantages.detach().unsqueeze(1) if advantages.dim() == 1 else advantages.detach()  # (N, 1) or (N, T)
     # padding positions get log-ratio 0 *before* exp: masking afterwards would still let an
     # overflowing exp turn the zero gradient of torch.where into 0 * inf = NaN
     zero = logps.new_zeros(())

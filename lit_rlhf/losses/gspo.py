@@ -21,16 +21,11 @@ def gspo_policy_loss(
     kl_coef: float = 0.0,
     token_weights: Tensor | None = None,
 ) -> GRPOLossOutput:
-    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", Eq. 5-7).
-
-    The importance ratio is per SEQUENCE and length-normalised (Eq. 7):
-
-        s_i = (pi(y_i|x) / pi_old(y_i|x)) ^ (1/|y_i|) = exp( mean_t (logps - old_logps) )
-
-    and clipped per sequence (Eq. 5): l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i),
-    averaged over the N sequences. The paper's clip ranges are tiny (3e-4 / 4e-4) because s_i is
-    a geometric mean. With `kl_coef` > 0 the k3 KL to the reference (token mean of each sequence,
-    then mean over sequences) is added, as in GRPO. Clip fractions count sequences.
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", Eq. 5-7): one
+    length-normalised ratio per sequence, s_i = exp(mean_t (logps - old_logps)) (Eq. 7), clipped
+    per sequence (Eq. 5): l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), averaged
+    over sequences (hence the tiny clip ranges); plus GRPO's k3 KL (each sequence's token mean,
+    then the mean) with `kl_coef` > 0. Clip fractions count sequences.
 
     Args:
         logps: (N, T) per-token log-probs under the current policy.

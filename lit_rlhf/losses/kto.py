@@ -38,15 +38,9 @@ def kto_loss(
         desirable:   lambda_D * (1 - sigmoid(beta * (r - z0)))
         undesirable: lambda_U * (1 - sigmoid(beta * (z0 - r)))
 
-    i.e. lambda_y - v(x, y) of the paper. Normalisation: the plain mean over the labelled
-    examples, desirable and undesirable together (not a mean per class), so the class balance of
-    the batch weighs the two terms; `desirable_weight` / `undesirable_weight` (lambda_D, lambda_U)
-    correct for imbalance (the paper suggests lambda_D n_D / (lambda_U n_U) in [1, 4/3]).
-
-    Rows with no label (a reward tied with the batch mean, `labels_from_rewards`) contribute
-    nothing, neither to the sum nor to the count the mean divides by, and are counted in
-    `num_unlabelled`. A batch without any labelled row gives loss 0 (still attached to the graph,
-    so its gradient is an exact zero) and zero statistics.
+    i.e. lambda_y - v(x, y) of the paper, averaged over the labelled rows of both classes together
+    (lambda_D, lambda_U correct an imbalance: `kto_weight_ratio`). Unlabelled rows are left out of
+    the sum and the count; none labelled gives an attached loss of 0.
 
     Args:
         policy_logps: (B,) sequence log-probs of the completions under the policy.
@@ -87,17 +81,11 @@ def kto_loss(
 def kto_kl_estimate(policy_mismatched_logps: Tensor, ref_mismatched_logps: Tensor, clamp: bool = True) -> Tensor:
     """The KTO reference point z0 from one micro-batch: mean log-ratio on mismatched pairs, >= 0.
 
-    The completions are paired with the *wrong* prompts (y_j with x_i, prompt x_j != x_i), so the
-    estimate does not reuse the examples the loss is computed on (Ethayarajh et al. 2024, Sec. 4: a
-    biased but cheap estimate of KL(pi || pi_ref)). Returns a detached scalar clamped at 0;
-    `clamp=False` gives the raw mean log-ratio, which the module logs next to z0. Under data
-    parallelism the module averages the log-ratios across ranks first (`kto_loss` clamps again).
-
-    The raw mean is not a KL: the completions are the dataset's, not samples of pi, so it can be
-    negative. It is exactly 0 while pi == pi_ref (the first step: the reference is a copy of the
-    initial policy and dropout is off, D7), and negative whenever training lowered the
-    likelihood of those completions under unrelated prompts more than it raised it; the clamp
-    then makes z0 = 0, i.e. KTO compares each reward with 0 (the paper's Sec. 4 choice).
+    The completions are paired with the *wrong* prompts (y_j with x_i, x_j != x_i): a biased but
+    cheap estimate of KL(pi || pi_ref) (Ethayarajh et al. 2024, Sec. 4), detached. The raw mean
+    (`clamp=False`, logged beside z0) is not a KL, the completions being the dataset's: 0 while
+    pi == pi_ref (D7), negative when training lowered their likelihood under unrelated prompts,
+    where the clamp makes z0 = 0 (the paper's choice).
 
     Args:
         policy_mismatched_logps: (B,) policy log-probs of completions paired with the wrong prompts.
@@ -122,17 +110,10 @@ def labels_from_rewards(rewards: Tensor) -> RewardLabels:
     """KTO labels from scalar rewards, relative to the batch mean: desirable above it,
     undesirable below it, and no label when equal to it.
 
-    The DRO paper (Richemond et al. 2024) builds its KTO baseline from
-    single-trajectory rewards by whether a reward is greater or less than the batch average
-    (`docs/ARCHITECTURE.md` section 2); its rewards are dense reward-model scores, where a tie
-    does not arise. With discrete rewards (0/1 correctness) it does: a batch whose rewards are all
-    equal has every row tied. A tie is no evidence for either side, so it gets none: `tied` rows
-    are left out of the loss (`kto_loss(labelled=...)`) and counted, never silently made
-    undesirable (or desirable).
-
-    The comparison is exact: r_i against mean(r) as B * r_i against sum_j r_j in float64, which
-    has no rounding for float32 (or lower precision) rewards of a sane range, so an all-equal
-    batch is all tied whatever the value (a float mean of B copies of 0.1 need not equal 0.1).
+    As the DRO paper's KTO baseline (Richemond et al. 2024; `docs/ARCHITECTURE.md` section 2). A
+    tie (discrete rewards: an all-equal batch) is no evidence for either side: `tied` rows are left
+    out of the loss (`kto_loss(labelled=...)`) and counted. The comparison is exact, B * r_i
+    against sum_j r_j in float64 (a float mean of B copies of 0.1 need not equal 0.1).
 
     Args:
         rewards: (B,) one scalar reward per row.

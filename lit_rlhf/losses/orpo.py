@@ -43,20 +43,12 @@ def log_odds(mean_logps: Tensor) -> Tensor:
 
 
 def orpo_loss(chosen_mean_logps: Tensor, rejected_mean_logps: Tensor, odds_ratio_coef: float) -> ORPOLossOutput:
-    """ORPO's loss `mean_b [L_SFT + lambda * L_OR]` (Hong et al. 2024, eq. 6).
-
-    Inputs are (B,) length-normalised log-probs `(1/|y|) sum_t log pi(y_t|x, y_<t)` of the chosen
-    (y_c) and rejected (y_r) completions under the policy, so P(y|x) is their exponential, the
-    geometric mean of the token probabilities. With `odds(y|x) = P / (1 - P)` (eq. 4):
+    """ORPO's loss `mean_b [L_SFT + lambda * L_OR]` (Hong et al. 2024, eq. 6), no reference model.
+    With P(y|x) = exp(length-normalised log-prob) and `odds(y|x) = P / (1 - P)` (eq. 4):
 
         L_SFT = -(1/|y_c|) log pi(y_c|x) = -chosen_mean_logps           (eq. 2)
         log OR = log odds(y_c|x) - log odds(y_r|x)                      (eq. 5)
         L_OR  = -log sigmoid(log OR)                                     (eq. 7)
-
-    `odds_ratio_coef` is the paper's lambda (0.1 in its experiments). The gradient of L_OR
-    pushes log P(y_c) up with weight 1/(1 - P(y_c)) and log P(y_r) down with weight
-    1/(1 - P(y_r)) (eq. 8-10), each scaled by sigmoid(-log OR): pairs already well separated
-    contribute little. There is no reference model and no KL strength.
 
     Args:
         chosen_mean_logps: (B,) length-normalised log-probs of the chosen completions under the policy.

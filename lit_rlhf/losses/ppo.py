@@ -120,17 +120,13 @@ def ppo_rewards(
     estimator: KLEstimator = "k1",
     turn_rewards: Tensor | None = None,
 ) -> PPORewardsOutput:
-    """Per-token RLHF rewards: a KL penalty on every response token, the score on the last one.
+    """Per-token RLHF rewards (N+): a KL penalty on every response token, the score on the last
+    one (the EOS, D12: the last True of `mask`):
 
-    With kl_t = kl_penalty(logps, ref_logps, estimator) (k1 =
-    log pi - log pi_ref, the N+ choice):
+        rewards[b, t] = -kl_coef * kl_penalty(logps, ref_logps)[b, t] + (t == last of b) * scores[b]
 
-        rewards[b, t] = -kl_coef * kl[b, t] + (t == last response token of b) * scores[b]
-
-    The score sits on the EOS token (D12), found as the last True of `mask`. A multi-turn
-    episode's `turn_rewards` (B, R), each turn's reward on its last policy token, stay where they
-    are and the rest of the score goes on the last token (`ops.place_rewards`): the rewards of a
-    row still sum to its score.
+    A multi-turn episode's `turn_rewards` stay where they are and the rest of the score goes on
+    the last token (`ops.place_rewards`).
 
     Args:
         scores: (B,) reward-model scores (after the D23 EOS trick).
@@ -139,8 +135,8 @@ def ppo_rewards(
         mask: (B, R) bool, each row with at least one True.
         kl_coef: weight of the per-token KL penalty.
         estimator: the KL estimator of `ops.kl_penalty` (k1 = log pi - log pi_ref, the N+ choice).
-        turn_rewards: (B, R) a multi-turn episode's turn rewards, each on its turn's last policy token, or
-            None.
+        turn_rewards: (B, R) a multi-turn episode's turn rewards, each on its turn's last policy
+            token, or None.
     """
     zero = logps.new_zeros(())
     kl = torch.where(mask, kl_penalty(logps.detach(), ref_logps.detach(), estimator), zero)  # (B, R)

@@ -1,14 +1,6 @@
 """PPO-ptx's language-modelling term (Ouyang et al. 2022, "Training language models to follow
-instructions with human feedback", eq. 2).
-
-InstructGPT's PPO-ptx maximises
-
-    objective(phi) = E_{(x,y) ~ pi_RL}[r(x, y) - beta * log(pi_RL(y|x) / pi_SFT(y|x))]
-                     + gamma * E_{x ~ D_pretrain}[log pi_RL(x)],
-
-the PPO objective plus gamma times the log-likelihood of pretraining text, which keeps the
-policy's language modelling from regressing. As a loss to minimise, every update adds
-gamma * NLL, the negative log-likelihood of a batch of language-modelling tokens, to PPO's loss.
+instructions with human feedback", eq. 2): the PPO objective plus gamma * E_{x ~ D_pretrain}[log
+pi_RL(x)], i.e. every update adds gamma * NLL of language-modelling tokens to PPO's loss.
 """
 
 from __future__ import annotations

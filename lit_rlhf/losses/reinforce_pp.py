@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_rlhf.losses.grpo import GRPOLossOutput
-from lit_rlhf.ops import masked_mean
+from lit_rlhf.losses.grpo import GRPOLossOutput, grpo_policy_loss
 
 
 def reinforce_pp_advantages(
@@ -72,7 +71,6 @@ def normalize_token_advantages(advantages: Tensor, mask: Tensor, eps: float = 1e
     return torch.where(mask, z, torch.zeros_like(z))
 
 
-
 def clipped_token_loss(
     logps: Tensor,
     old_logps: Tensor | None,
@@ -84,7 +82,7 @@ def clipped_token_loss(
     """PPO's clipped surrogate with one advantage per TOKEN, token mean (REINFORCE++'s loss).
 
     l_t = -min(ratio_t A_t, clip(ratio_t, 1 - eps_low, 1 + eps_high) A_t), averaged over
-    the kept tokens. No KL term: REINFORCE++ puts the KL in the reward.
+    the kept tokens: `grpo_policy_loss` without its KL term (REINFORCE++ puts the KL in the reward).
 
     Args:
         logps: (N, T) per-token log-probs under the current policy.
@@ -96,13 +94,4 @@ def clipped_token_loss(
     """
     if advantages.shape != logps.shape:
         raise ValueError(f"advantages must be (N, T) = {tuple(logps.shape)}, got {tuple(advantages.shape)}")
-    old = logps.detach() if old_logps is None else old_logps.detach()
-    adv = advantages.detach()
-    ratio = torch.exp(torch.where(mask, logps - old, logps.new_zeros(())))
-    clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
-    surrogate = -torch.minimum(ratio * adv, clipped * adv)
-    loss = masked_mean(surrogate, mask)
-    r = ratio.detach()
-    low = masked_mean(((r < 1.0 - clip_eps_low) & (adv < 0)).float(), mask)
-    high = masked_mean(((r > 1.0 + clip_eps_high) & (adv > 0)).float(), mask)
-    return GRPOLossOutput(loss, loss.detach(), logps.new_zeros(()), low, high, low + high, masked_mean(r, mask))
+    return grpo_policy_loss(logps, old_logps, None, advantages, mask, clip_eps_low, clip_eps_high)

@@ -1,13 +1,8 @@
 """ReMax's advantage (Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement
 Learning Method for Large Language Models", Sec. 4.1 and Algorithm 1).
 
-ReMax is REINFORCE on whole responses whose baseline is the reward of the policy's greedy
-response to the same prompt, b(x) = r(x, y_greedy), y_greedy_t = argmax pi(. | x, y_greedy_<t):
-no value model, one extra greedy decode per prompt. The gradient estimate is
-
-    g = 1/N sum_i [r(x_i, y_i) - r(x_i, y_greedy_i)] * grad sum_t log pi(y_i,t | x_i, y_i,<t),
-
-i.e. `rloo_loss` (REINFORCE on the summed sequence log-prob) fed these advantages.
+REINFORCE on whole responses (`rloo_loss`) with the reward of the policy's greedy response to the
+same prompt as baseline: no value model, one extra greedy decode per prompt.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """REINFORCE leave-one-out (RLOO, Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE
 Style Optimization for Learning from Human Feedback in LLMs"; Lambert, "RLHF", RLOO section).
 
-A whole response is one action: its reward is the reward model's score minus the KL penalty
-`kl_coef * log(pi(y|x) / pi_ref(y|x))` of the whole sequence (`kl_coef` is the paper's beta), and
-the gradient is REINFORCE on the SUMMED sequence log-prob with the mean reward of the prompt's
-other k-1 responses as baseline.
-
-`RLOOModule` composes the three steps: `ops.kl_penalized_sequence_rewards` and `rloo_advantages`
-once over the whole rollout, then `rloo_loss` on each micro-batch of rows (the leave-one-out
-baseline needs every response of a prompt; the loss does not).
+A whole response is one action, rewarded with its score minus the sequence's KL penalty
+(`ops.kl_penalized_sequence_rewards`); REINFORCE on the summed sequence log-prob, with the mean
+reward of the prompt's other k-1 responses as baseline (`rloo_advantages`, over the whole rollout).
 """
 
 from __future__ import annotations

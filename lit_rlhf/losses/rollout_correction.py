@@ -1,32 +1,14 @@
-"""Rollout correction: importance weights and masks between the sampling engine and the trainer.
+"""Rollout correction: importance weights and a keep-mask between the sampling engine (vLLM, an
+older policy) and the trainer; the settings are explained in `docs/guides/vllm.md`.
 
-When the responses come from another engine (vLLM: other kernels, other precision) or from an
-older policy (asynchronous rollouts), the sampler's probabilities pi_sampler differ from the
-trainer's pi_train for the same tokens. With the per-token log-ratio
-l_t = log pi_train(y_t) - log pi_sampler(y_t), the ratio is read at one of three levels:
-
-- `token`:     w_t = exp(l_t), one ratio per token;
-- `sequence`:  w = exp(sum_t l_t), the ratio of the whole response's probabilities;
-- `geometric`: w = exp(mean_t l_t), its geometric mean per token (length-normalised, as GSPO's
-  ratio; Zheng et al. 2025, Eq. 7);
-
-and applied in one of two modes:
-
-- `truncate`: weights min(w, upper), every token kept (truncated importance sampling, Yao et al.
-  2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"; at the
-  sequence level, TRL's `sequence_truncate`);
-- `mask`: weights w, and the tokens (or whole sequences) whose ratio lies outside
-  [lower, upper] dropped (IcePop's two-sided token mask, Ling Team 2025, "Every Step Evolves":
-  M(w_t) = 1 if lower <= w_t <= upper else 0; at the sequence level, TRL's `sequence_mask`).
-
-Independently, DeepSeek-V3.2's off-policy sequence mask (DeepSeek-AI 2025, "DeepSeek-V3.2",
-"Off-Policy Sequence Masking") drops a sequence with a negative advantage whose
-sampler/learner KL, estimated as mean_t (log pi_sampler - log pi_train) over its tokens, exceeds
-a threshold delta: M_i = 0 if A_i < 0 and KL_i > delta, else 1.
-
-Weights and the keep-mask are returned separately (as verl's rollout correction splits its
-importance-sampling weights from its rejection-sampling mask); a loss applies weights * keep.
-Nothing here carries gradient. `mismatch_stats` measures the gap whatever the correction.
+With l_t = log pi_train(y_t) - log pi_sampler(y_t), the ratio w is exp(l_t) per `token`, exp(sum_t
+l_t) per `sequence`, or exp(mean_t l_t), `geometric` (GSPO's, Zheng et al. 2025, Eq. 7). Mode
+`truncate`: weights min(w, upper), every token kept (truncated importance sampling, Yao et al.
+2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"); `mask`: weights w,
+tokens or sequences with w outside [lower, upper] dropped (IcePop, Ling Team 2025, "Every Step
+Evolves"; TRL's `sequence_mask`). DeepSeek-V3.2's off-policy sequence mask (DeepSeek-AI 2025)
+also drops a row with A_i < 0 whose KL_i = mean_t (log pi_sampler - log pi_train) exceeds delta.
+Weights and keep-mask are separate (as verl's); a loss applies weights * keep. No gradient here.
 """
 
 from __future__ import annotations
@@ -126,7 +108,7 @@ def offpolicy_sequence_keep(train_logps: Tensor, sampler_logps: Tensor, mask: Te
 def rollout_correction(train_logps: Tensor, sampler_logps: Tensor, mask: Tensor, mode: Mode = "truncate",
                        level: Level = "token", upper: float = 2.0, lower: float | None = None,
                        advantages: Tensor | None = None, offpolicy_kl: float | None = None) -> CorrectionOutput:
-    """Importance weights and a keep-mask of the sampled tokens (see the module docstring).
+    """Importance weights and a keep-mask of the sampled tokens (the module docstring's equations).
 
     Args:
         train_logps: (N, T) the trainer's log-probs of the sampled tokens (at the sampling temperature).

@@ -1,9 +1,6 @@
-"""Scalar-head models: reward models (D11, D12, D14), PPO value models (D22), DRO-V's V(x).
-
-`ScalarHeadModel` is a transformer body with a linear head giving one number per position;
-`load_scalar_model` builds one from any model name `lit_rlhf.models.loading` accepts (keeping the
-head of an exported one-label sequence classifier). Loading a trained reward model back is
-`lit_rlhf.models.reward_loading`.
+"""Scalar-head models (a transformer body and a linear head, one number per position): reward
+models (D11, D12, D14), PPO value models (D22), DRO-V's V(x). A trained reward model is loaded
+back by `lit_rlhf.models.reward_loading`.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ import torch
 from torch import nn
 
 from lit_rlhf.models.loading import (_finish, _parse_dtype, _resolve, load_causal_lm, load_tokenizer)
+from lit_rlhf.models.output_layer import forward_hidden
 
 
 def init_scalar_head(head: nn.Linear) -> nn.Linear:
@@ -33,18 +31,10 @@ def hidden_size(model: nn.Module) -> int:
     return int(text_config.hidden_size)
 
 
-# --------------------------------------------------------------------------------------------
-# scalar-head models: reward models (D11, D12, D14), PPO value models (D22), DRO-V's V(x)
-# --------------------------------------------------------------------------------------------
-
-
 class ScalarHeadModel(nn.Module):
-    """A transformer backbone with a linear scalar head: one number per position.
-
-    `forward` returns the head's output at every position (B, T); `score` reads it at one index
-    per row, by default the last real token (the EOS of a response, D12), which is right for
-    left- and right-padded rows alike (D14). The head has a bias so that D15 (reward
-    normalisation) can shift the reward of reference responses to mean 0.
+    """A transformer backbone with a linear scalar head: `forward` gives (B, T), one number per
+    position; `score` reads it at the last real token (D12, D14). The head's bias lets D15 shift
+    the reward of reference responses to mean 0.
     """
 
     def __init__(self, backbone: nn.Module, head: nn.Linear | None = None) -> None:
@@ -54,15 +44,7 @@ class ScalarHeadModel(nn.Module):
         self.head = head if head is not None else init_scalar_head(nn.Linear(hidden_size(backbone), 1, bias=True))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        from lit_rlhf.ops import position_ids_from_mask
-
-        out = self.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask.long(),
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        )
-        hidden = out.last_hidden_state  # (B, T, d)
+        hidden = forward_hidden(self.backbone, input_ids, attention_mask)  # (B, T, d)
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)  # (B, T)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
@@ -100,13 +82,9 @@ def _is_sequence_classifier(location: Path) -> bool:
 
 
 def load_scalar_model(name: str, tokenizer=None, dtype: str | torch.dtype | None = None) -> ScalarHeadModel:
-    """A `ScalarHeadModel` from any accepted model name.
-
-    A directory holding an `AutoModelForSequenceClassification` with one label (e.g. a reward
-    model exported by `RewardModule`) keeps its head (and the `reward_bias` our export records in
-    its config, see `RewardModule.export_hf`); any other causal LM gets a fresh head with the D11
-    initialisation.
-    """
+    """A `ScalarHeadModel` from any model name `lit_rlhf.models.loading` accepts: a one-label
+    sequence classifier's directory (e.g. `RewardModule.export_hf`'s) keeps its head and
+    `reward_bias`; any other causal LM gets a fresh D11 head."""
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(name)
     kind, where = _resolve(name)
     if kind == "dir" and _is_sequence_classifier(Path(where)):

@@ -1,14 +1,7 @@
 """Log-probs and scalar scores on the shared-prompt layout (`lit_rlhf.ops.shared_prompt`): each
-group's prompt run once for all its completions.
-
-Scored positions go through the same output layer code as the padded path
-(`lit_rlhf.models.logprobs`: chunked, or dense logits), and a scalar head (reward model) reads
-each completion at its own last token (D12).
-
-The 4D mask goes to the model as an additive float mask, which transformers passes through to
-its `sdpa` and `eager` attention unchanged. Other attention implementations
-(`flash_attention_2/3` take no arbitrary mask; `flex_attention` wants a BlockMask) make the
-callers fall back to the padded layout, with a warning naming the reason, once per model
+group's prompt run once for all its completions, the same values as the padded path
+(`lit_rlhf.models.logprobs`). The layout's 4D mask goes to the model as an additive float mask,
+which only `sdpa` and `eager` attention take: other models use the padded layout
 (`layout_support`).
 """
 
@@ -22,7 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN
-from lit_rlhf.models.logprobs import as_root_forward, chunked_layers, output_layer_logps, per_token_logps
+from lit_rlhf.models.logprobs import per_token_logps
+from lit_rlhf.models.output_layer import as_root_forward, chunked_layers, output_layer_logps
 from lit_rlhf.ops.logprobs import filtered_token_logps
 from lit_rlhf.ops.rl import last_true_index
 from lit_rlhf.ops.shared_prompt import build_layout, longest, shares_anything
@@ -36,11 +30,8 @@ _warned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> rea
 
 def layout_support(model: nn.Module, longest_row: int = 0) -> str | None:
     """None when `model` takes the shared-prompt layout's 4D mask, else the reason it does not
-    (logged once per model as a warning: its callers use the padded layout).
-
-    `longest_row`: the most real tokens of a batch row. A model with sliding-window attention
-    limits each token to the last `sliding_window` ones, a pattern the 4D mask does not carry:
-    rows longer than the window use the padded layout."""
+    (warned once per model): another attention implementation, or a batch whose longest row
+    (`longest_row` real tokens) exceeds a sliding attention window, which the 4D mask does not carry."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None) if config is not None else None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -56,6 +47,11 @@ def layout_support(model: nn.Module, longest_row: int = 0) -> str | None:
         log.warning("shared prompts are off for %s: %s", type(model).__name__, reason)
         _warned[model] = reason
     return reason
+
+
+def use_layout(model: nn.Module, attention_mask: Tensor, sharing: PromptSharing | None) -> bool:
+    """True when `sharing` is given, some rows share a prompt and `model` takes the layout's mask."""
+    return sharing is not None and shares_anything(sharing) and layout_support(model, longest(attention_mask)) is None
 
 
 def _input_dtype(model: nn.Module) -> torch.dtype:
@@ -87,12 +83,7 @@ def shared_per_token_logps(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> Tensor:
-    """`per_token_logps` computed on the shared-prompt layout: the same (N, T)
-    log-probs (0 where `loss_mask` is False), each group's prompt run once.
-
-    `chunk_size`, `top_k`, `top_p` as in `per_token_logps` (chunked output layer, or None: the
-    dense logits; the sampler's filter replayed).
-    """
+    """`per_token_logps` (same arguments, same (N, T) values) on the shared-prompt layout."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     layout = build_layout(input_ids, attention_mask, sharing)
@@ -138,10 +129,9 @@ def grouped_token_logps(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> Tensor:
-    """Per-token log-probs (N, T): on the shared-prompt layout when `sharing` is given, some rows
-    share a prompt and the model takes the layout's mask (`layout_support`), else the padded path
-    (`per_token_logps`). Same values either way."""
-    if sharing is not None and shares_anything(sharing) and layout_support(model, longest(attention_mask)) is None:
+    """Per-token log-probs (N, T): on the shared-prompt layout when it applies (`use_layout`),
+    else the padded path (`per_token_logps`). Same values either way."""
+    if use_layout(model, attention_mask, sharing):
         return shared_per_token_logps(model, input_ids, attention_mask, loss_mask, sharing, temperature, chunk_size, top_k, top_p)
     return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size, top_k, top_p)
 
@@ -161,8 +151,8 @@ def shared_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Te
 
 def grouped_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, sharing: PromptSharing | None) -> Tensor:
     """Scores (N,) of a `ScalarHeadModel` at each row's last real token, on the shared-prompt
-    layout when `sharing` applies (see `grouped_token_logps`), else `model.score`."""
-    if sharing is not None and shares_anything(sharing) and layout_support(model.backbone, longest(attention_mask)) is None:
+    layout when it applies (`use_layout`), else `model.score`."""
+    if use_layout(model.backbone, attention_mask, sharing):
         return shared_scalar_scores(model, input_ids, attention_mask, sharing)
     return model.score(input_ids, attention_mask)
 
@@ -180,23 +170,13 @@ def shared_response_logps(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> Tensor:
-    """Log-probs (N, R) of sampled responses (0 where `response_mask` is False), each
-    micro-batch of `micro_batch_size` rows computing each of its prompts once.
-
-    prompt_ids, prompt_mask (N, P) left padded; response_ids, response_mask (N, R); groups (N,):
-    rows with equal ids have the same prompt (a GRPO group). A micro-batch holding a single row of
-    a group computes that row as it is; the values never depend on the grouping.
-    """
+    """`token_logps_with_grad` (N, R), each micro-batch computing each of its prompts once:
+    `groups` (N,), rows with equal ids have the same prompt (a GRPO group). Same values."""
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # (N, P+R)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1).bool()
     loss_mask = torch.cat([torch.zeros_like(prompt_mask, dtype=torch.bool), response_mask.bool()], dim=1)
-    width = prompt_ids.shape[1]
-    size = micro_batch_size or input_ids.shape[0]
-    chunks = []
-    for start in range(0, input_ids.shape[0], size):
-        sl = slice(start, start + size)
-        ends = torch.full((groups[sl].shape[0],), width, dtype=torch.long, device=groups.device)
-        logps = grouped_token_logps(model, input_ids[sl], attention_mask[sl], loss_mask[sl], PromptSharing(ends, groups[sl]),
-                                    temperature, chunk_size, top_k, top_p)  # (n, P+R)
-        chunks.append(logps[:, width:])
-    return torch.cat(chunks)
+    width, size = prompt_ids.shape[1], micro_batch_size or input_ids.shape[0]
+    ends = torch.full(groups.shape, width, dtype=torch.long, device=groups.device)
+    return torch.cat([grouped_token_logps(model, input_ids[s:s + size], attention_mask[s:s + size], loss_mask[s:s + size],
+                                          PromptSharing(ends[s:s + size], groups[s:s + size]), temperature, chunk_size,
+                                          top_k, top_p)[:, width:] for s in range(0, input_ids.shape[0], size)])

@@ -1,23 +1,16 @@
 """Token log-probs and entropies from hidden states and the output layer, a chunk of tokens at a time.
 
-The textbook computation materialises the logits of every scored position, `(N, V)` floats plus
-their log-softmax and its gradient: with a 49k-152k vocabulary and 1k-token completions the
-largest tensors of a step. Here the output layer `z = (h W^T + b) / temperature` is applied to
-`chunk_size` rows at a time; each chunk's logits are reduced to the picked log-prob (and the
-entropy) right away and freed, and the backward pass recomputes them chunk by chunk, so at most
-one chunk of logits (and its softmax and gradient) exists at any time.
-
-For one row with `z` its logits, `lse = logsumexp(z)`, `p = softmax(z)`, target `y`:
+The output layer `z = (h W^T + b) / temperature` is applied to `chunk_size` rows at a time, each
+chunk's logits reduced to the picked log-prob (and the entropy) and freed, and recomputed chunk by
+chunk in backward: the (N, V) logits never exist. For one row with `lse = logsumexp(z)`,
+`p = softmax(z)`, target `y`:
 
     logp_y = z_y - lse                      d logp_y / dz = onehot(y) - p
     H = lse - sum_j p_j z_j                 dH / dz_j = -p_j (log p_j + H)
 
-and with `g = dL/dz / temperature`: `dL/dh = g W`, `dL/dW = g^T h`, `dL/db = sum_rows g`.
-Values and gradients equal the dense computation up to float rounding. Under autocast the matmuls
-run in the autocast dtype, like the dense `nn.Linear` would, and the softmax in float32.
-
-The same idea underlies Liger-Kernel's fused linear cross-entropy and Apple's cut cross-entropy;
-this is plain torch (any device), not their kernels.
+and with `g = dL/dz / temperature`: `dL/dh = g W`, `dL/dW = g^T h`, `dL/db = sum_rows g`. Under
+autocast the matmuls run in the autocast dtype, the softmax in float32. The idea of Liger-Kernel's
+fused linear cross-entropy and Apple's cut cross-entropy, in plain torch.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Per-token log-probs from logits: the pure tensor half (no model is run here).
-
-`apply_temperature` (`lit_rlhf.ops.sampling`, with the sampler's top-k / top-p filter) is the one
-place logits are divided by the sampling temperature; `token_logps_from_logits` shifts the logits by one position and picks the log-prob of every next
-token; `selective_log_softmax` picks log-probs without a full-vocabulary log-softmax copy;
-`position_ids_from_mask` gives position ids that are right under left padding (D5). Running a
-model to get its log-probs (dense logits or the chunked output layer) is
-`lit_rlhf.models.logprobs`; the chunked output layer itself is `lit_rlhf.ops.linear_logprobs`.
+"""Per-token log-probs from logits, the pure tensor half: running a model for them is
+`lit_rlhf.models.logprobs`, the chunked output layer `lit_rlhf.ops.linear_logprobs`.
 """
 
 from __future__ import annotations
@@ -21,21 +15,14 @@ DEFAULT_CHUNK_SIZE = 256
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """Position ids that start at 0 on the first real token of each row (left padding safe).
-
-    Padding positions get 0 (they are masked out of attention anyway). (B, T) -> (B, T) long.
-    """
+    """(B, T) -> (B, T) position ids from 0 at each row's first real token (D5), 0 on padding."""
     mask = attention_mask.long()
     return (mask.cumsum(-1) - 1).clamp(min=0) * mask
 
 
 def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
-    """`log_softmax(logits)[..., index]` without materialising the full log-softmax.
-
-    logits: (..., V), index: (...) long -> (...) in float32 or better.
-    For float32/float64 this is `gather - logsumexp`. Half-precision logits are upcast one row at a
-    time, so no full-vocabulary float32 copy of the whole batch exists at once.
-    """
+    """`log_softmax(logits)[..., index]`, (..., V) and (...) -> (...) in float32 or better,
+    without the full log-softmax: `gather - logsumexp`, half precision upcast a row at a time."""
     if logits.dtype in (torch.float32, torch.float64):
         picked = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(logits, dim=-1)
@@ -48,13 +35,8 @@ def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
 
 def token_logps_from_logits(logits: Tensor, input_ids: Tensor, temperature: float = 1.0, top_k: int = 0,
                             top_p: float = 1.0) -> Tensor:
-    """Log-probs of `input_ids[:, 1:]` under next-token `logits[:, :-1]`.
-
-    logits: (B, T, V), input_ids: (B, T) -> (B, T) where column t scores token t given tokens < t;
-    column 0 (no context) is 0. The logits are divided by `temperature` (`apply_temperature`), and
-    with `top_k` / `top_p` filtered as the sampler filters them (`lit_rlhf.ops.sampling`), so the
-    log-probs used for ratios match the distribution that was sampled.
-    """
+    """(B, T): column t the log-prob of token t under `logits[:, t - 1]` (B, T, V), column 0 is 0;
+    at `temperature`, with the sampler's `top_k` / `top_p` filter replayed (`lit_rlhf.ops.sampling`)."""
     if filters(top_k, top_p):  # the filtered rows a chunk at a time; the last column's target is a dummy
         targets = F.pad(input_ids[:, 1:], (0, 1)).reshape(-1)  # (B * T,)
         logps = filtered_token_logps(logits.reshape(-1, logits.shape[-1]), targets, temperature, top_k, top_p)

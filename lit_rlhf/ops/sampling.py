@@ -1,10 +1,7 @@
-"""The sampling distribution as a pure function of the logits, shared by the sampler and the
-trainer: the sampler draws from `filter_logits` (`lit_rlhf.generation.hf`), and the trainer's
-log-probs replay it on their own logits (`lit_rlhf.ops.logprobs.filtered_token_logps`, the
-chunked output layer `lit_rlhf.ops.linear_logprobs`), so for an exact sampler the ratio
-pi_train / pi_sampler is 1 (vLLM's `processed_logprobs` are of the same distribution). One rule: every log-prob of the
-policy is of the distribution sampled; a reference or teacher scores the full vocabulary at the
-same temperature (its own top-k could exclude the sampled token).
+"""The sampling distribution as a pure function of the logits: the sampler draws from
+`filter_logits`, and the policy's log-probs replay it on their own logits, so for an exact sampler
+pi_train / pi_sampler is 1. A reference or teacher scores the full vocabulary at the same
+temperature (its own top-k could exclude the sampled token).
 """
 
 from __future__ import annotations
@@ -14,16 +11,9 @@ from torch import Tensor
 
 
 def apply_temperature(logits: Tensor, temperature: float, inplace: bool = False) -> Tensor:
-    """`logits / temperature`: the sampling temperature applied to logits (the identity at 1).
-
-    The one function that applies it, wherever logits meet the temperature: the sampler
-    (`lit_rlhf.ops.sampling.filter_logits`), the dense log-probs (`token_logps_from_logits`), the
-    chunked output layer (`lit_rlhf.ops.linear_logprobs`, whose backward scales the gradient by the
-    same map, the derivative of this linear one) and the shared-prompt layout's dense path. So the
-    log-probs of the ratios and of the KL are those of the distribution that was sampled (N+
-    details, `docs/ARCHITECTURE.md`: one temperature, applied in one place). `inplace` divides
-    `logits` itself (a buffer the caller owns).
-    """
+    """`logits / temperature` (the identity at 1): the one place the sampler and every log-prob
+    path apply the temperature (N+ details: one temperature, in one place). `inplace` divides
+    `logits` itself (a buffer the caller owns)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if temperature == 1.0:

@@ -1,25 +1,12 @@
-"""Shared-prompt layout: a prompt computed once for all the completions that follow it.
-
-A DPO/IPO/hinge or reward pair, or a GRPO/RLOO group, is k completions of one prompt. The
-padded layout runs the prompt k times; here the k rows become one packed row
+"""Shared-prompt layout (`docs/guides/memory.md`, shared prompts): the k completions of one prompt
+(a preference pair, a GRPO group) packed into one row
 
     [prompt (p tokens), completion_1 (c_1 tokens), ..., completion_k (c_k tokens)]
 
-with a block-structured attention mask (completion j attends to the prompt and causally to itself,
-never to another completion) and position ids that restart at p for every completion, so each
-token is computed from exactly the context it has in its own row: the same hidden states, the same
-log-probs and the same gradients as the padded layout, up to float rounding, for p + sum(c_j)
-tokens instead of k (p + max c_j). With TL;DR shapes (p ~ 450, c ~ 50) a pair is 550 tokens
-instead of 1000 and a group of 4 is 650 instead of 2000.
-
-Token t of a row is predicted from the hidden state of its previous token: for the first token of
-every completion that is the shared prompt's last position (`SharedPromptLayout.token_index` maps
-every real token, prompt tokens included, to its packed place, so the context of token t is
-simply `token_index[:, t - 1]`).
-
-This file builds the layout (pure tensors); running a model on it (log-probs, scalar scores, the
-fallback to the padded layout for attention kernels that take no 4D mask) is
-`lit_rlhf.models.shared_prompt`.
+with a block mask (completion j attends to the prompt and causally to itself) and positions that
+restart at p for each completion: the padded layout's values for p + sum(c_j) tokens instead of
+k (p + max c_j). `SharedPromptLayout.token_index` maps each real token to its packed place, so
+token t is predicted from `token_index[:, t - 1]`. Running a model on it: `lit_rlhf.models.shared_prompt`.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class GradProbe(L.Callback):
         if self.done:
             return
         self.done = True
-        from lit_rlhf.models.logprobs import _chunked_support  # the per-model decision of the log-prob path
+        from lit_rlhf.models.output_layer import _chunked_support  # the per-model decision of the log-prob path
 
         policy = pl_module.policy
         out = {"chunked_path": policy in _chunked_support and _chunked_support[policy] is None}

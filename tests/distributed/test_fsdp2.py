@@ -6,7 +6,7 @@ module sharded in `configure_model` (`lit_rlhf.training.sharding`), `configs/str
   ranks end with the same weights (gradients reduced);
   PPO's ranks generate responses of different lengths (synced generation, as under ZeRO-3).
   The log-probs take the chunked path (the default), which reads the output layer outside the
-  model's forward: it runs as the root's forward (`lit_rlhf.models.logprobs.as_root_forward`);
+  model's forward: it runs as the root's forward (`lit_rlhf.models.output_layer.as_root_forward`);
 - DPO and GRPO stopped after 2 optimizer steps resume from their checkpoint (a directory of
   shards; for DPO also one consolidated file, `save_distributed_checkpoint: false`) to the same
   weights, bit for bit, as 3 uninterrupted steps;

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lit_rlhf.generation import SamplingConfig, generate_responses
-from lit_rlhf.generation.logps import sequence_token_logps
+from lit_rlhf.generation import sequence_token_logps
 from lit_rlhf.models.packed import packed_token_logps
 from lit_rlhf.models.shared_prompt import shared_response_logps
 from lit_rlhf.ops import linear_token_logps

@@ -166,7 +166,7 @@ def test_final_logit_transforms_fall_back_to_the_dense_path(caplog):
     scaled = _ScaledLogits(_llama(tied=False))
     ids, attention, loss = _batch()
     for model, why in ((softcapped, "final_logit_softcapping"), (scaled, "differ from the output layer")):
-        with caplog.at_level(logging.WARNING, logger="lit_rlhf.models.logprobs"):
+        with caplog.at_level(logging.WARNING, logger="lit_rlhf.models.output_layer"):
             assert chunked_layers(model, ids) is None
         assert why in caplog.text and "dense" in caplog.text
         with torch.no_grad():
