@@ -43,7 +43,7 @@ class ReinforcePPModule(GRPOModule):
     """
 
     eps = 1e-8
-    takes_entropy_control = False  # `clipped_token_loss`, not GRPO's loss
+    takes_entropy_control = False  # `clipped_token_loss` (GRPO's clipped loss per token, no entropy control)
 
     def __init__(self, baseline: bool = False, kl_coef: float = 0.01, **kwargs: Any) -> None:
         super().__init__(scale="batch", aggregation="token_mean", kl_coef=kl_coef, **kwargs)
