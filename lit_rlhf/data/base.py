@@ -33,19 +33,15 @@ BAD_ROWS_REPORT = "bad_rows.csv"
 
 
 class RLHFDataModule(L.LightningDataModule):
-    """The shared DataModule: rows read, checked, tokenised once and batched.
+    """The shared DataModule: rows read, checked against `raw_schema` (`lit_rlhf.data.schema`),
+    tokenised once and batched. Subclasses define `_formatter(role)` and `_collator(role)`, take
+    only their own arguments (keyword-only, `**kwargs` handed on) and set new defaults of inherited
+    ones in `defaults`; each class gets one flat signature (`flat_init`; docs/guides/data.md).
 
-    Subclasses define `_formatter(role)`, `_collator(role)` and `length_columns`; `raw_schema` is
-    the published schema of the source rows (`lit_rlhf.data.schema`), checked on every raw row
-    before any formatting. A subclass's `__init__` takes only its own arguments (keyword-only) and
-    hands `**kwargs` on; `defaults` changes the defaults of inherited ones (`{"path": ...}`). Each
-    class's constructor gets one flat signature (`flat_init`): the CLI reads it, and Python calls
-    get the same defaults.
-
-    Attributes after `setup`: `datasets` (`{"train"|"val"|"test": datasets.Dataset}`),
-    `skipped_rows` (`Counter` by reason) and `skipped_rows_by_split`, `bad_rows` (one record per
-    skipped row, also written to `bad_rows.csv` in the log directory: `bad_rows_report`),
-    `truncated_completions` (`{role: count}`) and `length_stats` (`{split: {column: stats}}`, D4).
+    After `setup`: `datasets` (`{"train"|"val"|"test": datasets.Dataset}`), `skipped_rows` (a
+    `Counter` by reason; `skipped_rows_by_split`), `bad_rows` (one record per skipped row, also in
+    `bad_rows_report`, `bad_rows.csv` in the log directory), `truncated_completions` (`{role:
+    count}`) and `length_stats` (`{role: {column: stats}}`, D4).
 
     Args:
         path: where the rows are: `bundled:<name>`, a local .json/.jsonl/.parquet file or
@@ -74,7 +70,7 @@ class RLHFDataModule(L.LightningDataModule):
     """
 
     defaults: ClassVar[dict[str, Any]] = {}
-    length_columns: ClassVar[dict[str, str]] = {"prompt": "_prompt_len"}
+    length_columns: ClassVar[dict[str, str]] = {k: f"_{k}_len" for k in ("prompt", "completion", "chosen", "rejected")}
     raw_schema: ClassVar[schemas.Schema | None] = None
     schema_name: ClassVar[str] = ""
 
@@ -130,8 +126,6 @@ class RLHFDataModule(L.LightningDataModule):
         super().__init_subclass__(**kwargs)
         cls.__init__ = flat_init(cls, RLHFDataModule)
 
-    # -- tokenizer ----------------------------------------------------------------------------
-
     @property
     def tokenizer(self):
         if self._tokenizer is None:
@@ -152,15 +146,15 @@ class RLHFDataModule(L.LightningDataModule):
             self._tokenizer = tok
         return self._tokenizer
 
-    # -- what subclasses provide ----------------------------------------------------------------
-
     def _formatter(self, role: str) -> Formatter:
         raise NotImplementedError
 
     def _collator(self, role: str) -> Callable:
         raise NotImplementedError
 
-    # -- preparation ----------------------------------------------------------------------------
+    def passthrough(self, role: str, consumed: tuple[str, ...]) -> tuple[str, ...]:
+        """The source columns of `role` not consumed by formatting, kept as metadata."""
+        return tuple(c for c in self.source.load(self.splits[role]).column_names if c not in consumed)
 
     def prepare_data(self) -> None:
         """Download/load every configured split once (rank 0); processing happens in `setup`."""
@@ -279,8 +273,6 @@ class RLHFDataModule(L.LightningDataModule):
                 log.info("%s %s (%s) %s tokens: min %d, mean %.1f, p50 %.0f, p90 %.0f, p95 %.0f, p99 %.0f, max %d",
                          type(self).__name__, role, spec, k, s["min"], s["mean"], s["p50"], s["p90"], s["p95"],
                          s["p99"], s["max"])
-
-    # -- loaders --------------------------------------------------------------------------------
 
     def _loader(self, role: str, shuffle: bool) -> DataLoader:
         ds = self.dataset(role)

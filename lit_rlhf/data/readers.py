@@ -1,20 +1,13 @@
-"""Reading local data files row by row, checked against a published schema, into a cached,
-memory-mapped arrow dataset; every row that cannot be read is named by file, line (JSON Lines) or
-record (JSON arrays, parquet), both 1-based, field, and what was expected vs found.
+"""Reading local data files row by row (not by `datasets`' JSON reader: no type is ever inferred
+or changed), each row checked against the DataModule's schema (`lit_rlhf.data.schema`), reduced
+to its declared fields (others dropped and logged) and written with its `datasets.Features` to an
+arrow file cached by the files' identity, the schema and this code, then memory-mapped.
 
-Local files are read here, not by `datasets`' JSON reader, so no type is ever inferred or changed:
-every line or record is parsed and checked against the DataModule's schema
-(`lit_rlhf.data.schema`) as it is in the file, reduced to the fields the schema declares (keys it
-does not declare are dropped at every depth, and logged), then written with that schema's
-`datasets.Features` to an arrow file that `datasets.Dataset.from_file` memory-maps. The arrow file
-is cached by the files' identity (path, size, modification time), the schema and this reader's
-code. A row that cannot be read (bytes that are not UTF-8, a line that is not JSON or not an
-object, a field of the wrong type) raises `BadRowError` with `on_bad_rows="error"`, or, with
-`"skip"`, is written as a placeholder row whose `_read_*` columns say why, for the DataModule to
-count and report. Missing and empty files are a `DataSourceError`.
-
-JSON Lines and parquet are streamed (a batch of rows at a time); a `.json` file holding one JSON
-array is parsed as a whole, so large data belongs in JSON Lines or parquet.
+A row that cannot be read (not UTF-8, not JSON, not an object, a field of the wrong type) raises
+`BadRowError` naming the file, the 1-based line (JSON Lines) or record (JSON array, parquet) and
+the field with `on_bad_rows="error"`; with `"skip"` it becomes a placeholder row whose `_read_*`
+columns say why. Missing and empty files are a `DataSourceError`. A `.json` array is parsed whole;
+JSON Lines and parquet are streamed.
 """
 
 from __future__ import annotations
@@ -44,11 +37,6 @@ READ_COLUMNS = ("_file", "_line", "_read_reason", "_read_field", "_read_detail")
 """Columns a local source adds to every raw row: where it comes from and why it could not be read."""
 
 _BATCH = 1000
-
-
-# --------------------------------------------------------------------------------------------
-# reading one file, row by row
-# --------------------------------------------------------------------------------------------
 
 
 class _ReadError(Exception):
@@ -148,11 +136,6 @@ def location_unit(path: str) -> str:
             if f.read(4096).lstrip().startswith(b"["):
                 return "record"
     return "line"
-
-
-# --------------------------------------------------------------------------------------------
-# reading one split (a list of files) into a cached, memory-mapped arrow dataset
-# --------------------------------------------------------------------------------------------
 
 
 def _code_hash() -> str:

@@ -1,18 +1,10 @@
 """A local Hugging Face causal LM as a pairwise judge, read from next-token probabilities.
 
-No sampling: the judge prompt (rendered through the tokenizer's chat template when it has one,
-with the assistant turn opened) is followed by the template's `answer_prefix` (e.g. "Preferred:"
-for TL;DR, "[[" for MT-Bench), and the judge's verdict is whichever of the two verdict letters
-gets the higher next-token probability.
-
-Tokenisation variants: a letter can be spelled by several first tokens ("A" and " A" are distinct
-tokens in BPE vocabularies; a byte-level vocabulary spells " A" as " " then "A"). For each verdict
-string ("A"/"B", with and without a leading space) we take the FIRST token of its encoding, drop
-any token shared by both verdicts (such as a bare space), and sum the probabilities of each
-verdict's remaining tokens: P(A) = sum over A's spellings, P(B) likewise.
-
-Batched with left padding, so the last column is every row's next-token position, and position
-ids from `lit_rlhf.ops.position_ids_from_mask` (D5).
+No sampling: the judge prompt (in the tokenizer's chat template when it has one, the assistant
+turn opened) is followed by `answer_prefix` ("Preferred:" for TL;DR, "[[" for MT-Bench), and the
+verdict is whichever verdict letter gets the higher next-token probability: P(A) sums the first
+tokens of "A" and " A" (less any token both verdicts share, such as a bare space), P(B) likewise.
+Batched with left padding and `position_ids_from_mask` (D5).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Pointwise scorers for `RubricJudge` on the pairwise judges' backends.
 
-- `LocalLMScorer`: a local causal LM (`LocalLMJudge`'s loading, chat template, batching with left
-  padding and `max_length` guard), read from its next-token probabilities after the answer prefix
-  "Answer:": the score is P(Yes) / (P(Yes) + P(No)), each summed over the word's first-token
-  spellings (`verdict_token_ids`). Nothing is sampled.
-- `ChatAPIScorer`: an OpenAI-compatible chat endpoint (`ChatAPIJudge`'s retries, backoff, bounded
-  concurrency and key redaction); the reply's last `Verdict: YES` / `Verdict: NO` reads 1 / 0.
+- `LocalLMScorer` (`LocalLMJudge`'s loading and batching): P(Yes) / (P(Yes) + P(No)) of the next
+  token after "Answer:", each summed over the word's first-token spellings. Nothing is sampled.
+- `ChatAPIScorer` (`ChatAPIJudge`'s retries and key redaction): the reply's last `Verdict: YES` /
+  `Verdict: NO` reads 1 / 0.
 
-The prompt is `template` with {prompt}, {completion} and {criterion} (the criterion's
-description); `lit_rlhf.judges.rubric.POINTWISE_TEMPLATE` by default. Both keep the pairwise
-judges' failure policy: an item that cannot be read is invalid, never an exception.
+The prompt is `template` with {prompt}, {completion} and {criterion}
+(`lit_rlhf.judges.rubric.POINTWISE_TEMPLATE` by default); an unreadable item is invalid, never an
+exception.
 """
 
 from __future__ import annotations

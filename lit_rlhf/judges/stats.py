@@ -20,6 +20,7 @@ slightly conservative (wider than necessary), never anti-conservative.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Sequence
 
@@ -76,34 +77,13 @@ def wilson_interval(successes: float, n: int, z: float = Z_95) -> tuple[float, f
 
 def win_rate(judgements: Iterable[Judgement]) -> WinRateStats:
     """Win rate of completion a over b, ties as half, invalid items excluded but counted."""
-    wins_a = wins_b = ties = invalid = 0
-    for j in judgements:
-        if j.winner == "a":
-            wins_a += 1
-        elif j.winner == "b":
-            wins_b += 1
-        elif j.winner == "tie":
-            ties += 1
-        else:
-            invalid += 1
+    counts = Counter(j.winner if j.winner in ("a", "b", "tie") else "invalid" for j in judgements)
+    wins_a, wins_b, ties, invalid = (counts[k] for k in ("a", "b", "tie", "invalid"))
     num_valid = wins_a + wins_b + ties
-    n = num_valid + invalid
-    successes = wins_a + 0.5 * ties
-    rate = successes / num_valid if num_valid else math.nan
+    n, successes = num_valid + invalid, wins_a + 0.5 * ties
     low, high = wilson_interval(successes, num_valid)
-    return WinRateStats(
-        win_rate=rate,
-        ci_low=low,
-        ci_high=high,
-        n=n,
-        num_valid=num_valid,
-        wins_a=wins_a,
-        wins_b=wins_b,
-        ties=ties,
-        invalid=invalid,
-        tie_rate=ties / num_valid if num_valid else math.nan,
-        invalid_rate=invalid / n if n else math.nan,
-    )
+    return WinRateStats(successes / num_valid if num_valid else math.nan, low, high, n, num_valid, wins_a, wins_b, ties,
+                        invalid, ties / num_valid if num_valid else math.nan, invalid / n if n else math.nan)
 
 
 class AgreementStats(NamedTuple):
