@@ -19,10 +19,6 @@ class ChatSFTFormatter(_ChatFormatter):
 
     consumed = ("messages", "chosen", "rejected", "prompt")
 
-    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions, passthrough):
-        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
-        self.passthrough = passthrough
-
     def features(self) -> dict[str, Any]:
         return {"prompt": STR, "reference": STR, "_prompt_ids": IDS, "_completion_ids": IDS,
                 "_prompt_len": INT, "_completion_len": INT, TRUNCATED: INT}
@@ -46,5 +42,4 @@ class ChatSFTDataModule(_ReferenceTexts, SFTDataModule):
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
-        return ChatSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                self.truncate_completions, self.passthrough(role, ChatSFTFormatter.consumed))
+        return ChatSFTFormatter(self, passthrough=self.passthrough(role, ChatSFTFormatter.consumed))

@@ -60,9 +60,17 @@ class Formatter:
     """Turns one raw row into examples (dicts: `_`-prefixed keys hold token ids and numbers, the
     others metadata) or raises `BadRow`; small and picklable. Subclasses set `passthrough` (source
     columns copied to every example's metadata when present) and implement `features()` and
-    `__call__`."""
+    `__call__`. Built from its DataModule: the tokenizer, the DataModule settings named in
+    `options`, and `extra` (all of them, but the tokenizer, are its `config()`)."""
 
     passthrough: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+
+    def __init__(self, dm: Any = None, **extra: Any):
+        self.tokenizer = getattr(dm, "tokenizer", None)
+        for name in self.options:
+            setattr(self, name, getattr(dm, name))
+        vars(self).update(extra)
 
     def features(self) -> dict[str, Any]:
         """`{column: datasets feature}` of the computed columns `__call__` returns."""

@@ -67,15 +67,7 @@ def reference_answer(solution: str, schema: QASchema, field: str) -> str:
 class QAPromptFormatter(Formatter):
     """`{question, answer}` or `{problem, solution}` -> prompt ids, `reference`, `solution`."""
 
-    def __init__(self, tokenizer, schema: QASchema, max_prompt_length: int, prompt_template: str,
-                 system_prompt: str | None, chat: bool, passthrough: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.schema = schema
-        self.max_prompt_length = max_prompt_length
-        self.prompt_template = prompt_template
-        self.system_prompt = system_prompt
-        self.chat = chat
-        self.passthrough = passthrough
+    options = ("schema", "max_prompt_length", "prompt_template", "system_prompt", "chat")
 
     def features(self) -> dict[str, Any]:
         return {"prompt": STR, "reference": STR, "solution": STR, "_prompt_ids": IDS, "_prompt_len": INT}
@@ -130,8 +122,7 @@ class QADataModule(PromptDataModule):
         if self.chat:
             require_chat_template(self.tokenizer, f"{type(self).__name__} with chat=True")
         passthrough = self.passthrough(role, (*SCHEMA_FIELDS[self.schema], "prompt", "reference", "solution"))
-        return QAPromptFormatter(self.tokenizer, self.schema, self.max_prompt_length, self.prompt_template,
-                                 self.system_prompt, self.chat, passthrough)
+        return QAPromptFormatter(self, passthrough=passthrough)
 
     def references(self, role: str = "test") -> tuple[list[str], list[str]]:
         """(prompt texts, reference answers) of a split, in order (for accuracy evaluation)."""

@@ -44,11 +44,11 @@ class TLDRPromptFormatter(Formatter):
     """`{subreddit, title, post[, summary], ...}` -> D2 prompt ids; the summary (when the data has
     one) becomes the D3-formatted "reference" text."""
 
-    def __init__(self, tokenizer, max_prompt_length: int, passthrough: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.passthrough = passthrough
-        self.bos = adds_bos(tokenizer)
+    options = ("max_prompt_length",)
+
+    def __init__(self, dm: Any, **extra: Any):
+        super().__init__(dm, **extra)
+        self.bos = adds_bos(self.tokenizer)
 
     def features(self) -> dict[str, Any]:
         return {"prompt": STR, "reference": STR, "_prompt_ids": IDS, "_prompt_len": INT}
@@ -66,12 +66,7 @@ class TLDRSFTFormatter(TLDRPromptFormatter):
     """`{subreddit, title, post, summary, ...}` -> D2 prompt ids + D3 completion ids of the summary."""
 
     consumed = ("post", "summary")
-
-    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
-                 passthrough: tuple[str, ...]):
-        super().__init__(tokenizer, max_prompt_length, passthrough)
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
+    options = ("max_prompt_length", "max_completion_length", "truncate_completions")
 
     def features(self) -> dict[str, Any]:
         return {**super().features(), "_completion_ids": IDS, "_completion_len": INT, TRUNCATED: INT}
@@ -97,20 +92,12 @@ class TLDRComparisonFormatter(Formatter):
     or `cnndm_split` (when set) for CNN/DM rows, which get the CNN/DM query and lengths."""
 
     passthrough = ("batch", "worker", "split")
+    options = ("max_prompt_length", "max_completion_length", "truncate_completions", "margin_from", "cnndm_split",
+               "max_cnndm_prompt_length", "max_cnndm_completion_length")
 
-    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
-                 margin_from: str | None, split_name: str = "", cnndm_split: str | None = None,
-                 max_cnndm_prompt_length: int = 1919, max_cnndm_completion_length: int = 155):
-        self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
-        self.margin_from = margin_from
-        self.split_name = split_name
-        self.cnndm_split = cnndm_split
-        self.max_cnndm_prompt_length = max_cnndm_prompt_length
-        self.max_cnndm_completion_length = max_cnndm_completion_length
-        self.bos = adds_bos(tokenizer)
+    def __init__(self, dm: Any, split_name: str = ""):
+        super().__init__(dm, split_name=split_name)
+        self.bos = adds_bos(self.tokenizer)
 
     def features(self) -> dict[str, Any]:
         return {"prompt": STR, "chosen": STR, "rejected": STR, "id": STR, "chosen_policy": STR,
@@ -181,8 +168,7 @@ class TLDRSFTDataModule(_ReferenceTexts, SFTDataModule):
     schema_name = "TL;DR SFT"
 
     def _formatter(self, role: str) -> Formatter:
-        return TLDRSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                self.truncate_completions, self.passthrough(role, TLDRSFTFormatter.consumed))
+        return TLDRSFTFormatter(self, passthrough=self.passthrough(role, TLDRSFTFormatter.consumed))
 
 
 class TLDRPromptDataModule(_ReferenceTexts, PromptDataModule):
@@ -194,7 +180,7 @@ class TLDRPromptDataModule(_ReferenceTexts, PromptDataModule):
     schema_name = "TL;DR SFT"
 
     def _formatter(self, role: str) -> Formatter:
-        return TLDRPromptFormatter(self.tokenizer, self.max_prompt_length, self.passthrough(role, ("post", "summary")))
+        return TLDRPromptFormatter(self, passthrough=self.passthrough(role, ("post", "summary")))
 
 
 class TLDRPreferenceDataModule(PreferenceDataModule):
@@ -232,9 +218,7 @@ class TLDRPreferenceDataModule(PreferenceDataModule):
 
     def _formatter(self, role: str) -> Formatter:
         split_name = parse_split(self.splits[role])[0]
-        return TLDRComparisonFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                       self.truncate_completions, self.margin_from, split_name, self.cnndm_split,
-                                       self.max_cnndm_prompt_length, self.max_cnndm_completion_length)
+        return TLDRComparisonFormatter(self, split_name)
 
     def _build(self, role: str, spec: str):
         processed = super()._build(role, spec)

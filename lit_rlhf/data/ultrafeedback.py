@@ -30,15 +30,11 @@ ULTRAFEEDBACK_HUB = "openbmb/UltraFeedback"
 
 LabelMode = Literal["threshold", "pairs"]
 NO_PAIR = "no pair (fewer than two distinct scores)"
+COMPLETION_OPTIONS = ("max_prompt_length", "max_completion_length", "truncate_completions")
 
 
 class _ChatFormatter(Formatter):
-    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int = 0,
-                 truncate_completions: bool = False):
-        self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
+    options = COMPLETION_OPTIONS
 
     def prompt_ids(self, text: str, field: str) -> list[int]:
         ids = encode_prompt(self.tokenizer, text, chat=True)
@@ -63,10 +59,7 @@ class UltraFeedbackPairFormatter(_ChatFormatter):
     """A binarized row -> prompt ids and chosen / rejected completion ids."""
 
     passthrough = ("prompt_id", "score_chosen", "score_rejected")
-
-    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions, margin_from):
-        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
-        self.margin_from = margin_from
+    options = (*COMPLETION_OPTIONS, "margin_from")
 
     def features(self) -> dict[str, Any]:
         return {"prompt": STR, "chosen": STR, "rejected": STR, "raw_prompt": STR,
@@ -107,12 +100,7 @@ class UltraFeedbackSingleFormatter(_ChatFormatter):
     """
 
     passthrough = ("source",)
-
-    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions,
-                 reward_field: str, label_mode: str | None):
-        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
-        self.reward_field = reward_field
-        self.label_mode = label_mode
+    options = (*COMPLETION_OPTIONS, "reward_field", "label_mode")
 
     def features(self) -> dict[str, Any]:
         return {"prompt": STR, "completion": STR, "raw_prompt": STR, "model": STR,
@@ -158,10 +146,7 @@ class UltraFeedbackPromptFormatter(_ChatFormatter):
     reference) -> chat generation prompt ids."""
 
     consumed = ("chosen", "rejected", "messages", "completions", "instruction", "prompt")
-
-    def __init__(self, tokenizer, max_prompt_length, passthrough):
-        super().__init__(tokenizer, max_prompt_length)
-        self.passthrough = passthrough
+    options = ("max_prompt_length",)
 
     def features(self) -> dict[str, Any]:
         return {"prompt": STR, "reference": STR, "raw_prompt": STR, "_prompt_ids": IDS, "_prompt_len": INT}
@@ -209,8 +194,7 @@ class UltraFeedbackPreferenceDataModule(PreferenceDataModule):
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
-        return UltraFeedbackPairFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                          self.truncate_completions, self.margin_from)
+        return UltraFeedbackPairFormatter(self)
 
 
 class UltraFeedbackSingleDataModule(CompletionDataModule):
@@ -254,8 +238,7 @@ class UltraFeedbackSingleDataModule(CompletionDataModule):
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
-        return UltraFeedbackSingleFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                            self.truncate_completions, self.reward_field, self.label_mode)
+        return UltraFeedbackSingleFormatter(self)
 
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
@@ -312,4 +295,4 @@ class UltraFeedbackPromptDataModule(_ReferenceTexts, PromptDataModule):
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
         consumed = UltraFeedbackPromptFormatter.consumed + ("models",)
-        return UltraFeedbackPromptFormatter(self.tokenizer, self.max_prompt_length, self.passthrough(role, consumed))
+        return UltraFeedbackPromptFormatter(self, passthrough=self.passthrough(role, consumed))

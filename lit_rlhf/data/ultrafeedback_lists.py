@@ -14,7 +14,7 @@ from lit_rlhf.data.collate import ListCollator
 from lit_rlhf.data.kinds import CompletionDataModule
 from lit_rlhf.data.formatting import BAD_STRUCTURE, MISSING, BadRow, chat_prompt, require_text
 from lit_rlhf.data.processing import IDS, INT, STR, TRUNCATED
-from lit_rlhf.data.ultrafeedback import ULTRAFEEDBACK_HUB, _ChatFormatter, _no_template_check
+from lit_rlhf.data.ultrafeedback import COMPLETION_OPTIONS, ULTRAFEEDBACK_HUB, _ChatFormatter, _no_template_check
 
 NO_RANKING = "no ranking (all scores equal)"
 
@@ -23,11 +23,7 @@ class UltraFeedbackListFormatter(_ChatFormatter):
     """An openbmb row -> one list: prompt ids, K completion ids and their K scores, in the row's order."""
 
     passthrough = ("source",)
-
-    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions, list_size: int,
-                 score_field: str):
-        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
-        self.list_size, self.score_field = list_size, score_field
+    options = (*COMPLETION_OPTIONS, "list_size", "score_field")
 
     def features(self) -> dict[str, Any]:
         return {"prompt": STR, "raw_prompt": STR, "responses": datasets.Sequence(STR),
@@ -87,8 +83,7 @@ class UltraFeedbackListDataModule(CompletionDataModule):
 
     def _formatter(self, role: str) -> Formatter:
         _no_template_check(self)
-        return UltraFeedbackListFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                          self.truncate_completions, self.list_size, self.score_field)
+        return UltraFeedbackListFormatter(self)
 
     def _collator(self, role: str) -> ListCollator:
         return ListCollator(self.tokenizer.pad_token_id)
