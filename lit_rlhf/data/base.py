@@ -203,24 +203,15 @@ class RLHFDataModule(L.LightningDataModule):
         computed = formatter.features()
         passthrough = [c for c in formatter.passthrough
                        if c in raw.column_names and c not in computed and not c.startswith("_")]
-        features = {c: raw.features[c] for c in passthrough}
-        features.update(computed)
-        features["_row"] = datasets.Value("int64")
-        for c in BAD_COLUMNS:
-            features[c] = datasets.Value("string")
+        features = {**{c: raw.features[c] for c in passthrough}, **computed, "_row": datasets.Value("int64"),
+                    **{c: datasets.Value("string") for c in BAD_COLUMNS}}
         columns = list(features)
         fingerprint = Hasher.hash([raw._fingerprint, tokenizer_fingerprint(self.tokenizer), formatter.config(),
                                    type(formatter).__name__, code_fingerprint(formatter), offset])
-        processed = raw.map(
-            MapFunction(formatter, columns, passthrough, offset),
-            batched=True,
-            with_indices=True,
-            remove_columns=raw.column_names,
-            features=datasets.Features(features),
-            num_proc=self.num_proc if self.num_proc and self.num_proc > 1 else None,
-            new_fingerprint=fingerprint,
-            desc=f"formatting {role} ({spec})",
-        )
+        processed = raw.map(MapFunction(formatter, columns, passthrough, offset), batched=True, with_indices=True,
+                            remove_columns=raw.column_names, features=datasets.Features(features),
+                            num_proc=self.num_proc if self.num_proc and self.num_proc > 1 else None,
+                            new_fingerprint=fingerprint, desc=f"formatting {role} ({spec})")
         processed = self._apply_bad_row_policy(processed, raw, offset, role, spec)
         if TRUNCATED in processed.column_names:
             n = int(sum(processed[TRUNCATED]))

@@ -67,7 +67,6 @@ MATH: Schema = {"problem": str, "solution": str, "level": str, "type": str}
 """The MATH dataset (Hendrycks et al. 2021): the final answer is the last `\\boxed{}` of `solution`."""
 
 _VALUE = {str: "string", int: "int64", float: "float64", bool: "bool"}
-_JSON_NAME = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
 
 
 def features(schema: Schema) -> datasets.Features:
@@ -81,15 +80,6 @@ def _feature(spec: Any):
     if isinstance(spec, list):
         return datasets.List(_feature(spec[0]))
     return datasets.Value(_VALUE[spec])
-
-
-def expected(spec: Any) -> str:
-    """What `spec` asks for, in JSON words."""
-    if isinstance(spec, dict):
-        return "an object"
-    if isinstance(spec, list):
-        return "an array"
-    return _JSON_NAME[spec]
 
 
 def found(value: Any) -> str:
@@ -173,8 +163,8 @@ def conform(value: Any, spec: Any, field: str, unknown: dict[str, str] | None = 
             raise TypeMismatch(field, f"expected a 64-bit integer, found an integer of {len(str(abs(value)))} "
                                       "digits")
         return value
-    if not isinstance(value, spec):
-        raise TypeMismatch(field, f"expected {expected(spec)}, found {found(value)}")
+    if not isinstance(value, spec):  # bool
+        raise TypeMismatch(field, f"expected a boolean, found {found(value)}")
     return value
 
 
