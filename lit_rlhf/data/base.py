@@ -295,22 +295,6 @@ class RLHFDataModule(L.LightningDataModule):
         """The batch class the `role` loader yields (`SFTBatch`, `PreferenceBatch`, ...), from its collator."""
         return getattr(type(self._collator(role)), "batch_type", None)
 
-    def padding_stats(self, role: str = "train") -> dict[str, float]:
-        """Padding waste of one pass over a split in loader order without shuffling, `batch_size`
-        (train) or `eval_batch_size` examples per batch, collated as the loader does:
-        `{"batches", "rows", "tokens" (real), "slots" (rows x width, summed), "padding_fraction"}`.
-        The modules log each training batch's `train/data/padding_fraction`; this is the split's."""
-        ds = self.dataset(role)
-        size = self.batch_size if role == "train" else self.eval_batch_size
-        collate = self._collator(role)
-        batches = rows = tokens = slots = 0
-        for start in range(0, len(ds), size):
-            mask = collate(ds.select(range(start, min(start + size, len(ds)))).to_list()).attention_mask
-            batches, rows = batches + 1, rows + mask.shape[0]
-            tokens, slots = tokens + int(mask.sum()), slots + mask.numel()
-        return {"batches": batches, "rows": rows, "tokens": tokens, "slots": slots,
-                "padding_fraction": 1.0 - tokens / slots if slots else 0.0}
-
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)
 

@@ -11,7 +11,7 @@ from lit_rlhf.data.base import Formatter
 from lit_rlhf.data.kinds import _ReferenceTexts, SFTDataModule
 from lit_rlhf.data.formatting import chat_prompt_and_completion, require_messages
 from lit_rlhf.data.processing import IDS, INT, STR, TRUNCATED
-from lit_rlhf.data.ultrafeedback import ULTRAFEEDBACK_BINARIZED_HUB, _ChatFormatter, _no_template_check
+from lit_rlhf.data.ultrafeedback import ULTRAFEEDBACK_BINARIZED_HUB, _ChatFormatter
 
 
 class ChatSFTFormatter(_ChatFormatter):
@@ -41,5 +41,4 @@ class ChatSFTDataModule(_ReferenceTexts, SFTDataModule):
     schema_name = "chat SFT (messages)"
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
         return ChatSFTFormatter(self, passthrough=self.passthrough(role, ChatSFTFormatter.consumed))

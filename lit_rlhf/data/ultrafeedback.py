@@ -36,6 +36,10 @@ COMPLETION_OPTIONS = ("max_prompt_length", "max_completion_length", "truncate_co
 class _ChatFormatter(Formatter):
     options = COMPLETION_OPTIONS
 
+    def __init__(self, dm: RLHFDataModule, **extra: Any):
+        require_chat_template(dm.tokenizer, f"{type(dm).__name__} ({dm.source.describe()})")
+        super().__init__(dm, **extra)
+
     def prompt_ids(self, text: str, field: str) -> list[int]:
         ids = encode_prompt(self.tokenizer, text, chat=True)
         if len(ids) > self.max_prompt_length:
@@ -175,10 +179,6 @@ class UltraFeedbackPromptFormatter(_ChatFormatter):
                  "_prompt_len": len(ids)}]
 
 
-def _no_template_check(dm: RLHFDataModule) -> None:
-    require_chat_template(dm.tokenizer, f"{type(dm).__name__} ({dm.source.describe()})")
-
-
 class UltraFeedbackPreferenceDataModule(PreferenceDataModule):
     """UltraFeedback pairs (binarized): the chosen answer against the rejected one.
 
@@ -193,7 +193,6 @@ class UltraFeedbackPreferenceDataModule(PreferenceDataModule):
     schema_name = "ultrafeedback_binarized"
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
         return UltraFeedbackPairFormatter(self)
 
 
@@ -237,7 +236,6 @@ class UltraFeedbackSingleDataModule(CompletionDataModule):
         self.reward_stats: dict[str, Any] | None = None
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
         return UltraFeedbackSingleFormatter(self)
 
     def setup(self, stage: str | None = None) -> None:
@@ -293,6 +291,5 @@ class UltraFeedbackPromptDataModule(_ReferenceTexts, PromptDataModule):
     schema_name = "UltraFeedback (binarized or openbmb)"
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
         consumed = UltraFeedbackPromptFormatter.consumed + ("models",)
         return UltraFeedbackPromptFormatter(self, passthrough=self.passthrough(role, consumed))

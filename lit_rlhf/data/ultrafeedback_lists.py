@@ -14,7 +14,7 @@ from lit_rlhf.data.collate import ListCollator
 from lit_rlhf.data.kinds import CompletionDataModule
 from lit_rlhf.data.formatting import BAD_STRUCTURE, MISSING, BadRow, chat_prompt, require_text
 from lit_rlhf.data.processing import IDS, INT, STR, TRUNCATED
-from lit_rlhf.data.ultrafeedback import COMPLETION_OPTIONS, ULTRAFEEDBACK_HUB, _ChatFormatter, _no_template_check
+from lit_rlhf.data.ultrafeedback import COMPLETION_OPTIONS, ULTRAFEEDBACK_HUB, _ChatFormatter
 
 NO_RANKING = "no ranking (all scores equal)"
 
@@ -54,17 +54,11 @@ class UltraFeedbackListFormatter(_ChatFormatter):
 class UltraFeedbackListDataModule(CompletionDataModule):
     """openbmb/UltraFeedback rows as ranked lists of `list_size` completions -> `ListBatch`.
 
-    - One row = one list: `batch_size` counts lists (a batch has `batch_size * list_size`
-      sequences), the train order shuffles whole lists, and rows that share an instruction stay
-      separate lists.
-    - Ranking: descending `score_field` (`overall_score` by default); ties keep the row's order
-      (the earlier completion ranks higher, `lit_rlhf.losses.rank_by_scores`).
-    - Bad rows (named by file, split, row and field; `on_bad_rows` as every DataModule): a row
-      without exactly `list_size` completions, a completion without text or a finite score, one
-      longer than `max_completion_length` (unless `truncate_completions`), or a row whose scores
-      are all equal (reason `no ranking`).
-    Metadata per list: "prompt" (templated), "raw_prompt" (the instruction), "responses" (the K
-    texts), "models", "source".
+    One row is one list: `batch_size` counts lists, the train order shuffles whole lists, and rows
+    that share an instruction stay separate lists. A list ranks by descending `score_field`, ties
+    in the row's order (`lit_rlhf.losses.rank_by_scores`). Bad rows, besides the usual ones: a row
+    without exactly `list_size` completions, or whose scores are all equal (`no ranking`).
+    Metadata per list: "prompt", "raw_prompt", "responses" (the K texts), "models", "source".
 
     Args:
         list_size: K, the completions of every list (a row with another number is a bad row; >= 2).
@@ -82,7 +76,6 @@ class UltraFeedbackListDataModule(CompletionDataModule):
         self.list_size, self.score_field = list_size, score_field
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
         return UltraFeedbackListFormatter(self)
 
     def _collator(self, role: str) -> ListCollator:

@@ -70,22 +70,10 @@ class ChatAPIJudge(RandomOrderJudge):
         max_tokens: the longest reply asked for in each request.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key_env: str | None = "OPENAI_API_KEY",
-        template: str | dict | JudgeTemplate = "tldr",
-        seed: int = 0,
-        randomise_order: bool = True,
-        max_concurrency: int = 8,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_base_s: float = 1.0,
-        backoff_max_s: float = 30.0,
-        temperature: float = 0.0,
-        max_tokens: int = 256,
-    ) -> None:
+    def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
+                 template: str | dict | JudgeTemplate = "tldr", seed: int = 0, randomise_order: bool = True,
+                 max_concurrency: int = 8, timeout_s: float = 60.0, max_retries: int = 3, backoff_base_s: float = 1.0,
+                 backoff_max_s: float = 30.0, temperature: float = 0.0, max_tokens: int = 256) -> None:
         super().__init__(seed=seed, randomise_order=randomise_order)
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")

@@ -64,20 +64,10 @@ class LocalLMJudge(RandomOrderJudge):
     The model is loaded on the first call of `judge`, so constructing the judge is cheap.
     """
 
-    def __init__(
-        self,
-        model_name: str,
-        template: str | dict | JudgeTemplate = "tldr",
-        seed: int = 0,
-        randomise_order: bool = True,
-        batch_size: int = 8,
-        max_length: int | None = None,
-        answer_prefix: str | None = None,
-        dtype: str | torch.dtype | None = None,
-        device: str | torch.device = "cpu",
-        model: Any = None,
-        tokenizer: Any = None,
-    ) -> None:
+    def __init__(self, model_name: str, template: str | dict | JudgeTemplate = "tldr", seed: int = 0,
+                 randomise_order: bool = True, batch_size: int = 8, max_length: int | None = None,
+                 answer_prefix: str | None = None, dtype: str | torch.dtype | None = None,
+                 device: str | torch.device = "cpu", model: Any = None, tokenizer: Any = None) -> None:
         super().__init__(seed=seed, randomise_order=randomise_order)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -93,10 +83,8 @@ class LocalLMJudge(RandomOrderJudge):
         self._verdict_ids: tuple[list[int], list[int]] | None = None
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(model_name={self.model_name!r}, template={self.template.name!r}, "
-            f"seed={self.seed}, randomise_order={self.randomise_order}, batch_size={self.batch_size})"
-        )
+        return (f"{type(self).__name__}(model_name={self.model_name!r}, template={self.template.name!r}, "
+                f"seed={self.seed}, randomise_order={self.randomise_order}, batch_size={self.batch_size})")
 
     def _load(self) -> None:
         from lit_rlhf.models import load_causal_lm
@@ -170,12 +158,8 @@ class LocalLMJudge(RandomOrderJudge):
         kwargs = {}
         if "logits_to_keep" in inspect.signature(self._model.forward).parameters:
             kwargs["logits_to_keep"] = 1  # only the last position's logits: (b, 1, V)
-        out = self._model(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            position_ids=position_ids_from_mask(attention_mask).to(self.device),
-            **kwargs,
-        )
+        out = self._model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+                          position_ids=position_ids_from_mask(attention_mask).to(self.device), **kwargs)
         probs = torch.softmax(out.logits[:, -1, :].float(), dim=-1)  # (b, V)
         ids_a, ids_b = self._verdict_ids
         return torch.stack([probs[:, ids_a].sum(-1), probs[:, ids_b].sum(-1)], dim=-1).cpu()

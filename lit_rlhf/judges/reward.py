@@ -64,15 +64,8 @@ class SequenceClassifierReward:
     `lit_rlhf.models.load_tokenizer` accepts), by default the one saved with the model.
     """
 
-    def __init__(
-        self,
-        model_dir: str,
-        tokenizer_name: str | None = None,
-        batch_size: int = 8,
-        append_eos: bool = True,
-        device: str | torch.device = "cpu",
-        dtype: str | torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, model_dir: str, tokenizer_name: str | None = None, batch_size: int = 8, append_eos: bool = True,
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> None:
         from transformers import AutoModelForSequenceClassification
 
         from lit_rlhf.models import disable_dropout, load_tokenizer
