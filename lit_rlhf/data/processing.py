@@ -124,15 +124,10 @@ class MapFunction:
                 except BadRow as err:
                     examples = [Formatter.bad(err)]
             for ex in examples:
+                ex = {**{c: row.get(c) for c in self.passthrough}, **{c: "" for c in BAD_COLUMNS}, **ex,
+                      "_row": self.offset + idx}
                 for c in self.columns:
-                    if c == "_row":
-                        out[c].append(self.offset + idx)
-                    elif c in BAD_COLUMNS:
-                        out[c].append(ex.get(c, ""))
-                    elif c in self.passthrough and c not in ex:
-                        out[c].append(row.get(c))
-                    else:
-                        out[c].append(ex.get(c))
+                    out[c].append(ex.get(c))
         return out
 
 

@@ -159,14 +159,12 @@ class SourceLoader:
                     available = sorted(BUNDLED_PREFIX + a for a in table)
                     raise DataSourceError(f"unknown bundled dataset {self.path!r}; available: {available}")
                 self._files = {k: [v] for k, v in table[alias].items()}
-            elif kind == "file":
+            elif kind in ("file", "dir"):
                 p = Path(self.path).expanduser()
-                self._files = (_resolve_files(self.data_files, p.parent) if self.data_files is not None
-                               else {"train": [str(p)]})
-            elif kind == "dir":
-                root = Path(self.path).expanduser()
-                self._files = (_resolve_files(self.data_files, root) if self.data_files is not None
-                               else _directory_splits(root))
+                if self.data_files is not None:
+                    self._files = _resolve_files(self.data_files, p.parent if kind == "file" else p)
+                else:
+                    self._files = {"train": [str(p)]} if kind == "file" else _directory_splits(p)
             else:
                 raise DataSourceError(f"{self.describe()} is not a local source of data files")
         return self._files

@@ -35,11 +35,8 @@ def stream_rows(num_rows: int, batch_size: int, index: int, seed: int = 0, rank:
 
 class BatchStream:
     """The train split of `datamodule` as a stream: `batch(index, rank, world_size)` collates the
-    rows `stream_rows` names, `batch_size` of them (the DataModule's), ordered by its `seed`.
-
-    `from_spec` builds the DataModule from `{class_path, init_args}` (a recipe's `data:` section);
-    the split is read (and formatted, its bad rows handled by the DataModule) on first use, or
-    ahead of it by `prepare()`."""
+    rows `stream_rows` names (the DataModule's `batch_size` and `seed`). The split is read on first
+    use, or ahead of it by `prepare()`."""
 
     def __init__(self, datamodule: LightningDataModule, name: str = "stream") -> None:
         self.datamodule, self.name = datamodule, name

@@ -157,23 +157,14 @@ class UltraFeedbackPromptFormatter(_ChatFormatter):
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         reference = None
-        if "chosen" in row:
+        if "chosen" in row or (row.get("messages") is not None and row.get("prompt") is not None):
+            field = "chosen" if "chosen" in row else "messages"  # a preference row, or an SFT row (`*_sft`)
             raw = require_text(row.get("prompt"), "prompt")
-            chosen = require_messages(row.get("chosen"), "chosen")
-            prompt, reference = chat_prompt_and_completion(self.tokenizer, chosen)
-            field = "chosen"
-        elif row.get("messages") is not None and row.get("prompt") is not None:
-            # an SFT chat row (the binarized `*_sft` splits): reference = the last assistant message
-            raw = require_text(row.get("prompt"), "prompt")
-            messages = require_messages(row.get("messages"), "messages")
-            prompt, reference = chat_prompt_and_completion(self.tokenizer, messages)
-            field = "messages"
-        elif "instruction" in row:
-            raw = require_text(row.get("instruction"), "instruction")
-            prompt, field = chat_prompt(self.tokenizer, [{"role": "user", "content": raw}]), "instruction"
+            prompt, reference = chat_prompt_and_completion(self.tokenizer, require_messages(row.get(field), field))
         else:
-            raw = require_text(row.get("prompt"), "prompt")
-            prompt, field = chat_prompt(self.tokenizer, [{"role": "user", "content": raw}]), "prompt"
+            field = "instruction" if "instruction" in row else "prompt"
+            raw = require_text(row.get(field), field)
+            prompt = chat_prompt(self.tokenizer, [{"role": "user", "content": raw}])
         ids = self.prompt_ids(prompt, field)
         return [{"prompt": prompt, "reference": reference, "raw_prompt": raw, "_prompt_ids": ids,
                  "_prompt_len": len(ids)}]

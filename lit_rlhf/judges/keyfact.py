@@ -21,7 +21,7 @@ stay reproducible ("can't" gave the word "t", only a trailing "s" was stripped).
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 from lit_rlhf.judges.base import Judgement, PairwiseJudge, check_lengths
 
@@ -124,8 +124,8 @@ def content_words(text: str) -> frozenset[str]:
     return frozenset(stem(w) for w in _WORD.findall(normalise(text)) if w not in STOP_WORDS_EXPANDED)
 
 
-def _key(reference: str) -> frozenset[str]:
-    key = content_words(reference)
+def _key(reference: str, words: Callable[[str], frozenset[str]] = content_words) -> frozenset[str]:
+    key = words(reference)
     if not key:
         raise ValueError(f"the reference {reference!r} has no content words to recall")
     return key
@@ -173,9 +173,7 @@ def content_words_v1(text: str) -> frozenset[str]:
 
 def keyfact_recall_v1(summary: str, reference: str) -> float:
     """`keyfact_recall` with `content_words_v1`: the gold the bundled pairs were labelled with."""
-    key = content_words_v1(reference)
-    if not key:
-        raise ValueError(f"the reference {reference!r} has no content words to recall")
+    key = _key(reference, content_words_v1)
     return len(key & content_words_v1(summary)) / len(key)
 
 
