@@ -74,26 +74,12 @@ class RLHFDataModule(L.LightningDataModule):
     raw_schema: ClassVar[schemas.Schema | None] = None
     schema_name: ClassVar[str] = ""
 
-    def __init__(
-        self,
-        path: str = "",
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train",
-        val_split: str | None = "validation",
-        test_split: str | None = None,
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
-    ):
+    def __init__(self, path: str = "", tokenizer: Any = None, *, name: str | None = None,
+                 train_split: str | None = "train", val_split: str | None = "validation", test_split: str | None = None,
+                 split_map: dict[str, str] | None = None, data_files: dict[str, Any] | str | None = None,
+                 max_prompt_length: int = 512, batch_size: int = 8, eval_batch_size: int | None = None,
+                 num_workers: int = 0, num_proc: int | None = None, seed: int = 0, on_bad_rows: BadRowPolicy = "error",
+                 limit: int | None = None):
         super().__init__()
         if on_bad_rows not in ("error", "skip"):
             raise ValueError(f"on_bad_rows must be 'error' or 'skip', got {on_bad_rows!r}")
@@ -265,44 +251,31 @@ class RLHFDataModule(L.LightningDataModule):
                          type(self).__name__, role, spec, k, s["min"], s["mean"], s["p50"], s["p90"], s["p95"],
                          s["p99"], s["max"])
 
-    def _loader(self, role: str, shuffle: bool) -> DataLoader:
-        ds = self.dataset(role)
+    def _loader(self, role: str) -> DataLoader:
+        ds, trainer = self.dataset(role), getattr(self, "trainer", None)
         batch_size = self.batch_size if role == "train" else self.eval_batch_size
-        trainer = getattr(self, "trainer", None)
         sampler = None
         if role == "train":
-            sampler = ResumableSampler(
-                ds, batch_size, num_replicas=max(1, getattr(trainer, "world_size", 1) if trainer else 1),
-                rank=getattr(trainer, "global_rank", 0) if trainer else 0, shuffle=shuffle, seed=self.seed,
-                trainer=trainer,
-            )
+            sampler = ResumableSampler(ds, batch_size, num_replicas=max(1, getattr(trainer, "world_size", 1)),
+                                       rank=getattr(trainer, "global_rank", 0), seed=self.seed, trainer=trainer)
         # the loader's own generator draws the per-iterator base seed, not the global generator,
         # so creating an iterator (again, on resume) leaves the global random state alone
-        generator = torch.Generator()
-        generator.manual_seed(self.seed)
-        return DataLoader(
-            ds,
-            batch_size=batch_size,
-            sampler=sampler,
-            shuffle=False if sampler is not None else shuffle,
-            generator=generator,
-            collate_fn=self._collator(role),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        return DataLoader(ds, batch_size=batch_size, sampler=sampler, generator=torch.Generator().manual_seed(self.seed),
+                          collate_fn=self._collator(role), num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
 
     def batch_type(self, role: str = "train") -> type | None:
         """The batch class the `role` loader yields (`SFTBatch`, `PreferenceBatch`, ...), from its collator."""
         return getattr(type(self._collator(role)), "batch_type", None)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        return self._loader("train")
 
     def val_dataloader(self) -> DataLoader | list:
-        return self._loader("val", shuffle=False) if self.splits["val"] is not None else []
+        return self._loader("val") if self.splits["val"] is not None else []
 
     def test_dataloader(self) -> DataLoader | list:
-        return self._loader("test", shuffle=False) if self.splits["test"] is not None else []
+        return self._loader("test") if self.splits["test"] is not None else []
 
     def predict_dataloader(self) -> DataLoader | list:
         return self.test_dataloader()

@@ -31,13 +31,10 @@ def pad_left(seqs: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Te
     return pad_right(seqs, pad_token_id, left=True)
 
 
-def prompt_completion_tensors(
-    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded prompt+completion: (input_ids, attention_mask, loss_mask, prompt_lengths).
-
-    `loss_mask` is True exactly on the completion tokens (its final EOS included).
-    """
+def prompt_completion_tensors(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                              pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded prompt+completion: (input_ids, attention_mask, loss_mask, prompt_lengths);
+    `loss_mask` is True exactly on the completion tokens (its final EOS included)."""
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
     ids, attention_mask = pad_right(seqs, pad_token_id)
     loss_mask = torch.zeros_like(attention_mask)
@@ -68,6 +65,11 @@ class Collator:
     def __init__(self, pad_token_id: int):
         self.pad_token_id = int(pad_token_id)
 
+    def completions(self, examples: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, ...]:
+        """`prompt_completion_tensors` of the examples' `_prompt_ids` and `_completion_ids`."""
+        return prompt_completion_tensors([ex["_prompt_ids"] for ex in examples],
+                                         [ex["_completion_ids"] for ex in examples], self.pad_token_id)
+
 
 class SFTCollator(Collator):
     """Examples with `_prompt_ids`, `_completion_ids` -> `SFTBatch` (right padded)."""
@@ -75,9 +77,7 @@ class SFTCollator(Collator):
     batch_type = SFTBatch
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> SFTBatch:
-        ids, attn, loss_mask, _ = prompt_completion_tensors(
-            [ex["_prompt_ids"] for ex in examples], [ex["_completion_ids"] for ex in examples], self.pad_token_id
-        )
+        ids, attn, loss_mask, _ = self.completions(examples)
         return SFTBatch(ids, attn, loss_mask, collect_meta(examples))
 
 
@@ -94,9 +94,7 @@ class PreferenceCollator(Collator):
     def __call__(self, examples: Sequence[dict[str, Any]]) -> PreferenceBatch:
         prompts = [ex["_prompt_ids"] for ex in examples]
         completions = [ex["_chosen_ids"] for ex in examples] + [ex["_rejected_ids"] for ex in examples]
-        ids, attn, loss_mask, prompt_lengths = prompt_completion_tensors(
-            prompts + prompts, completions, self.pad_token_id
-        )
+        ids, attn, loss_mask, prompt_lengths = prompt_completion_tensors(prompts + prompts, completions, self.pad_token_id)
         margin = None
         if self.with_margin:
             margin = torch.tensor([float(ex["_margin"]) for ex in examples], dtype=torch.float32)
@@ -126,9 +124,7 @@ class SingleCollator(Collator):
         self.label_threshold = label_threshold
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> SingleBatch:
-        ids, attn, loss_mask, prompt_lengths = prompt_completion_tensors(
-            [ex["_prompt_ids"] for ex in examples], [ex["_completion_ids"] for ex in examples], self.pad_token_id
-        )
+        ids, attn, loss_mask, prompt_lengths = self.completions(examples)
         rewards = labels = None
         if self.reward_mean is not None or self.label_threshold is not None:
             raw = torch.tensor([float(ex["_reward"]) for ex in examples], dtype=torch.float64)

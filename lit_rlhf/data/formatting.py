@@ -153,12 +153,8 @@ def truncate_query(tokenizer, render: Callable[[str], str], body: str, max_lengt
     # hard truncation of the body's tokens, the template kept intact
     overhead = len(encode_prompt(tokenizer, render(""), bos=bos))
     if overhead >= max_length:
-        raise BadRow(
-            PROMPT_TOO_LONG,
-            head_field,
-            f"the query template without the {body_field} already takes {overhead} tokens "
-            f">= max_prompt_length={max_length}",
-        )
+        raise BadRow(PROMPT_TOO_LONG, head_field, f"the query template without the {body_field} already takes "
+                                                  f"{overhead} tokens >= max_prompt_length={max_length}")
     body_ids = tokenizer(body, add_special_tokens=False)["input_ids"]
     keep = min(len(body_ids), max_length - overhead)
     while keep > 0:
