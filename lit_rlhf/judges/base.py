@@ -45,16 +45,11 @@ def order_is_swapped(seed: int, index: int) -> bool:
 
 def shown_to_winner(verdict: ShownVerdict | None, swapped: bool) -> Winner:
     """Map a verdict about the shown order back to the caller's a/b."""
-    if verdict is None:
-        return "invalid"
-    if verdict == "tie":
-        return "tie"
-    first_is_a = not swapped
-    if verdict == "first":
-        return "a" if first_is_a else "b"
-    if verdict == "second":
-        return "b" if first_is_a else "a"
-    raise ValueError(f"unknown shown verdict {verdict!r}")
+    if verdict in (None, "tie"):
+        return "invalid" if verdict is None else "tie"
+    if verdict not in ("first", "second"):
+        raise ValueError(f"unknown shown verdict {verdict!r}")
+    return "a" if (verdict == "first") != swapped else "b"
 
 
 def check_lengths(prompts: Sequence[str], completions_a: Sequence[str], completions_b: Sequence[str]) -> int:

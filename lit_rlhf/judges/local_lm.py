@@ -25,14 +25,8 @@ log = logging.getLogger(__name__)
 
 def verdict_token_ids(tokenizer, verdicts: tuple[str, str] = ("A", "B")) -> tuple[list[int], list[int]]:
     """First-token ids of each verdict's spellings (bare and space-prefixed), minus shared ids."""
-    spellings = []
-    for v in verdicts:
-        ids = set()
-        for text in (v, " " + v):
-            encoded = tokenizer.encode(text, add_special_tokens=False)
-            if encoded:
-                ids.add(encoded[0])
-        spellings.append(ids)
+    spellings = [{ids[0] for ids in (tokenizer.encode(t, add_special_tokens=False) for t in (v, " " + v)) if ids}
+                 for v in verdicts]
     shared = spellings[0] & spellings[1]
     first, second = (sorted(s - shared) for s in spellings)
     if not first or not second:

@@ -67,6 +67,11 @@ class PointwiseScorer(abc.ABC):
         """One PointScore per item."""
 
 
+def check_pairs(prompts: Sequence[str], completions: Sequence[str]) -> None:
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+
+
 class RubricResult(NamedTuple):
     """`scores[i]`: answer i's aggregate (None when no criterion could be scored);
     `by_criterion[name][i]`: its score on one criterion (None: invalid)."""
@@ -106,8 +111,7 @@ class RubricJudge:
 
     def score(self, prompts: list[str], completions: list[str]) -> RubricResult:
         """Every criterion's scores and each answer's aggregate; never raises for a judge failure."""
-        if len(prompts) != len(completions):
-            raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+        check_pairs(prompts, completions)
         by_criterion = {c.name: self._criterion_scores(list(prompts), list(completions), c) for c in self.criteria}
         scores = [self.aggregate({name: values[i] for name, values in by_criterion.items()})
                   for i in range(len(completions))]

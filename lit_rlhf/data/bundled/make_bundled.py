@@ -116,16 +116,12 @@ MODELS = ["synth-large", "synth-medium", "synth-small", "synth-tiny"]
 
 
 def _annotations(ratings: dict[str, int]) -> dict:
-    def aspect(name: str, typed: bool) -> dict:
+    def aspect(name: str) -> dict:
         a = {"Rating": str(ratings[name]), "Rationale": f"{name.replace('_', ' ')} rated {ratings[name]} of 5."}
-        if typed:
-            a["Type"] = ["1"]
-            a["Rationale For Rating"] = f"Rated {ratings[name]} for {name}."
-        return a
+        typed = {"Type": ["1"], "Rationale For Rating": f"Rated {ratings[name]} for {name}."}
+        return {**a, **typed} if name in ("helpfulness", "truthfulness") else a
 
-    return {"helpfulness": aspect("helpfulness", True), "honesty": aspect("honesty", False),
-            "instruction_following": aspect("instruction_following", False),
-            "truthfulness": aspect("truthfulness", True)}
+    return {name: aspect(name) for name in ("helpfulness", "honesty", "instruction_following", "truthfulness")}
 
 
 def ultrafeedback(rng: random.Random) -> dict[str, list[dict]]:
