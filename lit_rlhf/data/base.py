@@ -33,19 +33,15 @@ BAD_ROWS_REPORT = "bad_rows.csv"
 
 
 class RLHFDataModule(L.LightningDataModule):
-    """The shared DataModule: rows read, checked, tokenised once and batched.
+    """The shared DataModule: rows read, checked against `raw_schema` (`lit_rlhf.data.schema`),
+    tokenised once and batched. Subclasses define `_formatter(role)` and `_collator(role)`, take
+    only their own arguments (keyword-only, `**kwargs` handed on) and set new defaults of inherited
+    ones in `defaults`; each class gets one flat signature (`flat_init`; docs/guides/data.md).
 
-    Subclasses define `_formatter(role)`, `_collator(role)` and `length_columns`; `raw_schema` is
-    the published schema of the source rows (`lit_rlhf.data.schema`), checked on every raw row
-    before any formatting. A subclass's `__init__` takes only its own arguments (keyword-only) and
-    hands `**kwargs` on; `defaults` changes the defaults of inherited ones (`{"path": ...}`). Each
-    class's constructor gets one flat signature (`flat_init`): the CLI reads it, and Python calls
-    get the same defaults.
-
-    Attributes after `setup`: `datasets` (`{"train"|"val"|"test": datasets.Dataset}`),
-    `skipped_rows` (`Counter` by reason) and `skipped_rows_by_split`, `bad_rows` (one record per
-    skipped row, also written to `bad_rows.csv` in the log directory: `bad_rows_report`),
-    `truncated_completions` (`{role: count}`) and `length_stats` (`{split: {column: stats}}`, D4).
+    After `setup`: `datasets` (`{"train"|"val"|"test": datasets.Dataset}`), `skipped_rows` (a
+    `Counter` by reason; `skipped_rows_by_split`), `bad_rows` (one record per skipped row, also in
+    `bad_rows_report`, `bad_rows.csv` in the log directory), `truncated_completions` (`{role:
+    count}`) and `length_stats` (`{role: {column: stats}}`, D4).
 
     Args:
         path: where the rows are: `bundled:<name>`, a local .json/.jsonl/.parquet file or
@@ -74,30 +70,16 @@ class RLHFDataModule(L.LightningDataModule):
     """
 
     defaults: ClassVar[dict[str, Any]] = {}
-    length_columns: ClassVar[dict[str, str]] = {"prompt": "_prompt_len"}
+    length_columns: ClassVar[dict[str, str]] = {k: f"_{k}_len" for k in ("prompt", "completion", "chosen", "rejected")}
     raw_schema: ClassVar[schemas.Schema | None] = None
     schema_name: ClassVar[str] = ""
 
-    def __init__(
-        self,
-        path: str = "",
-        tokenizer: Any = None,
-        *,
-        name: str | None = None,
-        train_split: str | None = "train",
-        val_split: str | None = "validation",
-        test_split: str | None = None,
-        split_map: dict[str, str] | None = None,
-        data_files: dict[str, Any] | str | None = None,
-        max_prompt_length: int = 512,
-        batch_size: int = 8,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        num_proc: int | None = None,
-        seed: int = 0,
-        on_bad_rows: BadRowPolicy = "error",
-        limit: int | None = None,
-    ):
+    def __init__(self, path: str = "", tokenizer: Any = None, *, name: str | None = None,
+                 train_split: str | None = "train", val_split: str | None = "validation", test_split: str | None = None,
+                 split_map: dict[str, str] | None = None, data_files: dict[str, Any] | str | None = None,
+                 max_prompt_length: int = 512, batch_size: int = 8, eval_batch_size: int | None = None,
+                 num_workers: int = 0, num_proc: int | None = None, seed: int = 0, on_bad_rows: BadRowPolicy = "error",
+                 limit: int | None = None):
         super().__init__()
         if on_bad_rows not in ("error", "skip"):
             raise ValueError(f"on_bad_rows must be 'error' or 'skip', got {on_bad_rows!r}")
@@ -130,8 +112,6 @@ class RLHFDataModule(L.LightningDataModule):
         super().__init_subclass__(**kwargs)
         cls.__init__ = flat_init(cls, RLHFDataModule)
 
-    # -- tokenizer ----------------------------------------------------------------------------
-
     @property
     def tokenizer(self):
         if self._tokenizer is None:
@@ -152,15 +132,15 @@ class RLHFDataModule(L.LightningDataModule):
             self._tokenizer = tok
         return self._tokenizer
 
-    # -- what subclasses provide ----------------------------------------------------------------
-
     def _formatter(self, role: str) -> Formatter:
         raise NotImplementedError
 
     def _collator(self, role: str) -> Callable:
         raise NotImplementedError
 
-    # -- preparation ----------------------------------------------------------------------------
+    def passthrough(self, role: str, consumed: tuple[str, ...]) -> tuple[str, ...]:
+        """The source columns of `role` not consumed by formatting, kept as metadata."""
+        return tuple(c for c in self.source.load(self.splits[role]).column_names if c not in consumed)
 
     def prepare_data(self) -> None:
         """Download/load every configured split once (rank 0); processing happens in `setup`."""
@@ -209,24 +189,15 @@ class RLHFDataModule(L.LightningDataModule):
         computed = formatter.features()
         passthrough = [c for c in formatter.passthrough
                        if c in raw.column_names and c not in computed and not c.startswith("_")]
-        features = {c: raw.features[c] for c in passthrough}
-        features.update(computed)
-        features["_row"] = datasets.Value("int64")
-        for c in BAD_COLUMNS:
-            features[c] = datasets.Value("string")
+        features = {**{c: raw.features[c] for c in passthrough}, **computed, "_row": datasets.Value("int64"),
+                    **{c: datasets.Value("string") for c in BAD_COLUMNS}}
         columns = list(features)
         fingerprint = Hasher.hash([raw._fingerprint, tokenizer_fingerprint(self.tokenizer), formatter.config(),
                                    type(formatter).__name__, code_fingerprint(formatter), offset])
-        processed = raw.map(
-            MapFunction(formatter, columns, passthrough, offset),
-            batched=True,
-            with_indices=True,
-            remove_columns=raw.column_names,
-            features=datasets.Features(features),
-            num_proc=self.num_proc if self.num_proc and self.num_proc > 1 else None,
-            new_fingerprint=fingerprint,
-            desc=f"formatting {role} ({spec})",
-        )
+        processed = raw.map(MapFunction(formatter, columns, passthrough, offset), batched=True, with_indices=True,
+                            remove_columns=raw.column_names, features=datasets.Features(features),
+                            num_proc=self.num_proc if self.num_proc and self.num_proc > 1 else None,
+                            new_fingerprint=fingerprint, desc=f"formatting {role} ({spec})")
         processed = self._apply_bad_row_policy(processed, raw, offset, role, spec)
         if TRUNCATED in processed.column_names:
             n = int(sum(processed[TRUNCATED]))
@@ -280,62 +251,31 @@ class RLHFDataModule(L.LightningDataModule):
                          type(self).__name__, role, spec, k, s["min"], s["mean"], s["p50"], s["p90"], s["p95"],
                          s["p99"], s["max"])
 
-    # -- loaders --------------------------------------------------------------------------------
-
-    def _loader(self, role: str, shuffle: bool) -> DataLoader:
-        ds = self.dataset(role)
+    def _loader(self, role: str) -> DataLoader:
+        ds, trainer = self.dataset(role), getattr(self, "trainer", None)
         batch_size = self.batch_size if role == "train" else self.eval_batch_size
-        trainer = getattr(self, "trainer", None)
         sampler = None
         if role == "train":
-            sampler = ResumableSampler(
-                ds, batch_size, num_replicas=max(1, getattr(trainer, "world_size", 1) if trainer else 1),
-                rank=getattr(trainer, "global_rank", 0) if trainer else 0, shuffle=shuffle, seed=self.seed,
-                trainer=trainer,
-            )
+            sampler = ResumableSampler(ds, batch_size, num_replicas=max(1, getattr(trainer, "world_size", 1)),
+                                       rank=getattr(trainer, "global_rank", 0), seed=self.seed, trainer=trainer)
         # the loader's own generator draws the per-iterator base seed, not the global generator,
         # so creating an iterator (again, on resume) leaves the global random state alone
-        generator = torch.Generator()
-        generator.manual_seed(self.seed)
-        return DataLoader(
-            ds,
-            batch_size=batch_size,
-            sampler=sampler,
-            shuffle=False if sampler is not None else shuffle,
-            generator=generator,
-            collate_fn=self._collator(role),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        return DataLoader(ds, batch_size=batch_size, sampler=sampler, generator=torch.Generator().manual_seed(self.seed),
+                          collate_fn=self._collator(role), num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
 
     def batch_type(self, role: str = "train") -> type | None:
         """The batch class the `role` loader yields (`SFTBatch`, `PreferenceBatch`, ...), from its collator."""
         return getattr(type(self._collator(role)), "batch_type", None)
 
-    def padding_stats(self, role: str = "train") -> dict[str, float]:
-        """Padding waste of one pass over a split in loader order without shuffling, `batch_size`
-        (train) or `eval_batch_size` examples per batch, collated as the loader does:
-        `{"batches", "rows", "tokens" (real), "slots" (rows x width, summed), "padding_fraction"}`.
-        The modules log each training batch's `train/data/padding_fraction`; this is the split's."""
-        ds = self.dataset(role)
-        size = self.batch_size if role == "train" else self.eval_batch_size
-        collate = self._collator(role)
-        batches = rows = tokens = slots = 0
-        for start in range(0, len(ds), size):
-            mask = collate(ds.select(range(start, min(start + size, len(ds)))).to_list()).attention_mask
-            batches, rows = batches + 1, rows + mask.shape[0]
-            tokens, slots = tokens + int(mask.sum()), slots + mask.numel()
-        return {"batches": batches, "rows": rows, "tokens": tokens, "slots": slots,
-                "padding_fraction": 1.0 - tokens / slots if slots else 0.0}
-
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        return self._loader("train")
 
     def val_dataloader(self) -> DataLoader | list:
-        return self._loader("val", shuffle=False) if self.splits["val"] is not None else []
+        return self._loader("val") if self.splits["val"] is not None else []
 
     def test_dataloader(self) -> DataLoader | list:
-        return self._loader("test", shuffle=False) if self.splits["test"] is not None else []
+        return self._loader("test") if self.splits["test"] is not None else []
 
     def predict_dataloader(self) -> DataLoader | list:
         return self.test_dataloader()

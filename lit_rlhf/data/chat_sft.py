@@ -1,11 +1,6 @@
-"""Chat SFT: conversations whose last message is the assistant's answer.
-
-The SFT splits of `HuggingFaceH4/ultrafeedback_binarized` (`train_sft`, `test_sft`), and any rows
-with a `messages` list of `{role, content}` ending with an assistant message (the bundled
-`keyfact_chat` `*_sft` splits). Formatted as the chat DataModules do (`lit_rlhf.data.ultrafeedback`),
-so prompt + completion is exactly what the online DataModule's prompt is followed by when the
-policy answers it. The loss is on the completion tokens only (`SFTModule`).
-"""
+"""Chat SFT: rows with a `messages` list ending with the assistant's answer (the `*_sft` splits of
+`HuggingFaceH4/ultrafeedback_binarized` and of the bundled `keyfact_chat`), formatted as the
+chat DataModules do (`lit_rlhf.data.ultrafeedback`), so the prompt is the online DataModule's."""
 
 from __future__ import annotations
 
@@ -13,11 +8,10 @@ from typing import Any
 
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import Formatter
-from lit_rlhf.data.kinds import SFTDataModule
+from lit_rlhf.data.kinds import _ReferenceTexts, SFTDataModule
 from lit_rlhf.data.formatting import chat_prompt_and_completion, require_messages
-from lit_rlhf.data.processing import TRUNCATED
-from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts
-from lit_rlhf.data.ultrafeedback import _IDS, _INT, _STR, ULTRAFEEDBACK_BINARIZED_HUB, _ChatFormatter, _no_template_check
+from lit_rlhf.data.processing import IDS, INT, STR, TRUNCATED
+from lit_rlhf.data.ultrafeedback import ULTRAFEEDBACK_BINARIZED_HUB, _ChatFormatter
 
 
 class ChatSFTFormatter(_ChatFormatter):
@@ -25,13 +19,9 @@ class ChatSFTFormatter(_ChatFormatter):
 
     consumed = ("messages", "chosen", "rejected", "prompt")
 
-    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions, passthrough):
-        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
-        self.passthrough = passthrough
-
     def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "reference": _STR, "_prompt_ids": _IDS, "_completion_ids": _IDS,
-                "_prompt_len": _INT, "_completion_len": _INT, TRUNCATED: _INT}
+        return {"prompt": STR, "reference": STR, "_prompt_ids": IDS, "_completion_ids": IDS,
+                "_prompt_len": INT, "_completion_len": INT, TRUNCATED: INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         messages = require_messages(row.get("messages"), "messages")
@@ -43,17 +33,12 @@ class ChatSFTFormatter(_ChatFormatter):
 
 
 class ChatSFTDataModule(_ReferenceTexts, SFTDataModule):
-    """Chat SFT rows (`messages`, the last one the assistant's answer) for supervised fine-tuning.
-
-    Metadata: "prompt", "reference" (the answer) and the other scalar source columns (e.g.
-    `prompt_id`).
-    """
+    """Chat SFT rows (`messages`, the last one the assistant's answer). Metadata: "prompt",
+    "reference" (the answer) and the other source columns (e.g. `prompt_id`)."""
 
     defaults = {"path": ULTRAFEEDBACK_BINARIZED_HUB, "train_split": "train_sft", "val_split": "test_sft"}
     raw_schema = schemas.ULTRAFEEDBACK_SFT
     schema_name = "chat SFT (messages)"
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
-        return ChatSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                self.truncate_completions, _passthrough(self, role, ChatSFTFormatter.consumed))
+        return ChatSFTFormatter(self, passthrough=self.passthrough(role, ChatSFTFormatter.consumed))

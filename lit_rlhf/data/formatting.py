@@ -1,16 +1,8 @@
-"""Turning dataset rows into prompt and completion texts and token ids (`docs/ARCHITECTURE.md` D2, D3).
-
-Everything here is a pure function of (tokenizer, text): no datasets, no Lightning.
-
-- D2: the TL;DR query template, with paragraph truncation of the post to `max_prompt_length`
-  tokens and a hard truncation of the post only as a last resort; the CNN/DM query of the N+
-  reference code (its Detail 6), truncated the same way on the article.
-- D3: a completion is one leading space, the text, then EOS (TL;DR); for chat data the
-  completion is exactly the chat template's continuation of the generation prompt, ending
-  with EOS.
-
-Token ids of a prompt and of its completion are computed separately and concatenated by the
-collators, so the completion tokens never depend on where the prompt was cut.
+"""Dataset rows -> prompt and completion texts and token ids, pure functions of (tokenizer, text):
+the D2 TL;DR query (and the N+ reference code's CNN/DM query, its Detail 6) cut by paragraphs to
+`max_prompt_length`; D3 completions (TL;DR: a leading space, the text, EOS; chat: the template's
+continuation of the generation prompt, then EOS). Prompt and completion ids are encoded apart,
+so the completion's never depend on where the prompt was cut.
 """
 
 from __future__ import annotations
@@ -47,11 +39,6 @@ COMPLETION_TOO_LONG = "completion too long"
 BAD_STRUCTURE = "malformed field"
 
 
-# --------------------------------------------------------------------------------------------
-# field checks
-# --------------------------------------------------------------------------------------------
-
-
 def require_text(value: Any, field: str) -> str:
     """A non-empty string (whitespace only counts as empty), else `BadRow`."""
     if value is None:
@@ -74,11 +61,6 @@ def require_finite(value: Any, field: str) -> float:
     if not math.isfinite(float(value)):
         raise BadRow(NON_FINITE, field, f"non-finite value {value!r}")
     return float(value)
-
-
-# --------------------------------------------------------------------------------------------
-# encoding
-# --------------------------------------------------------------------------------------------
 
 
 def adds_bos(tokenizer) -> bool:
@@ -115,11 +97,6 @@ def fit_completion(ids: list[int], max_length: int, eos_token_id: int, *, trunca
     return ids[: max_length - 1] + [eos_token_id]
 
 
-# --------------------------------------------------------------------------------------------
-# D2: the TL;DR query
-# --------------------------------------------------------------------------------------------
-
-
 def format_tldr_query(subreddit: str, title: str, post: str) -> str:
     """D2: `SUBREDDIT: r/{subreddit}\\n\\nTITLE: {title}\\n\\nPOST: {post}\\n\\nTL;DR:` (no trailing space)."""
     return TLDR_TEMPLATE.format(subreddit=subreddit, title=title, post=post)
@@ -135,14 +112,9 @@ class TruncatedQuery:
 
 def truncate_tldr_query(tokenizer, subreddit: str, title: str, post: str, max_length: int,
                         bos: bool | None = None) -> TruncatedQuery:
-    """D2 query with the post shortened until the whole query fits in `max_length` tokens.
-
-    1. While too long and the post has a newline, drop the text after the post's last `\\n`
-       (whitespace the cut leaves at the end of the post goes too, so each step drops one
-       paragraph and the template keeps its exact `\\n\\nTL;DR:` ending).
-    2. Last resort: keep as many leading tokens of the remaining post as fit.
-    3. When the template with an empty post is already too long: `BadRow`.
-    """
+    """D2 query with the post shortened until the query fits in `max_length` tokens: drop the text
+    after the post's last `\\n` (and the whitespace left before it) while too long; last resort,
+    keep the post's leading tokens that fit; `BadRow` when even an empty post is too long."""
     return truncate_query(tokenizer, lambda body: format_tldr_query(subreddit, title, body), post, max_length,
                           body_field="post", head_field="title", bos=bos)
 
@@ -153,9 +125,8 @@ def format_cnndm_query(article: str) -> str:
 
 
 def truncate_cnndm_query(tokenizer, article: str, max_length: int, bos: bool | None = None) -> TruncatedQuery:
-    """The CNN/DM query with the article cut at its last newline until it fits in `max_length`
-    tokens (the reference code's `truncate_field="article"`, `truncate_text="\\n"`), hard
-    truncation as a last resort, as `truncate_tldr_query` does for posts."""
+    """The CNN/DM query with the article cut as `truncate_tldr_query` cuts posts (the reference
+    code's `truncate_field="article"`, `truncate_text="\\n"`)."""
     return truncate_query(tokenizer, format_cnndm_query, article, max_length, body_field="article",
                           head_field="article", bos=bos)
 
@@ -182,12 +153,8 @@ def truncate_query(tokenizer, render: Callable[[str], str], body: str, max_lengt
     # hard truncation of the body's tokens, the template kept intact
     overhead = len(encode_prompt(tokenizer, render(""), bos=bos))
     if overhead >= max_length:
-        raise BadRow(
-            PROMPT_TOO_LONG,
-            head_field,
-            f"the query template without the {body_field} already takes {overhead} tokens "
-            f">= max_prompt_length={max_length}",
-        )
+        raise BadRow(PROMPT_TOO_LONG, head_field, f"the query template without the {body_field} already takes "
+                                                  f"{overhead} tokens >= max_prompt_length={max_length}")
     body_ids = tokenizer(body, add_special_tokens=False)["input_ids"]
     keep = min(len(body_ids), max_length - overhead)
     while keep > 0:
@@ -208,11 +175,6 @@ def format_tldr_completion(text: str) -> str:
     return " " + text.lstrip()
 
 
-# --------------------------------------------------------------------------------------------
-# chat data (UltraFeedback)
-# --------------------------------------------------------------------------------------------
-
-
 def require_chat_template(tokenizer, source: str = "") -> None:
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
@@ -224,19 +186,12 @@ def require_chat_template(tokenizer, source: str = "") -> None:
 
 
 def chat_prompt_and_completion(tokenizer, messages: list[dict[str, str]]) -> tuple[str, str]:
-    """Split a conversation ending with an assistant message into (prompt text, completion text).
+    """(prompt text, completion text) of a conversation ending with an assistant message.
 
-    The prompt is the chat template applied to every message but the last, with
-    `add_generation_prompt=True`. The completion is the template's continuation of that prompt
-    up to the end of the assistant turn, *without* the EOS token, which `encode_completion`
-    appends as an id:
-    - when the template ends a turn with the EOS token (SmolLM2, most chat models: `<|im_end|>`),
-      the completion is the text before EOS, so prompt + completion + EOS is exactly a prefix of
-      the templated conversation;
-    - when it does not (the tiny test tokenizer ends turns with `<|im_end|>` but its EOS is
-      `</s>`), the completion keeps the template's turn end without trailing whitespace, and EOS
-      follows it.
-    """
+    The prompt is the template of every message but the last with the generation prompt; the
+    completion is the template's continuation up to the end of the assistant turn, without the
+    EOS (`encode_completion` appends its id): the text before EOS when the template ends turns
+    with it (SmolLM2), else the turn end without trailing whitespace (the tiny test tokenizer)."""
     prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
     full = tokenizer.apply_chat_template(messages, tokenize=False)
     if not full.startswith(prompt):

@@ -1,13 +1,32 @@
-"""The kinds of DataModule the datasets share: rows with capped completions, SFT rows (padded
-or packed), and preference pairs."""
+"""The kinds of DataModule the datasets share: prompts, rows with capped completions, SFT rows
+(padded or packed), and preference pairs."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
 from lit_rlhf.data.base import MarginFrom, RLHFDataModule
-from lit_rlhf.data.collate import PreferenceCollator
+from lit_rlhf.data.collate import PreferenceCollator, PromptCollator
 from lit_rlhf.data.packing import sft_collator
+
+
+class _ReferenceTexts:
+    def reference_texts(self, split: str = "val") -> tuple[list[str], list[str]]:
+        """(prompt texts, reference completion texts) of a split ("train", "val" or "test"), rows
+        without a reference left out. Completions carry no EOS text (the collators append
+        `eos_token_id`). Used for D15 reward normalisation."""
+        pairs = [(p, r) for p, r in zip(self.dataset(split)["prompt"], self.dataset(split)["reference"]) if r is not None]
+        if not pairs:
+            raise ValueError(f"split {split!r} has no reference completions")
+        prompts, references = zip(*pairs)
+        return list(prompts), list(references)
+
+
+class PromptDataModule(RLHFDataModule):
+    """A DataModule of prompts for online methods: left-padded `PromptBatch`es (D5)."""
+
+    def _collator(self, role: str) -> Callable:
+        return PromptCollator(self.tokenizer.pad_token_id)
 
 
 class CompletionDataModule(RLHFDataModule):
@@ -34,8 +53,6 @@ class SFTDataModule(CompletionDataModule):
         pack_length: the longest packed row, in tokens; null: one row per batch.
     """
 
-    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
-
     def __init__(self, *, packing: bool = False, pack_length: int | None = None, **kwargs: Any):
         if pack_length is not None and pack_length < 1:
             raise ValueError(f"pack_length must be >= 1 or null (one row per batch), got {pack_length}")
@@ -55,7 +72,6 @@ class PreferenceDataModule(CompletionDataModule):
             for TL;DR, the score difference for UltraFeedback); null: no margin.
     """
 
-    length_columns = {"prompt": "_prompt_len", "chosen": "_chosen_len", "rejected": "_rejected_len"}
     margin_sources: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, margin_from: MarginFrom | None = None, **kwargs: Any):

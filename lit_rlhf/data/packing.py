@@ -1,11 +1,7 @@
-"""Padding-free packing of SFT batches, and the padding waste of any batch.
-
-`PackedSFTCollator` collates the same examples the padded `SFTCollator` gets (one DataLoader
-batch: the examples of an optimizer step do not change, so the loss, the recipes and exact
-resume are the padded path's) into a `PackedSFTBatch`: the examples laid end to end in rows of at
-most `pack_length` tokens (first-fit decreasing), position ids restarting at every example, PAD
-only after a row's last example. `lit_rlhf.types.unpack` turns it back into the right-padded `SFTBatch`, which
-`SFTModule` uses for a model whose attention cannot take packed rows.
+"""Padding-free packing of SFT batches: `PackedSFTCollator` collates the examples the padded
+`SFTCollator` gets (the same optimizer steps, loss and resume) into a `PackedSFTBatch`, laid end
+to end in rows of at most `pack_length` tokens (first-fit decreasing), position ids restarting at
+every example (`lit_rlhf.types.unpack` turns it back into an `SFTBatch`).
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from lit_rlhf.data.collate import SFTCollator, collect_meta
+from lit_rlhf.data.collate import Collator, SFTCollator, collect_meta
 from lit_rlhf.types import PackedSFTBatch
 
 
@@ -85,16 +81,16 @@ def pack_sequences(
     return ids, positions, attention, loss, ex_rows, ex_starts, torch.tensor(lengths, dtype=torch.long)
 
 
-class PackedSFTCollator:
+class PackedSFTCollator(Collator):
     """Examples with `_prompt_ids`, `_completion_ids` -> `PackedSFTBatch` (padding-free rows of at
     most `pack_length` tokens; None: one row per batch). `meta` lists the examples in input order."""
 
-    batch_type = PackedSFTBatch  # what it yields (start-up checks match it against the module)
+    batch_type = PackedSFTBatch
 
     def __init__(self, pad_token_id: int, pack_length: int | None = None):
         if pack_length is not None and pack_length < 1:
             raise ValueError(f"pack_length must be >= 1 or None (one row per batch), got {pack_length}")
-        self.pad_token_id = int(pad_token_id)
+        super().__init__(pad_token_id)
         self.pack_length = pack_length
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> PackedSFTBatch:

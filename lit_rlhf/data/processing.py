@@ -1,14 +1,6 @@
-"""Turning raw rows into tokenised examples with `datasets.map`, the cache key of that work, and
-the records of bad rows.
-
-A concrete DataModule supplies a *formatter*: a small picklable object that turns one raw row
-into zero or more examples (dicts whose `_`-prefixed keys hold token ids and numbers, the other
-keys metadata) or raises `BadRow`, and declares the feature types of what it returns.
-
-The processed data is cached by `datasets` under a fingerprint of: the raw split, the
-tokenizer (`tokenizer_fingerprint`), the formatter's options, and the source code of everything
-that shapes an example (`code_fingerprint`): editing a formatter can never serve stale rows.
-"""
+"""Raw rows -> tokenised examples with `datasets.map` (a DataModule's `Formatter`), the cache key
+of that work (raw split, tokenizer, formatter options and source code: an edited formatter never
+serves stale rows), and the records of bad rows."""
 
 from __future__ import annotations
 
@@ -19,13 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 
-from lit_rlhf.data.formatting import BadRow
+from lit_rlhf.data.formatting import BadRow, encode_completion, fit_completion
 
 BAD_COLUMNS = ("_bad_reason", "_bad_field", "_bad_detail")
 TRUNCATED = "_truncated"  # completions of the example cut to the length cap (counted and logged)
 CNNDM = "_cnndm"  # a CNN/DM row of the TL;DR comparisons
+IDS, STR, INT = datasets.Sequence(datasets.Value("int32")), datasets.Value("string"), datasets.Value("int32")
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -63,10 +57,20 @@ def code_fingerprint(formatter: Any) -> str:
 
 
 class Formatter:
-    """Turns one raw row into examples. Subclasses set `passthrough` (source columns copied to
-    every example's metadata when present) and implement `features()` and `__call__`."""
+    """Turns one raw row into examples (dicts: `_`-prefixed keys hold token ids and numbers, the
+    others metadata) or raises `BadRow`; small and picklable. Subclasses set `passthrough` (source
+    columns copied to every example's metadata when present) and implement `features()` and
+    `__call__`. Built from its DataModule: the tokenizer, the DataModule settings named in
+    `options`, and `extra` (all of them, but the tokenizer, are its `config()`)."""
 
     passthrough: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+
+    def __init__(self, dm: Any = None, **extra: Any):
+        self.tokenizer = getattr(dm, "tokenizer", None)
+        for name in self.options:
+            setattr(self, name, getattr(dm, name))
+        vars(self).update(extra)
 
     def features(self) -> dict[str, Any]:
         """`{column: datasets feature}` of the computed columns `__call__` returns."""
@@ -79,6 +83,14 @@ class Formatter:
     def config(self) -> dict[str, Any]:
         """Everything besides the tokenizer that changes the output (for the cache fingerprint)."""
         return {k: v for k, v in vars(self).items() if k != "tokenizer"}
+
+    def completion_ids(self, text: str, field: str, max_length: int | None = None) -> tuple[list[int], int]:
+        """D3 ids of a completion (EOS last) capped at `max_length` (default `max_completion_length`),
+        and 1 if they were cut (`truncate_completions`) else 0."""
+        full = encode_completion(self.tokenizer, text)
+        ids = fit_completion(full, max_length or self.max_completion_length, self.tokenizer.eos_token_id,
+                             truncate=self.truncate_completions, field=field)
+        return ids, int(len(full) > len(ids))
 
     @staticmethod
     def bad(err: BadRow) -> dict[str, Any]:
@@ -112,15 +124,10 @@ class MapFunction:
                 except BadRow as err:
                     examples = [Formatter.bad(err)]
             for ex in examples:
+                ex = {**{c: row.get(c) for c in self.passthrough}, **{c: "" for c in BAD_COLUMNS}, **ex,
+                      "_row": self.offset + idx}
                 for c in self.columns:
-                    if c == "_row":
-                        out[c].append(self.offset + idx)
-                    elif c in BAD_COLUMNS:
-                        out[c].append(ex.get(c, ""))
-                    elif c in self.passthrough and c not in ex:
-                        out[c].append(row.get(c))
-                    else:
-                        out[c].append(ex.get(c))
+                    out[c].append(ex.get(c))
         return out
 
 

@@ -1,45 +1,30 @@
 """Question/answer prompts for verifiable-reward RL (GRPO on math word problems).
 
-Schemas (`schema`):
-- `gsm8k`: `question`, `answer` = a worked solution ending in `#### <final answer>` (as
-  `openai/gsm8k`, config `main`, and the bundled `bundled:arithmetic`);
-- `math`: `problem`, `solution` = a worked solution with the final answer in the last
-  `\\boxed{...}` (as the MATH dataset of Hendrycks et al. 2021).
-
-Each row becomes a left-padded prompt (`PromptBatch`) whose metadata carries the reference
-answer: `reference` (the final answer alone: the text after `####`, or the content of the last
-`\\boxed{}`), `solution` (the full worked solution) and every other source column. Online
-modules hand these to reward functions as batch columns, so `rewards.MathAnswerReward` checks a
-completion against `reference`. A reference that `math-verify` cannot parse is a bad row
-(`on_bad_rows`), so a reward is never computed against an answer that cannot be checked.
-
-The prompt is the question put into `prompt_template` (`{question}` is replaced) and, with
-`chat=True` (default), rendered as one user turn (after an optional `system_prompt`) with the
-tokenizer's chat template and its generation prompt; `chat=False` encodes the plain text. Chat
-prompts are not truncated: a prompt over `max_prompt_length` tokens is a bad row.
+Schemas (`schema`): `gsm8k` (`question`, `answer` ending in `#### <final answer>`: `openai/gsm8k`
+config `main`, `bundled:arithmetic`) and `math` (`problem`, `solution` with the final answer in
+the last `\\boxed{...}`: MATH, Hendrycks et al. 2021). Each row becomes a left-padded prompt
+whose metadata carries `reference` (the final answer alone), `solution` and every other source
+column, so `rewards.MathAnswerReward` checks a completion against `reference`; a reference
+`math-verify` cannot parse is a bad row. With `chat=True` the prompt is rendered with the chat
+template (never truncated: a longer one is a bad row).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-import datasets
-
 from lit_rlhf.data import schema as schemas
-from lit_rlhf.data.base import Formatter, RLHFDataModule
-from lit_rlhf.data.collate import PromptCollator
+from lit_rlhf.data.base import Formatter
 from lit_rlhf.data.formatting import (
     BAD_STRUCTURE, PROMPT_TOO_LONG, BadRow, chat_prompt, encode_prompt, require_chat_template, require_text
 )
+from lit_rlhf.data.kinds import PromptDataModule
+from lit_rlhf.data.processing import IDS, INT, STR
 
 QASchema = Literal["gsm8k", "math"]
 SCHEMA_FIELDS: dict[str, tuple[str, str]] = {"gsm8k": ("question", "answer"), "math": ("problem", "solution")}
 RAW_SCHEMAS: dict[str, tuple[schemas.Schema, str]] = {"gsm8k": (schemas.GSM8K, "GSM8K"), "math": (schemas.MATH, "MATH")}
 UNPARSEABLE_ANSWER = "reference answer cannot be parsed"
-
-_IDS = datasets.Sequence(datasets.Value("int32"))
-_STR = datasets.Value("string")
-_INT = datasets.Value("int32")
 
 
 def last_boxed(text: str) -> str | None:
@@ -82,18 +67,10 @@ def reference_answer(solution: str, schema: QASchema, field: str) -> str:
 class QAPromptFormatter(Formatter):
     """`{question, answer}` or `{problem, solution}` -> prompt ids, `reference`, `solution`."""
 
-    def __init__(self, tokenizer, schema: QASchema, max_prompt_length: int, prompt_template: str,
-                 system_prompt: str | None, chat: bool, passthrough: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.schema = schema
-        self.max_prompt_length = max_prompt_length
-        self.prompt_template = prompt_template
-        self.system_prompt = system_prompt
-        self.chat = chat
-        self.passthrough = passthrough
+    options = ("schema", "max_prompt_length", "prompt_template", "system_prompt", "chat")
 
     def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "reference": _STR, "solution": _STR, "_prompt_ids": _IDS, "_prompt_len": _INT}
+        return {"prompt": STR, "reference": STR, "solution": STR, "_prompt_ids": IDS, "_prompt_len": INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         q_field, a_field = SCHEMA_FIELDS[self.schema]
@@ -112,7 +89,7 @@ class QAPromptFormatter(Formatter):
                  "_prompt_len": len(ids)}]
 
 
-class QADataModule(RLHFDataModule):
+class QADataModule(PromptDataModule):
     """Question/answer prompts (GSM8K or MATH schema) with their reference answers, left padded.
 
     The reference answer is in `meta["reference"]`, for verifiable rewards. The default `path`
@@ -144,14 +121,8 @@ class QADataModule(RLHFDataModule):
     def _formatter(self, role: str) -> Formatter:
         if self.chat:
             require_chat_template(self.tokenizer, f"{type(self).__name__} with chat=True")
-        raw = self.source.load(self.splits[role])
-        consumed = set(SCHEMA_FIELDS[self.schema]) | {"prompt", "reference", "solution"}
-        passthrough = tuple(c for c in raw.column_names if c not in consumed)
-        return QAPromptFormatter(self.tokenizer, self.schema, self.max_prompt_length, self.prompt_template,
-                                 self.system_prompt, self.chat, passthrough)
-
-    def _collator(self, role: str) -> PromptCollator:
-        return PromptCollator(self.tokenizer.pad_token_id)
+        passthrough = self.passthrough(role, (*SCHEMA_FIELDS[self.schema], "prompt", "reference", "solution"))
+        return QAPromptFormatter(self, passthrough=passthrough)
 
     def references(self, role: str = "test") -> tuple[list[str], list[str]]:
         """(prompt texts, reference answers) of a split, in order (for accuracy evaluation)."""

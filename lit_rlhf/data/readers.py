@@ -1,20 +1,13 @@
-"""Reading local data files row by row, checked against a published schema, into a cached,
-memory-mapped arrow dataset; every row that cannot be read is named by file, line (JSON Lines) or
-record (JSON arrays, parquet), both 1-based, field, and what was expected vs found.
+"""Reading local data files row by row (not by `datasets`' JSON reader: no type is ever inferred
+or changed), each row checked against the DataModule's schema (`lit_rlhf.data.schema`), reduced
+to its declared fields (others dropped and logged) and written with its `datasets.Features` to an
+arrow file cached by the files' identity, the schema and this code, then memory-mapped.
 
-Local files are read here, not by `datasets`' JSON reader, so no type is ever inferred or changed:
-every line or record is parsed and checked against the DataModule's schema
-(`lit_rlhf.data.schema`) as it is in the file, reduced to the fields the schema declares (keys it
-does not declare are dropped at every depth, and logged), then written with that schema's
-`datasets.Features` to an arrow file that `datasets.Dataset.from_file` memory-maps. The arrow file
-is cached by the files' identity (path, size, modification time), the schema and this reader's
-code. A row that cannot be read (bytes that are not UTF-8, a line that is not JSON or not an
-object, a field of the wrong type) raises `BadRowError` with `on_bad_rows="error"`, or, with
-`"skip"`, is written as a placeholder row whose `_read_*` columns say why, for the DataModule to
-count and report. Missing and empty files are a `DataSourceError`.
-
-JSON Lines and parquet are streamed (a batch of rows at a time); a `.json` file holding one JSON
-array is parsed as a whole, so large data belongs in JSON Lines or parquet.
+A row that cannot be read (not UTF-8, not JSON, not an object, a field of the wrong type) raises
+`BadRowError` naming the file, the 1-based line (JSON Lines) or record (JSON array, parquet) and
+the field with `on_bad_rows="error"`; with `"skip"` it becomes a placeholder row whose `_read_*`
+columns say why. Missing and empty files are a `DataSourceError`. A `.json` array is parsed whole;
+JSON Lines and parquet are streamed.
 """
 
 from __future__ import annotations
@@ -46,95 +39,73 @@ READ_COLUMNS = ("_file", "_line", "_read_reason", "_read_field", "_read_detail")
 _BATCH = 1000
 
 
-# --------------------------------------------------------------------------------------------
-# reading one file, row by row
-# --------------------------------------------------------------------------------------------
-
-
 class _ReadError(Exception):
     def __init__(self, reason: str, field: str, detail: str):
         self.reason, self.field, self.detail = reason, field, detail
 
 
-def _line_of(data: bytes, offset: int) -> int:
-    return data.count(b"\n", 0, offset) + 1
-
-
-def _checked(obj: Any, spec: schemas.Schema, unknown: dict[str, str]) -> dict[str, Any]:
+def _checked(obj: Any, spec: schemas.Schema, unknown: dict[str, str]) -> dict[str, Any] | _ReadError:
+    if isinstance(obj, _ReadError):
+        return obj
     if not isinstance(obj, dict):
-        raise _ReadError(NOT_OBJECT, "(row)", f"expected a JSON object, found {schemas.found(obj)}")
+        return _ReadError(NOT_OBJECT, "(row)", f"expected a JSON object, found {schemas.found(obj)}")
     try:
         return schemas.conform(obj, spec, "", unknown)  # undeclared keys dropped at every depth
     except schemas.TypeMismatch as err:
-        raise _ReadError(WRONG_TYPE, err.field, err.detail) from None
+        return _ReadError(WRONG_TYPE, err.field, err.detail)
 
 
 def iter_rows(path: str, spec: schemas.Schema, unknown: dict[str, str]) -> Iterator[tuple[int, Any]]:
     """(1-based line or record number, checked row dict or `_ReadError`) of every row of a file."""
+    return ((number, _checked(obj, spec, unknown)) for number, obj in _raw_rows(path))
+
+
+def _raw_rows(path: str) -> Iterator[tuple[int, Any]]:
     suffix = Path(path).suffix.lower()
     if suffix == ".parquet":
-        yield from _iter_parquet(path, spec, unknown)
+        yield from enumerate((obj for batch in _parquet(path).iter_batches(batch_size=_BATCH)
+                              for obj in batch.to_pylist()), start=1)
         return
     with open(path, "rb") as f:
         head = f.read(4096).lstrip()
     if suffix == ".json" and head.startswith(b"["):
-        yield from _iter_json_array(path, spec, unknown)
+        yield from enumerate(_json_array(path), start=1)
         return
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue  # a blank line is not a row
             try:
-                text = raw.decode("utf-8")
+                yield number, json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as err:
                 yield number, _ReadError(NOT_UTF8, "(line)", f"byte 0x{raw[err.start]:02x} at column {err.start + 1} "
                                                              "is not UTF-8")
-                continue
-            try:
-                obj = json.loads(text)
             except json.JSONDecodeError as err:
                 yield number, _ReadError(NOT_JSON, "(line)", f"{err.msg} at column {err.colno}")
-                continue
-            try:
-                yield number, _checked(obj, spec, unknown)
-            except _ReadError as err:
-                yield number, err
 
 
-def _iter_json_array(path: str, spec, unknown):
+def _json_array(path: str) -> list:
     data = Path(path).read_bytes()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise DataSourceError(f"{path}, line {_line_of(data, err.start)}: byte 0x{data[err.start]:02x} is not UTF-8 "
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataSourceError(f"{path}, line {line}: byte 0x{data[err.start]:02x} is not UTF-8 "
                               "(a JSON array file is read as a whole: fix the byte, or write JSON Lines)") from None
     try:
-        records = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise DataSourceError(f"{path}, line {err.lineno} column {err.colno}: not valid JSON: {err.msg} "
                               "(a JSON array file is read as a whole: fix it, or write JSON Lines)") from None
-    for number, obj in enumerate(records, start=1):
-        try:
-            yield number, _checked(obj, spec, unknown)
-        except _ReadError as err:
-            yield number, err
 
 
-def _iter_parquet(path: str, spec, unknown):
+def _parquet(path: str):
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except Exception as err:  # not parquet bytes, truncated file, ...
         raise DataSourceError(f"{path} cannot be read as parquet ({type(err).__name__}: {err})") from None
-    number = 0
-    for batch in pf.iter_batches(batch_size=_BATCH):
-        for obj in batch.to_pylist():
-            number += 1
-            try:
-                yield number, _checked(obj, spec, unknown)
-            except _ReadError as err:
-                yield number, err
 
 
 @functools.lru_cache(maxsize=256)
@@ -148,24 +119,6 @@ def location_unit(path: str) -> str:
             if f.read(4096).lstrip().startswith(b"["):
                 return "record"
     return "line"
-
-
-# --------------------------------------------------------------------------------------------
-# reading one split (a list of files) into a cached, memory-mapped arrow dataset
-# --------------------------------------------------------------------------------------------
-
-
-def _code_hash() -> str:
-    h = hashlib.sha256()
-    for module in (__file__, schemas.__file__):
-        h.update(Path(module).read_bytes())
-    return h.hexdigest()
-
-
-def _cache_dir() -> Path:
-    import datasets
-
-    return Path(datasets.config.HF_DATASETS_CACHE) / "lit_rlhf_raw"
 
 
 def read_split(files: list[str], spec: schemas.Schema, split: str, on_bad_rows: str, schema_name: str = ""):
@@ -182,8 +135,9 @@ def read_split(files: list[str], spec: schemas.Schema, split: str, on_bad_rows: 
         if p.suffix.lower() not in DATA_SUFFIXES:
             raise DataSourceError(f"unsupported data file {f}: expected a .jsonl, .json or .parquet file")
     ident = [(str(Path(f).resolve()), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
-    key = hashlib.sha256(json.dumps([ident, repr(spec), _code_hash()]).encode()).hexdigest()[:24]
-    cache = _cache_dir()
+    code = hashlib.sha256(b"".join(Path(m).read_bytes() for m in (__file__, schemas.__file__))).hexdigest()
+    key = hashlib.sha256(json.dumps([ident, repr(spec), code]).encode()).hexdigest()[:24]
+    cache = Path(datasets.config.HF_DATASETS_CACHE) / "lit_rlhf_raw"
     arrow, meta_path = cache / f"{key}.arrow", cache / f"{key}.json"
     if arrow.is_file() and meta_path.is_file():
         meta = json.loads(meta_path.read_text())
@@ -207,9 +161,7 @@ def _write_split(files, spec, split, on_bad_rows, arrow: Path, meta_path: Path) 
     from datasets.arrow_writer import ArrowWriter
 
     feats = schemas.features(spec)
-    feats.update({"_file": datasets.Value("string"), "_line": datasets.Value("int64"),
-                  "_read_reason": datasets.Value("string"), "_read_field": datasets.Value("string"),
-                  "_read_detail": datasets.Value("string")})
+    feats.update({c: datasets.Value("int64" if c == "_line" else "string") for c in READ_COLUMNS})
     columns = list(feats)
     arrow.parent.mkdir(parents=True, exist_ok=True)
     tmp = arrow.with_name(f"{arrow.name}.{os.getpid()}.tmp")
@@ -232,19 +184,14 @@ def _write_split(files, spec, split, on_bad_rows, arrow: Path, meta_path: Path) 
                                        "file": f, "location": location}
                     if on_bad_rows == "error":
                         raise BadRowError(f, split, n_rows, row.field, row.reason, row.detail, 1, f, location)
-                    for c in spec:
-                        batch[c].append(None)
-                    reason, field, detail = row.reason, row.field, row.detail
+                    values, why = {}, (row.reason, row.field, row.detail)
                 else:
                     present.update(row)
-                    for c in spec:
-                        batch[c].append(row.get(c))
-                    reason = field = detail = None
-                batch["_file"].append(f)
-                batch["_line"].append(number)
-                batch["_read_reason"].append(reason)
-                batch["_read_field"].append(field)
-                batch["_read_detail"].append(detail)
+                    values, why = row, (None, None, None)
+                for c in spec:
+                    batch[c].append(values.get(c))
+                for c, v in zip(READ_COLUMNS, (f, number, *why)):
+                    batch[c].append(v)
                 n_rows += 1
                 if len(file_unknown) > len(named):  # an undeclared key first met on this row
                     for k in list(file_unknown)[len(named):]:

@@ -12,27 +12,17 @@ log = logging.getLogger(__name__)
 
 
 class ResumableSampler(DistributedSampler):
-    """The train order: a permutation of the rows drawn from (seed, epoch), a new one every epoch
-    (D21's reshuffle), this rank's share of it, and, on a resumed run, without the batches of the
-    current epoch that were already trained on.
+    """The train order: a permutation of the rows drawn from `seed + epoch` (a new one every epoch,
+    D21; never the global generator), rank r's share rows r, r+W, ... (a `DistributedSampler`, so
+    Lightning keeps it under DDP/DeepSpeed), and on a resumed run without the batches of the
+    current epoch already trained on.
 
-    - Deterministic: `torch.Generator().manual_seed(seed + epoch)` (DistributedSampler's recipe);
-      it never touches the global generator. Lightning sets the epoch (`set_epoch`) before each
-      epoch's first batch, also after a resume. Being a `DistributedSampler`, Lightning keeps it
-      under DDP/DeepSpeed (it does not inject its own); rank r takes rows r, r+W, ... of the
-      permutation (padded by wrap-around to a multiple of W, like DistributedSampler).
-    - Exact mid-epoch resume: when an epoch's iteration starts, the batches of that epoch the
-      trainer has already counted (`fit_loop.epoch_loop.batch_progress.current.ready`, restored
-      from the checkpoint before the first batch is fetched, and 0 at a fresh epoch) are skipped,
-      `skip * batch_size` rows of this rank's share. The length stays the full epoch's, which is
-      what Lightning's counters expect. Iteration starts at the first `next()` (the DataLoader's
-      BatchSampler is lazy), so with `num_workers=0` the counters are always read after the
-      restore; with workers the loader prefetches when it is created, which is after the restore
-      unless the loader was built earlier (e.g. by `estimated_stepping_batches` with
-      `max_epochs` set), in which case the first epoch after the resume starts from its beginning.
-    - The skip applies only while the trainer is fitting, so the same loader iterated by other
-      code outside the training loop (e.g. DPO's precomputed reference at `on_fit_start`) sees
-      every row.
+    Exact mid-epoch resume: when iteration starts (at the first `next()`), the batches the trainer
+    has counted this epoch (`fit_loop.epoch_loop.batch_progress.current.ready`, restored from the
+    checkpoint; 0 at a fresh epoch) are skipped, only while fitting (DPO's precomputed reference at
+    `on_fit_start` sees every row); the length stays the full epoch's, as Lightning expects. With
+    workers, a loader built before the restore (e.g. by `estimated_stepping_batches` with
+    `max_epochs`) restarts that epoch from its beginning.
     """
 
     def __init__(self, dataset, batch_size: int, *, num_replicas: int = 1, rank: int = 0, shuffle: bool = True,

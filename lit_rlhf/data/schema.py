@@ -1,16 +1,10 @@
 """The published raw schemas of the datasets we read, and strict type checks of raw rows.
 
-A schema is written with Python types: `str`, `int`, `float`, `bool`, a one-element list `[spec]`
-for a list of `spec`, and a dict `{key: spec}` for an object. Every field may be missing or null
-(the formatters then name the missing field); nothing else is coerced:
-
-- `str` takes a JSON string only (`"2024"` stays the string "2024"; the number 2024 is a bad row);
-- `int` takes a JSON integer only (not `1.0`, not `"1"`, not `true`);
-- `float` takes any JSON number (an integer is a valid float, stored as one), not a string or a boolean;
-- `bool` takes `true` / `false` only.
-
-`features(schema)` is the `datasets.Features` a checked row is written with, so `datasets` never
-infers (and never changes) a column's type.
+A schema is written with Python types (`str`, `int`, `float`, `bool`), `[spec]` for a list and
+`{key: spec}` for an object. Any field may be missing or null (the formatters name it); nothing
+is coerced: `str` takes a JSON string only, `int` a JSON integer only (not `1.0`, `"1"`, `true`),
+`float` any JSON number, `bool` `true` / `false`. `features(schema)` is the `datasets.Features` a
+checked row is written with, so `datasets` never infers a column's type.
 """
 
 from __future__ import annotations
@@ -73,7 +67,6 @@ MATH: Schema = {"problem": str, "solution": str, "level": str, "type": str}
 """The MATH dataset (Hendrycks et al. 2021): the final answer is the last `\\boxed{}` of `solution`."""
 
 _VALUE = {str: "string", int: "int64", float: "float64", bool: "bool"}
-_JSON_NAME = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
 
 
 def features(schema: Schema) -> datasets.Features:
@@ -87,15 +80,6 @@ def _feature(spec: Any):
     if isinstance(spec, list):
         return datasets.List(_feature(spec[0]))
     return datasets.Value(_VALUE[spec])
-
-
-def expected(spec: Any) -> str:
-    """What `spec` asks for, in JSON words."""
-    if isinstance(spec, dict):
-        return "an object"
-    if isinstance(spec, list):
-        return "an array"
-    return _JSON_NAME[spec]
 
 
 def found(value: Any) -> str:
@@ -125,29 +109,15 @@ class TypeMismatch(Exception):
         super().__init__(f"{field}: {detail}")
 
 
-def check(value: Any, spec: Any, field: str, unknown: dict[str, str] | None = None) -> None:
-    """Raise `TypeMismatch` at the first value of `value` that is not of `spec` (null is allowed
-    everywhere). Object keys that `spec` does not declare are recorded in `unknown`
-    (`{dotted key: field of its first occurrence}`)."""
-    conform(value, spec, field, unknown)
-
-
 _INT64 = (-(2**63), 2**63 - 1)
 
 
 def conform(value: Any, spec: Any, field: str, unknown: dict[str, str] | None = None) -> Any:
-    """`value` checked as `check` does, and reduced to what `spec` declares, so that it can be
-    written with `features(spec)` whatever else a raw row carries.
-
-    - Object keys that `spec` does not declare are dropped, at every depth (and recorded in
-      `unknown`): a real openbmb/UltraFeedback completion may carry annotation keys beyond the
-      published ones, and an undeclared key inside a nested object could not be stored in the
-      schema's struct type.
-    - A string must be valid Unicode (a JSON `\\ud800` escape decodes to an unpaired surrogate,
-      which has no UTF-8 form); an `int` must fit in 64 bits; an integer given for a `float` is
-      returned as that float (the column is float64 either way). Each is a `TypeMismatch`
-      otherwise, named like any other wrong type.
-    """
+    """`value` reduced to what `spec` declares (writable with `features(spec)`), or `TypeMismatch`
+    at the first value not of `spec` (null is allowed everywhere). Undeclared object keys are
+    dropped at every depth and recorded in `unknown` (`{dotted key: field of its first
+    occurrence}`); a string must be valid Unicode (no unpaired surrogate), an `int` fit in 64 bits;
+    an integer given for a `float` becomes that float."""
     if value is None:
         return None
     if isinstance(spec, dict):
@@ -193,8 +163,8 @@ def conform(value: Any, spec: Any, field: str, unknown: dict[str, str] | None = 
             raise TypeMismatch(field, f"expected a 64-bit integer, found an integer of {len(str(abs(value)))} "
                                       "digits")
         return value
-    if not isinstance(value, spec):
-        raise TypeMismatch(field, f"expected {expected(spec)}, found {found(value)}")
+    if not isinstance(value, spec):  # bool
+        raise TypeMismatch(field, f"expected a boolean, found {found(value)}")
     return value
 
 

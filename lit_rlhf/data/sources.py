@@ -1,24 +1,11 @@
-"""Finding and reading a dataset source, and naming every bad row in it.
+"""Finding and loading a dataset source (`path`): `bundled:<name>` (`lit_rlhf/data/bundled/
+<name>.<split>.jsonl`), a local .jsonl/.json/.parquet file (split `train`; rename with
+`split_map`) or `data_files` per split, a directory of such files (splits named by the file
+names, as `datasets` does), a `save_to_disk` directory, else a hub id. Local files are read by
+`lit_rlhf.data.readers`; typed sources are checked column by column against the schema.
 
-Sources (`path`):
-- `bundled:<name>`: a small dataset written by this project, shipped in `lit_rlhf/data/bundled/`
-  (files `<name>.<split>.jsonl`; see `bundled_aliases()`);
-- a local `.jsonl` / `.json` (JSON Lines, or one JSON array of objects) / `.parquet` file (it loads
-  as split `train`; map it with `split_map`, e.g. `{"validation": "train"}`), or a dict of files
-  per split in `data_files`;
-- a directory of such files (splits named by the file names, as `datasets` does: `train.jsonl`,
-  `validation.jsonl`, `data/test_prefs-00000-of-00001.parquet`, ...);
-- a directory written by `Dataset(Dict).save_to_disk`;
-- otherwise a Hugging Face hub id (needs network access or the hub cache).
-
-A split name may carry a slice, as in `datasets`: `train[:1000]`, `train[98%:]`. Unlike `datasets`,
-a slice is not clipped to the rows there are: a bound beyond them, or a slice that selects no row,
-is a `DataSourceError` naming the source, its file, the split, the slice and the rows it has.
-
-Local files are read by `lit_rlhf.data.readers`: every line or record checked against the
-DataModule's published schema, nothing coerced, every bad row named by file, line or record,
-field, and what was expected vs found. Directories without data files are a `DataSourceError`.
-Typed sources (hub, `save_to_disk`) are checked column by column against the schema.
+A split may carry a slice (`train[:1000]`, `train[98%:]`); unlike `datasets`, a slice is not
+clipped: a bound beyond the rows, or an empty selection, is a `DataSourceError` naming them.
 """
 
 from __future__ import annotations
@@ -36,11 +23,6 @@ log = logging.getLogger(__name__)
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 BUNDLED_PREFIX = "bundled:"
-
-
-# --------------------------------------------------------------------------------------------
-# names
-# --------------------------------------------------------------------------------------------
 
 
 def bundled_aliases() -> dict[str, dict[str, str]]:
@@ -78,12 +60,9 @@ def slice_range(n: int, start: str | None, stop: str | None) -> range:
 
 
 def slice_problem(n: int, start: str | None, stop: str | None) -> str | None:
-    """Why the slice `[start:stop]` of a split of `n` rows is not a usable selection, or None.
-
-    `datasets` (and Python) clip a slice to the rows there are, so a recipe's held-out
-    `train[:1000]` and training `train[1000:]` on a 32-row file would silently give 32 validation
-    rows and no training rows at all. Here a bound beyond the rows (an absolute one past `n` or
-    before `-n`, a percentage past 100%) or a slice that selects no row is a problem to name."""
+    """Why the slice `[start:stop]` of `n` rows is not usable (a bound beyond the rows or 100%, or
+    no row selected), or None: clipped, `train[:1000]` / `train[1000:]` of 32 rows would silently
+    give 32 validation rows and no training rows."""
     for name, b in (("start", start), ("stop", stop)):
         if b is None:
             continue
@@ -97,23 +76,6 @@ def slice_problem(n: int, start: str | None, stop: str | None) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------
-# the source of a DataModule
-# --------------------------------------------------------------------------------------------
-
-
-def _is_saved_dataset_dir(path: Path) -> bool:
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
-
-
-def _looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or Path(path).suffix.lower() in DATA_SUFFIXES
-
-
-def _as_list(v) -> list[str]:
-    return [v] if isinstance(v, str) else list(v)
-
-
 def _resolve_files(files: dict[str, Any] | str, root: Path) -> dict[str, list[str]]:
     def one(f: str) -> str:
         p = Path(f).expanduser()
@@ -121,7 +83,7 @@ def _resolve_files(files: dict[str, Any] | str, root: Path) -> dict[str, list[st
 
     if isinstance(files, (str, list)):
         files = {"train": files}
-    return {k: [one(x) for x in _as_list(v)] for k, v in files.items()}
+    return {k: [one(x) for x in ([v] if isinstance(v, str) else v)] for k, v in files.items()}
 
 
 def _directory_splits(root: Path) -> dict[str, list[str]]:
@@ -180,8 +142,9 @@ class SourceLoader:
         if p.is_file():
             return "file"
         if p.is_dir():
-            return "disk" if _is_saved_dataset_dir(p) and self.data_files is None else "dir"
-        if _looks_local(self.path):
+            saved = (p / "dataset_dict.json").is_file() or (p / "state.json").is_file()
+            return "disk" if saved and self.data_files is None else "dir"
+        if self.path.startswith((".", "/", "~")) or p.suffix.lower() in DATA_SUFFIXES:
             raise DataSourceError(f"dataset path {self.path!r} looks like a local path but does not exist")
         return "hub"
 
@@ -196,14 +159,12 @@ class SourceLoader:
                     available = sorted(BUNDLED_PREFIX + a for a in table)
                     raise DataSourceError(f"unknown bundled dataset {self.path!r}; available: {available}")
                 self._files = {k: [v] for k, v in table[alias].items()}
-            elif kind == "file":
+            elif kind in ("file", "dir"):
                 p = Path(self.path).expanduser()
-                self._files = (_resolve_files(self.data_files, p.parent) if self.data_files is not None
-                               else {"train": [str(p)]})
-            elif kind == "dir":
-                root = Path(self.path).expanduser()
-                self._files = (_resolve_files(self.data_files, root) if self.data_files is not None
-                               else _directory_splits(root))
+                if self.data_files is not None:
+                    self._files = _resolve_files(self.data_files, p.parent if kind == "file" else p)
+                else:
+                    self._files = {"train": [str(p)]} if kind == "file" else _directory_splits(p)
             else:
                 raise DataSourceError(f"{self.describe()} is not a local source of data files")
         return self._files
@@ -221,15 +182,16 @@ class SourceLoader:
         elif kind == "disk":
             ds = self._load_disk(split)
         else:
-            files = self.split_files()
-            if split not in files:
-                raise DataSourceError(
-                    f"split {split!r} not found in {self.describe()}; it has {sorted(files)}. "
-                    "Set the split names, or map them with split_map (e.g. {'validation': 'train'})."
-                )
+            files = self._has_split(self.split_files(), split)
             ds = read_split(files[split], self.spec or {}, split, self.on_bad_rows, self.schema_name)
         self._splits[split] = ds
         return ds
+
+    def _has_split(self, splits: Any, split: str) -> Any:
+        if split not in splits:
+            raise DataSourceError(f"split {split!r} not found in {self.describe()}; it has {sorted(splits)}. Set the "
+                                  "split names, or map them with split_map (e.g. {'validation': 'train'}).")
+        return splits
 
     def _check_typed(self, ds, split: str) -> None:
         if self.spec is None:
@@ -246,12 +208,7 @@ class SourceLoader:
         if self._typed is None:
             loaded = datasets.load_from_disk(str(Path(self.path).expanduser()))
             self._typed = datasets.DatasetDict({"train": loaded}) if isinstance(loaded, datasets.Dataset) else loaded
-        if split not in self._typed:
-            raise DataSourceError(
-                f"split {split!r} not found in {self.describe()}; it has {sorted(self._typed)}. "
-                "Set the split names, or map them with split_map (e.g. {'validation': 'train'})."
-            )
-        ds = self._typed[split]
+        ds = self._has_split(self._typed, split)[split]
         self._check_typed(ds, split)
         return ds
 

@@ -1,12 +1,8 @@
 """A DataModule's train split as an endless stream of batches addressed by batch number: a
-method's second data stream beside the trainer's loader (PPO-ptx's SFT rows,
-`lit_rlhf.modules.ppo_ptx`).
-
-The stream reads the split in passes, each pass a permutation of the rows drawn from
-`torch.Generator().manual_seed(seed + pass)` (the train sampler's recipe, `ResumableSampler`: a
-new order at every pass, D21), and deals consecutive batches to the ranks in turn. Which rows
-the k-th batch holds depends on (k, rank, world size, seed, split size) only, never on the global
-random state, so a method that saves its batch counter in the checkpoint resumes on the same rows.
+method's second data stream (PPO-ptx's SFT rows). Passes over the split are permutations drawn
+from `seed + pass` (as `ResumableSampler`'s, D21), consecutive batches dealt to the ranks in turn:
+the k-th batch depends on (k, rank, world size, seed, split size) only, so a saved batch counter
+resumes on the same rows.
 """
 
 from __future__ import annotations
@@ -39,11 +35,8 @@ def stream_rows(num_rows: int, batch_size: int, index: int, seed: int = 0, rank:
 
 class BatchStream:
     """The train split of `datamodule` as a stream: `batch(index, rank, world_size)` collates the
-    rows `stream_rows` names, `batch_size` of them (the DataModule's), ordered by its `seed`.
-
-    `from_spec` builds the DataModule from `{class_path, init_args}` (a recipe's `data:` section);
-    the split is read (and formatted, its bad rows handled by the DataModule) on first use, or
-    ahead of it by `prepare()`."""
+    rows `stream_rows` names (the DataModule's `batch_size` and `seed`). The split is read on first
+    use, or ahead of it by `prepare()`."""
 
     def __init__(self, datamodule: LightningDataModule, name: str = "stream") -> None:
         self.datamodule, self.name = datamodule, name

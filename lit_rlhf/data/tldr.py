@@ -1,12 +1,6 @@
-"""TL;DR DataModules: SFT, preferences (reward model / DPO) and prompts (PPO / GRPO).
-
-Sources (defaults are the real hub datasets): SFT and prompts read
-`vwxyzjn/summarize_from_feedback_tldr_3_filtered` (`id, subreddit, title, post, summary`);
-preferences read `openai/summarize_from_feedback`, config `comparisons` (`info{id, post, title,
-subreddit[, site, article]}, summaries[{text, policy, note}] (2), choice, worker, batch, split,
-extra{confidence}`). Prompts are the D2 query, truncated by paragraphs to `max_prompt_length`
-tokens; completions are " " + summary + EOS (D3); SFT and pairs are right padded, prompts left
-padded (D5).
+"""TL;DR DataModules: SFT, preferences (reward model / DPO) and prompts (PPO / GRPO), on the hub
+datasets by default (schemas: `lit_rlhf.data.schema`). Prompts are the D2 query, completions
+" " + summary + EOS (D3); SFT and pairs right padded, prompts left padded (D5).
 """
 
 from __future__ import annotations
@@ -17,14 +11,13 @@ from typing import Any
 import datasets
 
 from lit_rlhf.data import schema as schemas
-from lit_rlhf.data.base import Formatter, RLHFDataModule
-from lit_rlhf.data.kinds import PreferenceDataModule, SFTDataModule
-from lit_rlhf.data.collate import PromptCollator
+from lit_rlhf.data.base import Formatter
+from lit_rlhf.data.kinds import PreferenceDataModule, PromptDataModule, _ReferenceTexts, SFTDataModule
 from lit_rlhf.data.formatting import (
-    BAD_CHOICE, BAD_STRUCTURE, IDENTICAL, MISSING, BadRow, adds_bos, encode_completion, fit_completion,
-    format_tldr_completion, require_finite, require_text, truncate_cnndm_query, truncate_tldr_query
+    BAD_CHOICE, BAD_STRUCTURE, IDENTICAL, MISSING, BadRow, adds_bos, format_tldr_completion, require_finite,
+    require_text, truncate_cnndm_query, truncate_tldr_query
 )
-from lit_rlhf.data.processing import CNNDM, TRUNCATED
+from lit_rlhf.data.processing import CNNDM, IDS, INT, STR, TRUNCATED
 from lit_rlhf.data.sources import parse_split
 
 log = logging.getLogger(__name__)
@@ -33,10 +26,6 @@ TLDR_SFT_HUB = "vwxyzjn/summarize_from_feedback_tldr_3_filtered"
 TLDR_COMPARISONS_HUB = "openai/summarize_from_feedback"
 TLDR_COMPARISONS_CONFIG = "comparisons"
 CNNDM_BATCHES = ("batch0_cnndm", "cnndm0", "cnndm2")  # the CNN/DM batches of the comparisons' validation split
-
-_IDS = datasets.Sequence(datasets.Value("int32"))
-_STR = datasets.Value("string")
-_INT = datasets.Value("int32")
 
 
 def _query(tokenizer, max_prompt_length: int, subreddit, title, post, prefix: str = "",
@@ -55,14 +44,14 @@ class TLDRPromptFormatter(Formatter):
     """`{subreddit, title, post[, summary], ...}` -> D2 prompt ids; the summary (when the data has
     one) becomes the D3-formatted "reference" text."""
 
-    def __init__(self, tokenizer, max_prompt_length: int, passthrough: tuple[str, ...]):
-        self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.passthrough = passthrough
-        self.bos = adds_bos(tokenizer)
+    options = ("max_prompt_length",)
+
+    def __init__(self, dm: Any, **extra: Any):
+        super().__init__(dm, **extra)
+        self.bos = adds_bos(self.tokenizer)
 
     def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "reference": _STR, "_prompt_ids": _IDS, "_prompt_len": _INT}
+        return {"prompt": STR, "reference": STR, "_prompt_ids": IDS, "_prompt_len": INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         text, prompt_ids = _query(self.tokenizer, self.max_prompt_length, row.get("subreddit"), row.get("title"),
@@ -77,22 +66,15 @@ class TLDRSFTFormatter(TLDRPromptFormatter):
     """`{subreddit, title, post, summary, ...}` -> D2 prompt ids + D3 completion ids of the summary."""
 
     consumed = ("post", "summary")
-
-    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
-                 passthrough: tuple[str, ...]):
-        super().__init__(tokenizer, max_prompt_length, passthrough)
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
+    options = ("max_prompt_length", "max_completion_length", "truncate_completions")
 
     def features(self) -> dict[str, Any]:
-        return {**super().features(), "_completion_ids": _IDS, "_completion_len": _INT, TRUNCATED: _INT}
+        return {**super().features(), "_completion_ids": IDS, "_completion_len": INT, TRUNCATED: INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         [example] = super().__call__({**row, "summary": row.get("summary")})  # the summary is required here
-        full = encode_completion(self.tokenizer, example["reference"])
-        ids = fit_completion(full, self.max_completion_length, self.tokenizer.eos_token_id,
-                             truncate=self.truncate_completions, field="summary")
-        return [{**example, "_completion_ids": ids, "_completion_len": len(ids), TRUNCATED: int(len(full) > len(ids))}]
+        ids, cut = self.completion_ids(example["reference"], "summary")
+        return [{**example, "_completion_ids": ids, "_completion_len": len(ids), TRUNCATED: cut}]
 
 
 def is_cnndm(row: dict[str, Any]) -> bool:
@@ -105,44 +87,24 @@ def is_cnndm(row: dict[str, Any]) -> bool:
 
 
 class TLDRComparisonFormatter(Formatter):
-    """A comparisons row -> prompt ids and the chosen (`summaries[choice]`) and rejected
-    completion ids, with the grouping columns the reward model's accuracy table uses.
-
-    A TL;DR row gets the D2 query (`max_prompt_length`) and completions of up to
-    `max_completion_length` tokens; a CNN/DM row (`is_cnndm`) gets the reference code's CNN/DM
-    query (`max_cnndm_prompt_length`, article cut at newlines) and completions of up to
-    `max_cnndm_completion_length` tokens. `eval_split` names the evaluation split an example
-    belongs to: `split_name`, or `cnndm_split` for CNN/DM rows when that is set.
-    """
+    """A comparisons row -> prompt ids, chosen (`summaries[choice]`) and rejected completion ids,
+    and the grouping columns of the reward model's accuracy table; `eval_split` is `split_name`,
+    or `cnndm_split` (when set) for CNN/DM rows, which get the CNN/DM query and lengths."""
 
     passthrough = ("batch", "worker", "split")
+    options = ("max_prompt_length", "max_completion_length", "truncate_completions", "margin_from", "cnndm_split",
+               "max_cnndm_prompt_length", "max_cnndm_completion_length")
 
-    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int, truncate_completions: bool,
-                 margin_from: str | None, split_name: str = "", cnndm_split: str | None = None,
-                 max_cnndm_prompt_length: int = 1919, max_cnndm_completion_length: int = 155):
-        self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
-        self.margin_from = margin_from
-        self.split_name = split_name
-        self.cnndm_split = cnndm_split
-        self.max_cnndm_prompt_length = max_cnndm_prompt_length
-        self.max_cnndm_completion_length = max_cnndm_completion_length
-        self.bos = adds_bos(tokenizer)
+    def __init__(self, dm: Any, split_name: str = ""):
+        super().__init__(dm, split_name=split_name)
+        self.bos = adds_bos(self.tokenizer)
 
     def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "chosen": _STR, "rejected": _STR, "id": _STR, "chosen_policy": _STR,
-                "rejected_policy": _STR, "confidence": datasets.Value("int64"), "eval_split": _STR,
-                "_prompt_ids": _IDS, "_chosen_ids": _IDS, "_rejected_ids": _IDS, "_margin": datasets.Value("float32"),
-                "_prompt_len": _INT, "_chosen_len": _INT, "_rejected_len": _INT, TRUNCATED: _INT,
+        return {"prompt": STR, "chosen": STR, "rejected": STR, "id": STR, "chosen_policy": STR,
+                "rejected_policy": STR, "confidence": datasets.Value("int64"), "eval_split": STR,
+                "_prompt_ids": IDS, "_chosen_ids": IDS, "_rejected_ids": IDS, "_margin": datasets.Value("float32"),
+                "_prompt_len": INT, "_chosen_len": INT, "_rejected_len": INT, TRUNCATED: INT,
                 CNNDM: datasets.Value("bool")}
-
-    def _completion(self, text: str, field: str, max_length: int) -> tuple[list[int], int]:
-        full = encode_completion(self.tokenizer, text)
-        ids = fit_completion(full, max_length, self.tokenizer.eos_token_id, truncate=self.truncate_completions,
-                             field=field)
-        return ids, int(len(full) > len(ids))
 
     def _prompt(self, info: dict[str, Any], cnndm: bool) -> tuple[str, list[int]]:
         if not cnndm:
@@ -184,8 +146,8 @@ class TLDRComparisonFormatter(Formatter):
         if self.margin_from == "confidence":
             margin = require_finite(confidence, "extra.confidence")
         limit = self.max_cnndm_completion_length if cnndm else self.max_completion_length
-        chosen_ids, cut_c = self._completion(chosen, f"summaries[{choice}].text", limit)
-        rejected_ids, cut_r = self._completion(rejected, f"summaries[{1 - choice}].text", limit)
+        chosen_ids, cut_c = self.completion_ids(chosen, f"summaries[{choice}].text", limit)
+        rejected_ids, cut_r = self.completion_ids(rejected, f"summaries[{1 - choice}].text", limit)
         return [{
             "prompt": text, "chosen": chosen, "rejected": rejected, "id": info.get("id"),
             "chosen_policy": summaries[choice].get("policy"), "rejected_policy": summaries[1 - choice].get("policy"),
@@ -197,79 +159,40 @@ class TLDRComparisonFormatter(Formatter):
         }]
 
 
-def _passthrough(dm: RLHFDataModule, role: str, consumed: tuple[str, ...]) -> tuple[str, ...]:
-    """Every source column not consumed by formatting is kept as metadata."""
-    raw = dm.source.load(dm.splits[role])
-    return tuple(c for c in raw.column_names if c not in consumed and not c.startswith("_"))
-
-
-class _ReferenceTexts:
-    def reference_texts(self, split: str = "val") -> tuple[list[str], list[str]]:
-        """(prompt texts, reference completion texts) of a split ("train", "val" or "test").
-
-        Prompts are the D2 queries as the model sees them; completions carry the D3 leading
-        space and no EOS text (append `tokenizer.eos_token_id` when tokenising, as the
-        collators do). Used for D15 reward normalisation. Rows without a reference are left out.
-        """
-        ds = self.dataset(split)
-        pairs = [(p, r) for p, r in zip(ds["prompt"], ds["reference"]) if r is not None]
-        if not pairs:
-            raise ValueError(f"split {split!r} has no reference completions")
-        prompts, references = zip(*pairs)
-        return list(prompts), list(references)
-
-
 class TLDRSFTDataModule(_ReferenceTexts, SFTDataModule):
-    """TL;DR SFT rows: the D2 query and the D3 reference summary, for supervised fine-tuning.
-
-    Metadata: "prompt", "reference" and every other source column but `post` (`id`,
-    `subreddit`, `title`).
-    """
+    """TL;DR SFT rows: the D2 query and the D3 reference summary. Metadata: "prompt", "reference"
+    and every other source column but `post` (`id`, `subreddit`, `title`)."""
 
     defaults = {"path": TLDR_SFT_HUB, "test_split": "test", "max_completion_length": 53}
     raw_schema = schemas.TLDR_SFT
     schema_name = "TL;DR SFT"
 
     def _formatter(self, role: str) -> Formatter:
-        return TLDRSFTFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                self.truncate_completions, _passthrough(self, role, TLDRSFTFormatter.consumed))
+        return TLDRSFTFormatter(self, passthrough=self.passthrough(role, TLDRSFTFormatter.consumed))
 
 
-class TLDRPromptDataModule(_ReferenceTexts, RLHFDataModule):
-    """TL;DR prompts (the D2 query) for PPO and GRPO, left padded (D5).
-
-    Metadata: "prompt" (the D2 query), "reference" (" " + summary, when the data has a
-    `summary` column) and every other source column but `post` (`id`, `subreddit`, `title`).
-    The train loader reshuffles at every pass over the data (D21).
-    """
+class TLDRPromptDataModule(_ReferenceTexts, PromptDataModule):
+    """TL;DR prompts (the D2 query) for PPO and GRPO. Metadata: "prompt", "reference" (" " +
+    summary, when there is one) and every other source column but `post`."""
 
     defaults = {"path": TLDR_SFT_HUB, "test_split": "test"}
     raw_schema = schemas.TLDR_SFT
     schema_name = "TL;DR SFT"
 
     def _formatter(self, role: str) -> Formatter:
-        return TLDRPromptFormatter(self.tokenizer, self.max_prompt_length,
-                                   _passthrough(self, role, ("post", "summary")))
-
-    def _collator(self, role: str) -> PromptCollator:
-        return PromptCollator(self.tokenizer.pad_token_id)
+        return TLDRPromptFormatter(self, passthrough=self.passthrough(role, ("post", "summary")))
 
 
 class TLDRPreferenceDataModule(PreferenceDataModule):
     """TL;DR human comparisons: the chosen summary (`summaries[choice]`) against the other.
 
-    Completions: up to `max_completion_length` tokens, EOS included (169, N+ Detail 4: the longest
-    summary of the data; the SFT targets stay at 53); longer ones are truncated by default, as the
-    reference code does. `margin_from="confidence"` gives `batch.margin` the labeller's
-    `extra.confidence` (rows without one are then bad rows).
-
-    CNN/DM rows (`is_cnndm`: the validation split's news articles, N+ Detail 6) get the reference
-    code's CNN/DM query, `Article:\\n{article}\\n\\nTL;DR:\\n` cut at newlines. With `cnndm_split`
-    set they form their own named evaluation split: the `eval_split` metadata column names each
-    pair's split, the evaluation data lists TL;DR pairs first, and `eval_split_names(role)` gives
-    the names (a reward model logs accuracy per split). Metadata: "batch", "confidence",
-    "chosen_policy", "rejected_policy", "worker", "split" (the row's own, e.g. `valid1`), "id",
-    "eval_split", and the texts "prompt", "chosen", "rejected".
+    Completions of up to 169 tokens (N+ Detail 4; SFT's stay at 53), longer ones truncated as the
+    reference code does. `margin_from="confidence"` gives `batch.margin` `extra.confidence`. CNN/DM
+    rows (`is_cnndm`, N+ Detail 6) get the reference code's CNN/DM query; with `cnndm_split` they
+    form their own evaluation split, listed after the TL;DR pairs (`eval_split` metadata,
+    `eval_split_names(role)`: a reward model logs accuracy per split). Metadata: "batch",
+    "confidence", "chosen_policy", "rejected_policy", "worker", "split", "id", "eval_split",
+    "prompt", "chosen", "rejected".
 
     Args:
         cnndm_split: the name of the CNN/DM rows' own evaluation split; null: they count as rows
@@ -295,9 +218,7 @@ class TLDRPreferenceDataModule(PreferenceDataModule):
 
     def _formatter(self, role: str) -> Formatter:
         split_name = parse_split(self.splits[role])[0]
-        return TLDRComparisonFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                       self.truncate_completions, self.margin_from, split_name, self.cnndm_split,
-                                       self.max_cnndm_prompt_length, self.max_cnndm_completion_length)
+        return TLDRComparisonFormatter(self, split_name)
 
     def _build(self, role: str, spec: str):
         processed = super()._build(role, spec)

@@ -1,17 +1,10 @@
-"""UltraFeedback DataModules: pairs (reward model / DPO), single trajectories (KTO / DRO-V)
-and prompts (online methods), all formatted with the tokenizer's chat template.
-
-Sources (defaults are the real hub datasets): pairs and prompts read
-`HuggingFaceH4/ultrafeedback_binarized` (`prompt, prompt_id, chosen, rejected, score_chosen,
-score_rejected`, `chosen` / `rejected` lists of `{role, content}` messages ending with the
-answer); single trajectories read `openbmb/UltraFeedback` (one split, `train`: hold out a slice
-such as `val_split: "train[98%:]"`; `source, instruction, models, completions[{model, response,
-overall_score, fine-grained_score, ...}]`).
+"""UltraFeedback DataModules: pairs (reward model / DPO), single trajectories (KTO / DRO-V) and
+prompts (online methods), on the hub datasets by default (schemas: `lit_rlhf.data.schema`;
+openbmb has one split, `train`: hold out a slice such as `val_split: "train[98%:]"`).
 
 The prompt is the chat template of the conversation before the last assistant message, with the
-generation prompt; the completion is the template's continuation (the answer and its turn end)
-and EOS (`formatting.chat_prompt_and_completion`). Chat prompts are never truncated (a cut would
-break the template): a longer one is a bad row.
+generation prompt; the completion is the template's continuation and EOS
+(`formatting.chat_prompt_and_completion`). A chat prompt is never truncated: a longer one is a bad row.
 """
 
 from __future__ import annotations
@@ -24,35 +17,28 @@ import torch
 
 from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import Formatter, RLHFDataModule
-from lit_rlhf.data.kinds import CompletionDataModule, PreferenceDataModule
-from lit_rlhf.data.collate import PromptCollator, SingleCollator
+from lit_rlhf.data.kinds import CompletionDataModule, PreferenceDataModule, PromptDataModule, _ReferenceTexts
+from lit_rlhf.data.collate import SingleCollator
 from lit_rlhf.data.formatting import (
     BAD_STRUCTURE, IDENTICAL, MISSING, PROMPT_TOO_LONG, BadRow, chat_prompt, chat_prompt_and_completion,
-    encode_completion, encode_prompt, fit_completion, require_chat_template, require_finite, require_messages,
-    require_text
+    encode_prompt, require_chat_template, require_finite, require_messages, require_text
 )
-from lit_rlhf.data.processing import TRUNCATED
-from lit_rlhf.data.tldr import _passthrough, _ReferenceTexts
+from lit_rlhf.data.processing import IDS, INT, STR, TRUNCATED
 
 ULTRAFEEDBACK_BINARIZED_HUB = "HuggingFaceH4/ultrafeedback_binarized"
 ULTRAFEEDBACK_HUB = "openbmb/UltraFeedback"
 
 LabelMode = Literal["threshold", "pairs"]
 NO_PAIR = "no pair (fewer than two distinct scores)"
-
-_IDS = datasets.Sequence(datasets.Value("int32"))
-_STR = datasets.Value("string")
-_INT = datasets.Value("int32")
-_FLOAT = datasets.Value("float64")
+COMPLETION_OPTIONS = ("max_prompt_length", "max_completion_length", "truncate_completions")
 
 
 class _ChatFormatter(Formatter):
-    def __init__(self, tokenizer, max_prompt_length: int, max_completion_length: int = 0,
-                 truncate_completions: bool = False):
-        self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.max_completion_length = max_completion_length
-        self.truncate_completions = truncate_completions
+    options = COMPLETION_OPTIONS
+
+    def __init__(self, dm: RLHFDataModule, **extra: Any):
+        require_chat_template(dm.tokenizer, f"{type(dm).__name__} ({dm.source.describe()})")
+        super().__init__(dm, **extra)
 
     def prompt_ids(self, text: str, field: str) -> list[int]:
         ids = encode_prompt(self.tokenizer, text, chat=True)
@@ -62,27 +48,27 @@ class _ChatFormatter(Formatter):
                          "(chat prompts are not truncated)")
         return ids
 
-    def completion_ids(self, text: str, field: str) -> tuple[list[int], int]:
-        """(ids, 1 if they were cut to `max_completion_length` else 0)."""
-        full = encode_completion(self.tokenizer, text)
-        ids = fit_completion(full, self.max_completion_length, self.tokenizer.eos_token_id,
-                             truncate=self.truncate_completions, field=field)
-        return ids, int(len(full) > len(ids))
+    def answer(self, instruction: str, c: Any, field: str, score_field: str) -> tuple[str, str, float, list[int], int]:
+        """An openbmb completion `c` of `instruction`: (response, completion text, score, ids, cut)."""
+        if not isinstance(c, dict):
+            raise BadRow(BAD_STRUCTURE, field, "expected a dict")
+        response = require_text(c.get("response"), f"{field}.response")
+        score = require_finite(c.get(score_field), f"{field}.{score_field}")
+        messages = [{"role": "user", "content": instruction}, {"role": "assistant", "content": response}]
+        text = chat_prompt_and_completion(self.tokenizer, messages)[1]
+        return response, text, score, *self.completion_ids(text, f"{field}.response")
 
 
 class UltraFeedbackPairFormatter(_ChatFormatter):
     """A binarized row -> prompt ids and chosen / rejected completion ids."""
 
     passthrough = ("prompt_id", "score_chosen", "score_rejected")
-
-    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions, margin_from):
-        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
-        self.margin_from = margin_from
+    options = (*COMPLETION_OPTIONS, "margin_from")
 
     def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "chosen": _STR, "rejected": _STR, "raw_prompt": _STR,
-                "_prompt_ids": _IDS, "_chosen_ids": _IDS, "_rejected_ids": _IDS, "_margin": datasets.Value("float32"),
-                "_prompt_len": _INT, "_chosen_len": _INT, "_rejected_len": _INT, TRUNCATED: _INT}
+        return {"prompt": STR, "chosen": STR, "rejected": STR, "raw_prompt": STR,
+                "_prompt_ids": IDS, "_chosen_ids": IDS, "_rejected_ids": IDS, "_margin": datasets.Value("float32"),
+                "_prompt_len": INT, "_chosen_len": INT, "_rejected_len": INT, TRUNCATED: INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         raw_prompt = require_text(row.get("prompt"), "prompt")
@@ -118,18 +104,13 @@ class UltraFeedbackSingleFormatter(_ChatFormatter):
     """
 
     passthrough = ("source",)
-
-    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions,
-                 reward_field: str, label_mode: str | None):
-        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
-        self.reward_field = reward_field
-        self.label_mode = label_mode
+    options = (*COMPLETION_OPTIONS, "reward_field", "label_mode")
 
     def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "completion": _STR, "raw_prompt": _STR, "model": _STR,
-                "completion_index": _INT, "_reward": _FLOAT, "_label": datasets.Value("bool"),
-                "_prompt_ids": _IDS, "_completion_ids": _IDS, "_prompt_len": _INT, "_completion_len": _INT,
-                TRUNCATED: _INT}
+        return {"prompt": STR, "completion": STR, "raw_prompt": STR, "model": STR,
+                "completion_index": INT, "_reward": datasets.Value("float64"), "_label": datasets.Value("bool"),
+                "_prompt_ids": IDS, "_completion_ids": IDS, "_prompt_len": INT, "_completion_len": INT,
+                TRUNCATED: INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         instruction = require_text(row.get("instruction"), "instruction")
@@ -140,15 +121,8 @@ class UltraFeedbackSingleFormatter(_ChatFormatter):
         prompt_ids = self.prompt_ids(prompt, "instruction")
         good, bad = [], []
         for i, c in enumerate(completions):
-            field = f"completions[{i}]"
             try:
-                if not isinstance(c, dict):
-                    raise BadRow(BAD_STRUCTURE, field, "expected a dict")
-                response = require_text(c.get("response"), f"{field}.response")
-                reward = require_finite(c.get(self.reward_field), f"{field}.{self.reward_field}")
-                messages = [{"role": "user", "content": instruction}, {"role": "assistant", "content": response}]
-                _, text = chat_prompt_and_completion(self.tokenizer, messages)
-                ids, cut = self.completion_ids(text, f"{field}.response")
+                _, text, reward, ids, cut = self.answer(instruction, c, f"completions[{i}]", self.reward_field)
             except BadRow as err:
                 bad.append(self.bad(err))
                 continue
@@ -176,40 +150,24 @@ class UltraFeedbackPromptFormatter(_ChatFormatter):
     reference) -> chat generation prompt ids."""
 
     consumed = ("chosen", "rejected", "messages", "completions", "instruction", "prompt")
-
-    def __init__(self, tokenizer, max_prompt_length, passthrough):
-        super().__init__(tokenizer, max_prompt_length)
-        self.passthrough = passthrough
+    options = ("max_prompt_length",)
 
     def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "reference": _STR, "raw_prompt": _STR, "_prompt_ids": _IDS, "_prompt_len": _INT}
+        return {"prompt": STR, "reference": STR, "raw_prompt": STR, "_prompt_ids": IDS, "_prompt_len": INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         reference = None
-        if "chosen" in row:
+        if "chosen" in row or (row.get("messages") is not None and row.get("prompt") is not None):
+            field = "chosen" if "chosen" in row else "messages"  # a preference row, or an SFT row (`*_sft`)
             raw = require_text(row.get("prompt"), "prompt")
-            chosen = require_messages(row.get("chosen"), "chosen")
-            prompt, reference = chat_prompt_and_completion(self.tokenizer, chosen)
-            field = "chosen"
-        elif row.get("messages") is not None and row.get("prompt") is not None:
-            # an SFT chat row (the binarized `*_sft` splits): reference = the last assistant message
-            raw = require_text(row.get("prompt"), "prompt")
-            messages = require_messages(row.get("messages"), "messages")
-            prompt, reference = chat_prompt_and_completion(self.tokenizer, messages)
-            field = "messages"
-        elif "instruction" in row:
-            raw = require_text(row.get("instruction"), "instruction")
-            prompt, field = chat_prompt(self.tokenizer, [{"role": "user", "content": raw}]), "instruction"
+            prompt, reference = chat_prompt_and_completion(self.tokenizer, require_messages(row.get(field), field))
         else:
-            raw = require_text(row.get("prompt"), "prompt")
-            prompt, field = chat_prompt(self.tokenizer, [{"role": "user", "content": raw}]), "prompt"
+            field = "instruction" if "instruction" in row else "prompt"
+            raw = require_text(row.get(field), field)
+            prompt = chat_prompt(self.tokenizer, [{"role": "user", "content": raw}])
         ids = self.prompt_ids(prompt, field)
         return [{"prompt": prompt, "reference": reference, "raw_prompt": raw, "_prompt_ids": ids,
                  "_prompt_len": len(ids)}]
-
-
-def _no_template_check(dm: RLHFDataModule) -> None:
-    require_chat_template(dm.tokenizer, f"{type(dm).__name__} ({dm.source.describe()})")
 
 
 class UltraFeedbackPreferenceDataModule(PreferenceDataModule):
@@ -226,18 +184,14 @@ class UltraFeedbackPreferenceDataModule(PreferenceDataModule):
     schema_name = "ultrafeedback_binarized"
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
-        return UltraFeedbackPairFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                          self.truncate_completions, self.margin_from)
+        return UltraFeedbackPairFormatter(self)
 
 
 class UltraFeedbackSingleDataModule(CompletionDataModule):
     """openbmb/UltraFeedback as single trajectories: one (prompt, completion, reward) row each.
 
-    Rewards are normalised to mean 0, variance 1 with the mean and (population) standard
-    deviation of the *training* examples (DRO paper, Sec. 4); the statistics are in
-    `reward_stats` and in `state_dict()`, so a checkpoint carries them and validation uses the
-    training ones. Metadata: "prompt" (templated), "completion", "raw_prompt" (the instruction),
+    Rewards are normalised to mean 0, variance 1 by the training examples' mean and population
+    std (DRO paper, Sec. 4), kept in `reward_stats` and `state_dict()`. Metadata: "prompt" (templated), "completion", "raw_prompt" (the instruction),
     "model", "completion_index", "source".
 
     Args:
@@ -253,7 +207,6 @@ class UltraFeedbackSingleDataModule(CompletionDataModule):
     """
 
     defaults = {"path": ULTRAFEEDBACK_HUB, "val_split": None}
-    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
     raw_schema = schemas.ULTRAFEEDBACK
     schema_name = "openbmb/UltraFeedback"
 
@@ -274,9 +227,7 @@ class UltraFeedbackSingleDataModule(CompletionDataModule):
         self.reward_stats: dict[str, Any] | None = None
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
-        return UltraFeedbackSingleFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                            self.truncate_completions, self.reward_field, self.label_mode)
+        return UltraFeedbackSingleFormatter(self)
 
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
@@ -317,7 +268,7 @@ class UltraFeedbackSingleDataModule(CompletionDataModule):
         self.reward_stats = dict(stats) if stats is not None else None
 
 
-class UltraFeedbackPromptDataModule(_ReferenceTexts, RLHFDataModule):
+class UltraFeedbackPromptDataModule(_ReferenceTexts, PromptDataModule):
     """UltraFeedback prompts for online methods, chat-templated and left padded.
 
     Reads the binarized schema (preference splits: reference = the chosen answer; SFT splits such
@@ -331,9 +282,5 @@ class UltraFeedbackPromptDataModule(_ReferenceTexts, RLHFDataModule):
     schema_name = "UltraFeedback (binarized or openbmb)"
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
         consumed = UltraFeedbackPromptFormatter.consumed + ("models",)
-        return UltraFeedbackPromptFormatter(self.tokenizer, self.max_prompt_length, _passthrough(self, role, consumed))
-
-    def _collator(self, role: str) -> PromptCollator:
-        return PromptCollator(self.tokenizer.pad_token_id)
+        return UltraFeedbackPromptFormatter(self, passthrough=self.passthrough(role, consumed))

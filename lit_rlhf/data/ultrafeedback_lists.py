@@ -1,12 +1,6 @@
-"""UltraFeedback as ranked lists: one `openbmb/UltraFeedback` row (an instruction and its scored
-completions) is one list of K completions (`ListBatch`), for listwise DPO and a reward model
-trained on rankings (`lit_rlhf.losses.plackett_luce_loss`).
-
-A list is one row of the processed dataset, so the train order (`ResumableSampler`) shuffles
-whole lists, a batch of `batch_size` rows holds `batch_size` whole lists, and two rows that share
-an instruction stay two lists. Formatting as `UltraFeedbackSingleDataModule`'s (chat template;
-completion = the template's continuation + EOS).
-"""
+"""UltraFeedback as ranked lists: one `openbmb/UltraFeedback` row is one list of K completions
+(`ListBatch`), for listwise DPO and a reward model trained on rankings
+(`lit_rlhf.losses.plackett_luce_loss`), formatted as `UltraFeedbackSingleDataModule`'s."""
 
 from __future__ import annotations
 
@@ -18,17 +12,9 @@ from lit_rlhf.data import schema as schemas
 from lit_rlhf.data.base import Formatter
 from lit_rlhf.data.collate import ListCollator
 from lit_rlhf.data.kinds import CompletionDataModule
-from lit_rlhf.data.formatting import (
-    BAD_STRUCTURE,
-    MISSING,
-    BadRow,
-    chat_prompt,
-    chat_prompt_and_completion,
-    require_finite,
-    require_text,
-)
-from lit_rlhf.data.processing import TRUNCATED
-from lit_rlhf.data.ultrafeedback import _IDS, _INT, _STR, ULTRAFEEDBACK_HUB, _ChatFormatter, _no_template_check
+from lit_rlhf.data.formatting import BAD_STRUCTURE, MISSING, BadRow, chat_prompt, require_text
+from lit_rlhf.data.processing import IDS, INT, STR, TRUNCATED
+from lit_rlhf.data.ultrafeedback import COMPLETION_OPTIONS, ULTRAFEEDBACK_HUB, _ChatFormatter
 
 NO_RANKING = "no ranking (all scores equal)"
 
@@ -37,17 +23,13 @@ class UltraFeedbackListFormatter(_ChatFormatter):
     """An openbmb row -> one list: prompt ids, K completion ids and their K scores, in the row's order."""
 
     passthrough = ("source",)
-
-    def __init__(self, tokenizer, max_prompt_length, max_completion_length, truncate_completions, list_size: int,
-                 score_field: str):
-        super().__init__(tokenizer, max_prompt_length, max_completion_length, truncate_completions)
-        self.list_size, self.score_field = list_size, score_field
+    options = (*COMPLETION_OPTIONS, "list_size", "score_field")
 
     def features(self) -> dict[str, Any]:
-        return {"prompt": _STR, "raw_prompt": _STR, "responses": datasets.Sequence(_STR),
-                "models": datasets.Sequence(_STR), "_prompt_ids": _IDS, "_completion_ids": datasets.Sequence(_IDS),
-                "_scores": datasets.Sequence(datasets.Value("float64")), "_prompt_len": _INT, "_completion_len": _INT,
-                TRUNCATED: _INT}
+        return {"prompt": STR, "raw_prompt": STR, "responses": datasets.Sequence(STR),
+                "models": datasets.Sequence(STR), "_prompt_ids": IDS, "_completion_ids": datasets.Sequence(IDS),
+                "_scores": datasets.Sequence(datasets.Value("float64")), "_prompt_len": INT, "_completion_len": INT,
+                TRUNCATED: INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         instruction = require_text(row.get("instruction"), "instruction")
@@ -58,42 +40,25 @@ class UltraFeedbackListFormatter(_ChatFormatter):
                          f"expected a list of list_size={self.list_size} completions, got {n}")
         prompt = chat_prompt(self.tokenizer, [{"role": "user", "content": instruction}])
         prompt_ids = self.prompt_ids(prompt, "instruction")
-        texts, ids, scores, cut = [], [], [], 0
-        for i, c in enumerate(completions):
-            field = f"completions[{i}]"
-            if not isinstance(c, dict):
-                raise BadRow(BAD_STRUCTURE, field, "expected a dict")
-            response = require_text(c.get("response"), f"{field}.response")
-            scores.append(require_finite(c.get(self.score_field), f"{field}.{self.score_field}"))
-            messages = [{"role": "user", "content": instruction}, {"role": "assistant", "content": response}]
-            completion_ids, truncated = self.completion_ids(chat_prompt_and_completion(self.tokenizer, messages)[1],
-                                                            f"{field}.response")
-            texts.append(response)
-            ids.append(completion_ids)
-            cut += truncated
+        texts, _, scores, ids, cuts = zip(*(self.answer(instruction, c, f"completions[{i}]", self.score_field)
+                                            for i, c in enumerate(completions)))
         if len(set(scores)) == 1:
             raise BadRow(NO_RANKING, f"completions[*].{self.score_field}",
                          f"all {len(scores)} completions score {scores[0]}: nothing to rank")
-        return [{"prompt": prompt, "raw_prompt": instruction, "responses": texts,
+        return [{"prompt": prompt, "raw_prompt": instruction, "responses": list(texts),
                  "models": [c.get("model") or "" for c in completions], "_prompt_ids": prompt_ids,
-                 "_completion_ids": ids, "_scores": scores, "_prompt_len": len(prompt_ids),
-                 "_completion_len": max(map(len, ids)), TRUNCATED: cut}]
+                 "_completion_ids": list(ids), "_scores": list(scores), "_prompt_len": len(prompt_ids),
+                 "_completion_len": max(map(len, ids)), TRUNCATED: sum(cuts)}]
 
 
 class UltraFeedbackListDataModule(CompletionDataModule):
     """openbmb/UltraFeedback rows as ranked lists of `list_size` completions -> `ListBatch`.
 
-    - One row = one list: `batch_size` counts lists (a batch has `batch_size * list_size`
-      sequences), the train order shuffles whole lists, and rows that share an instruction stay
-      separate lists.
-    - Ranking: descending `score_field` (`overall_score` by default); ties keep the row's order
-      (the earlier completion ranks higher, `lit_rlhf.losses.rank_by_scores`).
-    - Bad rows (named by file, split, row and field; `on_bad_rows` as every DataModule): a row
-      without exactly `list_size` completions, a completion without text or a finite score, one
-      longer than `max_completion_length` (unless `truncate_completions`), or a row whose scores
-      are all equal (reason `no ranking`).
-    Metadata per list: "prompt" (templated), "raw_prompt" (the instruction), "responses" (the K
-    texts), "models", "source".
+    One row is one list: `batch_size` counts lists, the train order shuffles whole lists, and rows
+    that share an instruction stay separate lists. A list ranks by descending `score_field`, ties
+    in the row's order (`lit_rlhf.losses.rank_by_scores`). Bad rows, besides the usual ones: a row
+    without exactly `list_size` completions, or whose scores are all equal (`no ranking`).
+    Metadata per list: "prompt", "raw_prompt", "responses" (the K texts), "models", "source".
 
     Args:
         list_size: K, the completions of every list (a row with another number is a bad row; >= 2).
@@ -101,7 +66,6 @@ class UltraFeedbackListDataModule(CompletionDataModule):
     """
 
     defaults = {"path": ULTRAFEEDBACK_HUB, "val_split": None}
-    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
     raw_schema = schemas.ULTRAFEEDBACK
     schema_name = "openbmb/UltraFeedback"
 
@@ -112,9 +76,7 @@ class UltraFeedbackListDataModule(CompletionDataModule):
         self.list_size, self.score_field = list_size, score_field
 
     def _formatter(self, role: str) -> Formatter:
-        _no_template_check(self)
-        return UltraFeedbackListFormatter(self.tokenizer, self.max_prompt_length, self.max_completion_length,
-                                          self.truncate_completions, self.list_size, self.score_field)
+        return UltraFeedbackListFormatter(self)
 
     def _collator(self, role: str) -> ListCollator:
         return ListCollator(self.tokenizer.pad_token_id)

@@ -1,17 +1,8 @@
-"""Pairwise judges and the statistics of their verdicts.
-
-- `PairwiseJudge`: the interface, `judge(prompts, completions_a, completions_b) -> list[Judgement]`.
-- `RewardModelJudge`: the completion with the higher reward wins.
-- `KeyFactJudge`: a programmatic gold, the recall of each post's key fact (`lit_rlhf.judges.keyfact`, with
-  its F1 and the listed checks of false statements and distractors).
-- `ChatAPIJudge`: an LLM behind an OpenAI-compatible chat-completions endpoint.
-- `LocalLMJudge`: a local causal LM, read from the next-token probabilities of "A" and "B".
-- `RubricJudge`: pointwise scores on weighted `Criterion`s (mean / min / all-pass), each scored by
-  a `PointwiseScorer`: `LocalLMScorer` (P(Yes) of a local LM) or `ChatAPIScorer` (a chat API).
-- `win_rate` / `win_rate_by_length_ratio`: win rate with a Wilson 95% interval, overall and
-  bucketed by log length ratio; `agreement`: how often two judges pick the same winner.
-
-LM judges show each pair in a seeded random order and map verdicts back to the caller's a/b.
+"""Judges and the statistics of their verdicts: pairwise (`PairwiseJudge.judge(prompts,
+completions_a, completions_b) -> list[Judgement]`: `RewardModelJudge`, the key-fact gold
+`KeyFactJudge`, `ChatAPIJudge`, `LocalLMJudge`, the LM ones showing each pair in a seeded random
+order), pointwise (`RubricJudge` on weighted `Criterion`s, scored by `LocalLMScorer` or
+`ChatAPIScorer`), `win_rate` (Wilson 95% interval), `win_rate_by_length_ratio` and `agreement`.
 """
 
 from lit_rlhf.judges.base import Judgement, PairwiseJudge, RandomOrderJudge, order_is_swapped

@@ -1,15 +1,9 @@
 """The pairwise judge interface and the per-item A/B order randomisation shared by LM judges.
 
-A judge compares, for each item i, two completions of the same prompt: `completions_a[i]` and
-`completions_b[i]`, and returns one `Judgement` per item. `Judgement.winner` is always stated in
-the caller's a/b terms, after any randomised presentation order has been mapped back, so win
-rates can be computed without knowing how the judge saw the pair.
-
-LM judges have a position bias (they prefer the first or the second answer more often than the
-content warrants). Showing the pair in a random order per item turns that bias into noise that
-averages out, instead of a systematic shift of the win rate. The order is a pure function of
-`(seed, item index)`, so an evaluation is reproducible and two judges given the same seed see the
-same orders.
+A judge compares `completions_a[i]` with `completions_b[i]` for each prompt and returns one
+`Judgement` per item, its winner in the caller's a/b terms. LM judges prefer one position more
+often than the content warrants; showing each pair in a random order, a pure function of
+`(seed, item index)`, turns that bias into noise that averages out, reproducibly.
 """
 
 from __future__ import annotations
@@ -29,16 +23,9 @@ ShownVerdict = Literal["first", "second", "tie"]
 
 @dataclass(frozen=True)
 class Judgement:
-    """One pairwise verdict.
-
-    winner: "a" | "b" | "tie" | "invalid", relative to the caller's completions_a/completions_b
-        (already mapped back through the randomised order).
-    raw: what the judge produced, kept for inspection: the reply text of an API judge, the two
-        verdict probabilities of a local LM judge, the two rewards of a reward-model judge.
-        Stated in the order the judge saw (see `swapped`).
-    swapped: True when the judge was shown b first (as "A") and a second (as "B").
-    error: why the item is invalid (transport error, unparseable reply, ...), else None.
-    """
+    """One pairwise verdict: `winner` "a" | "b" | "tie" | "invalid" (the caller's a/b, mapped back
+    through the randomised order); `raw`, what the judge produced (a reply, two probabilities or
+    two rewards), in the order it saw; `swapped`, b was shown first; `error`, why it is invalid."""
 
     winner: Winner
     raw: str = ""
@@ -51,26 +38,18 @@ class Judgement:
 
 
 def order_is_swapped(seed: int, index: int) -> bool:
-    """Whether item `index` is shown to the judge as (b, a) under `seed`: a fair coin per item.
-
-    Seeded from the string f"{seed}:{index}" (string seeds are hashed with SHA-512 by `random`, so
-    the result is the same in every process and Python version, unlike `hash()` of a tuple).
-    """
+    """Whether item `index` is shown as (b, a) under `seed`: a fair coin per item, seeded from the
+    string f"{seed}:{index}" (hashed with SHA-512 by `random`: the same in every process)."""
     return random.Random(f"{seed}:{index}").random() < 0.5
 
 
 def shown_to_winner(verdict: ShownVerdict | None, swapped: bool) -> Winner:
     """Map a verdict about the shown order back to the caller's a/b."""
-    if verdict is None:
-        return "invalid"
-    if verdict == "tie":
-        return "tie"
-    first_is_a = not swapped
-    if verdict == "first":
-        return "a" if first_is_a else "b"
-    if verdict == "second":
-        return "b" if first_is_a else "a"
-    raise ValueError(f"unknown shown verdict {verdict!r}")
+    if verdict in (None, "tie"):
+        return "invalid" if verdict is None else "tie"
+    if verdict not in ("first", "second"):
+        raise ValueError(f"unknown shown verdict {verdict!r}")
+    return "a" if (verdict == "first") != swapped else "b"
 
 
 def check_lengths(prompts: Sequence[str], completions_a: Sequence[str], completions_b: Sequence[str]) -> int:
@@ -97,12 +76,8 @@ class PairwiseJudge(abc.ABC):
 
 
 class RandomOrderJudge(PairwiseJudge):
-    """A judge that is shown each pair in a seeded random order (see `order_is_swapped`).
-
-    Subclasses implement `_judge_shown(prompts, firsts, seconds, swapped)`, which judges the pairs
-    exactly as shown and returns, per item, `(shown verdict or None, raw, error)`; this class does
-    the shuffling and maps the verdicts back.
-    """
+    """A judge shown each pair in a seeded random order (`order_is_swapped`). Subclasses implement
+    `_judge_shown(prompts, firsts, seconds)`: per item `(shown verdict or None, raw, error)`."""
 
     def __init__(self, seed: int = 0, randomise_order: bool = True) -> None:
         self.seed = int(seed)

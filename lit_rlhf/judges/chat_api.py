@@ -1,17 +1,12 @@
-"""A judge behind any OpenAI-compatible `/v1/chat/completions` endpoint (OpenAI, vLLM, TGI, ...).
+"""A judge behind any OpenAI-compatible `/v1/chat/completions` endpoint (OpenAI, vLLM, TGI, ...),
+standard library only (`urllib.request`, a `ThreadPoolExecutor` for bounded concurrency).
 
-Standard library only: `urllib.request` for HTTP, a `ThreadPoolExecutor` for bounded concurrency.
-
-Failure policy, per item: connection errors, timeouts, HTTP 429 and HTTP 5xx are retried up to
-`max_retries` times with exponential backoff and jitter (`Retry-After` is honoured on 429/503, up
-to `backoff_max_s`); other HTTP errors (400, 401, 404, ...) are not retried. An item that still
-fails, or whose reply has no parseable verdict, is `invalid` with the reason in `error` (and the
-reply in `raw`); the other items go on. `judge` never raises for a per-item failure.
-
-The API key: `api_key_env` is the NAME of the environment variable that holds it. The key is read
-from the environment at request time, put in the Authorization header, and nowhere else: it is
-not an attribute, not in `repr`, `config()`, pickles or logs, and any error text that echoes it
-is redacted.
+Per item: connection errors, timeouts, HTTP 429 and 5xx are retried `max_retries` times with
+exponential backoff and jitter (`Retry-After` honoured up to `backoff_max_s`); other HTTP errors
+are not. An item that still fails, or whose reply has no verdict, is `invalid` with the reason in
+`error`; `judge` never raises for it. The API key is read from the environment variable named
+`api_key_env` at request time and appears only in the Authorization header (not in attributes,
+`repr`, `config()`, pickles or logs; error texts that echo it are redacted).
 """
 
 from __future__ import annotations
@@ -75,22 +70,10 @@ class ChatAPIJudge(RandomOrderJudge):
         max_tokens: the longest reply asked for in each request.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key_env: str | None = "OPENAI_API_KEY",
-        template: str | dict | JudgeTemplate = "tldr",
-        seed: int = 0,
-        randomise_order: bool = True,
-        max_concurrency: int = 8,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_base_s: float = 1.0,
-        backoff_max_s: float = 30.0,
-        temperature: float = 0.0,
-        max_tokens: int = 256,
-    ) -> None:
+    def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
+                 template: str | dict | JudgeTemplate = "tldr", seed: int = 0, randomise_order: bool = True,
+                 max_concurrency: int = 8, timeout_s: float = 60.0, max_retries: int = 3, backoff_base_s: float = 1.0,
+                 backoff_max_s: float = 30.0, temperature: float = 0.0, max_tokens: int = 256) -> None:
         super().__init__(seed=seed, randomise_order=randomise_order)
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -118,28 +101,14 @@ class ChatAPIJudge(RandomOrderJudge):
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments (JSON-serialisable; the key's variable NAME only, never the key)."""
-        return {
-            "base_url": self.base_url,
-            "model": self.model,
-            "api_key_env": self.api_key_env,
-            "template": self._template_arg,
-            "seed": self.seed,
-            "randomise_order": self.randomise_order,
-            "max_concurrency": self.max_concurrency,
-            "timeout_s": self.timeout_s,
-            "max_retries": self.max_retries,
-            "backoff_base_s": self.backoff_base_s,
-            "backoff_max_s": self.backoff_max_s,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-        }
+        names = ("base_url", "model", "api_key_env", "template", "seed", "randomise_order", "max_concurrency",
+                 "timeout_s", "max_retries", "backoff_base_s", "backoff_max_s", "temperature", "max_tokens")
+        return {k: self._template_arg if k == "template" else getattr(self, k) for k in names}
 
     def __repr__(self) -> str:
         shown = {k: v for k, v in self.config().items() if k != "template"}
         args = ", ".join(f"{k}={v!r}" for k, v in shown.items())
         return f"{type(self).__name__}({args}, template={self.template.name!r})"
-
-    # ---------------------------------------------------------------------------------------
 
     def _judge_shown(self, prompts: list[str], firsts: list[str], seconds: list[str]):
         return self._each(self._judge_one, prompts, firsts, seconds)

@@ -2,37 +2,26 @@
 much else it says, and whether it asserts something the post contradicts.
 
 The bundled `keyfact` data (`lit_rlhf/data/bundled/make_keyfact.py`) gives every post one key
-fact, stored as the row's reference summary. Its comparison pairs are labelled by a gold score
-with Bradley-Terry noise, the synthetic-gold set-up of Gao et al. (2023, "Scaling Laws for Reward
-Model Overoptimization"): a reward model learns the gold from noisy pairs, a policy optimises the
-reward model, and the gold, which the policy never sees, measures whether it got better.
+fact (its reference summary) and labels its pairs by this gold with Bradley-Terry noise, the
+synthetic-gold set-up of Gao et al. (2023, "Scaling Laws for Reward Model Overoptimization").
 
-    content words: lower-cased text, contractions expanded ("can't" -> "can not", "I'm" -> "I am",
-        a possessive or "is" "'s" dropped), alphanumeric tokens ("$200" -> "200"), stop words
-        dropped, each word reduced by `stem`;
-    key-fact recall(summary, reference) = |content(reference) & content(summary)| / |content(reference)|;
-    key-fact F1: the harmonic mean of that recall and the precision
-        |content(reference) & content(summary)| / |content(summary)|, so words beyond the key
-        fact (the post's distractor details, padding) cost score and the whole post is no answer.
+    content words: lower-cased, contractions expanded, alphanumeric tokens, stop words dropped,
+        each word reduced by `stem`;
+    recall = |content(reference) & content(summary)| / |content(reference)|;
+    F1: the harmonic mean of recall and precision |content(reference) & content(summary)| /
+        |content(summary)|, so padding and copied distractors cost score.
 
-Both are in [0, 1], 1 for the reference itself. They cannot see meaning: "my sister has two weeks
-to move out" recalls most of "Sister gave me two weeks to move out". `listed_matches` is the
-meaning check the data allow: the generator, which knows each situation, writes per post the
-statements that contradict it and the distractor details it planted (`keyfact_checks`, as
-case-insensitive regular expressions), and an answer matching one is marked. A listed check finds
-the errors it lists, so its rate is a lower bound on the answers that state something false.
-
-`content_words_v1` / `keyfact_recall_v1` are the gold the bundled pairs were labelled with when
-they were generated, kept unchanged so the committed data stay exactly reproducible. Their
-tokenisation had two faults the current gold fixes: "can't" gave the content word "t" (and "I'm"
-the word "m"), which any answer with a negative contraction matched; and only a trailing "s" was
-stripped, so "quoted" did not match "quotes" or "paying" "pay".
+Both cannot see meaning; `listed_matches` checks an answer against the regular expressions the
+generator wrote per post (`keyfact_checks`: statements the post contradicts, planted
+distractors), a lower bound on the answers that state something false. `content_words_v1` /
+`keyfact_recall_v1` are the gold the bundled pairs were labelled with, kept unchanged so the data
+stay reproducible ("can't" gave the word "t", only a trailing "s" was stripped).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 from lit_rlhf.judges.base import Judgement, PairwiseJudge, check_lengths
 
@@ -50,11 +39,6 @@ _CONTRACTIONS = [(re.compile(p), r) for p, r in [
     (r"'m\b", " am"), (r"'re\b", " are"), (r"'ve\b", " have"), (r"'ll\b", " will"), (r"'d\b", " would"),
     (r"'s\b", ""),
 ]]
-
-
-# --------------------------------------------------------------------------------------------
-# Porter's (1980) step 1 (plurals, -ed, -ing, final y) and step 5a (final e): a light stemmer
-# --------------------------------------------------------------------------------------------
 
 
 def _consonant(word: str, i: int) -> bool:
@@ -140,8 +124,8 @@ def content_words(text: str) -> frozenset[str]:
     return frozenset(stem(w) for w in _WORD.findall(normalise(text)) if w not in STOP_WORDS_EXPANDED)
 
 
-def _key(reference: str) -> frozenset[str]:
-    key = content_words(reference)
+def _key(reference: str, words: Callable[[str], frozenset[str]] = content_words) -> frozenset[str]:
+    key = words(reference)
     if not key:
         raise ValueError(f"the reference {reference!r} has no content words to recall")
     return key
@@ -173,11 +157,6 @@ def listed_matches(summary: str, patterns: Sequence[str]) -> list[str]:
     return [p for p in patterns if re.search(p, text, re.IGNORECASE)]
 
 
-# --------------------------------------------------------------------------------------------
-# the gold of generation time (make_keyfact.py, make_keyfact_chat.py), kept exactly
-# --------------------------------------------------------------------------------------------
-
-
 def content_words_v1(text: str) -> frozenset[str]:
     """The content words of the bundled pairs' labels: "'s" removed, alphanumeric tokens (so
     "can't" gives "t"), stop words dropped, a trailing "s" removed from words over three letters
@@ -194,9 +173,7 @@ def content_words_v1(text: str) -> frozenset[str]:
 
 def keyfact_recall_v1(summary: str, reference: str) -> float:
     """`keyfact_recall` with `content_words_v1`: the gold the bundled pairs were labelled with."""
-    key = content_words_v1(reference)
-    if not key:
-        raise ValueError(f"the reference {reference!r} has no content words to recall")
+    key = _key(reference, content_words_v1)
     return len(key & content_words_v1(summary)) / len(key)
 
 

@@ -1,18 +1,10 @@
 """A local Hugging Face causal LM as a pairwise judge, read from next-token probabilities.
 
-No sampling: the judge prompt (rendered through the tokenizer's chat template when it has one,
-with the assistant turn opened) is followed by the template's `answer_prefix` (e.g. "Preferred:"
-for TL;DR, "[[" for MT-Bench), and the judge's verdict is whichever of the two verdict letters
-gets the higher next-token probability.
-
-Tokenisation variants: a letter can be spelled by several first tokens ("A" and " A" are distinct
-tokens in BPE vocabularies; a byte-level vocabulary spells " A" as " " then "A"). For each verdict
-string ("A"/"B", with and without a leading space) we take the FIRST token of its encoding, drop
-any token shared by both verdicts (such as a bare space), and sum the probabilities of each
-verdict's remaining tokens: P(A) = sum over A's spellings, P(B) likewise.
-
-Batched with left padding, so the last column is every row's next-token position, and position
-ids from `lit_rlhf.ops.position_ids_from_mask` (D5).
+No sampling: the judge prompt (in the tokenizer's chat template when it has one, the assistant
+turn opened) is followed by `answer_prefix` ("Preferred:" for TL;DR, "[[" for MT-Bench), and the
+verdict is whichever verdict letter gets the higher next-token probability: P(A) sums the first
+tokens of "A" and " A" (less any token both verdicts share, such as a bare space), P(B) likewise.
+Batched with left padding and `position_ids_from_mask` (D5).
 """
 
 from __future__ import annotations
@@ -33,14 +25,8 @@ log = logging.getLogger(__name__)
 
 def verdict_token_ids(tokenizer, verdicts: tuple[str, str] = ("A", "B")) -> tuple[list[int], list[int]]:
     """First-token ids of each verdict's spellings (bare and space-prefixed), minus shared ids."""
-    spellings = []
-    for v in verdicts:
-        ids = set()
-        for text in (v, " " + v):
-            encoded = tokenizer.encode(text, add_special_tokens=False)
-            if encoded:
-                ids.add(encoded[0])
-        spellings.append(ids)
+    spellings = [{ids[0] for ids in (tokenizer.encode(t, add_special_tokens=False) for t in (v, " " + v)) if ids}
+                 for v in verdicts]
     shared = spellings[0] & spellings[1]
     first, second = (sorted(s - shared) for s in spellings)
     if not first or not second:
@@ -72,20 +58,10 @@ class LocalLMJudge(RandomOrderJudge):
     The model is loaded on the first call of `judge`, so constructing the judge is cheap.
     """
 
-    def __init__(
-        self,
-        model_name: str,
-        template: str | dict | JudgeTemplate = "tldr",
-        seed: int = 0,
-        randomise_order: bool = True,
-        batch_size: int = 8,
-        max_length: int | None = None,
-        answer_prefix: str | None = None,
-        dtype: str | torch.dtype | None = None,
-        device: str | torch.device = "cpu",
-        model: Any = None,
-        tokenizer: Any = None,
-    ) -> None:
+    def __init__(self, model_name: str, template: str | dict | JudgeTemplate = "tldr", seed: int = 0,
+                 randomise_order: bool = True, batch_size: int = 8, max_length: int | None = None,
+                 answer_prefix: str | None = None, dtype: str | torch.dtype | None = None,
+                 device: str | torch.device = "cpu", model: Any = None, tokenizer: Any = None) -> None:
         super().__init__(seed=seed, randomise_order=randomise_order)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -101,10 +77,8 @@ class LocalLMJudge(RandomOrderJudge):
         self._verdict_ids: tuple[list[int], list[int]] | None = None
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(model_name={self.model_name!r}, template={self.template.name!r}, "
-            f"seed={self.seed}, randomise_order={self.randomise_order}, batch_size={self.batch_size})"
-        )
+        return (f"{type(self).__name__}(model_name={self.model_name!r}, template={self.template.name!r}, "
+                f"seed={self.seed}, randomise_order={self.randomise_order}, batch_size={self.batch_size})")
 
     def _load(self) -> None:
         from lit_rlhf.models import load_causal_lm
@@ -178,12 +152,8 @@ class LocalLMJudge(RandomOrderJudge):
         kwargs = {}
         if "logits_to_keep" in inspect.signature(self._model.forward).parameters:
             kwargs["logits_to_keep"] = 1  # only the last position's logits: (b, 1, V)
-        out = self._model(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            position_ids=position_ids_from_mask(attention_mask).to(self.device),
-            **kwargs,
-        )
+        out = self._model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+                          position_ids=position_ids_from_mask(attention_mask).to(self.device), **kwargs)
         probs = torch.softmax(out.logits[:, -1, :].float(), dim=-1)  # (b, V)
         ids_a, ids_b = self._verdict_ids
         return torch.stack([probs[:, ids_a].sum(-1), probs[:, ids_b].sum(-1)], dim=-1).cpu()

@@ -1,15 +1,13 @@
 """Pointwise scorers for `RubricJudge` on the pairwise judges' backends.
 
-- `LocalLMScorer`: a local causal LM (`LocalLMJudge`'s loading, chat template, batching with left
-  padding and `max_length` guard), read from its next-token probabilities after the answer prefix
-  "Answer:": the score is P(Yes) / (P(Yes) + P(No)), each summed over the word's first-token
-  spellings (`verdict_token_ids`). Nothing is sampled.
-- `ChatAPIScorer`: an OpenAI-compatible chat endpoint (`ChatAPIJudge`'s retries, backoff, bounded
-  concurrency and key redaction); the reply's last `Verdict: YES` / `Verdict: NO` reads 1 / 0.
+- `LocalLMScorer` (`LocalLMJudge`'s loading and batching): P(Yes) / (P(Yes) + P(No)) of the next
+  token after "Answer:", each summed over the word's first-token spellings. Nothing is sampled.
+- `ChatAPIScorer` (`ChatAPIJudge`'s retries and key redaction): the reply's last `Verdict: YES` /
+  `Verdict: NO` reads 1 / 0.
 
-The prompt is `template` with {prompt}, {completion} and {criterion} (the criterion's
-description); `lit_rlhf.judges.rubric.POINTWISE_TEMPLATE` by default. Both keep the pairwise
-judges' failure policy: an item that cannot be read is invalid, never an exception.
+The prompt is `template` with {prompt}, {completion} and {criterion}
+(`lit_rlhf.judges.rubric.POINTWISE_TEMPLATE` by default); an unreadable item is invalid, never an
+exception.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import torch
 
 from lit_rlhf.judges.chat_api import ChatAPIJudge
 from lit_rlhf.judges.local_lm import LocalLMJudge, verdict_token_ids
-from lit_rlhf.judges.rubric import POINTWISE_TEMPLATE, Criterion, PointScore, PointwiseScorer
+from lit_rlhf.judges.rubric import POINTWISE_TEMPLATE, Criterion, PointScore, PointwiseScorer, check_pairs
 
 _VERDICT = re.compile(r"verdict\s*:\s*\**\s*(yes|no)\b", re.IGNORECASE)
 CHAT_SUFFIX = "\n\nExplain briefly, then end with one line: `Verdict: YES` or `Verdict: NO`."
@@ -68,8 +66,7 @@ class LocalLMScorer(LocalLMJudge, PointwiseScorer):
         return self.render([{"role": "user", "content": user}])
 
     def score(self, prompts: list[str], completions: list[str], criterion: Criterion) -> list[PointScore]:
-        if len(prompts) != len(completions):
-            raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+        check_pairs(prompts, completions)
         texts = [self.scoring_prompt(p, c, criterion) for p, c in zip(prompts, completions)]
         return self.read_verdicts(texts, _yes_share, lambda why: PointScore(None, "", why))
 
@@ -106,8 +103,7 @@ class ChatAPIScorer(ChatAPIJudge, PointwiseScorer):
         raise TypeError("ChatAPIScorer scores one answer against a criterion (score), it does not compare two")
 
     def score(self, prompts: list[str], completions: list[str], criterion: Criterion) -> list[PointScore]:
-        if len(prompts) != len(completions):
-            raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+        check_pairs(prompts, completions)
         return self._each(lambda i, p, c: self._score_one(i, p, c, criterion), prompts, completions)
 
     def _score_one(self, index: int, prompt: str, completion: str, criterion: Criterion) -> PointScore:

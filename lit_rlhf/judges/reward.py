@@ -14,13 +14,10 @@ RewardFn = Callable[[list[str], list[str]], "Tensor | Sequence[float]"]
 
 
 class RewardModelJudge(PairwiseJudge):
-    """Winner = the completion with the higher reward; equal rewards are a tie.
-
-    reward_fn(prompts, completions) -> (N,) tensor or list of floats, one scalar per pair of texts.
-    It is called once per `judge` call on the 2N texts (all a's, then all b's), so it can batch.
-    The judge's order is irrelevant to a reward model, so nothing is shuffled (`swapped` is False).
-    A non-finite reward makes that item invalid. `raw` is "reward_a=<r_a> reward_b=<r_b>".
-    """
+    """Winner = the completion with the higher reward; equal rewards are a tie, a non-finite one
+    makes the item invalid. `reward_fn(prompts, completions) -> N floats` is called once per
+    `judge` call on the 2N texts (all a's, then all b's); nothing is shuffled. `raw` is
+    "reward_a=<r_a> reward_b=<r_b>"."""
 
     def __init__(self, reward_fn: RewardFn) -> None:
         if not callable(reward_fn):
@@ -55,24 +52,12 @@ class RewardModelJudge(PairwiseJudge):
 
 
 class SequenceClassifierReward:
-    """reward_fn over a Hugging Face sequence-classification reward model (num_labels=1).
+    """reward_fn over a Hugging Face sequence-classification reward model (num_labels=1): scores
+    `prompt + completion` (+ EOS with `append_eos`: the reward is read at the EOS, D12, D3), right
+    padded, in batches of `batch_size`; the tokenizer is `tokenizer_name`, else the model's own."""
 
-    Scores `prompt + completion` (+ EOS when `append_eos` and the text does not end with it: the
-    reward is trained at the EOS token, D12), right padded, in batches of `batch_size`, under
-    `torch.no_grad()`. The model reads its score at the last non-pad token of each row, which is
-    the EOS since PAD differs from EOS (D3). The tokenizer is `tokenizer_name` (any name
-    `lit_rlhf.models.load_tokenizer` accepts), by default the one saved with the model.
-    """
-
-    def __init__(
-        self,
-        model_dir: str,
-        tokenizer_name: str | None = None,
-        batch_size: int = 8,
-        append_eos: bool = True,
-        device: str | torch.device = "cpu",
-        dtype: str | torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, model_dir: str, tokenizer_name: str | None = None, batch_size: int = 8, append_eos: bool = True,
+                 device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> None:
         from transformers import AutoModelForSequenceClassification
 
         from lit_rlhf.models import disable_dropout, load_tokenizer

@@ -1,23 +1,15 @@
 """A pointwise rubric judge: weighted criteria, each scored by an LLM judge, aggregated.
 
-A `Criterion` is a name, a sentence an answer should satisfy, and a weight. A `PointwiseScorer`
-(`lit_rlhf.judges.pointwise`: a local LM read from its next-token probabilities of "Yes" and
-"No", or a chat API's "Verdict: YES|NO") scores each (prompt, completion) on one criterion in
-[0, 1]. `RubricJudge` scores every criterion and aggregates each answer's scores:
+A `Criterion` is a name, a sentence an answer should satisfy, and a weight; a `PointwiseScorer`
+(`lit_rlhf.judges.pointwise`) scores each (prompt, completion) on one criterion in [0, 1].
+`RubricJudge` aggregates each answer's scores by `mean` (weighted, over the criteria scored),
+`min` (weight 0 leaves a criterion out) or `all_pass` (1 when every scored criterion of positive
+weight reaches `pass_threshold`).
 
-- `mean`: the weighted mean of the criteria's scores (weights renormalised over the criteria
-  that were scored);
-- `min`: the lowest score (the weakest criterion decides; weights only say which criteria count:
-  weight 0 leaves one out);
-- `all_pass`: 1 when every scored criterion of positive weight reaches `pass_threshold`, else 0.
-
-Failures never stop a run, as with the pairwise judges: a scorer call that raises or returns the
-wrong number of results makes that criterion invalid for the whole call; an item the scorer could
-not read (an unparseable reply, a too-long prompt, a score outside [0, 1]) is invalid for that
-criterion. Invalid criteria are left out of the aggregate and counted (`invalid_scores`,
-`failed_calls`, per criterion in `invalid_by_criterion`), with a logged warning; an answer with no
-valid criterion at all has no score (None; `lit_rlhf.rewards.RubricReward` gives it
-`invalid_score`).
+Failures never stop a run: a scorer call that raises or returns the wrong results makes that
+criterion invalid for the call, an unreadable item (or a score outside [0, 1]) for that item.
+Invalid criteria are left out of the aggregate, counted (`invalid_scores`, `failed_calls`,
+`invalid_by_criterion`) and logged; an answer with no valid criterion has no score (None).
 """
 
 from __future__ import annotations
@@ -75,6 +67,11 @@ class PointwiseScorer(abc.ABC):
         """One PointScore per item."""
 
 
+def check_pairs(prompts: Sequence[str], completions: Sequence[str]) -> None:
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+
+
 class RubricResult(NamedTuple):
     """`scores[i]`: answer i's aggregate (None when no criterion could be scored);
     `by_criterion[name][i]`: its score on one criterion (None: invalid)."""
@@ -114,8 +111,7 @@ class RubricJudge:
 
     def score(self, prompts: list[str], completions: list[str]) -> RubricResult:
         """Every criterion's scores and each answer's aggregate; never raises for a judge failure."""
-        if len(prompts) != len(completions):
-            raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+        check_pairs(prompts, completions)
         by_criterion = {c.name: self._criterion_scores(list(prompts), list(completions), c) for c in self.criteria}
         scores = [self.aggregate({name: values[i] for name, values in by_criterion.items()})
                   for i in range(len(completions))]

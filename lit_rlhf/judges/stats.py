@@ -10,16 +10,15 @@ Confidence interval: the Wilson score interval for a binomial proportion (Wilson
     centre = (p + z^2 / (2n)) / (1 + z^2 / n)
     half   = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / (4 n^2))
 
-with p the win rate, n = num_valid and z = 1.959963984540054 (two-sided 95%). Unlike the normal
-("Wald") interval it stays inside [0, 1] and does not collapse to a point when p is 0 or 1, which
-matters for the small evaluation sets judged during training. With ties counted as half a success
-the outcome is not strictly Bernoulli; a tie has less variance than a coin flip, so the interval is
-slightly conservative (wider than necessary), never anti-conservative.
+with p the win rate, n = num_valid and z = 1.959963984540054 (two-sided 95%). Unlike the Wald
+interval it stays inside [0, 1] and does not collapse when p is 0 or 1 (small evaluation sets).
+A tie, half a success, has less variance than a coin flip: the interval is slightly conservative.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Sequence
 
@@ -29,15 +28,10 @@ Z_95 = 1.959963984540054  # the 97.5% quantile of the standard normal
 
 
 class WinRateStats(NamedTuple):
-    """Summary of a list of judgements (see the module docstring for the conventions).
-
-    win_rate: (wins_a + ties/2) / num_valid; nan when no item is valid.
-    ci_low, ci_high: the 95% Wilson score interval of win_rate; nan when no item is valid.
-    n: number of items, invalid included. num_valid: items with winner a, b or tie.
-    wins_a, wins_b, ties, invalid: the counts.
-    tie_rate: ties / num_valid (nan when no item is valid).
-    invalid_rate: invalid / n (nan when n == 0).
-    """
+    """Summary of a list of judgements (the module docstring's conventions): `win_rate` (wins_a +
+    ties/2) / num_valid and its 95% Wilson interval `ci_low`, `ci_high` (nan when no item is
+    valid); `n` items, `num_valid` with winner a, b or tie; the counts; `tie_rate` ties /
+    num_valid; `invalid_rate` invalid / n."""
 
     win_rate: float
     ci_low: float
@@ -76,44 +70,19 @@ def wilson_interval(successes: float, n: int, z: float = Z_95) -> tuple[float, f
 
 def win_rate(judgements: Iterable[Judgement]) -> WinRateStats:
     """Win rate of completion a over b, ties as half, invalid items excluded but counted."""
-    wins_a = wins_b = ties = invalid = 0
-    for j in judgements:
-        if j.winner == "a":
-            wins_a += 1
-        elif j.winner == "b":
-            wins_b += 1
-        elif j.winner == "tie":
-            ties += 1
-        else:
-            invalid += 1
+    counts = Counter(j.winner if j.winner in ("a", "b", "tie") else "invalid" for j in judgements)
+    wins_a, wins_b, ties, invalid = (counts[k] for k in ("a", "b", "tie", "invalid"))
     num_valid = wins_a + wins_b + ties
-    n = num_valid + invalid
-    successes = wins_a + 0.5 * ties
-    rate = successes / num_valid if num_valid else math.nan
+    n, successes = num_valid + invalid, wins_a + 0.5 * ties
     low, high = wilson_interval(successes, num_valid)
-    return WinRateStats(
-        win_rate=rate,
-        ci_low=low,
-        ci_high=high,
-        n=n,
-        num_valid=num_valid,
-        wins_a=wins_a,
-        wins_b=wins_b,
-        ties=ties,
-        invalid=invalid,
-        tie_rate=ties / num_valid if num_valid else math.nan,
-        invalid_rate=invalid / n if n else math.nan,
-    )
+    return WinRateStats(successes / num_valid if num_valid else math.nan, low, high, n, num_valid, wins_a, wins_b, ties,
+                        invalid, ties / num_valid if num_valid else math.nan, invalid / n if n else math.nan)
 
 
 class AgreementStats(NamedTuple):
-    """How often two judges pick the same winner (see `agreement`).
-
-    rate: agree / num_decisive; nan when no item is decisive for both.
-    ci_low, ci_high: its 95% Wilson interval. n: items compared. num_decisive: items where both
-    judges said "a" or "b". agree: of those, the items with the same winner. undecided_x,
-    undecided_y: items where judge x (or y) said "tie" or "invalid" (excluded from the rate).
-    """
+    """How often two judges pick the same winner (`agreement`): `rate` = agree / num_decisive (items
+    where both said "a" or "b"; nan when none) with its 95% Wilson interval; `undecided_x`,
+    `undecided_y`: items judge x (or y) called "tie" or "invalid"."""
 
     rate: float
     ci_low: float
@@ -126,11 +95,9 @@ class AgreementStats(NamedTuple):
 
 
 def agreement(judgements_x: Sequence[Judgement], judgements_y: Sequence[Judgement]) -> AgreementStats:
-    """The agreement rate of two judges on the same items: among the items where BOTH name a
-    winner ("a" or "b"), the fraction where they name the same one. An item either judge calls a
-    tie or cannot judge (invalid) says nothing about agreement on a winner: it is excluded and
-    counted per judge (the N+ paper's Detail 17 compares a reward model's preferences with an
-    external judge's this way)."""
+    """The agreement rate of two judges on the same items: among the items where both name a winner
+    ("a" or "b"), the fraction where they name the same one; ties and invalid items are excluded
+    and counted per judge (as the N+ paper's Detail 17 compares a reward model with a judge)."""
     if len(judgements_x) != len(judgements_y):
         raise ValueError(f"the two judges judged different numbers of items: {len(judgements_x)} and {len(judgements_y)}")
     decisive = agree = undecided_x = undecided_y = 0
@@ -147,13 +114,9 @@ def agreement(judgements_x: Sequence[Judgement], judgements_y: Sequence[Judgemen
 
 @dataclass(frozen=True)
 class LengthRatioBuckets:
-    """Win rate of a per bucket of log(len_a / len_b) (the N+ paper's Figure 8 x-axis).
-
-    edges: num_buckets + 1 increasing bucket edges in log-ratio space; bucket k is
-        [edges[k], edges[k+1]) and the last bucket also includes its right edge.
-    centres: num_buckets midpoints.
-    stats: one WinRateStats per bucket (win_rate nan for a bucket with no valid item).
-    """
+    """Win rate of a per bucket of log(len_a / len_b) (the N+ paper's Figure 8 x-axis): `edges`
+    (num_buckets + 1; bucket k is [edges[k], edges[k+1]), the last one closed), their `centres`,
+    and one `WinRateStats` per bucket."""
 
     edges: list[float]
     centres: list[float]
@@ -175,20 +138,11 @@ def log_length_ratio(len_a: float, len_b: float) -> float:
     return math.log(max(len_a, 1) / max(len_b, 1))
 
 
-def win_rate_by_length_ratio(
-    judgements: Sequence[Judgement],
-    len_a: Sequence[float],
-    len_b: Sequence[float],
-    num_buckets: int = 10,
-    value_range: tuple[float, float] | None = None,
-) -> LengthRatioBuckets:
-    """Bucket the win rate of a by log(len_a / len_b) into `num_buckets` equal-width buckets.
-
-    Lengths are in whatever unit the caller chose (tokens in the N+ paper). The buckets span
-    `value_range` when given (items outside it are dropped), else the min..max log ratio of the
-    valid items (widened by 0.5 on each side when all ratios are equal). Invalid items are counted
-    in their bucket's `invalid`/`n` like in `win_rate`.
-    """
+def win_rate_by_length_ratio(judgements: Sequence[Judgement], len_a: Sequence[float], len_b: Sequence[float],
+                             num_buckets: int = 10, value_range: tuple[float, float] | None = None) -> LengthRatioBuckets:
+    """The win rate of a in `num_buckets` equal-width buckets of log(len_a / len_b) (lengths in any
+    unit), spanning `value_range` (items outside dropped) or the valid items' min..max (widened by
+    0.5 each side when all are equal); invalid items count in their bucket's `invalid` and `n`."""
     if not (len(judgements) == len(len_a) == len(len_b)):
         raise ValueError(f"judgements, len_a and len_b differ in length: {len(judgements)}, {len(len_a)}, {len(len_b)}")
     if num_buckets < 1:

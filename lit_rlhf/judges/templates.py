@@ -21,50 +21,18 @@ from lit_rlhf.judges.base import ShownVerdict
 # TL;DR (the default "tldr"): the GPT-4 summary-comparison prompt of the N+ paper (Huang et al.
 # 2024, Appendix I, and its reference code), which asks to judge "based on accuracy, coverage, and
 # coherence". The post is the whole TL;DR query (D2 format), the summaries the completions.
-TLDR_USER = (
-    "Which of the following summaries does a better job of summarizing the most important points "
-    "in the given forum post, without including unimportant or irrelevant details? Judge based on "
-    "accuracy, coverage, and coherence.\n"
-    "\n"
-    "### Post:\n"
-    "{prompt}\n"
-    "\n"
-    "### Summary A:\n"
-    "{a}\n"
-    "\n"
-    "### Summary B:\n"
-    "{b}\n"
-    "\n"
-    "### Instructions:\n"
-    "FIRST provide a one-sentence comparison of the two summaries, explaining which you prefer and "
-    'why. SECOND, on a new line, state only "A" or "B" to indicate your choice. Your response '
-    "should use the format:\n"
-    "Comparison: <one-sentence comparison and explanation>\n"
-    'Preferred: <"A" or "B">'
-)
+_TLDR_QUESTION = ("Which of the following summaries does a better job of summarizing the most important points "
+                  "in the given forum post, without including unimportant or irrelevant details? ")
+_TLDR_FORMAT = ('FIRST provide a one-sentence comparison of the two summaries, explaining which you prefer and why. '
+                'SECOND, on a new line, state only "A" or "B" to indicate your choice. Your response should use the '
+                'format:\nComparison: <one-sentence comparison and explanation>\nPreferred: <"A" or "B">')
+TLDR_USER = (_TLDR_QUESTION + "Judge based on accuracy, coverage, and coherence.\n\n### Post:\n{prompt}\n\n"
+             "### Summary A:\n{a}\n\n### Summary B:\n{b}\n\n### Instructions:\n" + _TLDR_FORMAT)
 
 # TL;DR as the DPO paper judged it ("tldr_dpo": Rafailov et al. 2023, Appendix C.2, the
 # "conciseness" summarization prompt): "A good summary is both precise and concise."
-TLDR_DPO_USER = (
-    "Which of the following summaries does a better job of summarizing the most important points "
-    "in the given forum post, without including unimportant or irrelevant details? A good summary "
-    "is both precise and concise.\n"
-    "\n"
-    "Post:\n"
-    "{prompt}\n"
-    "\n"
-    "Summary A:\n"
-    "{a}\n"
-    "\n"
-    "Summary B:\n"
-    "{b}\n"
-    "\n"
-    "FIRST provide a one-sentence comparison of the two summaries, explaining which you prefer and "
-    'why. SECOND, on a new line, state only "A" or "B" to indicate your choice. Your response '
-    "should use the format:\n"
-    "Comparison: <one-sentence comparison and explanation>\n"
-    'Preferred: <"A" or "B">'
-)
+TLDR_DPO_USER = (_TLDR_QUESTION + "A good summary is both precise and concise.\n\nPost:\n{prompt}\n\n"
+                 "Summary A:\n{a}\n\nSummary B:\n{b}\n\n" + _TLDR_FORMAT)
 
 # General chat: the MT-Bench pairwise comparison (single turn) prompt.
 MT_BENCH_SYSTEM = (
@@ -80,18 +48,8 @@ MT_BENCH_SYSTEM = (
     'this format: "[[A]]" if assistant A is better, "[[B]]" if assistant B is better, and "[[C]]" '
     "for a tie."
 )
-MT_BENCH_USER = (
-    "[User Question]\n"
-    "{prompt}\n"
-    "\n"
-    "[The Start of Assistant A's Answer]\n"
-    "{a}\n"
-    "[The End of Assistant A's Answer]\n"
-    "\n"
-    "[The Start of Assistant B's Answer]\n"
-    "{b}\n"
-    "[The End of Assistant B's Answer]"
-)
+MT_BENCH_USER = ("[User Question]\n{prompt}\n\n[The Start of Assistant A's Answer]\n{a}\n[The End of Assistant A's "
+                 "Answer]\n\n[The Start of Assistant B's Answer]\n{b}\n[The End of Assistant B's Answer]")
 
 _FIELDS = re.compile(r"\{(prompt|a|b)\}")
 # "Preferred: A", 'Preferred: "B"', "**Preferred:** A", "preferred - (A)"; the letter must be a
@@ -102,33 +60,14 @@ _BRACKETS = re.compile(r"\[\[\s*([ABC])\s*\]\]")
 Parser = Literal["preferred", "brackets", "any"]
 
 
-def parse_preferred(text: str) -> ShownVerdict | None:
-    """The last `Preferred: A|B` in `text` as "first"/"second", None if there is none."""
-    matches = _PREFERRED.findall(text)
-    if not matches:
-        return None
-    return "first" if matches[-1] == "A" else "second"
+_PATTERNS = {"preferred": (_PREFERRED,), "brackets": (_BRACKETS,), "any": (_PREFERRED, _BRACKETS)}
 
 
-def parse_brackets(text: str) -> ShownVerdict | None:
-    """The last `[[A]]`/`[[B]]`/`[[C]]` in `text` as "first"/"second"/"tie", None if there is none."""
-    matches = _BRACKETS.findall(text)
-    if not matches:
-        return None
-    return {"A": "first", "B": "second", "C": "tie"}[matches[-1]]
-
-
-def parse_any(text: str) -> ShownVerdict | None:
-    """Whichever of the two formats occurs last in `text` (for custom templates)."""
-    found = [(m.start(), m.group(1)) for m in _PREFERRED.finditer(text)]
-    found += [(m.start(), m.group(1)) for m in _BRACKETS.finditer(text)]
-    if not found:
-        return None
-    letter = max(found)[1]
-    return {"A": "first", "B": "second", "C": "tie"}[letter]
-
-
-_PARSERS = {"preferred": parse_preferred, "brackets": parse_brackets, "any": parse_any}
+def parse_verdict(text: str, parser: Parser = "any") -> ShownVerdict | None:
+    """The verdict that occurs last in `text` as "first"/"second"/"tie", None if there is none:
+    `Preferred: A|B` ("preferred"), `[[A]]`/`[[B]]`/`[[C]]` (= tie, "brackets"), or either ("any")."""
+    found = [(m.start(), m.group(1)) for pattern in _PATTERNS[parser] for m in pattern.finditer(text)]
+    return {"A": "first", "B": "second", "C": "tie"}[max(found)[1]] if found else None
 
 
 @dataclass(frozen=True)
@@ -146,8 +85,8 @@ class JudgeTemplate:
         if missing:
             fields = sorted("{" + m + "}" for m in missing)
             raise ValueError(f"judge template {self.name!r} lacks the field(s) {fields}")
-        if self.parser not in _PARSERS:
-            raise ValueError(f"unknown parser {self.parser!r}; expected one of {sorted(_PARSERS)}")
+        if self.parser not in _PATTERNS:
+            raise ValueError(f"unknown parser {self.parser!r}; expected one of {sorted(_PATTERNS)}")
 
     def render(self, prompt: str, first: str, second: str) -> str:
         """The user message. One pass over the template, so braces in the texts are left alone."""
@@ -159,7 +98,7 @@ class JudgeTemplate:
         return msgs + [{"role": "user", "content": self.render(prompt, first, second)}]
 
     def parse(self, text: str) -> ShownVerdict | None:
-        return _PARSERS[self.parser](text)
+        return parse_verdict(text, self.parser)
 
 
 TEMPLATES: dict[str, JudgeTemplate] = {

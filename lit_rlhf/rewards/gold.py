@@ -1,10 +1,6 @@
-"""A programmatic gold as a reward function: the key-fact recall of `lit_rlhf.judges.keyfact`.
-
-In Gao et al. (2023, "Scaling Laws for Reward Model Overoptimization") the gold is what the
-proxy reward model imitates; a policy optimised on the gold itself is the positive control (how
-far the gold can rise at a given KL), and the gold of the training samples, measured beside the
-proxy, shows over-optimisation as it happens. Both uses go through `reward_fns`: as the reward,
-or with weight 0 in `reward_weights` (logged as `train/rewards/keyfact_recall`, never optimised).
+"""The key-fact gold (`lit_rlhf.judges.keyfact`) as a reward function: the positive control of a
+synthetic-gold experiment (Gao et al. 2023, "Scaling Laws for Reward Model Overoptimization"), or
+with weight 0 in `reward_weights` the gold logged beside the proxy (`train/rewards/keyfact_recall`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""A pairwise judge as a reward source: each sample's win rate against the other samples of its
-prompt, so an LLM-as-judge (local LM or chat API, `lit_rlhf.judges`) can be the reward of any
-online method, and the annotator of online DPO (Guo et al. 2024, OAIF).
-
-A hostile judge never stops a run: a call that raises, a reply of the wrong length or type, and
-a verdict that is not "a", "b" or "tie" (`invalid`) all count as ties; they are counted on the
-object (`failed_calls`, `invalid_verdicts`) and logged as warnings.
+"""A pairwise judge as a reward source (each sample's win rate against its prompt's other samples),
+so an LLM-as-judge can be the reward of any online method and the annotator of online DPO (Guo et
+al. 2024, OAIF). A failing judge never stops a run: a call that raises or returns the wrong
+results, and an `invalid` verdict, count as ties (`failed_calls`, `invalid_verdicts`, logged).
 """
 
 from __future__ import annotations
@@ -20,12 +17,9 @@ log = logging.getLogger(__name__)
 class PairwiseJudgeReward:
     """Reward function `(prompts, completions, **columns) -> rewards` from a `PairwiseJudge`.
 
-    The rows of one prompt are the contiguous rows with the same prompt text (a prompt's G
-    samples, as every online module lays them out). Every pair (i, j) of a prompt's rows is
-    judged once, all pairs of the call in one `judge.judge` call; a win counts 1, a tie 1/2, and
-    the reward of sample i is its wins over its G - 1 comparisons, in [0, 1]. A prompt with one
-    sample (PPO, validation) has nothing to be compared with and gets 1/2. With G = 2 (online DPO)
-    the winner gets 1, the loser 0, a tie 1/2 each.
+    Every pair of a prompt's samples (contiguous rows with the same prompt text) is judged once,
+    all in one `judge.judge` call; sample i's reward is its wins (a tie 1/2) over its G - 1
+    comparisons, in [0, 1] (with G = 2 the winner gets 1); a prompt with one sample gets 1/2.
 
     Args:
         judge: any `lit_rlhf.judges.PairwiseJudge` (in YAML `{class_path, init_args}`).

@@ -1,17 +1,10 @@
 """A math answer checker on the `math-verify` library: 1 for a right final answer, else 0.
 
-The final answer of a text (completion or reference) is found by, in order:
-
-1. the GSM8K convention: the text after the last `####` marker, up to the end of its line;
-2. otherwise `math_verify.parse` on the whole text: a `\\boxed{}` answer first (the last one),
-   then LaTeX in `$...$` / `\\(...\\)`, then a plain expression (the last number or formula);
-3. a candidate with a LaTeX command that does not parse as is is tried again as
-   `$candidate$`, so bare LaTeX such as `\\dfrac{3}{4}` counts.
-
-`math_verify.verify` then compares the two answers symbolically and numerically: `\\frac{1}{2}`,
-`0.5` and `\\boxed{\\frac12}` are the same answer, `1,000` is `1000`, `\\sqrt{8}` is `2\\sqrt{2}`.
-A completion whose answer cannot be parsed scores `incorrect` (0), never full marks. A
-reference that cannot be parsed is a data error and raises, naming the reference.
+The final answer of a text is the text after the last `####` (GSM8K), else what
+`math_verify.parse` finds in the whole text (the last `\\boxed{}`, then LaTeX, then a plain
+expression), bare LaTeX retried as `$...$`. `math_verify.verify` compares answers symbolically
+and numerically (`\\frac{1}{2}` = `0.5`, `1,000` = `1000`). An unparseable completion scores
+`incorrect`; an unparseable reference raises, naming it.
 """
 
 from __future__ import annotations

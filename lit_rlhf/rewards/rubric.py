@@ -1,11 +1,7 @@
-"""A rubric judge as a reward source: each answer's aggregate score on weighted criteria
-(`lit_rlhf.judges.RubricJudge`), usable in `reward_fns` of every online method.
-
-A hostile judge never stops a run: the judge leaves out and counts every criterion it could not
-score (`RubricJudge.invalid_scores`, `failed_calls`), and an answer with no criterion scored gets
-`invalid_score` here, counted in `invalid_answers` and logged. With weight 0 in `reward_weights`
-the rubric is logged beside the training reward (`train/rewards/rubric`) without being optimised:
-a held-out monitor (`callbacks.DivergenceMonitor`).
+"""A rubric judge (`lit_rlhf.judges.RubricJudge`) as a reward source: each answer's aggregate score
+on weighted criteria; an answer with no criterion scored gets `invalid_score` (counted in
+`invalid_answers`, logged). With weight 0 in `reward_weights` it is a logged, unoptimised monitor
+(`train/rewards/rubric`, `callbacks.DivergenceMonitor`).
 """
 
 from __future__ import annotations

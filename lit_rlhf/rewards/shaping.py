@@ -7,12 +7,9 @@ from typing import Any
 
 
 class FormatReward:
-    """`reward` when the completion has the required structure, else `otherwise`.
-
-    The structure is a regular expression (Python `re`, `re.DOTALL | re.MULTILINE`): with `full_match` the
-    whole stripped completion must match it (e.g. `<think>.*?</think>\\s*<answer>.*?</answer>`
-    for reasoning tags), otherwise it must occur somewhere (e.g. `#### -?[\\d,.]+` for a GSM8K
-    final-answer line).
+    """`reward` when the completion matches `pattern` (`re.DOTALL | re.MULTILINE`), else `otherwise`:
+    the whole stripped completion with `full_match` (`<think>.*?</think>\\s*<answer>.*?</answer>`),
+    else anywhere in it (`#### -?[\\d,.]+`).
 
     Args:
         pattern: the regular expression.
@@ -45,9 +42,8 @@ class OverlongPenalty:
         ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
         -1                                   if |y| > L_max
 
-    a penalty growing linearly over the last L_cache tokens, added to the correctness reward.
-    |y| is read from the batch column `length_column`, which the online modules fill with the
-    number of response tokens (its EOS included, when it has one).
+    added to the correctness reward; |y| is the batch column `length_column` (response tokens, EOS
+    included).
 
     Args:
         max_length: L_max, usually the generation length `max_new_tokens`.

@@ -89,6 +89,7 @@ def test_single_chat_formatting_decodes_to_template(tiny_tokenizer, openbmb_file
         assert tiny_tokenizer.decode(b.input_ids[i][b.attention_mask[i]]) == full.rstrip() + tiny_tokenizer.eos_token
         assert tiny_tokenizer.decode(b.input_ids[i][b.loss_mask[i]]) == c["response"] + "<|im_end|></s>"
         assert b.meta["model"][i] == c["model"] and b.meta["raw_prompt"][i] == row["instruction"]
+        assert b.meta["completion"][i] == c["response"] + "<|im_end|>"  # the template's continuation, no EOS
 
 
 def test_preference_pairs_with_smollm2_template(smollm2_tokenizer, tmp_path):

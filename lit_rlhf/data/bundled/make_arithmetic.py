@@ -1,16 +1,10 @@
-"""Write the bundled arithmetic word problems (`bundled:arithmetic`) deterministically.
+"""Write the bundled arithmetic word problems (`bundled:arithmetic`) deterministically, generated
+from templates in the GSM8K schema (`question`, `answer`: a worked line, then `#### <number>`):
+one operation on small numbers, which a 135M model gets right some of the time. Splits (disjoint
+questions): train 600, validation 48, test 200.
 
-Every problem is generated here from templates with a fixed seed; nothing is copied from a
-dataset. The files follow the published GSM8K schema (`openai/gsm8k`, config `main`):
-`question` (the word problem) and `answer` (a one-line worked solution, then `#### <number>`),
-so `QADataModule` reads them exactly as it reads GSM8K. One operation per problem (+, -, x, /)
-on small numbers: a task a 135M-parameter model gets right some of the time, so reinforcement
-on a verifiable reward has something to work with.
-
-Splits (disjoint questions): `train` 600, `validation` 48, `test` 200.
-
-Run: `python lit_rlhf/data/bundled/make_arithmetic.py [OUT_DIR]` (default: rewrites the files
-next to it; a test checks that the committed files are exactly what it writes).
+Run: `python lit_rlhf/data/bundled/make_arithmetic.py [OUT_DIR]` (default: next to it; a test
+checks the committed files are exactly what it writes).
 """
 
 from __future__ import annotations

@@ -1,69 +1,31 @@
-"""Write the small bundled datasets (`bundled:<name>` paths) deterministically.
+"""Write the small bundled datasets (`bundled:<name>` paths) deterministically, every text
+synthetic, in the published schemas (so the loaders read them as the hub data; the table in
+docs/guides/data.md):
 
-Every text here is synthetic, written by this script; nothing is copied from the real datasets.
-The files follow the published schemas exactly, so the same loaders read them and the hub data:
+- `tldr_sft.{train,validation,test}.jsonl` (`vwxyzjn/summarize_from_feedback_tldr_3_filtered`);
+- `tldr_comparisons.{train,validation}.jsonl` (raw `openai/summarize_from_feedback` comparisons):
+  the preferred summary states the post's key fact, the other is vague;
+- `ultrafeedback_binarized.{train_prefs,test_prefs}.jsonl`: the chosen answer right, the rejected wrong;
+- `ultrafeedback.train.jsonl` (`openbmb/UltraFeedback`): four completions of graded quality each.
 
-- `tldr_sft.{train,validation,test}.jsonl`: `id, subreddit, title, post, summary`
-  (as `vwxyzjn/summarize_from_feedback_tldr_3_filtered`);
-- `tldr_comparisons.{train,validation}.jsonl`: `info{id, post, title, subreddit}, summaries[2],
-  choice, worker, batch, split, extra{confidence}` (as the raw `openai/summarize_from_feedback`
-  comparisons). The preferred summary always states the post's key fact; the other one is
-  vague, so a reward model can learn the preference;
-- `ultrafeedback_binarized.{train_prefs,test_prefs}.jsonl`: `prompt, prompt_id, chosen,
-  rejected, score_chosen, score_rejected` (as `HuggingFaceH4/ultrafeedback_binarized`); the
-  chosen answer is correct, the rejected one wrong;
-- `ultrafeedback.train.jsonl`: `source, instruction, models, completions[{model, response,
-  overall_score, fine-grained_score, annotations, custom_system_prompt, principle, critique}]`
-  (as `openbmb/UltraFeedback`), four completions of graded quality per instruction.
-
-Texts are short (prompts under ~250 bytes, TL;DR summaries under 52 bytes) so that the
-byte-level tiny tokenizer fits them in the default lengths.
-
-Run: `python lit_rlhf/data/bundled/make_bundled.py [OUT_DIR]` (default: rewrites the files next
-to it; a test checks that the committed files are exactly what it writes).
+Texts are short (prompts under ~250 bytes, summaries under 52) to fit the tiny byte-level
+tokenizer's default lengths. Run: `python lit_rlhf/data/bundled/make_bundled.py [OUT_DIR]`
+(default: next to it; a test checks the committed files are exactly what it writes).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from pathlib import Path
+
+from lit_rlhf.data.bundled import make_keyfact
+from lit_rlhf.data.bundled.make_keyfact import QUESTIONS, write_splits
 
 HERE = Path(__file__).resolve().parent
 SEED = 20240601
 
-# (who, subreddit) x (situation: title, paragraphs, key fact for the summary)
-PEOPLE = [("roommate", "relationships"), ("sister", "relationships"), ("boss", "jobs"),
-          ("neighbour", "legaladvice"), ("coworker", "jobs"), ("friend", "relationships"),
-          ("landlord", "legaladvice"), ("dad", "personalfinance")]
-SITUATIONS = [
-    ("{Who} keeps borrowing my car",
-     ["My {who} borrows my car most weekends.", "Last time it came back with an empty tank."],
-     "{who} returns my car with an empty tank"),
-    ("{Who} owes me money",
-     ["I lent my {who} $200 in March.", "Now they avoid the topic when I ask."],
-     "{who} owes me $200 and avoids paying"),
-    ("{Who} plays drums at night",
-     ["My {who} practises drums after midnight.", "I have work at 7am and can't sleep."],
-     "{who} drums after midnight, I can't sleep"),
-    ("{Who} read my diary",
-     ["I found out my {who} read my diary.", "They quoted it back to me in a fight."],
-     "{who} read my diary and quoted it in a fight"),
-    ("{Who} forgot my birthday again",
-     ["My {who} forgot my birthday for the third year.", "I pretended not to care but I do."],
-     "{who} forgot my birthday three years running"),
-    ("{Who} takes credit for my ideas",
-     ["In meetings my {who} presents my ideas.", "Nobody knows the plans were mine."],
-     "{who} presents my ideas as their own"),
-    ("{Who} wants me to move out",
-     ["My {who} gave me two weeks to move out.", "I have nowhere to go yet."],
-     "{who} gave me two weeks to move out"),
-    ("{Who} adopted a loud parrot",
-     ["My {who} got a parrot that screams all day.", "I work from home and it's constant."],
-     "{who}'s parrot screams all day"),
-]
-QUESTIONS = ["What should I do?", "How do I bring it up?", "Am I overreacting?", "Any advice?"]
+PEOPLE, SITUATIONS = make_keyfact.PEOPLE[:8], make_keyfact.SITUATIONS[:8]  # the keyfact data's first eight
 VAGUE = [" Having an issue with {who}. Advice?", " {Who} problems. Help?", " Drama with my {who}, not sure what to do.",
          " Long story, need advice."]
 POLICIES = ("writer_specific", "writer_vague")
@@ -73,11 +35,10 @@ def _tldr_rows(n: int, rng: random.Random, start: int) -> list[dict]:
     rows = []
     for k in range(n):
         who, subreddit = PEOPLE[(start + k) % len(PEOPLE)]
-        title, paragraphs, fact = SITUATIONS[(start + k) // len(PEOPLE) % len(SITUATIONS)]
+        title, first, second, fact = SITUATIONS[(start + k) // len(PEOPLE) % len(SITUATIONS)]
         age = rng.randint(19, 45)
         fill = {"who": who, "Who": who.capitalize()}
-        post = "\n\n".join([paragraphs[0].format(**fill) + f" I'm {age}.", paragraphs[1].format(**fill),
-                            rng.choice(QUESTIONS)])
+        post = "\n\n".join([first.format(**fill) + f" I'm {age}.", second.format(**fill), rng.choice(QUESTIONS)])
         summary = fact.format(**fill).capitalize() + "."
         rows.append({"id": f"syn_{start + k:04d}", "subreddit": subreddit, "title": title.format(**fill),
                      "post": post, "summary": summary, "_who": who})
@@ -86,7 +47,6 @@ def _tldr_rows(n: int, rng: random.Random, start: int) -> list[dict]:
 
 def _public(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    return rows
 
 
 def tldr_sft(rng: random.Random) -> dict[str, list[dict]]:
@@ -156,16 +116,12 @@ MODELS = ["synth-large", "synth-medium", "synth-small", "synth-tiny"]
 
 
 def _annotations(ratings: dict[str, int]) -> dict:
-    def aspect(name: str, typed: bool) -> dict:
+    def aspect(name: str) -> dict:
         a = {"Rating": str(ratings[name]), "Rationale": f"{name.replace('_', ' ')} rated {ratings[name]} of 5."}
-        if typed:
-            a["Type"] = ["1"]
-            a["Rationale For Rating"] = f"Rated {ratings[name]} for {name}."
-        return a
+        typed = {"Type": ["1"], "Rationale For Rating": f"Rated {ratings[name]} for {name}."}
+        return {**a, **typed} if name in ("helpfulness", "truthfulness") else a
 
-    return {"helpfulness": aspect("helpfulness", True), "honesty": aspect("honesty", False),
-            "instruction_following": aspect("instruction_following", False),
-            "truthfulness": aspect("truthfulness", True)}
+    return {name: aspect(name) for name in ("helpfulness", "honesty", "instruction_following", "truthfulness")}
 
 
 def ultrafeedback(rng: random.Random) -> dict[str, list[dict]]:
@@ -197,13 +153,7 @@ def main(out_dir: Path = HERE) -> None:
     out_dir = Path(out_dir)
     for name, make in (("tldr_sft", tldr_sft), ("tldr_comparisons", tldr_comparisons),
                        ("ultrafeedback_binarized", ultrafeedback_binarized), ("ultrafeedback", ultrafeedback)):
-        rng = random.Random(f"{SEED}-{name}")
-        for split, rows in make(rng).items():
-            path = out_dir / f"{name}.{split}.jsonl"
-            with path.open("w") as f:
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            print(f"wrote {len(rows):3d} rows to {path.name}")
+        write_splits(out_dir, name, make(random.Random(f"{SEED}-{name}")))
 
 
 if __name__ == "__main__":

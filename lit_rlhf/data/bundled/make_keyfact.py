@@ -1,35 +1,21 @@
-"""Write the bundled `keyfact` data: TL;DR-style posts with a gold key fact, and noisy gold pairs.
+"""Write the bundled `keyfact` data: TL;DR-style posts with a gold key fact, and noisy gold pairs
+(the main job's data, scripts/quickstart.sh; every text synthetic).
 
-The main job's data (scripts/quickstart.sh). Every text is synthetic, written by this script:
+- `keyfact_sft.{train,validation,test}.jsonl` (TL;DR SFT schema): 16 people x 16 situations, each
+  combination in one split; `summary` is the key fact, the gold's reference
+  (`lit_rlhf.judges.keyfact`); each post also carries distractor details (age, city, years).
+- `keyfact_comparisons.{train,test}.jsonl` (comparisons schema): two candidate summaries of graded
+  gold quality (the full fact, the fact made vague, copied sentences, the person only, copied
+  details, a reply, a generic line) padded with fillers to equal word counts, labelled by
+  Bradley-Terry on the gold, P(first) = sigmoid((gold_first - gold_second) / TEMPERATURE) (Gao et
+  al. 2023's synthetic-gold labels; about one in ten disagrees with the gold). `note` holds each
+  gold, `extra.confidence` grows with the gap. The gold is `keyfact_recall_v1`, kept unchanged.
+- `keyfact_checks.{train,validation,test}.jsonl`: per post the planted `distractors` and
+  `false_claims` (regular expressions of statements the post contradicts, matched against the
+  normalised answer), for `lit_rlhf.judges.keyfact.listed_matches`.
 
-- `keyfact_sft.{train,validation,test}.jsonl` (160 / 32 / 64 rows), the TL;DR SFT schema
-  (`id, subreddit, title, post, summary`): 16 people x 16 situations, each combination in exactly
-  one split, so the held-out posts are situations-for-people never seen in training. `summary`
-  is the post's key fact, the reference the gold judge scores against
-  (`lit_rlhf.judges.keyfact.keyfact_recall`). Each post also carries distractor details (an age,
-  a city, how long it has gone on) that a summary can copy without stating the fact.
-- `keyfact_comparisons.{train,test}.jsonl` (160 / 96 rows), the raw comparisons schema: two
-  candidate summaries of graded gold quality (the full fact; the fact with one or two of its
-  content words made vague; a sentence or the title copied from the post, each holding part of
-  the fact; the person only; copied distractor details; a reply to the post's question; a
-  generic line), padded
-  with filler words to the same number of words, so length cannot split them.
-  The label is drawn from Bradley-Terry on the gold, P(first preferred) =
-  sigmoid((gold_first - gold_second) / TEMPERATURE), so near-ties are close to coin flips and
-  about one label in ten disagrees with the gold (train 11%, test 4%) (Gao et al. 2023's synthetic-gold labels).
-  `extra.confidence` (1-9) grows with the gold gap; `note` holds the gold score of each summary.
-  Train pairs come from train posts, test pairs from test posts. Summaries stay under 52 bytes,
-  so the byte-level tiny test tokenizer fits them in the default lengths. The labels use the
-  gold of generation time (`keyfact_recall_v1`), kept unchanged so these files stay reproducible.
-- `keyfact_checks.{train,validation,test}.jsonl`: what the generator knows about each post, for
-  the evaluation (`lit_rlhf.judges.keyfact.listed_matches`): `id, title, post, summary`, the
-  `distractors` it planted (age, city, years, as regular expressions) and `false_claims`: per
-  situation, hand-written regular expressions for statements the post contradicts (who did it
-  inverted, whose thing it was, the opposite outcome), matched against the normalised answer
-  (lower case, contractions expanded, possessive "'s" dropped).
-
-Run: `python lit_rlhf/data/bundled/make_keyfact.py [OUT_DIR]` (default: rewrites the files next to it; a test
-checks that the committed files are exactly what it writes).
+Run: `python lit_rlhf/data/bundled/make_keyfact.py [OUT_DIR]` (default: next to it; a test checks
+the committed files are exactly what it writes).
 """
 
 from __future__ import annotations
@@ -233,15 +219,17 @@ def keyfact(rng: random.Random) -> dict[str, dict[str, list[dict]]]:
     return {"keyfact_sft": public, "keyfact_comparisons": comparisons, "keyfact_checks": checks}
 
 
+def write_splits(out_dir: Path, name: str, splits: dict[str, list[dict]]) -> None:
+    """`{out_dir}/{name}.{split}.jsonl` for every split, one JSON row a line."""
+    for split, rows in splits.items():
+        path = Path(out_dir) / f"{name}.{split}.jsonl"
+        path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        print(f"wrote {len(rows):3d} rows to {path.name}")
+
+
 def main(out_dir: Path = HERE) -> None:
-    out_dir = Path(out_dir)
     for name, splits in keyfact(random.Random(SEED)).items():
-        for split, rows in splits.items():
-            path = out_dir / f"{name}.{split}.jsonl"
-            with path.open("w") as f:
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            print(f"wrote {len(rows):3d} rows to {path.name}")
+        write_splits(out_dir, name, splits)
 
 
 if __name__ == "__main__":

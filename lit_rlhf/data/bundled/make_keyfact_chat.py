@@ -1,33 +1,18 @@
-"""Write the bundled `keyfact_chat` data: the keyfact posts as chat prompts, and pairs of the
-starting policy's own samples labelled by the gold with Bradley-Terry noise.
+"""Write the bundled `keyfact_chat` data (the main job's, scripts/quickstart.sh) in the
+`HuggingFaceH4/ultrafeedback_binarized` schema, read by the chat DataModules:
 
-The main job's data (scripts/quickstart.sh), in the `HuggingFaceH4/ultrafeedback_binarized`
-schema so the chat DataModules read it (`lit_rlhf.data.UltraFeedbackPreferenceDataModule`,
-`UltraFeedbackPromptDataModule`):
+- `keyfact_chat.{train,validation,test}_sft.jsonl`: the `keyfact_sft` posts (same ids and splits)
+  as one user turn, INSTRUCTION + post, answered by the key fact;
+- `keyfact_chat.{train,test}_prefs.jsonl`: the set-up of Gao et al. (2023, "Scaling Laws for Reward
+  Model Overoptimization", section 2): the starting policy (SmolLM2-135M-Instruct) samples SAMPLES
+  answers per post as the main job's GRPO step does (temperature 0.7, at most MAX_NEW_TOKENS);
+  those that ended are paired at random within their post and labelled by Bradley-Terry on the
+  gold (`keyfact_recall_v1`, kept), P(first) = sigmoid((gold_first - gold_second) / TEMPERATURE).
+  `score_chosen` / `score_rejected` hold each answer's gold (not the label).
 
-- `keyfact_chat.{train,validation,test}_sft.jsonl` (160 / 32 / 64 rows; `prompt, prompt_id,
-  messages`): the posts of `keyfact_sft` (same ids, same splits) as one user turn,
-  INSTRUCTION + post, answered by the post's key fact, the reference the gold judge
-  (`lit_rlhf.judges.keyfact.keyfact_recall`) scores against. The pairs' labels and scores were
-  made with the gold of generation time, `keyfact_recall_v1` (whose tokenisation faults the
-  current gold fixes), and are kept as they were.
-- `keyfact_chat.{train,test}_prefs.jsonl` (`prompt, prompt_id, chosen, rejected, messages,
-  score_chosen, score_rejected`): the set-up of Gao et al. (2023, "Scaling Laws for Reward Model
-  Overoptimization", section 2): the starting policy (SmolLM2-135M-Instruct) samples SAMPLES
-  answers per post exactly as the main job's GRPO step does (temperature 0.7, no top-k/top-p, at
-  most MAX_NEW_TOKENS tokens); the answers that ended (EOS within the budget: the only ones the
-  reward model scores in training, the EOS trick gives the others a constant) are paired at
-  random within their post, and the label is drawn from Bradley-Terry on the gold,
-  P(first preferred) = sigmoid((gold_first - gold_second) / TEMPERATURE). So the pairs are
-  graded (both sides are the same model's attempts), noisy (near-ties are close to coin flips)
-  and in the distribution the policy starts from. `score_chosen` / `score_rejected` hold the gold
-  of each answer (not the label: the chosen answer's gold is lower in the pairs the noise
-  flipped). Train pairs come from train posts, test pairs from test posts.
-
-Run once (about 20 minutes on 2 CPU cores; needs the embedded SmolLM2, `scripts/install.sh`):
-`python lit_rlhf/data/bundled/make_keyfact_chat.py [OUT_DIR]`. The sampling is seeded, but its
-floating point depends on the machine, so the committed files are the record; the `_sft` files
-are a pure function of `keyfact_sft` and a test checks them.
+Run once (about 20 minutes on 2 CPU cores, needs the embedded SmolLM2):
+`python lit_rlhf/data/bundled/make_keyfact_chat.py [OUT_DIR]`. The sampling's floating point
+depends on the machine, so the committed files are the record; a test checks the `_sft` files.
 """
 
 from __future__ import annotations
