@@ -1,14 +1,10 @@
 """KTO: unpaired desirable / undesirable completions (`lit_rlhf.losses.kto_loss`).
 
 The KL reference point z0 is estimated at every step from mismatched prompt/completion pairs of
-the batch, without gradient, averaged over ranks and clamped at 0 (Ethayarajh et al. 2024,
-Sec. 4); the clamped z0 (`objective/kl`) and the raw estimate (`objective/kl_raw`) are logged.
-Row i is paired with the next row whose prompt differs (`mismatch_partners`): an UltraFeedback
-batch holds several completions of one instruction side by side, and pairing with row i+1 would
-mostly score a completion with its own prompt. A negative raw estimate is expected, not a sign
-error: the completions are the dataset's, not samples of pi, so their mean log-ratio is no KL
-(measured on the KTO quickstart: 0 at the first step, where pi == pi_ref, then mostly negative,
-down to -3.3 nats per sequence, so the clamp keeps z0 at 0).
+the batch (row i with the next row whose prompt differs, `mismatch_partners`), without gradient,
+averaged over ranks and clamped at 0 (Ethayarajh et al. 2024, Sec. 4); z0 (`objective/kl`) and
+the raw estimate (`objective/kl_raw`) are logged. A negative raw estimate is expected: the
+completions are the dataset's, not samples of pi, so their mean log-ratio is no KL.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from lit_rlhf.losses import (
     KTO_WEIGHT_RATIO_RANGE, RewardLabels, kto_kl_estimate, kto_loss, kto_weight_ratio, labels_from_rewards
 )
 from lit_rlhf.training.base import CHECKPOINT_KEY
-from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.modules.pairwise import OfflineModule
 from lit_rlhf.ops.mismatch import mismatch_partners, mismatched_sequences
 from lit_rlhf.types import PreferenceBatch, PromptSharing, SingleBatch
 from lit_rlhf.lightning_compat import attached_trainer
@@ -35,7 +31,7 @@ log = logging.getLogger(__name__)
 LabelsFrom = Literal["labels", "rewards"]
 
 
-class KTOModule(PolicyModule):
+class KTOModule(OfflineModule):
     """KTO (Ethayarajh et al. 2024) on unpaired completions with a desirable / undesirable flag.
 
     Accepted batches:
@@ -70,6 +66,7 @@ class KTOModule(PolicyModule):
     """
 
     batch_types = (SingleBatch, PreferenceBatch)
+    prog_bar_stats = ("objective/kl",)
 
     def __init__(
         self,
@@ -182,9 +179,8 @@ class KTOModule(PolicyModule):
             batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths, self.tokenizer.pad_token_id,
             partners,
         )  # (N, T')
-        sharing = self.prompt_sharing(batch)  # row i keeps its prompt (only the completion moved)
-        policy = self.sequence_logps(self.policy_logps(ids, keep, scored, sharing=sharing), scored)  # (N,)
-        ref = self.sequence_logps(self.frozen_logps("ref_model", ids, keep, scored, sharing=sharing), scored)  # (N,)
+        # row i keeps its prompt (only the completion moved): its prompt sharing holds
+        policy, ref = self.policy_and_ref_logps(ids, keep, scored, self.prompt_sharing(batch))  # (N,), (N,)
         if distributed_run:
             policy, ref = self.all_gather(policy).flatten(), self.all_gather(ref).flatten()  # (W*N,)
         raw = kto_kl_estimate(policy, ref, clamp=False)
@@ -202,11 +198,8 @@ class KTOModule(PolicyModule):
         `labels`: the batch's `row_labels` when the caller already has them."""
         labels = self.row_labels(batch)[0] if labels is None else labels  # (N,) each
         kl_raw = self.kl_estimate(batch)  # (), unclamped; kto_loss clamps it at 0 (z0)
-        sharing = self.prompt_sharing(batch)
-        policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                                       sharing=sharing), batch.loss_mask)
-        ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                                    sharing=sharing), batch.loss_mask)
+        policy, ref = self.policy_and_ref_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                self.prompt_sharing(batch))  # (N,), (N,)
         out = kto_loss(policy, ref, labels.desirable, kl_raw, self.beta, self.desirable_weight, self.undesirable_weight,
                        labelled=labels.labelled)
         desirable = labels.desirable
@@ -272,15 +265,5 @@ class KTOModule(PolicyModule):
             self.check_weight_ratio()
         if not self.check_finite(batch, loss=loss):
             return None  # on_nonfinite=skip: Lightning skips backward and the step
-        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", "objective/kl"))
+        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", *self.prog_bar_stats))
         return loss
-
-    def validation_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
-        self.log_stats("val", stats)
-
-    def test_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
-        self.log_stats("test", stats)
