@@ -30,9 +30,8 @@ def last_prompt_index(prompt_lengths: Tensor) -> Tensor:
 
 
 def distinct_prompts(prompt_groups: Tensor | None, size: int) -> tuple[Tensor, Tensor]:
-    """(rows, inverse): the first row of each prompt group (K,) and each row's place among them
-    (B,), so V(x) is computed once per prompt and `values[inverse]` gives every row its own.
-    Without groups every row is its own prompt."""
+    """(rows, inverse): the first row of each prompt group (K,) and each row's group (B,), so
+    `values[inverse]` gives every row its prompt's V(x); without groups every row is its own."""
     if prompt_groups is None:
         every = torch.arange(size)
         return every, every
@@ -46,17 +45,13 @@ def distinct_prompts(prompt_groups: Tensor | None, size: int) -> tuple[Tensor, T
 class DROVModule(OfflineModule):
     """DRO-V on `SingleBatch`es (prompt, completion, normalised scalar reward `rewards`).
 
-    L = 1/2 E[(r(x,y) - V(x) - tau * log(pi(y|x)/pi_ref(y|x)))^2] (docs/methods/offline-preference.md).
-    V(x) is read at the last prompt token, so it sees the prompt only; the prompt columns go
-    through the value once per distinct prompt of the batch. Policy and value train in ONE AdamW
-    with their own learning rates.
-
-    The value's form (`value`); the first is DRO-V, the next two the paper's ablations (Sec. 3.2
-    and 3.3, Fig. 5), the last two variants of ours:
-    - `network`: V(x) from a separate network (the paper's DRO-V): the checkpoint `value_model`
-      (`None` = the policy's `model` checkpoint with a fresh head; a reward model keeps its
-      head), trained at `value_lr`. With `lora` and no `value_model`, the adapter `value` on
-      the policy's frozen base.
+    L = 1/2 E[(r(x,y) - V(x) - tau * log(pi(y|x)/pi_ref(y|x)))^2] (docs/methods/offline-preference.md);
+    V(x) is read at the last prompt token, once per distinct prompt. Policy and value train in
+    ONE AdamW with their own learning rates. The value's form (`value`): DRO-V, the paper's two
+    ablations (Sec. 3.2, 3.3), then two of ours:
+    - `network`: a separate network `value_model` (`None`: the policy's `model` with a fresh
+      head; a reward model keeps its head), trained at `value_lr`; with `lora` and no
+      `value_model`, the adapter `value` on the policy's frozen base.
     - `batch_estimate`: the paper's single value mean_b(r - tau log pi/pi_ref)
       (`losses.batch_value_estimate`): no parameters.
     - `policy_logit`: the paper's shared network, the policy's own logits as value outputs:
@@ -122,9 +117,7 @@ class DROVModule(OfflineModule):
         if value_warmup_steps and value not in ("network", "learned_scalar"):
             raise ValueError(f"value_warmup_steps fits a value with parameters of its own first (value: network or "
                              f"learned_scalar); value={value!r} has none apart from the policy's")
-        self.tau = tau
-        self.value_warmup_steps = int(value_warmup_steps)
-        self.value_form = value
+        self.tau, self.value_warmup_steps, self.value_form = tau, int(value_warmup_steps), value
         self.value_lr, self.value_model_name = value_lr, value_model
         self.value: models.ScalarHeadModel | None = None
         self.batch_value: nn.Parameter | None = None
@@ -182,8 +175,7 @@ class DROVModule(OfflineModule):
         return list(self.value.parameters())
 
     def values(self, batch: SingleBatch) -> Tensor:
-        """V(x) of each row (B,), read at the last prompt token (`prompt_lengths - 1`).
-        Not for `batch_estimate`, which needs the batch's log-ratios (`compute_loss`)."""
+        """V(x) of each row (B,), read at the last prompt token (not for `batch_estimate`)."""
         if self.value_form == "batch_estimate":
             raise ValueError("value: batch_estimate is computed from the batch's rewards and log-ratios "
                              "(losses.batch_value_estimate), not from the prompts")
@@ -198,10 +190,8 @@ class DROVModule(OfflineModule):
         return self.value.score(ids, mask, index=index)[inverse]  # (B,)
 
     def policy_logit_values(self, input_ids: Tensor, attention_mask: Tensor, index: Tensor) -> Tensor:
-        """The policy's logit of `value_token_id` at column `index` of each row: (B,).
-
-        input_ids, attention_mask: (B, W) right-padded prompts; index: (B,). Only the logits of
-        the columns some row reads are computed (`logits_to_keep`), not (B, W, vocabulary)."""
+        """The policy's logit of `value_token_id` at column `index` (B,) of each right-padded prompt
+        (B, W); only the columns some row reads are computed (`logits_to_keep`)."""
         columns, row_column = torch.unique(index, return_inverse=True)  # (K,), (B,)
         with adapters.activated(self.policy) as module:
             logits = module(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=columns).logits  # (B, K, V)

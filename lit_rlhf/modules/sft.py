@@ -21,17 +21,12 @@ from lit_rlhf.lightning_compat import attached_trainer
 class SFTModule(OfflineModule):
     """Next-token negative log-likelihood on completion tokens, prompt and padding masked.
 
-    Completions end with EOS (D3) and the EOS token is in the loss mask, so the model learns to stop.
-    The loss is the mean over all completion tokens of the optimizer step's batches, all ranks,
-    whatever `accumulate_grad_batches`: each batch backpropagates its token SUM and the gradients
-    are divided by the step's tokens before the optimizer step (`gradient_factor`). Under
-    DeepSpeed, whose engine owns the gradients, each batch's loss is its own token mean. The
-    logged `train/loss` is each batch's token mean.
-
-    Batches are right padded (`SFTBatch`) or packed (`PackedSFTBatch`, `packing: true`), with the
-    same loss and gradients; packed rows switch an `sdpa` policy to `sdpa_varlen`
-    (`lit_rlhf.models.attention`), and a model that cannot keep packed examples apart gets the
-    batch unpacked, with a warning.
+    EOS is in the loss mask (D3), so the model learns to stop. The loss is the token mean over the
+    optimizer step's batches, all ranks: each batch backpropagates its token SUM, and the gradients
+    are divided by the step's tokens (`gradient_factor`); under DeepSpeed each batch's own token
+    mean. Padded (`SFTBatch`) and packed (`PackedSFTBatch`) batches give the same loss; packed rows
+    switch an `sdpa` policy to `sdpa_varlen`, or are unpacked (warned) for a model that cannot
+    keep packed examples apart. The logged `train/loss` is each batch's token mean.
 
     Args: see `PolicyModule` (model, tokenizer, optimiser and schedule, export).
     """
@@ -87,8 +82,7 @@ class SFTModule(OfflineModule):
         return self.trainer.accumulate_grad_batches * distributed.world_size() / float(total)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Scale the step's gradients by `gradient_factor` (with `optimizer_in_backward` the
-        update hooks did it, and no gradient is left here)."""
+        """Scale the step's gradients by `gradient_factor` (none left with `optimizer_in_backward`)."""
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         factor = self.gradient_factor() if grads else None
         if factor is not None:

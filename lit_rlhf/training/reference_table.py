@@ -1,14 +1,6 @@
-"""A frozen reference's sequence log-probs computed once, before training (DPO's
-`precompute_ref_logps`): a table keyed by each row's content, so the reference model need not stay
+"""A frozen reference's sequence log-probs computed once before training (DPO's
+`precompute_ref_logps`), in a table keyed by each row's content, so the reference need not stay
 in memory during the fit.
-
-- `sequence_keys`: a content fingerprint per row, valid across epochs, ranks, shuffling and
-  resumed runs;
-- `precompute_reference_logps`: the reference loaded for the time of one pass over the
-  DataModule's loaders (each rank its own rows of the train loader and every world_size-th batch
-  of the others, the tables merged on all ranks),
-  then freed;
-- `datamodule_loaders`: the loaders of a fit, a validation or a test.
 """
 
 from __future__ import annotations
@@ -34,13 +26,9 @@ log = logging.getLogger(__name__)
 
 
 def sequence_keys(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) -> list[bytes]:
-    """A content fingerprint per row: a hash of its real tokens and of which of them are scored.
-
-    (B, T) x3 -> B keys of 16 bytes. The key depends on neither the padding, nor the row's
-    position in the batch, nor the split or shuffling order, so a table keyed by it stays valid
-    across epochs, ranks and resumed runs. Two rows get the same key only when they would get
-    the same sequence log-prob.
-    """
+    """A 16-byte fingerprint per row, (B, T) x3 -> B keys: a hash of its real tokens and of which
+    are scored, independent of padding, position, split and order (valid across epochs, ranks
+    and resumed runs)."""
     ids, keep, scored = input_ids.detach().cpu(), attention_mask.detach().cpu().bool(), loss_mask.detach().cpu().bool()
     keys = []
     for row_ids, row_keep, row_scored in zip(ids, keep, scored):
@@ -54,12 +42,10 @@ def sequence_keys(input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) 
 @torch.no_grad()
 def precompute_reference_logps(module: Any, dataloaders: Iterable[Iterable[PreferenceBatch]]) -> dict[bytes, float]:
     """The sequence log-probs of a reference for every row of `dataloaders`, keyed by
-    `sequence_keys`. `module` is a `PairwiseModule`: the reference is its `ref_model_name`, or the
-    `model` checkpoint itself (the initial policy), loaded here and freed at the end, so it is the
-    same on a resumed run (with LoRA and no `ref_model_name`: the policy's own base with the
-    adapter disabled, nothing loaded). Under data parallelism each rank scores its own rows of a
-    loader with a distributed sampler (the train loader) and every world_size-th batch of any
-    other one, and the tables are merged on all ranks."""
+    `sequence_keys`. The reference is `module.ref_model_name` or its `model` checkpoint, loaded
+    here and freed at the end (with LoRA and no `ref_model_name`: the policy's base, adapter
+    off). Each rank scores its own rows of a distributed loader and every world_size-th batch of
+    any other; the tables are merged on all ranks."""
     if module.ref_model_name is None and getattr(module, "lora_config", None) is not None:
         ref = adapters.AdapterView(module.policy, None)  # LoRA: the policy's base, adapter disabled
     else:
@@ -69,16 +55,14 @@ def precompute_reference_logps(module: Any, dataloaders: Iterable[Iterable[Prefe
     world_size = trainer.world_size if trainer is not None else 1
     rank = trainer.global_rank if trainer is not None else 0
     context = trainer.precision_plugin.forward_context() if trainer is not None else torch.autocast("cpu", enabled=False)
-    # the shared LoRA base under a sharding strategy (FSDP2, ZeRO-3): every forward is a collective,
-    # so every rank runs the same batches
+    # a shared LoRA base under FSDP2 / ZeRO-3: every forward is a collective, every rank runs every batch
     collective = isinstance(ref, adapters.AdapterView) and any(
         isinstance(p, DTensor) or hasattr(p, "ds_id") for p in module.policy.parameters())
     table: dict[bytes, float] = {}
     step = 0
     with context:
         for loader in dataloaders:
-            # a loader with a distributed sampler (the DataModule's train loader) yields this rank's
-            # own rows already: they are all scored here; any other one is split over the ranks
+            # a distributed sampler (the train loader) yields this rank's own rows; others are split here
             own_rows = getattr(getattr(loader, "sampler", None), "num_replicas", 1) > 1
             for batch in loader:
                 step += 1
@@ -102,8 +86,7 @@ def precompute_reference_logps(module: Any, dataloaders: Iterable[Iterable[Prefe
 
 
 def export_overwrites_reference(module: Any) -> str | None:
-    """The problem when the run's `export_dir` is the reference the table is rebuilt from on every
-    (resumed) fit (the reference would then share the trained policy's weights), else None."""
+    """The problem when the run's `export_dir` is the reference the table is rebuilt from, else None."""
     reference = module.ref_model_name or module.model_name
     if not (module.export_dir and checks.same_path(reference, module.export_dir)):
         return None
