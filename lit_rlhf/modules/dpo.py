@@ -3,14 +3,19 @@ pairs (`lit_rlhf.losses.dpo_loss`)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
+from lit_rlhf import models
+from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
+from lit_rlhf.models import adapters
 from lit_rlhf.modules.pairwise import PairwiseModule
 from lit_rlhf.ops import masked_mean
 from lit_rlhf.training.reference_table import (
@@ -68,7 +73,7 @@ class DPOModule(PairwiseModule):
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
         """Also: the run's `export_dir` must not overwrite the reference a precomputed table is rebuilt from."""
         problems = super().check_config(trainer, datamodule)
-        if self.precompute_ref_logps and (problem := export_overwrites_reference(self)):
+        if self.precompute_ref_logps and (problem := export_overwrites_reference(self.ref_model_name or self.model_name, self.export_dir)):
             problems.append(problem)
         return problems
 
@@ -88,11 +93,32 @@ class DPOModule(PairwiseModule):
         return torch.tensor(values, dtype=torch.float32, device=batch.input_ids.device)  # (2B,)
 
     def precompute_reference(self, dataloaders: Iterable[Iterable[PreferenceBatch]]) -> int:
-        """Fill `ref_logps_cache` from `dataloaders` with a freshly loaded reference
-        (`lit_rlhf.training.reference_table`); returns its size."""
-        self.ref_logps_cache.update(precompute_reference_logps(self, dataloaders))
+        """Fill `ref_logps_cache` from `dataloaders` (`lit_rlhf.training.reference_table`) with the
+        reference loaded for the time of it; returns its size."""
+        self.ref_logps_cache.update(self._reference_table(dataloaders))  # the reference is freed on return
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         log.info("precomputed %d reference sequence log-probs", len(self.ref_logps_cache))
         return len(self.ref_logps_cache)
+
+    def _reference_table(self, dataloaders: Iterable[Iterable[PreferenceBatch]]) -> dict[bytes, float]:
+        """The table of a freshly loaded reference: `ref_model` or the `model` checkpoint, the same on
+        a resumed run (with LoRA and no `ref_model`, the policy's base with the adapter off)."""
+        if self.ref_model_name is None and self.lora_config is not None:
+            ref = adapters.AdapterView(self.policy, None)
+        else:
+            ref = models.load_reference_model(self.ref_model_name or self.model_name, self.tokenizer, self.model_dtype)
+            ref.to(self.device)
+        # a shared LoRA base under FSDP2 / ZeRO-3: every forward is a collective, every rank runs every batch
+        collective = isinstance(ref, adapters.AdapterView) and any(
+            isinstance(p, DTensor) or hasattr(p, "ds_id") for p in self.policy.parameters())
+
+        def score(batch: PreferenceBatch) -> Tensor:
+            per_token = self.model_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask, sharing=batch.sharing)
+            return self.sequence_logps(per_token, batch.loss_mask)  # (N,)
+
+        return precompute_reference_logps(score, dataloaders, self.device, attached_trainer(self), collective)
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
