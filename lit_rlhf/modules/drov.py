@@ -99,10 +99,8 @@ class DROVModule(OfflineModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(lr=lr, **kwargs)
-        if tau <= 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        if value_lr <= 0:
-            raise ValueError(f"value_lr must be > 0, got {value_lr}")
+        if tau <= 0 or value_lr <= 0:
+            raise ValueError(f"tau and value_lr must be > 0, got {tau}, {value_lr}")
         if value not in VALUE_FORMS:
             raise ValueError(f"unknown value {value!r}; expected one of {VALUE_FORMS}")
         if value != "network" and value_model is not None:

@@ -16,15 +16,11 @@ def moved_options(cls: type) -> dict[str, str]:
     return merged
 
 
-def moved_message(owner: str, name: str, hint: str) -> str:
-    return f"{owner}: `{name}` moved: {hint}"
-
-
 def refuse_moved(cls: type, kwargs: dict[str, Any]) -> None:
     """Raise `TypeError` for the first keyword argument of `kwargs` (none is expected): naming
     its new place when `cls` lists it as moved, else as Python words an unexpected argument."""
     moved = moved_options(cls)
     for name in kwargs:
         if name in moved:
-            raise TypeError(moved_message(cls.__name__, name, moved[name]))
+            raise TypeError(f"{cls.__name__}: `{name}` moved: {moved[name]}")
         raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument '{name}'")

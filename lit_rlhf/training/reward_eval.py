@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torchmetrics
 from torch import nn
 
 from lit_rlhf.training.reward_metrics import (
@@ -19,7 +20,6 @@ from lit_rlhf.training.reward_metrics import (
     calibration_figure,
     grouped_accuracy,
     metric_safe,
-    pair_metrics,
 )
 from lit_rlhf.types import PreferenceBatch
 from lit_rlhf.lightning_compat import attached_trainer
@@ -37,7 +37,9 @@ class PairEvaluationMixin:
         if calibration_bins < 1:
             raise ValueError(f"calibration_bins must be >= 1, got {calibration_bins}")
         self.group_columns, self.calibration_bins = tuple(group_columns), calibration_bins
-        self.eval_metrics = nn.ModuleDict({stage: pair_metrics() for stage in STAGES})
+        names = ("loss", "accuracy", "chosen", "rejected", "margins")
+        self.eval_metrics = nn.ModuleDict({stage: nn.ModuleDict({name: torchmetrics.MeanMetric() for name in names})
+                                           for stage in STAGES})
         # the named evaluation splits (meta "eval_split") get their own `{stage}/{split}/accuracy`
         record_columns = self.group_columns + (() if EVAL_SPLIT in self.group_columns else (EVAL_SPLIT,))
         self.eval_records = nn.ModuleDict({stage: PreferenceRecords(record_columns) for stage in STAGES})

@@ -9,14 +9,9 @@ from typing import Any, Sequence
 
 import torch
 import torchmetrics
-from torch import Tensor, nn
+from torch import Tensor
 
 GROUP_LABEL_BYTES = 48  # grouping values are synced across processes as fixed-width utf-8 bytes
-
-
-def pair_metrics() -> nn.ModuleDict:
-    names = ("loss", "accuracy", "chosen", "rejected", "margins")
-    return nn.ModuleDict({name: torchmetrics.MeanMetric() for name in names})
 
 
 def _encode_labels(values: Sequence[Any], n: int, device: torch.device) -> Tensor:
