@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                             betas=(0.9, 0.999), weight_decay=0.0)
 
     with torch.no_grad():
-        losses = {name: float(module._nll(b[0])) for name, b in batches.items()}
+        losses = {name: float(module.compute_loss(b[0])[0]) for name, b in batches.items()}
 
     def step(batch) -> float:
         start = time.perf_counter()

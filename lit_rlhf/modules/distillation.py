@@ -30,32 +30,15 @@ class DistillationModule(OnlineModule):
     """On-policy distillation (Agarwal et al. 2024, GKD; Thinking Machines, "On-Policy
     Distillation", 2025; Qwen3 technical report, Sec. 4.5).
 
-    Each training step takes B prompts and:
-
-    1. samples `num_generations` responses per prompt from the student (N rows, a prompt's copies
-       contiguous) and scores them with the reward sources (logged as `objective/scores`; trained
-       on only with `reward_weight` > 0);
-    2. `reverse_kl_pg`: the teacher's log-probs of the sampled tokens (once, without grad, on the
-       teacher's prompt: `teacher_context` then the prompt); one on-policy REINFORCE step whose
-       per-token advantage is -(log pi_s - log pi_t), discounted over later tokens by `gamma`
-       (`losses.distillation_pg_loss`);
-       `gkd`: one step on the token mean of GKD's generalized JSD between the teacher's and the
-       student's whole next-token distributions at every sampled prefix (`losses.gkd_loss`; beta 0
-       = KL(teacher || student), 1 = KL(student || teacher)), over the full vocabulary or the
-       teacher's `teacher_top_k` tokens plus a tail bucket, from the two models' hidden states
-       a chunk of `memory.logprob_chunk_size` tokens at a time (`losses.chunked_gkd_loss`: the
-       (N, R, V) log-probabilities never exist; without chunks, or for a model whose logits are
-       not its output layer's, each micro-batch's response positions' log-probs);
-    3. with `reward_weight` > 0, the task reward's group-centred advantage r - mean_group (Dr. GRPO's,
-       `losses.grpo_advantages` with `scale: none`) times `reward_weight` joins the per-token
-       advantage; with `kl_coef` > 0, the k1 penalty -kl_coef * (log pi_s - log pi_ref) does.
-
-    Every log-prob (student, teacher, reference) is taken at `logprob_temperature`. The loss is a
-    mean over the rollout's response tokens, exact over micro-batches (`run_updates`).
-
-    Logs the `OnlineModule` objective stats plus `distill/reverse_kl` (sampled, per token),
-    `distill/divergence` (gkd), `distill/teacher_tail_mass` (gkd with `teacher_top_k`),
-    `advantages/mean` and `loss/total`; validation adds `distill/reverse_kl`.
+    Each step samples `num_generations` responses per prompt from the student, scores them with
+    the reward sources, and takes one step on `loss` (docs/methods/distillation.md): `reverse_kl_pg`,
+    REINFORCE with the per-token advantage -(log pi_s - log pi_t) discounted by `gamma`
+    (`losses.distillation_pg_loss`), or `gkd`, GKD's generalized JSD between the two models'
+    next-token distributions (`losses.chunked_gkd_loss`, a chunk of tokens at a time); plus
+    `reward_weight` times the task reward's group-centred advantage and a k1 penalty `kl_coef`.
+    Every log-prob is at `logprob_temperature`; the loss is a token mean over the rollout. Logs
+    `distill/reverse_kl`, `distill/divergence`, `distill/teacher_tail_mass`, `advantages/mean`,
+    `loss/total`; validation `distill/reverse_kl`.
 
     Args:
         teacher: a model name or directory (like `ref_model`), loaded frozen, never checkpointed,
@@ -66,16 +49,13 @@ class DistillationModule(OnlineModule):
             prompts write it as a whole turn (`<|im_start|>system\\n...<|im_end|>\\n`).
         loss: `reverse_kl_pg` (the sampled policy-gradient form) or `gkd` (the supervised form).
         beta: `gkd`'s generalized JSD coefficient (0 forward KL, 1 reverse KL); GKD's default 0.5.
-        teacher_top_k: `gkd` over the teacher's k most likely tokens plus one tail bucket; None =
-            the full vocabulary. (Named apart from `top_k`, the sampler's top-k.)
+        teacher_top_k: `gkd` over the teacher's k most likely tokens plus one tail bucket (not the
+            sampler's `top_k`); None = the full vocabulary.
         gamma: `reverse_kl_pg`'s discount of later tokens' -KL in the advantage (0: each token's own).
-        lmbda: GKD's fraction of on-policy batches (Agarwal et al. 2024, Sec. 3.2): each step is
-            sampled by the student with probability lmbda, else trained on the batch's fixed
-            completions, its `reference` column (`lit_rlhf.online.fixed`; scored by the reward
-            sources for the logs, `distill/on_policy` says which). The draw depends on the seed
-            and the rollout count only: every rank draws alike and a resumed run the same. Below 1
-            with `loss: gkd` only, no task reward and no reference penalty (their policy-gradient
-            terms need the student's own samples).
+        lmbda: GKD's fraction of on-policy batches (Sec. 3.2): each step is sampled by the
+            student with probability lmbda, else trained on the batch's `reference` completions
+            (`distill/on_policy` says which; the draw depends on the seed and the rollout count
+            only). Below 1 with `loss: gkd` only, no task reward and no reference penalty.
         reward_weight: weight of the task reward (the reward sources) in the advantage; 0 = pure
             distillation (then no reward source is needed).
         kl_coef: the k1 penalty to the reference per token (0: no reference is loaded).
@@ -86,11 +66,7 @@ class DistillationModule(OnlineModule):
     """
 
     reward_optional = True  # reward_weight 0: pure distillation, no reward source needed
-    supports_tis = True
-    """Samples from another engine or an older student (`VLLMSampler(tis_cap=...)`,
-    `AsyncRollouts(tis_cap=...)` or a `correction`): the policy-gradient terms are weighted by the
-    rollout correction's factor; GKD's divergence is not (it is a valid objective at any sampled
-    prefix). DeepSeek-V3.2's off-policy sequence mask reads advantages it has not: refused."""
+    supports_tis = True  # the rollout correction weighs the policy-gradient terms, not GKD's divergence
 
     def __init__(
         self,
@@ -149,7 +125,7 @@ class DistillationModule(OnlineModule):
         self._val_kl_sum, self._val_kl_rows = 0.0, 0
 
     def load_teacher(self, name: str) -> None:
-        """`self.teacher_model`: frozen, out of checkpoints (`add_frozen`), or a view of the shared base."""
+        """`self.teacher_model`: frozen, out of checkpoints, or a view of the shared base."""
         if name == BASE and self.lora_config is not None:
             object.__setattr__(self, "teacher_model", adapters.AdapterView(self.policy, None))  # owns no weights
             return
@@ -165,8 +141,7 @@ class DistillationModule(OnlineModule):
 
     @property
     def learns_from_scores(self) -> bool:
-        """Whether the update reads the task reward (`callbacks.RunHealthCallback` asks: equal scores
-        of a pure distillation run, only logged, are no dead run)."""
+        """Whether the update reads the task reward (`callbacks.RunHealthCallback` asks)."""
         return self.reward_weight > 0
 
     @property
@@ -217,9 +192,8 @@ class DistillationModule(OnlineModule):
     def gkd_terms(self, args: tuple[Tensor, ...], teacher_ids: Tensor, teacher_mask: Tensor,
                   mask: Tensor) -> tuple[GKDLossOutput | ChunkedGKDOutput, Tensor, Tensor]:
         """GKD's divergence on these rows, and the student's and the teacher's log-probs (n, R) of
-        the sampled tokens. With `memory.logprob_chunk_size` (the default) from the two models'
-        hidden states, a chunk of tokens at a time (`chunked_gkd_loss`); else, or where a model's
-        logits are not its output layer's (`response_hidden`), from the (n, R, V) log-probs."""
+        the sampled tokens: chunked from the hidden states (`chunked_gkd_loss`) where
+        `logprob_chunk_size` and both models allow, else from the (n, R, V) log-probs."""
         chunk = self.logprob_chunk_size
         student = response_hidden(self.policy, *args) if chunk else None
         with torch.no_grad():
@@ -280,8 +254,7 @@ class DistillationModule(OnlineModule):
         return rollout._replace(logps=filled), stats
 
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
-        """One response per prompt (`val_sampling`): its scores, lengths, EOS fraction and the
-        sampled per-token reverse KL to the teacher (`distill/reverse_kl`)."""
+        """One response per prompt (`val_sampling`): scores, lengths, EOS fraction, `distill/reverse_kl`."""
         with validation_rng(self.device, self.global_step, batch_idx):
             rollout, _, _ = self.make_rollout(batch, 1, with_logps=True, sampling=self.val_sampling)
         mask = rollout.loss_mask
@@ -308,7 +281,7 @@ class DistillationModule(OnlineModule):
             self.val_reverse_kl.append((self.global_step, self._val_kl_sum / self._val_kl_rows))
 
     def on_fit_end(self) -> None:
-        """The fit's result line beside `run stopped:`: the first and the last validation reverse KL."""
+        """The fit's result line: the first and the last validation reverse KL."""
         trainer = attached_trainer(self)
         if trainer is not None and trainer.is_global_zero and self.val_reverse_kl:
             (first_step, first), (last_step, last) = self.val_reverse_kl[0], self.val_reverse_kl[-1]

@@ -1,21 +1,21 @@
 """Direct preference optimisation: DPO, IPO, SLiC-hinge and GPO's exponential and Savage losses on
-pairs (`lit_rlhf.losses.dpo_loss`).
-
-The reference log-probs come either from a frozen reference model run next to the policy at
-every step, or (`precompute_ref_logps: true`) from a table filled once at the start of fit by
-a reference model that is freed right after, so it never stays in memory during training.
-"""
+pairs (`lit_rlhf.losses.dpo_loss`)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
+from lit_rlhf import models
+from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
+from lit_rlhf.models import adapters
 from lit_rlhf.modules.pairwise import PairwiseModule
 from lit_rlhf.ops import masked_mean
 from lit_rlhf.training.reference_table import (
@@ -29,13 +29,9 @@ log = logging.getLogger(__name__)
 class DPOModule(PairwiseModule):
     """DPO (Rafailov et al. 2023) and its IPO / hinge / exponential / Savage variants on a `PreferenceBatch`.
 
-    Chosen and rejected sequences go through the policy in ONE forward pass: the batch is
-    already concatenated, rows `[:B]` chosen and `[B:]` rejected, (2B, T); with `shared_prompt`
-    (default) each pair's prompt is computed once, for the policy and the reference. The
-    reference runs first (without grad), so its temporaries never add to the policy's saved
-    activations. Sequence log-probs are sums over completion tokens; the loss family
-    `f(beta * h)` lives in `dpo_loss`. The policy's forward pass and the steps are
-    `PairwiseModule`'s.
+    Rows `[:B]` chosen and `[B:]` rejected go through the reference (first, without grad) and the
+    policy in one forward pass each (`PairwiseModule`); sequence log-probs are sums over
+    completion tokens, and the loss family `f(beta * h)` is `dpo_loss`.
 
     Args:
         beta: KL strength; the implicit reward is `beta * log(pi / pi_ref)`. The DPO paper uses
@@ -44,10 +40,9 @@ class DPOModule(PairwiseModule):
             (Tang et al. 2024); the functions f are in `lit_rlhf.losses.dpo_loss`.
         ref_model: reference policy name; `None` = the initial policy (the `model` checkpoint).
         precompute_ref_logps: compute every reference sequence log-prob once at the start of
-            fit (over the DataModule's train and val dataloaders, rows split across ranks),
-            keep them in a table keyed by a content hash of each sequence (`sequence_keys`),
-            and free the reference model. The table is not checkpointed: its recipe (the
-            reference name and the data) rebuilds it identically on resume.
+            fit over the DataModule's loaders, keep them keyed by each sequence's content
+            (`lit_rlhf.training.reference_table`) and free the reference model; rebuilt, not
+            checkpointed, on resume.
         nll_coef: weight of an added NLL term on the chosen completions (token mean), as in
             "DPO + NLL" / RPO (Lambert, RLHF book, Sec. 8.2); 0 disables it.
         **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
@@ -69,25 +64,16 @@ class DPOModule(PairwiseModule):
             raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(DPO_LOSS_TYPES)}")
         if nll_coef < 0:
             raise ValueError(f"nll_coef must be >= 0, got {nll_coef}")
-        self.beta = beta
-        self.loss_type = loss_type
-        self.nll_coef = nll_coef
-        self.precompute_ref_logps = precompute_ref_logps
-        self.ref_model_name = ref_model
-        # content key -> reference sequence log-prob (precompute mode only)
-        self.ref_logps_cache: dict[bytes, float] = {}
+        self.beta, self.loss_type, self.nll_coef = beta, loss_type, nll_coef
+        self.precompute_ref_logps, self.ref_model_name = precompute_ref_logps, ref_model
+        self.ref_logps_cache: dict[bytes, float] = {}  # content key -> reference sequence log-prob (precompute only)
         if not precompute_ref_logps:
             self.load_reference(ref_model, self.model_dtype)
 
-    # ----------------------------------------------------------------------------------------
-    # reference log-probs: live or precomputed
-    # ----------------------------------------------------------------------------------------
-
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
-        """Also: a precomputed reference table is rebuilt from `ref_model` (or `model`) on every
-        (resumed) fit, so the run's `export_dir` must not overwrite it."""
+        """Also: the run's `export_dir` must not overwrite the reference a precomputed table is rebuilt from."""
         problems = super().check_config(trainer, datamodule)
-        if self.precompute_ref_logps and (problem := export_overwrites_reference(self)):
+        if self.precompute_ref_logps and (problem := export_overwrites_reference(self.ref_model_name or self.model_name, self.export_dir)):
             problems.append(problem)
         return problems
 
@@ -100,21 +86,39 @@ class DPOModule(PairwiseModule):
         keys = sequence_keys(batch.input_ids, batch.attention_mask, batch.loss_mask)
         missing = [i for i, key in enumerate(keys) if key not in self.ref_logps_cache]
         if missing:
-            raise KeyError(
-                f"no precomputed reference log-probs for rows {missing} of this batch: with "
-                "precompute_ref_logps=true every sequence must come from the DataModule dataloaders "
-                "that were precomputed at the start of fit/validate/test (call `precompute_reference` "
-                "for other data)"
-            )
+            raise KeyError(f"no precomputed reference log-probs for rows {missing} of this batch: with "
+                           "precompute_ref_logps=true every sequence must come from the DataModule dataloaders that were "
+                           "precomputed at the start of fit/validate/test (call `precompute_reference` for other data)")
         values = [self.ref_logps_cache[key] for key in keys]
         return torch.tensor(values, dtype=torch.float32, device=batch.input_ids.device)  # (2B,)
 
     def precompute_reference(self, dataloaders: Iterable[Iterable[PreferenceBatch]]) -> int:
-        """Fill `ref_logps_cache` from `dataloaders` with a freshly loaded reference
-        (`lit_rlhf.training.reference_table`); returns its size."""
-        self.ref_logps_cache.update(precompute_reference_logps(self, dataloaders))
+        """Fill `ref_logps_cache` from `dataloaders` (`lit_rlhf.training.reference_table`) with the
+        reference loaded for the time of it; returns its size."""
+        self.ref_logps_cache.update(self._reference_table(dataloaders))  # the reference is freed on return
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         log.info("precomputed %d reference sequence log-probs", len(self.ref_logps_cache))
         return len(self.ref_logps_cache)
+
+    def _reference_table(self, dataloaders: Iterable[Iterable[PreferenceBatch]]) -> dict[bytes, float]:
+        """The table of a freshly loaded reference: `ref_model` or the `model` checkpoint, the same on
+        a resumed run (with LoRA and no `ref_model`, the policy's base with the adapter off)."""
+        if self.ref_model_name is None and self.lora_config is not None:
+            ref = adapters.AdapterView(self.policy, None)
+        else:
+            ref = models.load_reference_model(self.ref_model_name or self.model_name, self.tokenizer, self.model_dtype)
+            ref.to(self.device)
+        # a shared LoRA base under FSDP2 / ZeRO-3: every forward is a collective, every rank runs every batch
+        collective = isinstance(ref, adapters.AdapterView) and any(
+            isinstance(p, DTensor) or hasattr(p, "ds_id") for p in self.policy.parameters())
+
+        def score(batch: PreferenceBatch) -> Tensor:
+            per_token = self.model_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask, sharing=batch.sharing)
+            return self.sequence_logps(per_token, batch.loss_mask)  # (N,)
+
+        return precompute_reference_logps(score, dataloaders, self.device, attached_trainer(self), collective)
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
@@ -129,10 +133,6 @@ class DPOModule(PairwiseModule):
     def on_test_start(self) -> None:
         if self.precompute_ref_logps:
             self.precompute_reference(datamodule_loaders(self.trainer, ("test_dataloader",)))
-
-    # ----------------------------------------------------------------------------------------
-    # steps
-    # ----------------------------------------------------------------------------------------
 
     def compute_loss(self, batch: PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""

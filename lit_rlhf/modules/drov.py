@@ -1,10 +1,5 @@
-"""DRO-V: a policy and a value network V(x) trained on single-trajectory, scalar-reward data.
-
-Richemond et al. 2024, "Offline Regularised Reinforcement Learning for LLM Alignment": the math
-(the two surrogates whose gradients are Eq. 7 and Eq. 8 / tau) is `lit_rlhf.losses.drov_loss`;
-this module owns the two networks, reads V(x) at the last prompt token, and gives the policy
-and the value their own learning rates in ONE AdamW (two parameter groups).
-"""
+"""DRO-V (Richemond et al. 2024): a policy and a value V(x) trained on single-trajectory,
+scalar-reward data; the math is `lit_rlhf.losses.drov_loss`."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ from torch import Tensor, nn
 from lit_rlhf import checks, models
 from lit_rlhf.models import adapters, scalar_adapters
 from lit_rlhf.losses import batch_value_estimate, drov_loss
-from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.modules.pairwise import OfflineModule
 from lit_rlhf.training.optim import decay_groups
 from lit_rlhf.types import SingleBatch
 from lit_rlhf.lightning_compat import attached_trainer
@@ -35,9 +30,8 @@ def last_prompt_index(prompt_lengths: Tensor) -> Tensor:
 
 
 def distinct_prompts(prompt_groups: Tensor | None, size: int) -> tuple[Tensor, Tensor]:
-    """(rows, inverse): the first row of each prompt group (K,) and each row's place among them
-    (B,), so V(x) is computed once per prompt and `values[inverse]` gives every row its own.
-    Without groups every row is its own prompt."""
+    """(rows, inverse): the first row of each prompt group (K,) and each row's group (B,), so
+    `values[inverse]` gives every row its prompt's V(x); without groups every row is its own."""
     if prompt_groups is None:
         every = torch.arange(size)
         return every, every
@@ -48,32 +42,22 @@ def distinct_prompts(prompt_groups: Tensor | None, size: int) -> tuple[Tensor, T
     return rows.to(device), inverse.to(device)
 
 
-class DROVModule(PolicyModule):
+class DROVModule(OfflineModule):
     """DRO-V on `SingleBatch`es (prompt, completion, normalised scalar reward `rewards`).
 
-    L = 1/2 E[(r(x,y) - V(x) - tau * log(pi(y|x)/pi_ref(y|x)))^2] (`docs/ARCHITECTURE.md` section 2). V(x) is read
-    at the last prompt token (index `prompt_lengths - 1` of the right-padded rows), so it sees the
-    prompt only: one value per example. Only the prompt columns go through the value network,
-    once per distinct prompt of the batch (`SingleBatch.prompt_groups`); rows that share a prompt
-    also share its forward in the policy and the reference (`lit_rlhf.ops.shared_prompt`).
-
-    The value's form (`value`); the first is DRO-V, the next two the paper's ablations (Sec. 3.2
-    and 3.3, Fig. 5), the last two variants of ours:
-    - `network`: V(x) from a separate network (the paper's DRO-V): the checkpoint `value_model`
-      (`None` = the policy's `model` checkpoint with a fresh scalar head, 0 at the start by
-      default: `value_head_init`; a reward model directory keeps its head, `load_scalar_model`),
-      trained at `value_lr`. With `lora` and no
-      `value_model`, V(x) is the adapter `value` on the policy's frozen base.
-    - `batch_estimate`: the paper's single value, E_x[V(x)] estimated from the batch,
-      mean_b(r - tau log pi/pi_ref) (`losses.batch_value_estimate`): no parameters, no
-      `value_lr`.
+    L = 1/2 E[(r(x,y) - V(x) - tau * log(pi(y|x)/pi_ref(y|x)))^2] (docs/methods/offline-preference.md);
+    V(x) is read at the last prompt token, once per distinct prompt. Policy and value train in
+    ONE AdamW with their own learning rates. The value's form (`value`): DRO-V, the paper's two
+    ablations (Sec. 3.2, 3.3), then two of ours:
+    - `network`: a separate network `value_model` (`None`: the policy's `model` with a fresh
+      head; a reward model keeps its head), trained at `value_lr`; with `lora` and no
+      `value_model`, the adapter `value` on the policy's frozen base.
+    - `batch_estimate`: the paper's single value mean_b(r - tau log pi/pi_ref)
+      (`losses.batch_value_estimate`): no parameters.
     - `policy_logit`: the paper's shared network, the policy's own logits as value outputs:
-      V(x) = the policy's logit of token `value_token_id` at the last prompt token (raw logit,
-      no temperature). The value loss then trains the policy's parameters at the policy's `lr`
-      (there is no value parameter of its own, so `value_lr` is unused). Which logit carries the
-      value is our choice: by default the PAD token's (D3: PAD is never a completion token, so
-      no training target asks for its probability; moving its logit still changes the softmax
-      normaliser of every completion token, the coupling this ablation is about).
+      V(x) = the raw logit of token `value_token_id` at the last prompt token, trained at the
+      policy's `lr`. By default PAD's logit (ours: no completion token is PAD, D3, yet its
+      logit moves the softmax normaliser of every token, the coupling this ablation is about).
     - `learned_scalar` (ours): one learnable scalar for all prompts, trained at `value_lr`.
     - `shared_head` (ours): a D11 scalar head on the policy's backbone (with `lora`, on the
       policy adapter); the value loss also moves the backbone; the head trains at `value_lr`.
@@ -87,23 +71,19 @@ class DROVModule(PolicyModule):
         value_token_id: the vocabulary id whose logit is V(x) (`value: policy_logit` only);
             `None` = the tokenizer's PAD id.
         value_head_init: how a fresh value head starts (`network` without `value_model`, and
-            `shared_head`): `zero` (ours, the default) gives weight and bias 0, so V(x) starts at
-            0, the mean of the normalised rewards, for every prompt; `d11` is the reward head's
-            N(0, 1/sqrt(d_model + 1)) (D11), whose V(x) starts at a random value per prompt of
-            about the hidden state's RMS, in units of normalised reward: on a model whose hidden
-            states are large the value first spends its steps unlearning that (the DRO
-            miniature in `experiments/README.md`). A `value_model`'s head is its own.
-        value_warmup_steps: the first this many optimizer steps fit V alone (the policy's
-            log-probs are computed without grad, so the policy gets no gradient and AdamW
-            leaves it unchanged); the joint steps follow, so V starts them fitted to the data rather
-            than at its fresh head's 0. 0 (default): joint from the first step. Only for a value
-            with parameters of its own (`network`, `learned_scalar`).
+            `shared_head`): `zero` (ours, the default): V(x) = 0, the normalised rewards' mean,
+            for every prompt; `d11`: the reward head's N(0, 1/sqrt(d_model + 1)) (D11), a random
+            start of about the hidden state's RMS (see the DRO miniature, `experiments/README.md`).
+        value_warmup_steps: the first this many optimizer steps fit V alone (the policy gets no
+            gradient); 0 (default): joint from the first step. Only for a value with parameters
+            of its own (`network`, `learned_scalar`).
         ref_model: reference policy name; `None` = a frozen copy of the initial policy.
         **kwargs: `PolicyModule` arguments (model, tokenizer, dtype, optimiser, schedule, export).
             `gradient_checkpointing` applies to a separate value network as to the policy.
     """
 
     batch_types = (SingleBatch,)
+    prog_bar_stats = ("objective/dro",)
 
     def __init__(
         self,
@@ -119,10 +99,8 @@ class DROVModule(PolicyModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(lr=lr, **kwargs)
-        if tau <= 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        if value_lr <= 0:
-            raise ValueError(f"value_lr must be > 0, got {value_lr}")
+        if tau <= 0 or value_lr <= 0:
+            raise ValueError(f"tau and value_lr must be > 0, got {tau}, {value_lr}")
         if value not in VALUE_FORMS:
             raise ValueError(f"unknown value {value!r}; expected one of {VALUE_FORMS}")
         if value != "network" and value_model is not None:
@@ -137,9 +115,7 @@ class DROVModule(PolicyModule):
         if value_warmup_steps and value not in ("network", "learned_scalar"):
             raise ValueError(f"value_warmup_steps fits a value with parameters of its own first (value: network or "
                              f"learned_scalar); value={value!r} has none apart from the policy's")
-        self.tau = tau
-        self.value_warmup_steps = int(value_warmup_steps)
-        self.value_form = value
+        self.tau, self.value_warmup_steps, self.value_form = tau, int(value_warmup_steps), value
         self.value_lr, self.value_model_name = value_lr, value_model
         self.value: models.ScalarHeadModel | None = None
         self.batch_value: nn.Parameter | None = None
@@ -183,10 +159,6 @@ class DROVModule(PolicyModule):
                             "with_rewards=false: set with_rewards: true")
         return problems
 
-    # ----------------------------------------------------------------------------------------
-    # value
-    # ----------------------------------------------------------------------------------------
-
     def value_parameters(self) -> list[nn.Parameter]:
         """The value's own trainable parameters (`shared_head`: the head only; none for
         `batch_estimate` and `policy_logit`)."""
@@ -201,8 +173,7 @@ class DROVModule(PolicyModule):
         return list(self.value.parameters())
 
     def values(self, batch: SingleBatch) -> Tensor:
-        """V(x) of each row (B,), read at the last prompt token (`prompt_lengths - 1`).
-        Not for `batch_estimate`, which needs the batch's log-ratios (`compute_loss`)."""
+        """V(x) of each row (B,), read at the last prompt token (not for `batch_estimate`)."""
         if self.value_form == "batch_estimate":
             raise ValueError("value: batch_estimate is computed from the batch's rewards and log-ratios "
                              "(losses.batch_value_estimate), not from the prompts")
@@ -217,10 +188,8 @@ class DROVModule(PolicyModule):
         return self.value.score(ids, mask, index=index)[inverse]  # (B,)
 
     def policy_logit_values(self, input_ids: Tensor, attention_mask: Tensor, index: Tensor) -> Tensor:
-        """The policy's logit of `value_token_id` at column `index` of each row: (B,).
-
-        input_ids, attention_mask: (B, W) right-padded prompts; index: (B,). Only the logits of
-        the columns some row reads are computed (`logits_to_keep`), not (B, W, vocabulary)."""
+        """The policy's logit of `value_token_id` at column `index` (B,) of each right-padded prompt
+        (B, W); only the columns some row reads are computed (`logits_to_keep`)."""
         columns, row_column = torch.unique(index, return_inverse=True)  # (K,), (B,)
         with adapters.activated(self.policy) as module:
             logits = module(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=columns).logits  # (B, K, V)
@@ -238,23 +207,16 @@ class DROVModule(PolicyModule):
         groups += decay_groups(value_params, self.weight_decay, lr=self.value_lr, name="value")
         return groups
 
-    # ----------------------------------------------------------------------------------------
-    # steps
-    # ----------------------------------------------------------------------------------------
-
     def compute_loss(self, batch: SingleBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
         if not isinstance(batch, SingleBatch):
             raise TypeError(f"DROVModule needs a SingleBatch with scalar rewards, got {type(batch).__name__}")
         if batch.rewards is None:
             raise ValueError("DROVModule needs scalar `rewards` in the batch (single-trajectory data with a reward column)")
-        sharing = batch.sharing  # rows of one prompt: the prompt computed once (None: every row apart)
         value_only = self.fitting_value_only()  # value warm-up: the policy gets no gradient
         with torch.set_grad_enabled(torch.is_grad_enabled() and not value_only):
-            policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                                           sharing=sharing), batch.loss_mask)
-        ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                                    sharing=sharing), batch.loss_mask)
+            policy, ref = self.policy_and_ref_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                    batch.sharing)  # (B,), (B,)
         if self.value_form == "batch_estimate":
             values = batch_value_estimate(policy.float(), ref.float(), batch.rewards.float(), self.tau)  # (B,)
         else:
@@ -278,18 +240,6 @@ class DROVModule(PolicyModule):
         return self.training and attached_trainer(self) is not None and self.trainer.global_step < self.value_warmup_steps
 
     def training_step(self, batch: SingleBatch, batch_idx: int) -> Tensor | None:
-        loss, stats = self.compute_loss(batch)
-        if not self.check_finite(batch, rewards=batch.rewards, loss=loss):
+        if not self.check_finite(batch, rewards=getattr(batch, "rewards", None)):
             return None  # on_nonfinite=skip: Lightning skips backward and the step
-        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", "objective/dro"))
-        return loss
-
-    def validation_step(self, batch: SingleBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
-        self.log_stats("val", stats)
-
-    def test_step(self, batch: SingleBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
-        self.log_stats("test", stats)
+        return super().training_step(batch, batch_idx)

@@ -1,14 +1,7 @@
-"""KTO: unpaired desirable / undesirable completions (`lit_rlhf.losses.kto_loss`).
-
-The KL reference point z0 is estimated at every step from mismatched prompt/completion pairs of
-the batch, without gradient, averaged over ranks and clamped at 0 (Ethayarajh et al. 2024,
-Sec. 4); the clamped z0 (`objective/kl`) and the raw estimate (`objective/kl_raw`) are logged.
-Row i is paired with the next row whose prompt differs (`mismatch_partners`): an UltraFeedback
-batch holds several completions of one instruction side by side, and pairing with row i+1 would
-mostly score a completion with its own prompt. A negative raw estimate is expected, not a sign
-error: the completions are the dataset's, not samples of pi, so their mean log-ratio is no KL
-(measured on the KTO quickstart: 0 at the first step, where pi == pi_ref, then mostly negative,
-down to -3.3 nats per sequence, so the clamp keeps z0 at 0).
+"""KTO: unpaired desirable / undesirable completions (`lit_rlhf.losses.kto_loss`). z0 (`objective/kl`)
+is the raw estimate (`objective/kl_raw`, `kl_estimate`) from mismatched prompt/completion pairs of
+the batch clamped at 0 (Ethayarajh et al. 2024, Sec. 4); a negative raw estimate is expected: the
+completions are the dataset's, not samples of pi, so their mean log-ratio is no KL.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from lit_rlhf.losses import (
     KTO_WEIGHT_RATIO_RANGE, RewardLabels, kto_kl_estimate, kto_loss, kto_weight_ratio, labels_from_rewards
 )
 from lit_rlhf.training.base import CHECKPOINT_KEY
-from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.modules.pairwise import OfflineModule
 from lit_rlhf.ops.mismatch import mismatch_partners, mismatched_sequences
 from lit_rlhf.types import PreferenceBatch, PromptSharing, SingleBatch
 from lit_rlhf.lightning_compat import attached_trainer
@@ -35,27 +28,17 @@ log = logging.getLogger(__name__)
 LabelsFrom = Literal["labels", "rewards"]
 
 
-class KTOModule(PolicyModule):
+class KTOModule(OfflineModule):
     """KTO (Ethayarajh et al. 2024) on unpaired completions with a desirable / undesirable flag.
 
-    Accepted batches:
-    - `SingleBatch` with `labels` (True = desirable), `labels_from: labels`;
-    - `SingleBatch` with scalar `rewards`, `labels_from: rewards`: desirable when the reward is
-      above the (global, all ranks) batch mean, undesirable below it, the DRO paper's KTO baseline
-      (`labels_from_rewards`). A reward equal to the mean (ties: discrete rewards, an all-equal
-      batch) gets no label: the row is left out of the loss and counted (`data/num_tied`). When
-      every row of the global batch is tied the batch carries no signal and the optimizer step
-      is skipped on every rank (no update, not even AdamW's momentum), counted in
-      `data/tied_batches`;
-    - `PreferenceBatch`: the pairs split into a desirable (chosen, rows [:B]) and an undesirable
-      (rejected, rows [B:]) completion; `labels_from` is ignored.
+    Batches: a `SingleBatch` with `labels` (True = desirable) or scalar `rewards` (`labels_from`:
+    desirable above the global batch mean, the DRO paper's KTO baseline; a tie gets no label and
+    is counted in `data/num_tied`, and a batch where every row ties skips its step on every rank,
+    `data/tied_batches`), or a `PreferenceBatch` (chosen desirable, rejected undesirable).
 
-    The weight ratio lambda_D n_D / (lambda_U n_U) (`losses.kto_weight_ratio`) is logged every
-    step over the global batch (`data/weight_ratio`) and over the run so far
-    (`data/weight_ratio_cumulative`); a warning names the weights to change when the run's ratio
-    leaves the paper's [1, 4/3] (checked from the 8th step on, and at each epoch end; once).
-
-    z0, the KL reference point, is `kl_reference_point` (see the module docstring).
+    The weight ratio lambda_D n_D / (lambda_U n_U) is logged per batch (`data/weight_ratio`) and
+    for the run (`data/weight_ratio_cumulative`); a warning names the weights to change once the
+    run's ratio leaves the paper's [1, 4/3] (checked from the 8th step on and at epoch ends).
 
     Args:
         beta: KL strength in the value function sigmoid(beta * (r - z0)); the KTO paper uses 0.1
@@ -70,6 +53,7 @@ class KTOModule(PolicyModule):
     """
 
     batch_types = (SingleBatch, PreferenceBatch)
+    prog_bar_stats = ("objective/kl",)
 
     def __init__(
         self,
@@ -87,9 +71,7 @@ class KTOModule(PolicyModule):
             raise ValueError(f"desirable_weight / undesirable_weight must be >= 0, got {desirable_weight}, {undesirable_weight}")
         if labels_from not in ("labels", "rewards"):
             raise ValueError(f"unknown labels_from {labels_from!r}; expected 'labels' or 'rewards'")
-        self.beta = beta
-        self.desirable_weight = desirable_weight
-        self.undesirable_weight = undesirable_weight
+        self.beta, self.desirable_weight, self.undesirable_weight = beta, desirable_weight, undesirable_weight
         self.labels_from = labels_from
         self._last_z0 = 0.0  # the last raw KL estimate: fallback for a batch of one prompt (`kl_estimate`)
         self._counts = [0.0, 0.0]  # desirable, undesirable examples trained on so far (all ranks)
@@ -104,52 +86,43 @@ class KTOModule(PolicyModule):
             return problems
         name, data = type(self).__name__, type(datamodule).__name__
         if self.labels_from == "labels" and getattr(datamodule, "label_mode", "") is None:
-            problems.append(
-                f"{name} has labels_from='labels' but {data} has no label_mode, so its batches carry no labels: set "
-                "the DataModule's label_mode ('threshold' or 'pairs'), or labels_from: rewards"
-            )
+            problems.append(f"{name} has labels_from='labels' but {data} has no label_mode, so its batches carry no "
+                            "labels: set the DataModule's label_mode ('threshold' or 'pairs'), or labels_from: rewards")
         if self.labels_from == "rewards" and getattr(datamodule, "with_rewards", True) is False:
             problems.append(f"{name} has labels_from='rewards' but {data} has with_rewards=false")
         return problems
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[CHECKPOINT_KEY]["last_z0"] = self._last_z0  # the single-prompt batch fallback (exact resume)
-        checkpoint[CHECKPOINT_KEY]["label_counts"] = list(self._counts)
-        checkpoint[CHECKPOINT_KEY]["tied_batches"] = self.tied_batches
+        super().on_save_checkpoint(checkpoint)  # the single-prompt fallback z0 too (exact resume)
+        checkpoint[CHECKPOINT_KEY].update(last_z0=self._last_z0, label_counts=list(self._counts),
+                                          tied_batches=self.tied_batches)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        self._last_z0 = float(checkpoint.get(CHECKPOINT_KEY, {}).get("last_z0", 0.0))
-        self._counts = [float(c) for c in checkpoint.get(CHECKPOINT_KEY, {}).get("label_counts", [0.0, 0.0])]
-        self.tied_batches = int(checkpoint.get(CHECKPOINT_KEY, {}).get("tied_batches", 0))
+        saved = checkpoint.get(CHECKPOINT_KEY, {})
+        self._last_z0 = float(saved.get("last_z0", 0.0))
+        self._counts = [float(c) for c in saved.get("label_counts", [0.0, 0.0])]
+        self.tied_batches = int(saved.get("tied_batches", 0))
 
     def row_labels(self, batch: SingleBatch | PreferenceBatch) -> tuple[RewardLabels, bool]:
         """The N rows' labels (desirable, tied: (N,) bool) and whether every row of the GLOBAL
         batch (all ranks) is tied, which is the same answer on every rank. Only rewards compared
         with their batch mean can tie; binary labels and pairs never do."""
-        if isinstance(batch, PreferenceBatch):
-            pairs = batch.num_pairs
-            desirable = torch.arange(2 * pairs, device=batch.input_ids.device) < pairs  # chosen rows first
+        if isinstance(batch, PreferenceBatch):  # chosen rows first
+            desirable = torch.arange(2 * batch.num_pairs, device=batch.input_ids.device) < batch.num_pairs
             return RewardLabels(desirable, torch.zeros_like(desirable)), False
         if not isinstance(batch, SingleBatch):
             raise TypeError(f"KTOModule needs a SingleBatch or a PreferenceBatch, got {type(batch).__name__}")
         if self.labels_from == "labels":
             if batch.labels is None:
                 raise ValueError("labels_from='labels' but the batch has no `labels`; use labels_from='rewards' for scalar rewards")
-            desirable = batch.labels.bool()
-            return RewardLabels(desirable, torch.zeros_like(desirable)), False
+            return RewardLabels(batch.labels.bool(), torch.zeros_like(batch.labels.bool())), False
         if batch.rewards is None:
             raise ValueError("labels_from='rewards' but the batch has no `rewards`")
         everyone, own = gather_rows(batch.rewards)  # the mean of the GLOBAL batch, every rank's rewards
         labels = labels_from_rewards(everyone)
         device = batch.rewards.device
         return RewardLabels(labels.desirable[own].to(device), labels.tied[own].to(device)), bool(labels.tied.all())
-
-    def desirable_flags(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
-        """(N,) bool, True = desirable, for the N rows of the batch (tied rows are False here:
-        `row_labels` says which rows have no label)."""
-        return self.row_labels(batch)[0].desirable
 
     @staticmethod
     def prompt_sharing(batch: SingleBatch | PreferenceBatch) -> PromptSharing | None:
@@ -159,15 +132,9 @@ class KTOModule(PolicyModule):
 
     @torch.no_grad()
     def kl_estimate(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
-        """The raw KL estimate: mean log pi/pi_ref of the batch's mismatched sequences over all
-        ranks, not clamped (z0 is its clamp at 0, `kl_reference_point`).
-
-        Returns a () tensor without grad. Under data parallelism the per-row log-ratios of every
-        rank are gathered first, so it is the global mean, the same on every rank. A batch
-        whose rows all share one prompt (one row, one pair, several completions of one prompt;
-        on any rank) has no mismatched pair: every rank reuses the previous step's estimate (0
-        before the first).
-        """
+        """The raw KL estimate, a () tensor without grad: mean log pi/pi_ref of the batch's
+        mismatched sequences over all ranks (z0 is its clamp at 0). A batch whose rows all share
+        one prompt (on any rank) has none: every rank reuses the previous estimate (0 at first)."""
         rows = batch.input_ids.shape[0]
         partners = mismatch_partners(batch.input_ids, batch.prompt_lengths) if rows >= 2 else None
         distributed_run = attached_trainer(self) is not None and self.trainer.world_size > 1
@@ -182,9 +149,8 @@ class KTOModule(PolicyModule):
             batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths, self.tokenizer.pad_token_id,
             partners,
         )  # (N, T')
-        sharing = self.prompt_sharing(batch)  # row i keeps its prompt (only the completion moved)
-        policy = self.sequence_logps(self.policy_logps(ids, keep, scored, sharing=sharing), scored)  # (N,)
-        ref = self.sequence_logps(self.frozen_logps("ref_model", ids, keep, scored, sharing=sharing), scored)  # (N,)
+        # row i keeps its prompt (only the completion moved): its prompt sharing holds
+        policy, ref = self.policy_and_ref_logps(ids, keep, scored, self.prompt_sharing(batch))  # (N,), (N,)
         if distributed_run:
             policy, ref = self.all_gather(policy).flatten(), self.all_gather(ref).flatten()  # (W*N,)
         raw = kto_kl_estimate(policy, ref, clamp=False)
@@ -192,21 +158,14 @@ class KTOModule(PolicyModule):
             self._last_z0 = float(raw)
         return raw
 
-    def kl_reference_point(self, batch: SingleBatch | PreferenceBatch) -> Tensor:
-        """z0: the KL estimate (`kl_estimate`) clamped at 0, a () tensor without grad."""
-        return self.kl_estimate(batch).clamp(min=0)
-
     def compute_loss(self, batch: SingleBatch | PreferenceBatch,
                      labels: RewardLabels | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of one batch and the detached statistics to log (names `{group}/{name}`).
         `labels`: the batch's `row_labels` when the caller already has them."""
         labels = self.row_labels(batch)[0] if labels is None else labels  # (N,) each
         kl_raw = self.kl_estimate(batch)  # (), unclamped; kto_loss clamps it at 0 (z0)
-        sharing = self.prompt_sharing(batch)
-        policy = self.sequence_logps(self.policy_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                                       sharing=sharing), batch.loss_mask)
-        ref = self.sequence_logps(self.frozen_logps("ref_model", batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                                    sharing=sharing), batch.loss_mask)
+        policy, ref = self.policy_and_ref_logps(batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                self.prompt_sharing(batch))  # (N,), (N,)
         out = kto_loss(policy, ref, labels.desirable, kl_raw, self.beta, self.desirable_weight, self.undesirable_weight,
                        labelled=labels.labelled)
         desirable = labels.desirable
@@ -272,15 +231,5 @@ class KTOModule(PolicyModule):
             self.check_weight_ratio()
         if not self.check_finite(batch, loss=loss):
             return None  # on_nonfinite=skip: Lightning skips backward and the step
-        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", "objective/kl"))
+        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", *self.prog_bar_stats))
         return loss
-
-    def validation_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
-        self.log_stats("val", stats)
-
-    def test_step(self, batch: SingleBatch | PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
-        self.log_stats("test", stats)

@@ -8,7 +8,6 @@ from typing import Any
 from torch import Tensor
 
 from lit_rlhf.losses import ListwiseLossOutput, listwise_dpo_loss, plackett_luce_loss
-from lit_rlhf.models.shared_prompt import grouped_scalar_scores
 from lit_rlhf.modules.dpo import DPOModule
 from lit_rlhf.modules.reward import RewardModule
 from lit_rlhf.types import ListBatch
@@ -31,11 +30,9 @@ def _ranking_stats(out: ListwiseLossOutput, ranking: Tensor) -> dict[str, Tensor
 class ListwiseDPOModule(DPOModule):
     """Listwise DPO (Rafailov et al. 2023, App. A.3) on a `ListBatch` of B lists of K completions.
 
-    The B*K rows go through the reference and the policy in one forward pass each (with
-    `shared_prompt`, each list's prompt once); the implicit rewards `beta * (log pi - log pi_ref)`
-    of a list are ranked by Plackett-Luce (`listwise_dpo_loss`). For K = 2 it is DPO. Arguments
-    are `DPOModule`'s (`beta`, `ref_model`, `precompute_ref_logps`, and the policy's); its
-    `loss_type` and `nll_coef` are fixed (Plackett-Luce, no NLL term).
+    The B*K rows go through the reference and the policy in one forward pass each; the implicit
+    rewards `beta * (log pi - log pi_ref)` of a list are ranked by Plackett-Luce
+    (`listwise_dpo_loss`; DPO for K = 2). Arguments: `DPOModule`'s but `loss_type` and `nll_coef`.
     """
 
     batch_types = (ListBatch,)
@@ -58,10 +55,9 @@ class ListwiseDPOModule(DPOModule):
 class ListwiseRewardModule(RewardModule):
     """A reward model trained on rankings of K completions: the Plackett-Luce negative
     log-likelihood of each list's order under its rewards (`plackett_luce_loss`; Bradley-Terry for
-    K = 2). Arguments are `RewardModule`'s, without the pairwise ones (`use_margin`,
-    `center_coef`, `group_columns`, `calibration_bins`); validation and test log `{stage}/loss`
-    and `{stage}/rewards/{accuracies,top1,best,worst,margins}`. D15 normalisation and the export
-    are `RewardModule`'s.
+    K = 2), logging `{stage}/loss` and `{stage}/rewards/{accuracies,top1,best,worst,margins}`.
+    Arguments: `RewardModule`'s but the pairwise ones (`use_margin`, `center_coef`,
+    `group_columns`, `calibration_bins`).
     """
 
     batch_types = (ListBatch,)
@@ -71,12 +67,7 @@ class ListwiseRewardModule(RewardModule):
 
     def list_rewards(self, batch: ListBatch) -> Tensor:
         """(B, K) float32 rewards of every list's completions, from one forward over the B*K rows."""
-        batch = _require_lists(self, batch)
-        if self.shared_prompt:
-            rewards = grouped_scalar_scores(self.reward_model, batch.input_ids, batch.attention_mask, batch.sharing)
-        else:
-            rewards = self(batch.input_ids, batch.attention_mask)
-        return rewards.float().view(batch.scores.shape)
+        return self.row_rewards(_require_lists(self, batch)).view(batch.scores.shape)
 
     def _step(self, batch: ListBatch, stage: str) -> Tensor | None:
         out = plackett_luce_loss(self.list_rewards(batch), batch.ranking)

@@ -15,11 +15,9 @@ from lit_rlhf.types import PreferenceBatch
 class ORPOModule(PairwiseModule):
     """ORPO on a `PreferenceBatch` (rows `[:B]` chosen, `[B:]` rejected).
 
-    Both completions go through the policy in one forward pass (`PairwiseModule.pair_logps`,
-    each pair's prompt once under `shared_prompt`). Each completion's log-probs are averaged
-    over its tokens (EOS included, D3): the probability P(y|x) of ORPO's odds (eq. 4) is the
-    exponential of that mean, and the NLL term is its negative on the chosen completion (eq. 2).
-    ORPO starts from a base model, not an SFT checkpoint: the NLL term is the SFT.
+    Both completions go through the policy in one forward pass (`pair_logps`); P(y|x) of ORPO's
+    odds (eq. 4) is the exponential of the completion's token-mean log-prob (EOS included, D3),
+    and the NLL term (eq. 2) its negative on the chosen one: ORPO starts from a base model.
 
     Args:
         odds_ratio_coef: lambda of eq. 6, the weight of the odds-ratio term against the NLL

@@ -1,20 +1,6 @@
-"""`PairwiseModule`: the base of methods whose loss compares the two completions of a preference
-pair under the policy (DPO and its family, ORPO, SimPO in `examples/simpo.py`).
-
-What such a method shares, and what this base does once:
-
-- the batch is a `PreferenceBatch` (chosen rows `[:B]`, rejected rows `[B:]`), and the start-up
-  checks refuse any other DataModule (`batch_types`);
-- both completions go through the policy in ONE forward pass (`pair_logps`), with the pair's
-  `sharing` passed on, so with `shared_prompt` (default) each pair's prompt is computed once
-  (`lit_rlhf.models.shared_prompt`): same values and gradients as the padded rows;
-- the training, validation and test steps: the non-finite guard, then `{stage}/loss` and the
-  statistics `compute_loss` returns, logged as `{stage}/{group}/{name}`.
-
-A subclass implements `compute_loss(batch) -> (loss, stats)`, calling `pair_logps` and a pure
-loss from `lit_rlhf.losses`. It loads no reference model; one that needs a reference loads it
-itself (`DPOModule`: `load_reference`).
-"""
+"""`OfflineModule`: the steps of a method trained on a fixed dataset with one loss per batch (SFT,
+KTO, DRO-V); `PairwiseModule`: its base for losses that compare the two completions of a
+preference pair (DPO and its family, ORPO, SimPO in `examples/simpo.py`)."""
 
 from __future__ import annotations
 
@@ -23,7 +9,7 @@ from typing import NamedTuple
 from torch import Tensor
 
 from lit_rlhf.modules.policy import PolicyModule
-from lit_rlhf.types import PreferenceBatch, split_pair
+from lit_rlhf.types import PreferenceBatch, PromptSharing, split_pair
 
 
 class PairLogps(NamedTuple):
@@ -46,16 +32,54 @@ class PairLogps(NamedTuple):
         return self.rejected / self.rejected_lengths
 
 
-class PairwiseModule(PolicyModule):
-    """Base of pairwise-preference methods: one forward pass over a `PreferenceBatch`, the steps
-    and their logging. Subclasses implement `compute_loss`.
+class OfflineModule(PolicyModule):
+    """Base of offline methods: a subclass implements `compute_loss(batch) -> (loss, stats)`; the
+    training, validation and test steps guard against a non-finite loss (training) and log
+    `{stage}/loss` and the stats as `{stage}/{group}/{name}`. Arguments: `PolicyModule`'s."""
 
-    Its arguments are `PolicyModule`'s (model, tokenizer, dtype, optimiser, schedule, LoRA,
-    `shared_prompt`, export).
+    prog_bar_stats: tuple[str, ...] = ()  # shown in the progress bar (training, validation) when present
+
+    def compute_loss(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement compute_loss(batch) -> (loss, stats)")
+
+    def policy_and_ref_logps(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
+                             sharing: PromptSharing | None = None) -> tuple[Tensor, Tensor]:
+        """Sequence log-probs (B,) of the policy and of `ref_model`; the reference runs first, so its
+        temporaries are freed before the policy's graph exists."""
+        ref = self.sequence_logps(self.frozen_logps("ref_model", input_ids, attention_mask, loss_mask, sharing=sharing),
+                                  loss_mask)
+        policy = self.sequence_logps(self.policy_logps(input_ids, attention_mask, loss_mask, sharing=sharing), loss_mask)
+        return policy, ref
+
+    def _step(self, batch, stage: str) -> Tensor | None:
+        loss, stats = self.compute_loss(batch)
+        if stage == "train" and not self.check_finite(batch, loss=loss):
+            return None  # on_nonfinite=skip: Lightning skips backward and the step
+        shown = () if stage == "test" else ("loss", *self.prog_bar_stats)
+        self.log_stats(stage, {"loss": loss.detach(), **stats}, prog_bar=shown)
+        return loss
+
+    def training_step(self, batch, batch_idx: int) -> Tensor | None:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._step(batch, "test")
+
+
+class PairwiseModule(OfflineModule):
+    """Base of pairwise-preference methods on a `PreferenceBatch` (chosen rows `[:B]`, rejected
+    `[B:]`; the start-up checks refuse other data). `pair_logps` runs both completions through the
+    policy in ONE forward pass, each pair's prompt once under `shared_prompt`; a subclass
+    implements `compute_loss` with it and a pure loss of `lit_rlhf.losses`, and loads a reference
+    itself if it needs one (`DPOModule`). Arguments: `PolicyModule`'s.
     """
 
-    batch_types = (PreferenceBatch,)  # the start-up checks refuse any other DataModule
-    prog_bar_stats: tuple[str, ...] = ("rewards/accuracies",)  # shown in the progress bar when present
+    batch_types = (PreferenceBatch,)
+    prog_bar_stats = ("rewards/accuracies",)
 
     def pair_logps(self, batch: PreferenceBatch) -> PairLogps:
         """The policy's log-probs of both completions of every pair, in one forward pass over the
@@ -68,24 +92,3 @@ class PairwiseModule(PolicyModule):
         lengths = batch.loss_mask.sum(dim=1).clamp(min=1).to(per_token.dtype)  # (2B,)
         chosen_lengths, rejected_lengths = split_pair(lengths)
         return PairLogps(per_token, chosen, rejected, chosen_lengths, rejected_lengths)
-
-    def compute_loss(self, batch: PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one batch and the detached statistics to log (names `{group}/{name}`)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement compute_loss(batch) -> (loss, stats)")
-
-    def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
-        loss, stats = self.compute_loss(batch)
-        if not self.check_finite(batch, loss=loss):
-            return None  # on_nonfinite=skip: Lightning skips backward and the step
-        self.log_stats("train", {"loss": loss.detach(), **stats}, prog_bar=("loss", *self.prog_bar_stats))
-        return loss
-
-    def validation_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("val/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
-        self.log_stats("val", stats, prog_bar=self.prog_bar_stats)
-
-    def test_step(self, batch: PreferenceBatch, batch_idx: int) -> None:
-        loss, stats = self.compute_loss(batch)
-        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
-        self.log_stats("test", stats)

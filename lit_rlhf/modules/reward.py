@@ -1,30 +1,11 @@
-"""Reward model training: a causal LM backbone with a scalar head, fitted with Bradley-Terry.
+"""Reward model training: a causal LM backbone with a scalar head (D11) read at the EOS token
+(D12, D14), fitted with Bradley-Terry on preference pairs (docs/methods/reward-models.md).
 
-The reward model is `lit_rlhf.models.ScalarHeadModel`: the transformer body of a causal LM (or
-of an exported reward model) and a linear head initialised N(0, 1/sqrt(d_model + 1)) (D11).
-The reward of a sequence is the head's output at its EOS token, the last real token of the
-response (D12); position ids come from the attention mask, so left- and right-padded inputs give
-the same reward (D14).
-
-A `PreferenceBatch` holds the chosen rows then the rejected rows, so both are scored in one
-forward pass; the loss is `lit_rlhf.losses.bradley_terry_loss` (with the data's margin when
-`use_margin` is set, and the optional centring term).
-
-Validation and test (`lit_rlhf.training.reward_eval`) log the loss and reward statistics,
-accuracy per grouping column (D16) and per named evaluation split, and calibration (D18).
-
-D15 (reward normalisation) is `normalize_to(prompts, completions)`, run at the end of fit by
-`callbacks.RewardNormalizationCallback`: the head bias is shifted so that the reference
-responses score 0 on average. The bias is a parameter, so it is in every later checkpoint.
-
-Export (`export_hf`, at the end of fit when `export_dir` is set): a directory that plain
-`transformers` loads as `AutoModelForSequenceClassification` (num_labels=1, pad_token_id set).
-Transformers' classification heads have no bias, so the head bias is folded exactly into the final
-LayerNorm's bias where there is one (GPT-NeoX/Pythia, GPT-2, OPT) and plain transformers gives the
-module's rewards. For RMSNorm models (Llama, SmolLM2, Mistral) no exact fold exists: the bias is
-written to `config.reward_bias`, which `lit_rlhf.models.load_reward_model` adds back, while
-**plain transformers then returns `reward - reward_bias`** (a constant shift; rankings and
-pairwise judgements are unchanged). A warning says so at export.
+The export is a directory plain `transformers` loads as `AutoModelForSequenceClassification`.
+Its heads have no bias: the head bias is folded exactly into the final LayerNorm's bias where
+there is one (GPT-NeoX, GPT-2, OPT); an RMSNorm model (Llama, SmolLM2) stores it in
+`config.reward_bias`, which `lit_rlhf.models.load_reward_model` adds back, while plain
+transformers returns `reward - reward_bias` (a constant shift, warned at export).
 """
 
 from __future__ import annotations
@@ -37,6 +18,7 @@ from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from lit_rlhf import checks, models
 from lit_rlhf.models import adapters, scalar_adapters
@@ -48,7 +30,7 @@ from lit_rlhf.training.moved import refuse_moved
 from lit_rlhf.training.optim import SchedulerName, decay_groups
 from lit_rlhf.training.settings import record_settings
 from lit_rlhf.training.reward_eval import PairEvaluationMixin
-from lit_rlhf.types import PreferenceBatch, split_pair
+from lit_rlhf.types import ListBatch, PreferenceBatch, split_pair
 from lit_rlhf.lightning_compat import attached_trainer
 
 log = logging.getLogger(__name__)
@@ -84,15 +66,13 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         lora: train a LoRA adapter (and the head) on the frozen causal LM `model` instead of
             its weights (`lit_rlhf.models.adapters.lora_config` lists the forms). The export
             then also writes the adapter alone to `export_dir/adapter`.
-        memory: how compute is traded for memory (`lit_rlhf.training.Memory`): with
-            `shared_prompt` (default) each pair's prompt is computed once (one packed row
-            `[prompt, chosen, rejected]` with a block mask, each completion scored at its own last
-            token; same rewards and gradients); `gradient_checkpointing`, `optimizer_in_backward`
-            and `release_host_memory` as for `PolicyModule`. `logprob_chunk_size` and
-            `frozen_placement` are a policy's (a reward model has neither) and refused here.
+        memory: how compute is traded for memory (`lit_rlhf.training.Memory`): `shared_prompt`
+            (default) computes each pair's prompt once; `gradient_checkpointing`,
+            `optimizer_in_backward` and `release_host_memory` as for `PolicyModule`;
+            `logprob_chunk_size` and `frozen_placement` are a policy's and refused here.
 
-    Optimiser, schedule, exact resume, start-up checks and the export at fit end are
-    `TrainingModule`'s.
+    Validation and test (`lit_rlhf.training.reward_eval`) add accuracy per grouping column (D16)
+    and per evaluation split, and calibration (D18). D15 is `normalize_to`.
     """
 
     batch_types = (PreferenceBatch,)
@@ -126,17 +106,13 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
             raise ValueError("RewardModule: memory.frozen_placement and memory.logprob_chunk_size are a policy's settings "
                              "(a reward model has no frozen models and scores one token per row); leave them unset")
         super().__init__()
-        # hparams: the effective init args (`lit_rlhf.training.settings`). The CLI gives the
-        # DataModule `tokenizer or model`: record the same resolved name, or a logger refuses to
-        # merge the two ("tokenizer" differs)
+        # the resolved tokenizer, as the CLI gives the DataModule (a logger merges both hparams)
         record_settings(self, inspect.currentframe(), tokenizer=tokenizer or model)
         self.set_training_settings(lr=lr, weight_decay=weight_decay, adam_eps=adam_eps, adam_betas=adam_betas,
                                    warmup_steps=warmup_steps, warmup_ratio=warmup_ratio, lr_scheduler=lr_scheduler,
                                    export_dir=export_dir, on_nonfinite=on_nonfinite, memory=memory)
-        if center_coef < 0:
-            raise ValueError(f"center_coef must be >= 0, got {center_coef}")
-        if score_batch_size < 1:
-            raise ValueError(f"score_batch_size must be >= 1, got {score_batch_size}")
+        if center_coef < 0 or score_batch_size < 1:
+            raise ValueError(f"center_coef must be >= 0 and score_batch_size >= 1, got {center_coef}, {score_batch_size}")
         self.use_margin, self.center_coef, self.score_batch_size = bool(use_margin), center_coef, score_batch_size
         self.model_name = model
         self.tokenizer_name = tokenizer or model  # the DataModule's tokenizer follows it (`lit_rlhf.cli`)
@@ -151,10 +127,6 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
             self.reward_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.init_pair_evaluation(group_columns, calibration_bins)
 
-    # ----------------------------------------------------------------------------------------
-    # rewards
-    # ----------------------------------------------------------------------------------------
-
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Reward (N,) of each row, read at its last real token (D12), any padding side (D14)."""
         return self.reward_model.score(input_ids, attention_mask)
@@ -164,40 +136,30 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         problems = super().check_config(trainer, datamodule)
         if (self.use_margin and datamodule is not None and checks.yields(datamodule, "PreferenceBatch")
                 and getattr(datamodule, "margin_from", "") is None):
-            problems.append(
-                f"{type(self).__name__} has use_margin=true but {type(datamodule).__name__} has no margin_from, so its "
-                "batches carry no margin: set margin_from ('confidence' for TL;DR, 'score_difference' for "
-                "UltraFeedback) or use_margin: false"
-            )
+            problems.append(f"{type(self).__name__} has use_margin=true but {type(datamodule).__name__} has no "
+                            "margin_from, so its batches carry no margin: set margin_from ('confidence' for TL;DR, "
+                            "'score_difference' for UltraFeedback) or use_margin: false")
         return problems
 
     def pair_rewards(self, batch: PreferenceBatch) -> tuple[Tensor, Tensor]:
         """(chosen, rejected) rewards, (B,) each in float32, from one forward over the 2B rows."""
         if not isinstance(batch, PreferenceBatch):
             raise TypeError(f"RewardModule needs a PreferenceBatch, got {type(batch).__name__}")
-        if self.shared_prompt:
-            rewards = grouped_scalar_scores(self.reward_model, batch.input_ids, batch.attention_mask, batch.sharing)
-        else:
-            rewards = self(batch.input_ids, batch.attention_mask)
-        return split_pair(rewards.float())  # (B,), (B,)
+        return split_pair(self.row_rewards(batch))  # (B,), (B,)
 
-    def _margin(self, batch: PreferenceBatch) -> Tensor | None:
-        if not self.use_margin:
-            return None
-        if batch.margin is None:
-            raise ValueError(
-                "use_margin=True but the PreferenceBatch has no margin: set the DataModule's `margin_from` "
-                "(TL;DR: 'confidence'; UltraFeedback: the score difference), or set use_margin=False"
-            )
-        return batch.margin.float()  # (B,)
+    def row_rewards(self, batch: PreferenceBatch | ListBatch) -> Tensor:
+        """Float32 rewards of the batch's rows, each shared prompt computed once under `shared_prompt`."""
+        if self.shared_prompt:
+            return grouped_scalar_scores(self.reward_model, batch.input_ids, batch.attention_mask, batch.sharing).float()
+        return self(batch.input_ids, batch.attention_mask).float()
 
     def _loss(self, batch: PreferenceBatch):
         chosen, rejected = self.pair_rewards(batch)  # (B,), (B,)
-        return bradley_terry_loss(chosen, rejected, self._margin(batch), self.center_coef), chosen, rejected
-
-    # ----------------------------------------------------------------------------------------
-    # the training step (validation and test: `PairEvaluationMixin`)
-    # ----------------------------------------------------------------------------------------
+        if self.use_margin and batch.margin is None:
+            raise ValueError("use_margin=True but the PreferenceBatch has no margin: set the DataModule's `margin_from` "
+                             "(TL;DR: 'confidence'; UltraFeedback: the score difference), or set use_margin=False")
+        margin = batch.margin.float() if self.use_margin else None  # (B,)
+        return bradley_terry_loss(chosen, rejected, margin, self.center_coef), chosen, rejected
 
     def training_step(self, batch: PreferenceBatch, batch_idx: int) -> Tensor | None:
         out, _, _ = self._loss(batch)
@@ -216,20 +178,12 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         self.log_stats("train", stats, prog_bar=("loss", "rewards/accuracy"), batch_size=batch.num_pairs)
         return out.loss
 
-    # ----------------------------------------------------------------------------------------
-    # D15: reward normalisation on reference responses
-    # ----------------------------------------------------------------------------------------
-
     @torch.no_grad()
     def score_texts(self, prompts: Sequence[str], completions: Sequence[str], batch_size: int | None = None,
                     chat: bool = False) -> Tensor:
-        """Rewards (N,) of `prompt + completion + EOS` texts, tokenised as the DataModules do.
-
-        Prompts are encoded with `lit_rlhf.data.formatting.encode_prompt` (`chat=True`: the text is
-        already chat-templated) and completions with `encode_completion` (EOS appended, D3), so a
-        TL;DR completion should carry its leading space. Rows are right padded in micro-batches.
-        Under DDP each process scores an equal share (padded by repeats) and the rewards are gathered.
-        """
+        """Rewards (N,) of `prompt + completion + EOS` texts, tokenised as the DataModules do
+        (`encode_prompt`, `chat=True` for chat-templated text; `encode_completion`, D3: a TL;DR
+        completion carries its leading space). Under DDP each process scores an equal share."""
         from lit_rlhf.data.formatting import encode_completion, encode_prompt
 
         if len(prompts) != len(completions):
@@ -237,7 +191,8 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         if not prompts:
             raise ValueError("no reference texts to score")
         size = batch_size or self.score_batch_size
-        world, rank = self._world()
+        trainer = attached_trainer(self)
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         per_rank = math.ceil(len(prompts) / world)
         indices = [(rank + world * i) % len(prompts) for i in range(per_rank)]  # strided share, padded by wrap-around
         pad = self.tokenizer.pad_token_id
@@ -245,14 +200,10 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         self.reward_model.eval()
         local = []
         for start in range(0, per_rank, size):
-            rows = [encode_prompt(self.tokenizer, prompts[i], chat=chat) + encode_completion(self.tokenizer, completions[i])
-                    for i in indices[start:start + size]]
-            width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.bool)
-            for j, r in enumerate(rows):
-                ids[j, : len(r)] = torch.as_tensor(r)
-                mask[j, : len(r)] = True
+            rows = [torch.as_tensor(encode_prompt(self.tokenizer, prompts[i], chat=chat)
+                                    + encode_completion(self.tokenizer, completions[i])) for i in indices[start:start + size]]
+            ids = pad_sequence(rows, batch_first=True, padding_value=pad)  # right padded
+            mask = pad_sequence([torch.ones(len(r), dtype=torch.bool) for r in rows], batch_first=True)
             local.append(self(ids.to(self.device), mask.to(self.device)).float())
         self.reward_model.train(was_training)
         rewards = torch.cat(local)  # (per_rank,)
@@ -264,11 +215,8 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
     @torch.no_grad()
     def normalize_to(self, prompts: Sequence[str], completions: Sequence[str], batch_size: int | None = None,
                      chat: bool = False) -> tuple[float, float]:
-        """D15: shift the head bias so the mean reward of these reference responses is 0.
-
-        Returns (mean before, mean after). The reward is linear in the bias, so the mean after is
-        `mean_before - shift` exactly, up to float rounding; it is not re-scored.
-        """
+        """D15: shift the head bias so the mean reward of these reference responses is 0. Returns
+        (mean before, mean after); the reward is linear in the bias, so the latter is not re-scored."""
         rewards = self.score_texts(prompts, completions, batch_size, chat)
         before = float(rewards.double().mean())
         head = self.reward_model.head
@@ -280,27 +228,14 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
                  len(prompts), before, after, float(head.bias.detach()))
         return before, after
 
-    def _world(self) -> tuple[int, int]:
-        if attached_trainer(self) is None:
-            return 1, 0
-        return self.trainer.world_size, self.trainer.global_rank
-
-    # ----------------------------------------------------------------------------------------
-    # optimisation, checkpoints, export
-    # ----------------------------------------------------------------------------------------
-
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         return decay_groups(self.reward_model, self.weight_decay)
 
     def export_hf(self, directory: str | Path) -> Path:
-        """Write an `AutoModelForSequenceClassification` (num_labels=1) and the tokenizer.
-
-        See the module docstring (and `lit_rlhf.models.to_sequence_classifier`) for where the head
-        bias goes. Load it back with `lit_rlhf.models.load_reward_model(directory)`. With LoRA
-        the adapter is merged into that classifier, and also written alone (PEFT format, with
-        `scalar_head.safetensors`) to `directory/adapter`, which PPO/GRPO/RLOO with LoRA on the
-        same base take as `reward_model` as a frozen adapter on their shared base.
-        """
+        """Write an `AutoModelForSequenceClassification` (num_labels=1) and the tokenizer (the head
+        bias: module docstring); `lit_rlhf.models.load_reward_model(directory)` loads it back. With
+        LoRA the adapter is merged, and also written alone to `directory/adapter`, which online
+        methods with LoRA on the same base take as `reward_model`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         scalar = self.reward_model

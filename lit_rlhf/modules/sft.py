@@ -12,31 +12,21 @@ from lit_rlhf import distributed
 from lit_rlhf.types import unpack
 from lit_rlhf.models.attention import use_varlen_attention
 from lit_rlhf.models.packed import packed_token_logps, packing_supported
-from lit_rlhf.modules.policy import PolicyModule
+from lit_rlhf.modules.pairwise import OfflineModule
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.types import PackedSFTBatch, SFTBatch
 from lit_rlhf.lightning_compat import attached_trainer
 
 
-class SFTModule(PolicyModule):
+class SFTModule(OfflineModule):
     """Next-token negative log-likelihood on completion tokens, prompt and padding masked.
 
-    Completions end with EOS (D3) and the EOS token is in the loss mask, so the model learns to stop.
-    The loss is the mean over all completion tokens of the optimizer step's batches: every
-    completion token weighs the same, whatever `accumulate_grad_batches` and the number of
-    ranks. Each batch backpropagates its token SUM, and before the optimizer step the
-    accumulated gradients are divided by the completion tokens of all the step's batches, all
-    ranks (`on_before_optimizer_step`; Lightning's own 1/accumulate_grad_batches and data
-    parallelism's 1/world_size are undone there). Under DeepSpeed, whose engine owns the
-    (partitioned) gradients, each batch's loss is its own token mean instead. The logged
-    `train/loss` is each batch's token mean.
-
-    Batches are right padded (`SFTBatch`) or packed without padding (`PackedSFTBatch`, the
-    DataModule's `packing: true`); both give the same loss and gradients (`batch_logps`). At the
-    first packed batch a policy running `sdpa` is switched to `sdpa_varlen`
-    (`lit_rlhf.models.attention`: `sdpa` for everything else; for packed rows each example's
-    attention alone instead of the whole row's masked pairs). A model whose attention cannot keep
-    packed examples apart gets the packed batch unpacked (padded), with a warning.
+    EOS is in the loss mask (D3), so the model learns to stop. The loss is the token mean over the
+    optimizer step's batches, all ranks: each batch backpropagates its token SUM, and the gradients
+    are divided by the step's tokens (`gradient_factor`); under DeepSpeed each batch's own token
+    mean. Padded (`SFTBatch`) and packed (`PackedSFTBatch`) batches give the same loss; packed rows
+    switch an `sdpa` policy to `sdpa_varlen`, or are unpacked (warned) for a model that cannot
+    keep packed examples apart. The logged `train/loss` is each batch's token mean.
 
     Args: see `PolicyModule` (model, tokenizer, optimiser and schedule, export).
     """
@@ -63,10 +53,10 @@ class SFTModule(PolicyModule):
         logps, loss_mask = self.batch_logps(batch)
         return -masked_sum(logps, loss_mask), loss_mask.sum()
 
-    def _nll(self, batch: SFTBatch):
-        """The token mean of the NLL of one batch."""
+    def compute_loss(self, batch: SFTBatch | PackedSFTBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The token mean of the NLL of one batch (validation and test)."""
         nll_sum, tokens = self.nll_terms(batch)
-        return nll_sum / tokens.clamp(min=1)
+        return nll_sum / tokens.clamp(min=1), {}
 
     def _sums_tokens(self) -> bool:
         """Whether the gradient is normalised by the step's tokens (not under DeepSpeed)."""
@@ -92,8 +82,7 @@ class SFTModule(PolicyModule):
         return self.trainer.accumulate_grad_batches * distributed.world_size() / float(total)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Scale the step's gradients by `gradient_factor` (with `optimizer_in_backward` the
-        update hooks did it, and no gradient is left here)."""
+        """Scale the step's gradients by `gradient_factor` (none left with `optimizer_in_backward`)."""
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         factor = self.gradient_factor() if grads else None
         if factor is not None:
@@ -105,9 +94,3 @@ class SFTModule(PolicyModule):
             super().optimizer_step(*args, **kwargs)
         finally:
             self._step_tokens = 0.0  # a skipped step (non-finite gradient) starts a fresh count
-
-    def validation_step(self, batch: SFTBatch, batch_idx: int) -> None:
-        self.log("val/loss", self._nll(batch), prog_bar=True, on_epoch=True, sync_dist=True)
-
-    def test_step(self, batch: SFTBatch, batch_idx: int) -> None:
-        self.log("test/loss", self._nll(batch), on_epoch=True, sync_dist=True)

@@ -1,7 +1,5 @@
-"""What the non-finite guard (`TrainingModule.check_finite`, `gradients_finite`, `optimizer_step`
-in `lit_rlhf.training.base`) raises and reports: no NaN/inf loss, reward, advantage or gradient
-reaches the weights; a non-finite value raises `NonFiniteError` (`on_nonfinite: error`) or
-counts a skipped step (`skip`).
+"""What the non-finite guard of `TrainingModule` (`check_finite`, `gradients_finite`,
+`optimizer_step`) raises (`on_nonfinite: error`) and reports.
 """
 
 from __future__ import annotations
@@ -10,7 +8,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-
 
 
 def nonfinite_rows_message(name: str, tensor: Tensor, batch: Any, where_in_run: str) -> str:

@@ -1,35 +1,11 @@
-"""AdamW stepped inside the backward pass: each parameter is updated as soon as its gradient is
-complete, and that gradient is freed at once, so the gradients of the whole model never exist
-together (the `optimizer_in_backward` hyperparameter of the modules).
-
-The technique is PyTorch's "fusing the optimizer step into the backward pass" (a
-`register_post_accumulate_grad_hook` on every trained parameter that steps it and drops its
-`.grad`). Here it is ONE `torch.optim.AdamW` with the usual parameter groups, state and
-`state_dict`, so the learning-rate schedule, `LearningRateMonitor` and checkpoints see the
-optimizer they always see, and a checkpoint of either path resumes on the other:
-
-- `step(closure)` runs the closure (the forward and the backward pass, which updates every
-  parameter that gets a gradient) and nothing else; Lightning counts it as the optimizer step;
-- the hook of parameter `p` runs AdamW's own state initialisation (`_init_group`) and update
-  (`torch.optim.adam.adam`: fused, foreach or per-tensor as the group says) on `p` alone, with
-  its group's current `lr`, `betas`, `eps` and `weight_decay`. Every AdamW kernel is
-  elementwise per tensor, so the result is bitwise the one the whole-model step gives;
-- before the update the hook multiplies the gradient by `gradient_factor()` when that returns a
-  number (what a module otherwise does to the gradients in `on_before_optimizer_step`, e.g. the
-  SFT token mean), and checks it is finite, so nothing non-finite reaches the weights or the
-  moments. The fused kernel takes the check as its `found_inf` flag (as under a GradScaler: a
-  flagged parameter is left as it was, with its step count), so no host synchronisation happens
-  per parameter, and the error naming the parameters is raised once the backward pass is over;
-  the other kernels check before the update and raise at once;
-- a parameter whose hook fires twice within one `step` (a second backward pass) or outside any
-  `step` (a backward pass the optimizer did not run) raises `InBackwardError`: its first
-  gradient was already applied and freed, so the result could not equal a whole-model step.
-
-What it cannot do exactly (gradient clipping, accumulation, several processes, DeepSpeed, fp16's
-GradScaler, an online update split into micro-batches, `on_nonfinite: skip`) is refused at
-start-up (`startup_problems`, run by `lit_rlhf.checks`). The online methods' update loop
-(manual optimisation) passes its forward and backward pass to `step` as the closure
-(`lit_rlhf.online.update.optimizer_step`).
+"""AdamW stepped inside the backward pass (`memory.optimizer_in_backward`, docs/guides/memory.md):
+ONE `torch.optim.AdamW` (same groups, state and `state_dict`; either path resumes the other)
+whose hook on each parameter, as soon as its gradient is complete, scales the gradient by
+`gradient_factor()`, checks it is finite (for the fused kernel as its `found_inf` flag, raised
+after the backward pass), runs AdamW's own kernel on that parameter alone (bitwise the
+whole-model step: every kernel is elementwise) and frees the gradient; `step(closure)` only runs
+the closure. A parameter reached twice in one `step`, or outside any, raises `InBackwardError`;
+what cannot be done exactly is refused at start-up (`startup_problems`).
 """
 
 from __future__ import annotations
@@ -48,9 +24,8 @@ class InBackwardError(RuntimeError):
 
 
 class InBackwardAdamW(torch.optim.AdamW):
-    """`torch.optim.AdamW` whose per-parameter updates run in the backward pass (see the module
-    docstring). Built like `torch.optim.AdamW`; `attach` registers the hooks, `detach` removes
-    them. Until `attach` is called it is a plain AdamW (`step` then steps as usual)."""
+    """`torch.optim.AdamW` whose per-parameter updates run in the backward pass once `attach`
+    registers the hooks (module docstring); until then, or after `detach`, a plain AdamW."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,15 +47,10 @@ class InBackwardAdamW(torch.optim.AdamW):
 
     def attach(self, names: dict[int, str] | None = None, gradient_factor: Callable[[], float | None] | None = None,
                nonfinite_error: Callable[[str], BaseException] | None = None) -> None:
-        """Register the update hook on every parameter of every group.
-
-        Args:
-            names: `id(parameter) -> name`, for the error messages.
-            gradient_factor: called once per step, at the first gradient: a number multiplies every
-                gradient of the step before its update; None leaves them as they are.
-            nonfinite_error: builds the exception raised for a non-finite gradient (given the
-                message); None: non-finite gradients are not checked.
-        """
+        """Register the update hook on every parameter of every group. `names`: `id(param) -> name`
+        for the messages; `gradient_factor`: called once per step, a number scales every gradient
+        of the step; `nonfinite_error(message)`: the exception for a non-finite gradient (None:
+        not checked)."""
         self.detach()
         self._names = dict(names or {})
         if gradient_factor is not None:
@@ -101,8 +71,7 @@ class InBackwardAdamW(torch.optim.AdamW):
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
-        """Inside: a plain AdamW (gradients kept, `step()` steps them all), on the same state;
-        the hooks come back on the way out (e.g. a textbook step for comparison)."""
+        """Inside: a plain AdamW on the same state (e.g. a textbook step to compare); hooks restored after."""
         if not self.attached:
             yield
             return
@@ -118,8 +87,7 @@ class InBackwardAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
-        """Run `closure` (forward and backward: the parameters are updated as their gradients
-        complete); without hooks attached, a plain AdamW step."""
+        """Run `closure` (the parameters are updated as their gradients complete); unattached, a plain step."""
         if not self.attached:
             return super().step(closure)
         if closure is None:
@@ -136,8 +104,8 @@ class InBackwardAdamW(torch.optim.AdamW):
             self._in_step, self._found_inf = False, []
 
     def _raise_if_nonfinite(self) -> None:
-        """After the backward pass: the parameters whose fused update found a non-finite gradient
-        (and skipped it); one host synchronisation."""
+        """After the backward pass: raise for the parameters whose fused update found a non-finite
+        gradient (and skipped it); one host synchronisation."""
         if not self._found_inf or self.nonfinite_error is None:
             return
         device = self._found_inf[0][1].device
@@ -163,8 +131,7 @@ class InBackwardAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def update(self, param: Tensor) -> None:
-        """One AdamW step of `param` alone (its gradient scaled by this step's factor, checked
-        finite), then free its gradient."""
+        """One AdamW step of `param` alone (gradient scaled and checked), then free its gradient."""
         grad = param.grad
         if grad is None:
             return
@@ -192,15 +159,8 @@ class InBackwardAdamW(torch.optim.AdamW):
         param.grad = None
 
 
-# --------------------------------------------------------------------------------------------
-# start-up checks
-# --------------------------------------------------------------------------------------------
-
-
 def attach_to(module: Any, optimizer: InBackwardAdamW) -> None:
-    """`optimizer_in_backward`: each parameter of `module` is stepped by `optimizer` as soon as its
-    gradient is complete in the backward pass, and the gradient freed; the hooks of a previous fit
-    of the module go first."""
+    """Attach `optimizer`'s hooks to the parameters of `module` (those of a previous fit go first)."""
     from lit_rlhf.training.guard import NonFiniteError
 
     previous = getattr(module, "_in_backward_optimizer", None)
@@ -217,9 +177,8 @@ def attach_to(module: Any, optimizer: InBackwardAdamW) -> None:
 
 
 def startup_problems(trainer: Any, module: Any, dm: Any) -> list[str]:
-    """What `optimizer_in_backward` cannot do exactly: each parameter is stepped as its gradient
-    completes in the (one) backward pass, so nothing may need all gradients, or a later one.
-    One message per problem (`lit_rlhf.checks` raises them together at start-up)."""
+    """What `optimizer_in_backward` cannot do exactly (nothing may need all gradients, or a later
+    one), one message each (`lit_rlhf.checks` raises them at start-up)."""
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
     if not getattr(module, "optimizer_in_backward", False):

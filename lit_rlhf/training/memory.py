@@ -1,14 +1,6 @@
-"""How a module trades compute for memory: settings that never change what is computed.
-
-`Memory` groups the knobs every trained module shares that lower peak memory (or move where it
-is spent) at a cost in time, and never change a loss, a gradient or a checkpoint: a run with
-any of them resumes a run without. A module takes one `memory:` argument instead of six, so
-its constructor carries the method's settings:
-
-    memory: {gradient_checkpointing: true, release_host_memory: phases}
-
-(`--model.init_args.memory.gradient_checkpointing true` on the command line). The module keeps
-each value as the attribute of the same name (`lit_rlhf.training.settings`).
+"""`Memory`: the settings every trained module shares that trade compute for memory and never
+change a loss, a gradient or a checkpoint, as one `memory:` argument, e.g.
+`memory: {gradient_checkpointing: true}`; the module keeps each as an attribute of the same name.
 """
 
 from __future__ import annotations
@@ -27,38 +19,26 @@ class Memory:
     Args:
         gradient_checkpointing: recompute activations in the backward pass to save memory (a
             method's other trained networks, PPO's and DRO-V's values, are checkpointed too).
-        logprob_chunk_size: log-probs are computed from the last hidden states, the output
-            layer applied to this many scored tokens at a time (recomputed in backward), so the
-            (B, T, V) logits never exist; same values and gradients as the dense path. `null`:
-            the dense logits. Models with a final logit transform use the dense path (warned).
-            Policy modules only (a reward model scores one token per row).
-        shared_prompt: rows that share a prompt (a preference pair, a GRPO/RLOO group, the
-            rows of one prompt in a `SingleBatch`) are packed into one row
-            `[prompt, completion_1, ..., completion_k]` with a block mask, so the prompt is
-            computed once (`lit_rlhf.ops.shared_prompt`); same log-probs and gradients as the
-            padded rows. Models whose attention takes no 4D mask (`flash_attention_2`) use the
-            padded rows (warned). `false`: always the padded rows.
+        logprob_chunk_size: the output layer is applied to this many scored tokens at a time
+            (recomputed in backward), so the (B, T, V) logits never exist; `null`: the dense
+            logits (also, warned, for models with a final logit transform). Policy modules only.
+        shared_prompt: rows that share a prompt (a preference pair, a GRPO group, ...) are
+            packed into one row `[prompt, completion_1, ..., completion_k]` with a block mask, so
+            the prompt is computed once (`lit_rlhf.ops.shared_prompt`); models whose attention
+            takes no 4D mask use the padded rows (warned). `false`: always the padded rows.
         frozen_placement: where frozen models (reference policy, reward model) live under a
             sharding strategy (DeepSpeed ZeRO-3): `partitioned` shards them across ranks with
             the trained weights (least memory; every forward all-gathers them), `whole` keeps a
-            full copy on every rank (no communication; the N+ paper, Detail 8, keeps them
-            unsharded under ZeRO-2 and offloads them to CPU, which this placement does not do).
-            Without sharding both are the same. The DeepSpeed offload config also moves frozen
-            weights to CPU when they are `partitioned`. Policy modules only.
+            full copy on every rank (no communication; cf. the N+ paper's Detail 8). Without
+            sharding both are the same. Policy modules only.
         optimizer_in_backward: step each parameter with AdamW as soon as its gradient is complete
-            in the backward pass and free that gradient, so the gradients of the whole model
-            never exist at once (less peak memory). Same weights, optimizer state and checkpoints
-            as the usual step (either resumes the other). One backward pass per optimizer step
-            (online methods: `micro_batch_size` null or at least a minibatch), one process, no
-            gradient clipping (`max_grad_norm: 0` for online methods), accumulation, DeepSpeed,
-            fp16 or `on_nonfinite: skip` (refused at start-up). See `lit_rlhf.training.in_backward`.
-        release_host_memory: on CPU, hand the heap the C library keeps after freeing tensors back
-            to the system (glibc's `malloc_trim`, `lit_rlhf.host_memory`): `phases` after each
-            optimizer step and before each backward pass, `layers` also before each decoder
-            layer that runs with gradients (the forward pass and its recomputation under gradient
-            checkpointing); `null`: never. A lower resident peak, no value changes; it costs the
-            time to fault the pages in again, which grows with what a step allocates anew
-            (`benchmarks/RESULTS.md`). No effect on GPU or without glibc.
+            in the backward pass and free that gradient (`lit_rlhf.training.in_backward`); same
+            weights, state and checkpoints as the usual step. One backward pass per step, one
+            process, no clipping, accumulation, DeepSpeed, fp16 or `on_nonfinite: skip`.
+        release_host_memory: on CPU, hand freed heap back to the system (glibc's `malloc_trim`,
+            `lit_rlhf.host_memory`): `phases` after each optimizer step and before each backward
+            pass, `layers` also before each decoder layer run with gradients; `null`: never. A
+            lower resident peak at a time cost (docs/guides/memory.md).
     """
 
     def __init__(

@@ -1,11 +1,6 @@
-"""Arguments a module once took that now live elsewhere, and the one line that says where.
-
-A class lists its former arguments in the class attribute `moved_options` (name -> where it
-went, e.g. GRPOModule's `importance_sampling` -> "use GSPOModule"); a class inherits its bases'
-lists. A config or a script written for the old place stops with one line naming the new one:
-from Python (`refuse_moved`, called by the base that receives the leftover keyword arguments,
-`PolicyModule` and `RewardModule`) and from the command line (`lit_rlhf.cli_errors`, which
-reads `moved_options` of the class the config names).
+"""Former arguments of a module and where they went: a class lists them in `moved_options` (name
+-> hint, inherited), and a config or script using one stops with one line naming the new place
+(`refuse_moved` from Python, `lit_rlhf.cli_errors` from the command line).
 """
 
 from __future__ import annotations
@@ -21,15 +16,11 @@ def moved_options(cls: type) -> dict[str, str]:
     return merged
 
 
-def moved_message(owner: str, name: str, hint: str) -> str:
-    return f"{owner}: `{name}` moved: {hint}"
-
-
 def refuse_moved(cls: type, kwargs: dict[str, Any]) -> None:
     """Raise `TypeError` for the first keyword argument of `kwargs` (none is expected): naming
     its new place when `cls` lists it as moved, else as Python words an unexpected argument."""
     moved = moved_options(cls)
     for name in kwargs:
         if name in moved:
-            raise TypeError(moved_message(cls.__name__, name, moved[name]))
+            raise TypeError(f"{cls.__name__}: `{name}` moved: {moved[name]}")
         raise TypeError(f"{cls.__name__}.__init__() got an unexpected keyword argument '{name}'")

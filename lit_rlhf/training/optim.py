@@ -1,11 +1,5 @@
-"""The optimiser every module builds (`TrainingModule.configure_optimizers`).
-
-- `decay_groups`: weight decay on matrices only, named groups for `LearningRateMonitor`;
-- `build_adamw`: torch's fused AdamW on CPU/CUDA, DeepSpeed's CPU Adam when ZeRO offloads the
-  optimizer, the per-tensor AdamW under fp16 with clipping, the AdamW stepped in the backward
-  pass (`lit_rlhf.training.in_backward`) when asked;
-- the schedule (`lr_lambda`: linear warmup, then cosine, linear or constant) and the clipping of
-  the fused AdamW under bf16 are `TrainingModule`'s (`lit_rlhf.training.base`).
+"""The optimiser every module builds (`TrainingModule.configure_optimizers`): parameter groups
+(`decay_groups`) and AdamW (`build_adamw`); the schedule and the clipping are `TrainingModule`'s.
 """
 
 from __future__ import annotations
@@ -50,21 +44,11 @@ def offloads_optimizer(trainer: Any) -> bool:
 
 def build_adamw(param_groups: list[dict[str, Any]], trainer: Any = None, clips: bool = False, in_backward: bool = False,
                 **hyper: Any) -> torch.optim.Optimizer:
-    """AdamW over `param_groups` (`lr`, `eps`, `betas`, `weight_decay` in `hyper`).
-
-    - DeepSpeed with the optimizer offloaded to CPU: DeepSpeed's CPU Adam in AdamW mode (the
-      engine refuses a torch optimizer there);
-    - otherwise torch's AdamW, fused (one kernel per parameter: no parameter-sized temporaries,
-      13x faster than the per-tensor loop for a 28M-parameter embedding on CPU) when every
-      parameter is a floating-point tensor on CPU or CUDA, as transformers' Trainer does;
-    - except under fp16 mixed precision with gradient clipping (`clips`): the GradScaler's
-      gradients must be unscaled before they are clipped, which the fused kernel does only inside
-      its step, so the per-tensor (foreach) AdamW is built. Under bf16 nothing is scaled and the
-      fused AdamW is clipped as it is (`TrainingModule.clip_gradients`).
-
-    `in_backward`: the same torch AdamW (same groups, fused flag and state), as an
-    `InBackwardAdamW`, whose updates run in the backward pass once its hooks are attached.
-    """
+    """AdamW over `param_groups` (`lr`, `eps`, `betas`, `weight_decay` in `hyper`): DeepSpeed's CPU
+    Adam when ZeRO offloads the optimizer; else torch's, fused when every parameter is a float
+    tensor on CPU or CUDA (no parameter-sized temporaries), but per-tensor under fp16 with
+    clipping (`clips`: the GradScaler unscales before clipping, which the fused kernel cannot);
+    an `InBackwardAdamW` (`in_backward`), otherwise the same."""
     if offloads_optimizer(trainer):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 

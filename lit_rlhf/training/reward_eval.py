@@ -1,24 +1,16 @@
-"""Validation and test of a reward model (`lit_rlhf.modules.reward.RewardModule`) on preference pairs.
-
-What is logged, all correct under DDP (torchmetrics states are synced; the metric pieces are in
-`lit_rlhf.training.reward_metrics`):
-- `{stage}/loss`, `{stage}/rewards/{accuracy,chosen,rejected,margins}`;
-- accuracy per value of each grouping column of `batch.meta` (TL;DR `batch` and `confidence`,
-  N+ D16): scalars `{stage}/accuracy_by_<column>/<value>` and a markdown table in TensorBoard text;
-- accuracy per named evaluation split when the batches' meta has an "eval_split" column (the
-  TL;DR comparisons' "validation" and "validation_cnndm"): `{stage}/<split>/accuracy`;
-- calibration (D18): accuracy against buckets of the reward difference |r_c - r_r|, next to the
-  Bradley-Terry prediction sigmoid(|r_c - r_r|); `{stage}/calibration/ece` and a TensorBoard figure.
-
-`PairEvaluationMixin` holds the steps and the epoch-end reports; the module calls
-`init_pair_evaluation` in its `__init__` and defines `_loss(batch) -> (RewardLossOutput,
-chosen, rejected)`.
+"""Validation and test of a reward model on preference pairs (`PairEvaluationMixin`), correct under
+DDP: `{stage}/loss` and `{stage}/rewards/{accuracy,chosen,rejected,margins}`; the accuracy per
+value of each grouping column of `batch.meta` (D16: `{stage}/accuracy_by_<column>/<value>` and a
+TensorBoard table) and per evaluation split (`{stage}/<split>/accuracy`); calibration (D18:
+`{stage}/calibration/ece` and a figure). The module calls `init_pair_evaluation` and defines
+`_loss(batch) -> (RewardLossOutput, chosen, rejected)`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
+import torchmetrics
 from torch import nn
 
 from lit_rlhf.training.reward_metrics import (
@@ -28,7 +20,6 @@ from lit_rlhf.training.reward_metrics import (
     calibration_figure,
     grouped_accuracy,
     metric_safe,
-    pair_metrics,
 )
 from lit_rlhf.types import PreferenceBatch
 from lit_rlhf.lightning_compat import attached_trainer
@@ -42,14 +33,14 @@ class PairEvaluationMixin:
     (D16), per-split accuracy and calibration (D18)."""
 
     def init_pair_evaluation(self, group_columns: Sequence[str], calibration_bins: int) -> None:
-        """The metric states of both stages: `group_columns` get their own accuracy (columns absent
-        from the data are skipped); `calibration_bins` buckets of the reward difference (D18)."""
+        """The metric states of both stages (`group_columns`: D16; `calibration_bins`: D18)."""
         if calibration_bins < 1:
             raise ValueError(f"calibration_bins must be >= 1, got {calibration_bins}")
         self.group_columns, self.calibration_bins = tuple(group_columns), calibration_bins
-        self.eval_metrics = nn.ModuleDict({stage: pair_metrics() for stage in STAGES})
-        # the DataModule's named evaluation splits (meta "eval_split", e.g. TL;DR's "validation" and
-        # "validation_cnndm") get their own accuracy, `{stage}/{split}/accuracy`
+        names = ("loss", "accuracy", "chosen", "rejected", "margins")
+        self.eval_metrics = nn.ModuleDict({stage: nn.ModuleDict({name: torchmetrics.MeanMetric() for name in names})
+                                           for stage in STAGES})
+        # the named evaluation splits (meta "eval_split") get their own `{stage}/{split}/accuracy`
         record_columns = self.group_columns + (() if EVAL_SPLIT in self.group_columns else (EVAL_SPLIT,))
         self.eval_records = nn.ModuleDict({stage: PreferenceRecords(record_columns) for stage in STAGES})
 
@@ -88,29 +79,20 @@ class PairEvaluationMixin:
         tables = {}
         for column, labels in groups.items():
             rows = grouped_accuracy(correct, labels)
-            if not rows:
-                continue
-            if column == EVAL_SPLIT and column not in self.group_columns:
-                for value, accuracy, count in rows:
-                    self.log(f"{stage}/{metric_safe(value)}/accuracy", accuracy, on_step=False, on_epoch=True,
-                             sync_dist=False, batch_size=count)
-                continue
-            tables[column] = rows
+            split = column == EVAL_SPLIT and column not in self.group_columns  # `{stage}/{split}/accuracy`
+            if rows and not split:
+                tables[column] = rows
             for value, accuracy, count in rows:
-                self.log(f"{stage}/accuracy_by_{column}/{metric_safe(value)}", accuracy, on_step=False, on_epoch=True,
-                         sync_dist=False, batch_size=count)
+                name = f"{stage}/{metric_safe(value)}/accuracy" if split else f"{stage}/accuracy_by_{column}/{metric_safe(value)}"
+                self.log(name, accuracy, on_step=False, on_epoch=True, sync_dist=False, batch_size=count)
         buckets = calibration_buckets(diffs, self.calibration_bins)
         ece = sum(b["count"] * abs(b["accuracy"] - b["predicted"]) for b in buckets) / max(1, diffs.numel())
         self.log(f"{stage}/calibration/ece", ece, on_step=False, on_epoch=True, sync_dist=False)
         if attached_trainer(self) is None or self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return
-        for experiment in self._tensorboard_experiments():
-            step = self.global_step
-            for column, rows in tables.items():
-                experiment.add_text(f"{stage}/accuracy_by_{column}", accuracy_table(column, rows), step)
-            experiment.add_figure(f"{stage}/calibration", calibration_figure(buckets, stage), step, close=True)
-
-    def _tensorboard_experiments(self) -> list[Any]:
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        return [lg.experiment for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        for experiment in [lg.experiment for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)]:
+            for column, rows in tables.items():
+                experiment.add_text(f"{stage}/accuracy_by_{column}", accuracy_table(column, rows), self.global_step)
+            experiment.add_figure(f"{stage}/calibration", calibration_figure(buckets, stage), self.global_step, close=True)

@@ -9,38 +9,24 @@ from typing import Any, Sequence
 
 import torch
 import torchmetrics
-from torch import Tensor, nn
+from torch import Tensor
 
 GROUP_LABEL_BYTES = 48  # grouping values are synced across processes as fixed-width utf-8 bytes
-
-
-def pair_metrics() -> nn.ModuleDict:
-    names = ("loss", "accuracy", "chosen", "rejected", "margins")
-    return nn.ModuleDict({name: torchmetrics.MeanMetric() for name in names})
 
 
 def _encode_labels(values: Sequence[Any], n: int, device: torch.device) -> Tensor:
     """(n, GROUP_LABEL_BYTES) uint8: each value as utf-8 text, zero padded; None -> empty."""
     out = torch.zeros((n, GROUP_LABEL_BYTES), dtype=torch.uint8)
     for i, value in enumerate(values):
-        if value is None:
-            continue
-        raw = str(value).encode("utf-8")[:GROUP_LABEL_BYTES]
+        raw = b"" if value is None else str(value).encode("utf-8")[:GROUP_LABEL_BYTES]
         out[i, : len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
     return out.to(device)
 
 
-def _decode_labels(encoded: Tensor) -> list[str]:
-    return [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace") for row in encoded.cpu().tolist()]
-
-
 class PreferenceRecords(torchmetrics.Metric):
-    """Per-pair reward differences and grouping labels of an evaluation epoch, synced across processes.
-
-    `update(diffs, meta)` takes diffs (B,) = r_c - r_r and the batch's meta; for each column of
-    `columns` the values (or empty labels when the column is missing) are stored as fixed-width
-    utf-8 bytes so they can be all-gathered. `compute()` -> (diffs (N,), {column: [label] * N}).
-    """
+    """Per-pair reward differences r_c - r_r and the `columns` of the batches' meta over an
+    evaluation epoch, synced across processes (labels as fixed-width utf-8 bytes).
+    `compute()` -> (diffs (N,), {column: [label] * N})."""
 
     full_state_update = False
 
@@ -64,7 +50,8 @@ class PreferenceRecords(torchmetrics.Metric):
         diffs = torchmetrics.utilities.dim_zero_cat(self.diffs)
         groups = {}
         for i, column in enumerate(self.columns):
-            labels = _decode_labels(torchmetrics.utilities.dim_zero_cat(getattr(self, f"labels_{i}")))
+            encoded = torchmetrics.utilities.dim_zero_cat(getattr(self, f"labels_{i}")).cpu().tolist()
+            labels = [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace") for row in encoded]
             if any(labels):
                 groups[column] = labels
         return diffs, groups
@@ -96,13 +83,9 @@ def accuracy_table(column: str, rows: Sequence[tuple[str, float, int]]) -> str:
 
 
 def calibration_buckets(diffs: Tensor, num_bins: int) -> list[dict[str, float]]:
-    """D18: accuracy against the size of the reward difference.
-
-    Pairs are sorted by |r_c - r_r| and cut into up to `num_bins` equal-count buckets. Per bucket:
-    `abs_diff` (mean |r_c - r_r|), `predicted` (mean sigmoid(|r_c - r_r|): the Bradley-Terry
-    probability that the pair is ranked right), `accuracy` (fraction with r_c > r_r) and `count`.
-    A calibrated reward model has accuracy close to predicted in every bucket.
-    """
+    """D18: up to `num_bins` equal-count buckets of pairs sorted by |r_c - r_r|, each with its mean
+    `abs_diff`, `predicted` (mean sigmoid(|r_c - r_r|), the Bradley-Terry probability of ranking
+    it right; a calibrated model's `accuracy` is close to it) and `count`."""
     diffs = diffs.detach().double().cpu().reshape(-1)
     if diffs.numel() == 0:
         return []

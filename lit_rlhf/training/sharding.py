@@ -1,29 +1,11 @@
-"""FSDP2 (`torch.distributed.fsdp.fully_shard`) under Lightning's `ModelParallelStrategy`.
-
-`configs/strategy/fsdp2.yaml` selects the strategy; `TrainingModule.configure_model` calls
-`shard_module`, which shards every model of the module over all processes (one data-parallel
-dimension, no tensor parallelism):
-
-- each decoder layer (the classes a Hugging Face model lists in `_no_split_modules`) is one
-  `fully_shard` unit, then the model's root holds the rest (embeddings, final norm, output layer,
-  a scalar head). The root is the transformers model itself, inside a `peft` wrapper (a LoRA
-  policy: the frozen base and its trainable adapters in the same units), so `generate` and the
-  adapter's forward both enter it;
-- the trained models (the policy, PPO's value model, DRO-V's value) and the frozen ones (the
-  reference, a reward model, a teacher) alike: a frozen model is gathered unit by unit in its
-  forward passes (a layer, or the root's embeddings and output layer, at a time) and resharded
-  after each, since it has no backward pass. `memory.frozen_placement: whole`
-  keeps the frozen models out of the module tree, so they stay replicated on every process (no
-  all-gathers; the memory of one full copy each);
-- mixed precision follows the trainer: under `bf16-mixed` the units compute in bf16 and reduce
-  gradients in fp32 (`MixedPrecisionPolicy`); otherwise they compute in their weights' dtype.
-
-Code that reads weights outside a model's forward sees `DTensor` shards and handles them where it
-does: the chunked log-prob path runs as the root's forward (`lit_rlhf.models.logprobs`), the vLLM
-weight sync gathers full tensors (`DTensor.full_tensor()`), the LoRA merge unshards the units
-while it reads them (`lit_rlhf.models.merging`), the export at fit end consolidates the state
-first (`export_sharded`), and frozen weights stay out of checkpoints
-(`keep_frozen_out_of_checkpoints`).
+"""FSDP2 (`fully_shard`) under Lightning's `ModelParallelStrategy` (`configs/strategy/fsdp2.yaml`,
+docs/guides/gpus.md): `shard_module`, called from `configure_model`, shards every model of the
+module over all processes, each decoder layer one unit and the root the rest (inside a `peft`
+wrapper, the transformers model). Frozen models are gathered unit by unit in their forward and
+resharded after it (`memory.frozen_placement: whole` keeps them replicated instead); under
+`bf16-mixed` the units compute in bf16 and reduce gradients in fp32. Code that reads weights
+outside a forward handles the `DTensor` shards where it does (chunked log-probs, vLLM weight
+sync, LoRA merge, `export_sharded`, `keep_frozen_out_of_checkpoints`).
 """
 
 from __future__ import annotations
@@ -44,25 +26,13 @@ def uses_fsdp2(trainer: Any) -> bool:
 
 
 def resolve_data_parallel_size(trainer: Any) -> None:
-    """`data_parallel_size: auto` with `tensor_parallel_size: 1` means every process shards the
-    weights (FSDP2 only). Lightning 2.6 resolves `auto` to the number of nodes (its 2-D meshes put
-    tensor parallelism inside a node), which leaves a 1-process mesh on a multi-GPU node: set the
-    data-parallel size to the world size before the strategy builds its mesh."""
+    """`data_parallel_size: auto` is every process (FSDP2 only), not Lightning 2.6's number of nodes
+    (a 1-process mesh on a multi-GPU node): set before the strategy builds its mesh."""
     if not uses_fsdp2(trainer):
         return
     strategy = trainer.strategy
     world = strategy.num_nodes * max(1, strategy.num_processes)
     set_model_parallel_sizes(strategy, world_size=world)
-
-
-def mixed_precision(trainer: Any):
-    """The `MixedPrecisionPolicy` matching the trainer's precision: bf16 compute with fp32
-    gradient reduction under `bf16-mixed`; None (the weights' dtype) otherwise."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if str(getattr(trainer, "precision", "32-true")) == "bf16-mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return None
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -73,8 +43,7 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers of every transformers model inside `model`: the modules whose class a
-    model names in `_no_split_modules` (what accelerate and transformers' FSDP wrapping use)."""
+    """The modules whose class a transformers model inside `model` names in `_no_split_modules`."""
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
@@ -82,9 +51,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def shard_root(model: nn.Module) -> nn.Module:
-    """The module that holds a model's own weights once its layers are sharded: the transformers
-    model inside a `peft` wrapper (its `generate` and the adapter's forward enter that one), else
-    `model`."""
+    """The module that holds a model's own weights once its layers are sharded: inside a `peft`
+    wrapper the transformers model (its `generate` and the adapter's forward enter it)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) and type(model).__module__.startswith("peft") else model
 
@@ -106,17 +74,19 @@ def shard_model(model: nn.Module, mesh: Any, mp_policy: Any = None) -> None:
 
 
 def shard_module(module: nn.Module) -> None:
-    """FSDP2 on every model of a lit_rlhf module (each child holding parameters) when its trainer
-    runs `ModelParallelStrategy`; nothing otherwise. Called from `configure_model`, so once per
-    fit, validate or test (a model already sharded is left as it is)."""
+    """FSDP2 on every child of `module` holding parameters when its trainer runs
+    `ModelParallelStrategy` (a model already sharded is left as it is)."""
     trainer = attached_trainer(module)
     if not uses_fsdp2(trainer):
         return
     problems = unsupported(module, trainer)
     if problems:
         raise ValueError("FSDP2 (ModelParallelStrategy): " + "; ".join(problems))
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     mesh = trainer.strategy.device_mesh["data_parallel"]
-    policy = mixed_precision(trainer)
+    bf16 = str(getattr(trainer, "precision", "32-true")) == "bf16-mixed"  # bf16 compute, fp32 gradient reduction
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     for _, child in module.named_children():
         if any(True for _ in child.parameters()):
             shard_model(child, mesh, policy)
@@ -124,11 +94,9 @@ def shard_module(module: nn.Module) -> None:
 
 
 def keep_frozen_out_of_checkpoints(module: nn.Module) -> None:
-    """Frozen weights (the frozen models, a LoRA policy's base) are rebuilt from their names, never
-    checkpointed. Under FSDP2 the strategy reads the weights of a sharded checkpoint back into
-    `state_dict()`'s tensors, asking the files for every key: so the frozen ones leave
-    `state_dict()` itself (a post-hook), and the module loads without them (`strict_loading`
-    off; every trained key is still required by the checkpoint reader)."""
+    """Frozen weights are rebuilt from their names, never checkpointed; FSDP2's checkpoint reader
+    asks the files for every key of `state_dict()`, so they leave it (a post-hook) and the module
+    loads without them (`strict_loading` off; the reader still requires every trained key)."""
     if getattr(module, "_drops_frozen_state", False):
         return
 
@@ -144,8 +112,7 @@ def keep_frozen_out_of_checkpoints(module: nn.Module) -> None:
 
 
 def unsupported(module: nn.Module, trainer: Any) -> list[str]:
-    """What this module asks of FSDP2 that it cannot do, one line each (`optimizer_in_backward` is
-    refused by the start-up checks, `lit_rlhf.training.in_backward.startup_problems`)."""
+    """What this module asks of FSDP2 that it cannot do, one line each."""
     problems = []
     mesh = trainer.strategy.device_mesh
     if mesh["tensor_parallel"].size() != 1:
@@ -169,12 +136,9 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-
 def export_sharded(module: Any, directory: str) -> None:
-    """`export_hf` of a sharded module: every rank gathers the full weights (a collective), rank 0
-    rebuilds the module unsharded from its recorded settings (`lit_rlhf.training.settings`, as
-    `python -m lit_rlhf.export` does from a checkpoint), loads them and writes the Hugging Face
-    directory; the other ranks wait for it."""
+    """`export_hf` of a sharded module: every rank gathers the full weights, rank 0 rebuilds the
+    module unsharded from its recorded settings (`rebuild_module`), loads them and exports."""
     from lit_rlhf.training.settings import rebuild_module
 
     state = full_state_dict(module)  # the trained weights: the frozen ones are rebuilt from their names

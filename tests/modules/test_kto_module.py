@@ -115,7 +115,7 @@ def test_z0_is_the_detached_clamped_mean_mismatched_logratio(tiny_tokenizer, ref
 
     module.frozen_logps = shifted
     batch = single_batch(tiny_tokenizer, labels=torch.tensor([True, False, True, False]))
-    z0 = module.kl_reference_point(batch)
+    z0 = module.kl_estimate(batch).clamp(min=0)
     expected = _hand_mismatched_logratio(module, tiny_tokenizer, ref_shift)
     if ref_shift < 0:
         assert expected > 0
@@ -133,9 +133,9 @@ def test_z0_is_the_detached_clamped_mean_mismatched_logratio(tiny_tokenizer, ref
 
 def test_desirable_flags_from_labels_rewards_and_pairs(tiny_tokenizer):
     labelled = single_batch(tiny_tokenizer, labels=torch.tensor([True, False, False, True]))
-    assert KTOModule().desirable_flags(labelled).tolist() == [True, False, False, True]
+    assert KTOModule().row_labels(labelled)[0].desirable.tolist() == [True, False, False, True]
     rewarded = single_batch(tiny_tokenizer, rewards=torch.tensor([0.5, -1.0, 2.0, 0.0]))  # mean 0.375
-    assert KTOModule(labels_from="rewards").desirable_flags(rewarded).tolist() == [True, False, True, False]
+    assert KTOModule(labels_from="rewards").row_labels(rewarded)[0].desirable.tolist() == [True, False, True, False]
     tied = single_batch(tiny_tokenizer, rewards=torch.tensor([1.0, -1.0, 0.0, 0.0]))  # mean 0: rows 2, 3 tie
     labels, all_tied = KTOModule(labels_from="rewards").row_labels(tied)
     assert labels.desirable.tolist() == [True, False, False, False] and labels.tied.tolist() == [False, False, True, True]
@@ -144,11 +144,11 @@ def test_desirable_flags_from_labels_rewards_and_pairs(tiny_tokenizer):
     assert (stats["data/num_desirable"], stats["data/num_undesirable"], stats["data/num_tied"]) == (1, 1, 2)
     assert KTOModule(labels_from="rewards").row_labels(single_batch(tiny_tokenizer, rewards=torch.full((4,), 0.3)))[1]
     with pytest.raises(ValueError, match="no `labels`"):
-        KTOModule().desirable_flags(rewarded)
+        KTOModule().row_labels(rewarded)[0].desirable
     with pytest.raises(ValueError, match="no `rewards`"):
-        KTOModule(labels_from="rewards").desirable_flags(labelled)
+        KTOModule(labels_from="rewards").row_labels(labelled)[0].desirable
     pairs = PreferenceBatch(labelled.input_ids, labelled.attention_mask, labelled.loss_mask, labelled.prompt_lengths)
-    assert KTOModule().desirable_flags(pairs).tolist() == [True, True, False, False]  # chosen rows first
+    assert KTOModule().row_labels(pairs)[0].desirable.tolist() == [True, True, False, False]  # chosen rows first
     with pytest.raises(ValueError, match="labels_from"):
         KTOModule(labels_from="scores")
 
@@ -186,17 +186,17 @@ def test_a_single_prompt_batch_reuses_the_previous_z0(tiny_tokenizer):
     frozen_logps = module.frozen_logps
     module.frozen_logps = lambda *args, **kwargs: frozen_logps(*args, **kwargs) - args[3].float()  # ref less likely
     batch = single_batch(tiny_tokenizer, labels=torch.tensor([True, False, True, False]))
-    z0 = module.kl_reference_point(batch)  # training mode: remembered
+    z0 = module.kl_estimate(batch).clamp(min=0)  # training mode: remembered
     assert z0 > 0.5
     one = batch._replace(input_ids=batch.input_ids[:1], attention_mask=batch.attention_mask[:1],
                          loss_mask=batch.loss_mask[:1], prompt_lengths=batch.prompt_lengths[:1], labels=batch.labels[:1])
-    assert module.kl_reference_point(one).item() == pytest.approx(z0.item())
+    assert module.kl_estimate(one).clamp(min=0).item() == pytest.approx(z0.item())
     rows = single_batch(tiny_tokenizer, [PROMPTS[0]] * 2, COMPLETIONS[:2])  # a chosen and a rejected of one prompt
     pair = PreferenceBatch(rows.input_ids, rows.attention_mask, rows.loss_mask, rows.prompt_lengths)
-    assert module.kl_reference_point(pair).item() == pytest.approx(z0.item())  # one pair = one prompt
+    assert module.kl_estimate(pair).clamp(min=0).item() == pytest.approx(z0.item())  # one pair = one prompt
     one_prompt = single_batch(tiny_tokenizer, [PROMPTS[0]] * 4, COMPLETIONS, labels=batch.labels)
-    assert module.kl_reference_point(one_prompt).item() == pytest.approx(z0.item())  # 4 rows, one prompt
-    assert KTOModule().kl_reference_point(one).item() == 0.0  # nothing seen yet
+    assert module.kl_estimate(one_prompt).clamp(min=0).item() == pytest.approx(z0.item())  # 4 rows, one prompt
+    assert KTOModule().kl_estimate(one).clamp(min=0).item() == 0.0  # nothing seen yet
 
 
 def test_an_all_tied_batch_skips_the_step_and_is_counted(tiny_tokenizer, tmp_path):

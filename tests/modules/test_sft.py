@@ -52,7 +52,7 @@ def test_loss_masks_prompt_and_padding(tiny_tokenizer):
     assert torch.all(logps[~batch.loss_mask] == 0)
     # changing a prompt token's target does not change which tokens are scored
     expected = -(logps.sum() / batch.loss_mask.sum())
-    assert torch.allclose(module._nll(batch), expected)
+    assert torch.allclose(module.compute_loss(batch)[0], expected)
     # the EOS token closes every completion and is trained on
     last = batch.attention_mask.long().sum(1) - 1
     assert torch.all(batch.input_ids[torch.arange(4), last] == module.tokenizer.eos_token_id)
@@ -65,10 +65,10 @@ def test_fit_lowers_loss_and_exports(tmp_path):
     loader = make_batches(module.tokenizer)
     batch = next(iter(loader))
     with torch.no_grad():
-        before = module._nll(batch).item()
+        before = module.compute_loss(batch)[0].item()
     trainer(tmp_path, 30).fit(module, loader)
     with torch.no_grad():
-        after = module._nll(batch).item()
+        after = module.compute_loss(batch)[0].item()
     assert after < 0.5 * before, (before, after)  # ~5.6 nats at random init
 
     # exported at the end of fit; plain transformers gives the same log-probs

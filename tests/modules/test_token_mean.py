@@ -89,7 +89,7 @@ def test_sft_gradient_does_not_depend_on_accumulation(tmp_path):
     # and it is the gradient of the token mean over the 4 rows
     module = SFTModule(model="tiny-random-llama")
     batch = next(iter(sft_loader(module.tokenizer, 4)))
-    module._nll(batch).backward()
+    module.compute_loss(batch)[0].backward()
     assert_same(whole, {f"policy.{n}": p.grad for n, p in module.policy.named_parameters() if p.grad is not None})
 
 
