@@ -134,7 +134,7 @@ def register_project_classes() -> None:
     import lit_rlhf.modules  # noqa: F401
 
 
-BASES = {"TrainingModule", "PolicyModule", "PairwiseModule", "OnlineModule", "RLHFDataModule"}  # not runnable alone
+BASES = {"TrainingModule", "PolicyModule", "OfflineModule", "PairwiseModule", "OnlineModule", "RLHFDataModule"}  # not runnable alone
 
 
 def fit_description() -> str:

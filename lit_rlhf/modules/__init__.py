@@ -1,9 +1,10 @@
-"""One LightningModule per method. Shared plumbing is in `base.TrainingModule`, `policy.PolicyModule`
-and, for pairwise-preference methods, `pairwise.PairwiseModule`."""
+"""One LightningModule per method. Shared plumbing is in `base.TrainingModule`, `policy.PolicyModule`,
+`pairwise.OfflineModule` (the offline methods' steps) with `pairwise.PairwiseModule` (pairwise
+preferences) and `online.OnlineModule`."""
 
 from lit_rlhf.training.base import TrainingModule
 from lit_rlhf.modules.policy import PolicyModule
-from lit_rlhf.modules.pairwise import PairLogps, PairwiseModule
+from lit_rlhf.modules.pairwise import OfflineModule, PairLogps, PairwiseModule
 from lit_rlhf.modules.dpo import DPOModule
 from lit_rlhf.modules.drov import DROVModule
 from lit_rlhf.modules.kto import KTOModule
@@ -26,6 +27,6 @@ from lit_rlhf.modules.xpo import XPOModule
 
 __all__ = ["DAPOModule", "DistillationModule", "DrGRPOModule", "GRPOModule", "GSPOModule", "PPOModule", "DPOModule", "DROVModule", "KTOModule",
            "ListwiseDPOModule", "ListwiseRewardModule",
-           "OnlineDPOModule", "ORPOModule", "PairLogps", "PairwiseModule", "PolicyModule", "PPOPtxModule",
+           "OfflineModule", "OnlineDPOModule", "ORPOModule", "PairLogps", "PairwiseModule", "PolicyModule", "PPOPtxModule",
            "ReinforcePPModule", "RejectionSamplingModule", "ReMaxModule", "RewardModule", "RLOOModule", "SFTModule",
            "TrainingModule", "XPOModule"]

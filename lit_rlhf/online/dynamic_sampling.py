@@ -27,6 +27,8 @@ number of responses generated per response trained on (1 without dynamic samplin
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 from torch.nn import functional as F

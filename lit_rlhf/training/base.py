@@ -17,11 +17,11 @@ from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from lit_rlhf import checks, host_memory, models, resume, rng
+from lit_rlhf import checks, host_memory, resume, rng
 from lit_rlhf.training import sharding
 from lit_rlhf.training.guard import NonFiniteError, SkipStep, nonfinite_rows_message
 from lit_rlhf.lightning_compat import logger_writes_this_step, replace_eval_mode_check, trust_checkpoint_instantiator
-from lit_rlhf.training.in_backward import attach_to, startup_problems
+from lit_rlhf.training.in_backward import startup_problems
 from lit_rlhf.training.memory import MOVED as MEMORY_MOVED
 from lit_rlhf.training.memory import Memory
 from lit_rlhf.training.optim import build_adamw
@@ -111,7 +111,8 @@ class TrainingModule(LightningModule):
         self.lr, self.weight_decay, self.adam_eps, self.adam_betas = lr, weight_decay, adam_eps, tuple(adam_betas)
         self.warmup_steps, self.warmup_ratio, self.lr_scheduler = warmup_steps, warmup_ratio, lr_scheduler
         self.export_dir, self.on_nonfinite = export_dir, on_nonfinite
-        (Memory() if memory is None else memory).apply_to(self)
+        for name, value in (memory or Memory()).settings().items():  # read at run time: self.gradient_checkpointing, ...
+            setattr(self, name, value)
 
     # optimisation
 
@@ -139,8 +140,14 @@ class TrainingModule(LightningModule):
         clips = bool(getattr(trainer, "gradient_clip_val", None)) or bool(getattr(self, "max_grad_norm", None))
         optimizer = build_adamw(self.optimizer_param_groups(), trainer, clips=clips, in_backward=self.optimizer_in_backward,
                                 lr=self.lr, eps=self.adam_eps, betas=tuple(self.adam_betas), weight_decay=self.weight_decay)
-        if self.optimizer_in_backward:
-            attach_to(self, optimizer)
+        if self.optimizer_in_backward:  # each parameter updated by its backward pass (the hooks of a former fit go)
+            if getattr(self, "_in_backward_optimizer", None) is not None:
+                self._in_backward_optimizer.detach()
+            names = {id(param): name for name, param in self.named_parameters(remove_duplicate=False)}
+            optimizer.attach(names, self.gradient_factor, lambda message: NonFiniteError(
+                f"{message} at global step {self.global_step} (epoch {self.current_epoch}), caught before its update "
+                "(optimizer_in_backward)"))
+            self._in_backward_optimizer = optimizer
         total = self.num_schedule_steps()
         warmup = self.warmup_steps or int(self.warmup_ratio * total)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lr_lambda(self.lr_scheduler, warmup, total))

@@ -159,23 +159,6 @@ class InBackwardAdamW(torch.optim.AdamW):
         param.grad = None
 
 
-def attach_to(module: Any, optimizer: InBackwardAdamW) -> None:
-    """Attach `optimizer`'s hooks to the parameters of `module` (those of a previous fit go first)."""
-    from lit_rlhf.training.guard import NonFiniteError
-
-    previous = getattr(module, "_in_backward_optimizer", None)
-    if previous is not None:  # a second fit of this module: the hooks of the first go
-        previous.detach()
-    names = {id(param): name for name, param in module.named_parameters(remove_duplicate=False)}
-
-    def nonfinite(message: str) -> NonFiniteError:
-        return NonFiniteError(f"{message} at global step {module.global_step} (epoch {module.current_epoch}), "
-                              "caught before its update (optimizer_in_backward)")
-
-    optimizer.attach(names, gradient_factor=module.gradient_factor, nonfinite_error=nonfinite)
-    module._in_backward_optimizer = optimizer
-
-
 def startup_problems(trainer: Any, module: Any, dm: Any) -> list[str]:
     """What `optimizer_in_backward` cannot do exactly (nothing may need all gradients, or a later
     one), one message each (`lit_rlhf.checks` raises them at start-up)."""

@@ -66,11 +66,6 @@ class Memory:
     def settings(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in FIELDS}
 
-    def apply_to(self, module: Any) -> None:
-        """Keep each setting as the module's attribute of the same name (read at run time)."""
-        for name, value in self.settings().items():
-            setattr(module, name, value)
-
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Memory) and self.settings() == other.settings()
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lit_rlhf.training.memory import Memory
-from lit_rlhf.models import adapters, load_causal_lm, load_reward_model, load_tokenizer, scalar_adapters
+from lit_rlhf.models import adapters, load_causal_lm, load_reward_model, scalar_adapters
 from lit_rlhf.modules import DPOModule, DROVModule, PPOModule, RewardModule
 from lit_rlhf.rewards import CharacterFractionReward
 

@@ -11,7 +11,6 @@ import tests.resume.test_resume as resume
 from lit_rlhf.data import TLDRPromptDataModule
 from lit_rlhf.models import adapters, load_causal_lm
 from lit_rlhf.modules import RLOOModule
-from lit_rlhf.rewards import CharacterFractionReward
 
 LORA = {"r": 4, "alpha": 8}
 PROMPTS = dict(path="bundled:tldr_sft", max_prompt_length=96, limit=6, batch_size=2)  # 3 batches per epoch

@@ -32,7 +32,7 @@ def test_a_setting_pinned_by_a_subclass_survives_the_cli(tmp_path):
     config.write_text(yaml.safe_dump(CONFIG))
     cli = main(["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path),
                 "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
-                f"--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
                 f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}", "--trainer.callbacks.save_last=true"])
     module = cli.model
     assert isinstance(module, PinnedGRPO) and cli.trainer.global_step == 2

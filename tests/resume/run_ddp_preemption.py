@@ -8,7 +8,6 @@ with the straight run's weights. Writes rank{r}.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys

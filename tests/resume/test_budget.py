@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-import torch
 
 from tests.resume.harness import Setup, assert_same_run, fit, straight_run
 
