@@ -1,8 +1,8 @@
 """The producer's sampler on a vLLM server in its own process (`AsyncRollouts(server=VLLMServerBackend(...))`).
 
 The learner publishes each version in memory (as for `LocalSampler`); the producer thread takes
-the version a batch is scheduled for and pushes it to the server before sampling, so the learner
-never waits for a transfer:
+the version a batch is scheduled for, pushes it to the server before sampling and checks it (the
+server scores the learner's probe, `generation.sync_check`), so the learner never waits for a transfer:
 
 - full fine-tuning: the trained parameters as one safetensors file stamped with the version
   (`FileWeightSync`, two files kept), loaded in place by the server's worker;

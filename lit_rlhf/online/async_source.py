@@ -31,8 +31,8 @@ machinery (queue, producer, prompt schedule, samplers) is `lit_rlhf.async_rollou
   the uninterrupted one (tested on CPU).
 - **Logs**: `train/async/staleness_mean` and `staleness_max` (versions behind); the sampler's
   log-probs against the learner's (`train/rollout/sampler_logprob_diff`); and, depending on
-  timing, `train/perf/queue_depth`, `train/perf/trainer_idle_fraction`, `train/time/rollout_wait`
-  and `train/time/rollout_sampling`.
+  timing, `train/perf/queue_depth`, `train/perf/trainer_idle_fraction`, `train/time/rollout_wait`,
+  `train/time/rollout_sampling` and `train/time/weight_sync_check` (`lit_rlhf.generation.sync_check`).
 
 A frozen second model (`for_model("reference")`, XPO's) gets a producer and a queue of its own,
 with the policy's staleness bound; it never waits for weights, and batch k draws from a generator

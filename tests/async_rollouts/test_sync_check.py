@@ -99,6 +99,11 @@ def test_the_check_by_hand():
         probe.check("s", 7, expected, expected + torch.tensor([[0.0, 0.0], [0.0, 0.6]]), torch.float32)
     with pytest.raises(SyncCheckError):  # a NaN is a failure, never a pass
         probe.check("s", 7, expected, expected * float("nan"), torch.float32)
+    default = SyncProbe(10, rows=2, prompt=3, tokens=2)  # the bound by the trainer's dtype (measured, module docstring)
+    assert default.check("s", 1, expected, expected + 0.4, torch.bfloat16) == pytest.approx(0.4)
+    for dtype, gap, bound in ((torch.bfloat16, 0.6, "0.5"), (torch.float32, 2e-3, "0.001")):
+        with pytest.raises(SyncCheckError, match=f"bound {bound}\\)"):
+            default.check("s", 1, expected, expected + gap, dtype)
 
 
 def test_the_asynchronous_producer_checks_every_version_it_loads(base):
