@@ -31,12 +31,13 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lit_rlhf.async_rollouts.prompts import PromptSchedule
 from lit_rlhf.async_rollouts.queue import GeneratedBatch, RolloutQueue, stack_versions
 from lit_rlhf.generation import SamplingConfig, generate_responses
-from lit_rlhf.generation.weight_sync import WeightSync, fetch_until, load_weights
+from lit_rlhf.generation.sync_check import SyncCheckError
+from lit_rlhf.generation.weight_sync import PROBE_KEY, WeightSync, fetch_until, load_weights
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +50,72 @@ def rollout_seed(index: int, seed: int | None = None) -> int:
 
 
 class Sampler(ABC):
-    """Samples one prompt batch with the weights of a given policy version."""
+    """Samples one prompt batch with the weights of a given policy version, which it takes from
+    `sync`, where the learner publishes them (in this process: the wait for one ends when it is
+    published or when the producer is stopped; the learner's own waits have deadlines).
+
+    With a `probe` (`sync_check.SyncProbe`), a version the learner stamped with its probe
+    log-probs is checked once loaded (`check`): `SyncCheckError` naming the sync, the version and
+    the worst token, or with `probe.retry` the version is loaded again once first."""
 
     version: int | None = None  # the version of the weights it holds (None: not known)
+    probe: Any = None
+    frozen = False  # the weights never change (a reference): every version is the one it holds
+    stream = 0  # nonzero: a generator per batch, seeded `rollout_seed(index) ^ stream`
 
-    @abstractmethod
     def prepare(self, version: int, stop: threading.Event) -> bool:
         """Bring the sampler's weights to `version`; False when `stop` ended the wait."""
+        if version == self.version or self.frozen:
+            self.version = version
+            return True
+        tensors = fetch_until(self.sync, version, stop, timeout=None)
+        if tensors is None:
+            return False
+        tensors = dict(tensors)
+        expected = tensors.pop(PROBE_KEY, None)
+        for again in (False, True):
+            self.load(version, tensors)
+            if self.probe is None or expected is None:
+                break
+            try:
+                self.check(version, expected)
+                break
+            except SyncCheckError as err:
+                if again or not self.probe.retry:
+                    raise
+                log.warning("%s; sending version %d again", err, version)
+        self.version = version
+        return True
+
+    @abstractmethod
+    def load(self, version: int, tensors: dict[str, Tensor]) -> None:
+        """Make the published weights of `version` the ones the sampler samples with."""
+
+    @abstractmethod
+    def check(self, version: int, expected: Tensor) -> None:
+        """Score the probe with the loaded weights against the trainer's `expected` log-probs."""
 
     @abstractmethod
     def sample(self, index: int, version: int, prompts: Any) -> GeneratedBatch:
         """Sample batch `index` (its `prompts`, a PromptBatch) with the weights of `version`."""
 
+    def rows(self, index: int, version: int, prompts: Any, device: Any = None):
+        """-> prompt ids and mask (B, P), their `repeats` copies (B*G, P, a prompt's copies
+        contiguous) and the batch's generator: None (torch's global one) with `max_staleness: 0`
+        and no `stream`, else its own (module docstring)."""
+        if version != self.version:
+            raise RuntimeError(f"batch {index} is scheduled for version {version}, the sampler holds {self.version}")
+        prompt_ids, prompt_mask = prompts.input_ids.to(device), prompts.attention_mask.to(device).bool()
+        generator = None
+        if self.max_staleness > 0 or self.stream:
+            generator = torch.Generator(device=device or "cpu")
+            generator.manual_seed(rollout_seed(index) ^ self.stream)
+        return (prompt_ids, prompt_mask, prompt_ids.repeat_interleave(self.repeats, dim=0),
+                prompt_mask.repeat_interleave(self.repeats, dim=0), generator)
+
     def close(self) -> None:
         """Release the sampler's resources."""
+        self.sync.close()
 
 
 class LocalSampler(Sampler):
@@ -78,11 +131,7 @@ class LocalSampler(Sampler):
         frozen: `model`'s weights never change (a reference): every version is the one it holds.
         stream: nonzero: always a generator per batch, seeded `rollout_seed(index) ^ stream` (a
             second model's samples, independent of the policy's and of timing).
-        probe: the learner's `SyncProbe`: a version stamped with the trainer's probe log-probs is
-            checked after it is loaded (`SyncCheckError` naming the version; None: not checked).
-
-    The versions come from the learner in this process: the wait for one ends when it is
-    published or when the producer is stopped (the learner's own waits have deadlines).
+        probe: the learner's `SyncProbe` (`Sampler`; None: versions not checked).
     """
 
     def __init__(self, model: nn.Module, sync: WeightSync, sampling: SamplingConfig, repeats: int,
@@ -94,37 +143,21 @@ class LocalSampler(Sampler):
         self.max_staleness, self.frozen, self.stream, self.probe = max_staleness, frozen, stream, probe
         self.version = None
 
-    def prepare(self, version: int, stop: threading.Event) -> bool:
-        if version == self.version or self.frozen:
-            self.version = version
-            return True
-        tensors = fetch_until(self.sync, version, stop, timeout=None)  # waits for the learner to publish it
-        if tensors is None:
-            return False
-        load_weights(self.model, tensors, self.probe, "in-memory sync (asynchronous producer)", version)
-        self.version = version
-        return True
+    def load(self, version: int, tensors: dict[str, Tensor]) -> None:
+        load_weights(self.model, tensors)
+
+    def check(self, version: int, expected: Tensor) -> None:
+        self.probe.verify_model("in-memory sync (asynchronous producer)", version, self.model, expected)
 
     @torch.no_grad()
     def sample(self, index: int, version: int, prompts: Any) -> GeneratedBatch:
-        if version != self.version:
-            raise RuntimeError(f"batch {index} is scheduled for version {version}, the sampler holds {self.version}")
         device = next(self.model.parameters()).device
-        prompt_ids, prompt_mask = prompts.input_ids.to(device), prompts.attention_mask.to(device).bool()  # (B, P)
-        ids = prompt_ids.repeat_interleave(self.repeats, dim=0)  # (B*G, P), a prompt's copies contiguous
-        mask = prompt_mask.repeat_interleave(self.repeats, dim=0)
-        generator = None
-        if self.max_staleness > 0 or self.stream:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(rollout_seed(index) ^ self.stream)
+        prompt_ids, prompt_mask, ids, mask, generator = self.rows(index, version, prompts, device)
         response_ids, response_mask, has_eos, logps = generate_responses(
             self.model, ids, mask, self.sampling, self.eos_token_id, self.pad_token_id, generator=generator,
             return_logps=True)
         return GeneratedBatch(index, version, prompt_ids, prompt_mask, response_ids, response_mask, has_eos, logps,
                               stack_versions(version, ids.shape[0]).to(device))
-
-    def close(self) -> None:
-        self.sync.close()
 
 
 class RolloutProducer:

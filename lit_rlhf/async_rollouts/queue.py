@@ -82,10 +82,6 @@ class GeneratedBatch:
     def from_state(cls, state: dict[str, Any]) -> "GeneratedBatch":
         return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
 
-    def staleness(self, learner_version: int) -> Tensor:
-        """(N,) how many versions each row is behind `learner_version`."""
-        return learner_version - self.versions
-
 
 class RolloutQueue:
     """The bounded, versioned hand-off between one producer and the learner (see the module doc).
@@ -125,15 +121,6 @@ class RolloutQueue:
         the learner takes next."""
         return self.next_index <= index < self.next_index + self.capacity
 
-    def depth(self) -> int:
-        """Finished batches waiting for the learner."""
-        with self._cond:
-            return len(self._ready)
-
-    # ------------------------------------------------------------------------------------------
-    # producer side
-    # ------------------------------------------------------------------------------------------
-
     def next_to_put(self) -> int:
         """The index of the batch the producer hands over next."""
         with self._cond:
@@ -143,8 +130,8 @@ class RolloutQueue:
         """Hand over a finished batch; it must be admitted, sampled with its scheduled version
         (`version_of`; not checked for a batch `restored` from a checkpoint, sampled under the
         schedule of the run that wrote it), and come in index order."""
-        with self._cond:
-            expected = max([self.next_index - 1, *self._ready]) + 1
+        with self._cond:  # reentrant: `next_to_put` takes it too
+            expected = self.next_to_put()
             if batch.index != expected:
                 raise AdmissionError(f"batch {batch.index} offered, batch {expected} expected next (batches come "
                                      "in order, each once)")
@@ -173,10 +160,6 @@ class RolloutQueue:
                     return False
                 self._cond.wait(poll)
         return True
-
-    # ------------------------------------------------------------------------------------------
-    # learner side
-    # ------------------------------------------------------------------------------------------
 
     def take(self, index: int, timeout: float) -> tuple[GeneratedBatch, int, float]:
         """Batch `index` (the next one), waiting at most `timeout` seconds -> (batch, queue depth
@@ -231,7 +214,7 @@ class RolloutQueue:
 
 def staleness_stats(batch: GeneratedBatch, learner_version: int) -> dict[str, Tensor]:
     """`async/staleness_mean` and `async/staleness_max` of a consumed batch (versions behind)."""
-    stale = batch.staleness(learner_version).float()
+    stale = (learner_version - batch.versions).float()
     return {"async/staleness_mean": stale.mean(), "async/staleness_max": stale.max()}
 
 

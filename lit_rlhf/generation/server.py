@@ -244,10 +244,6 @@ class ServerClient:
         raise ServerError(f"{method} {path}: the vLLM server at {self.server.url} cannot be reached after "
                           f"{self.retries} tries: {error!r}") from error
 
-    # ------------------------------------------------------------------------------------------
-    # weights
-    # ------------------------------------------------------------------------------------------
-
     def weight_version(self) -> str | None:
         return self.request("GET", "/weight_info").get("weight_version")
 
@@ -276,25 +272,23 @@ class ServerClient:
             raise WeightVersionError(f"the vLLM server's workers loaded {loaded} when version {version} was sent")
         self.set_weight_version(version)
 
-    def check_probe(self, probe, version: int, expected: Tensor, dtype: torch.dtype, model: str | None = None) -> float:
-        """The server's log-probs of `probe`'s last tokens against the trainer's `expected` (n, tokens)
-        for `version` (`sync_check.SyncProbe.check`: `SyncCheckError` above the bound)."""
+    def check_probe(self, probe, version: int, expected: Tensor, dtype: torch.dtype, model: str | None = None,
+                    sync: str = "vLLM server sync") -> float:
+        """The server's log-probs of `probe`'s last tokens (of `model`: a LoRA adapter's name; None:
+        the served model) against the trainer's `expected` (n, tokens) for `version`
+        (`sync_check.SyncProbe.check`: `SyncCheckError` naming `sync` above the bound)."""
         started, n, rows = time.perf_counter(), probe.tokens, probe.input_ids.tolist()
         answers = [self.request("POST", "/v1/completions", {"model": model or self.model, "prompt": row, "max_tokens": 1,
                                                             "temperature": 1.0, "prompt_logprobs": 0}) for row in rows]
         scored = torch.tensor([[a["choices"][0]["prompt_logprobs"][j][str(row[j])]["logprob"] for j in range(len(row) - n, len(row))]
                                for a, row in zip(answers, rows)])
-        return probe.check("vLLM server sync", version, expected, scored, dtype, started)
+        return probe.check(sync, version, expected, scored, dtype, started)
 
     def load_adapter(self, path: str | Path, name: str, previous: str | None = None) -> None:
-        """Serve the LoRA adapter in `path` as model `name`; unload `previous`."""
-        self.request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-        if previous is not None and previous != name:
+        """Serve the LoRA adapter in `path` as model `name`, unloading `previous` first (it may be `name`)."""
+        if previous is not None:
             self.request("POST", "/v1/unload_lora_adapter", {"lora_name": previous})
-
-    # ------------------------------------------------------------------------------------------
-    # sampling
-    # ------------------------------------------------------------------------------------------
+        self.request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
 
     def completion_body(self, prompt: list[int], config: SamplingConfig, eos_token_id: int, seed: int,
                         model: str | None = None) -> dict[str, Any]:

@@ -31,9 +31,4 @@ class WeightReceiver:
             weights = [(name, f.get_tensor(name)) for name in f.keys()]
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
         reprocess_embeddings(self.model_runner.get_model())
-        self.lit_rlhf_weight_version = str(version)
         return str(version)
-
-    def lit_rlhf_weight_version_loaded(self) -> str | None:
-        """The version the last `lit_rlhf_load_weights` loaded (None before the first)."""
-        return getattr(self, "lit_rlhf_weight_version", None)

@@ -70,15 +70,9 @@ def trained_weights(policy: nn.Module, adapter: str | None = None) -> dict[str, 
 
 
 @torch.no_grad()
-def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], probe=None, sync: str = "weight sync",
-                 version: int | None = None) -> None:
+def load_weights(model: nn.Module, tensors: Mapping[str, Tensor]) -> None:
     """Copy `tensors` into `model`'s parameters of the same names; every name must exist with the
-    same shape (else `WeightSyncError` naming them). With the `probe` of the engine holding
-    `model` (`sync_check.SyncProbe`) and the trainer's probe log-probs among `tensors`
-    (`PROBE_KEY`), `model` then scores the probe and a difference raises `SyncCheckError` naming
-    `sync` and `version`."""
-    tensors = dict(tensors)
-    expected = tensors.pop(PROBE_KEY, None)
+    same shape (else `WeightSyncError` naming them)."""
     params = dict(model.named_parameters())
     unknown = sorted(set(tensors) - set(params))
     shapes = sorted(n for n in set(tensors) & set(params) if tuple(tensors[n].shape) != tuple(params[n].shape))
@@ -87,8 +81,6 @@ def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], probe=None, sy
                               f"shape mismatches {[(n, tuple(tensors[n].shape), tuple(params[n].shape)) for n in shapes[:5]]}")
     for name, tensor in tensors.items():
         params[name].copy_(tensor)
-    if probe is not None and expected is not None:
-        probe.verify_model(sync, version, model, expected)
 
 
 class WeightSync(ABC):

@@ -31,8 +31,8 @@ machinery (queue, producer, prompt schedule, samplers) is `lit_rlhf.async_rollou
   the uninterrupted one (tested on CPU).
 - **Logs**: `train/async/staleness_mean` and `staleness_max` (versions behind); the sampler's
   log-probs against the learner's (`train/rollout/sampler_logprob_diff`); and, depending on
-  timing, `train/perf/queue_depth`, `train/perf/trainer_idle_fraction`, `train/time/rollout_wait`
-  and `train/time/rollout_sampling`.
+  timing, `train/perf/queue_depth`, `train/perf/trainer_idle_fraction`, `train/time/rollout_wait`,
+  `train/time/rollout_sampling` and `train/time/weight_sync_check` (`lit_rlhf.generation.sync_check`).
 
 A frozen second model (`for_model("reference")`, XPO's) gets a producer and a queue of its own,
 with the policy's staleness bound; it never waits for weights, and batch k draws from a generator
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 import zlib
 from typing import Any, NamedTuple
 
@@ -84,7 +85,7 @@ class Running(NamedTuple):
     queue: RolloutQueue
     producer: RolloutProducer
     sync: InMemoryWeightSync
-    probe: SyncProbe | None  # the learner stamps each version with it, the in-process sampler checks it
+    probe: SyncProbe | None  # the learner stamps each version with it, the sampler checks it
 
 
 class AsyncRollouts(RolloutSource):
@@ -190,11 +191,10 @@ class AsyncRollouts(RolloutSource):
         schedule = PromptSchedule(trainer.train_dataloader, trainer.num_training_batches)
         sync = InMemoryWeightSync()
         eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
-        probe = None
+        probe = None if model.frozen else SyncProbe(len(model.tokenizer))
         if self.server is not None:
-            sampler = self.server.sampler(model, trainer, sampling, repeats, sync, s, self.timeout)
+            sampler = self.server.sampler(model, trainer, sampling, repeats, sync, s, self.timeout, probe)
         else:
-            probe = None if model.frozen else SyncProbe(len(model.tokenizer))
             sampler = LocalSampler(copy.deepcopy(standalone(model.model)), sync, sampling, repeats, eos, pad, s,
                                    frozen=model.frozen, stream=self.stream, probe=probe)
         self.running = Running(queue, RolloutProducer(queue, schedule, sampler).start(), sync, probe)
@@ -217,11 +217,12 @@ class AsyncRollouts(RolloutSource):
         if self.running is None:
             raise RuntimeError("asynchronous rollouts are not running: they start in on_train_start")
         queue, sync, probe = self.running.queue, self.running.sync, self.running.probe
-        k = int(model.version)
+        k, stamped = int(model.version), time.perf_counter()
         if not model.frozen and (self.published is None or self.published < k):
             tensors = trained_weights(model.model)
             sync.publish(k, tensors if probe is None else probe.stamp(tensors, model.model))
             self.published = k
+        stamped = time.perf_counter() - stamped
         generated, depth, waited = queue.take(k, self.timeout)
         ids, mask = batch.input_ids, batch.attention_mask.bool()
         same = generated.prompt_ids.shape == ids.shape and torch.equal(generated.prompt_ids.to(ids.device), ids) \
@@ -234,6 +235,8 @@ class AsyncRollouts(RolloutSource):
         # what depends on timing goes with the other wall-clock metrics (`time/`, `perf/`)
         stats.update({"perf/queue_depth": torch.tensor(float(depth)), "time/rollout_wait": torch.tensor(waited),
                       "time/rollout_sampling": torch.tensor(generated.seconds)})
+        if probe is not None:  # the learner's probe log-probs and the sampler's last check
+            stats["time/weight_sync_check"] = torch.tensor(stamped + probe.seconds)
         return generated, stats
 
     # ------------------------------------------------------------------------------------------

@@ -46,14 +46,15 @@ class VLLMServerBackend:
         self.concurrency, self.engine_kwargs = int(concurrency), dict(engine_kwargs or {})
 
     def sampler(self, model: SampledModel, trainer: Trainer, sampling: SamplingConfig, repeats: int, sync: WeightSync,
-                max_staleness: int, timeout: float):
+                max_staleness: int, timeout: float, probe: Any = None):
         """The producer's sampler of `model` (the policy) on the server at `url`,
         or on one started here from it as it is now (its frozen base for LoRA), stopped with the
-        producer; `repeats` responses per prompt."""
+        producer; `repeats` responses per prompt; `probe` checks every version pushed."""
         from lit_rlhf.async_rollouts.server_sampler import ServerSampler, save_server_model
         from lit_rlhf.generation.server import ServerClient, VLLMServer
 
         policy, tokenizer = model.model, model.tokenizer
+        dtype = next(policy.parameters()).dtype
         lora = policy.peft_config[model.adapter] if model.adapter is not None else None
         nccl = self.weight_transfer == "nccl" and lora is None  # a LoRA adapter goes as a file
         owned = None
@@ -65,7 +66,7 @@ class VLLMServerBackend:
             save_server_model(policy, tokenizer, Path(workdir.name))
             log_path = Path(trainer.log_dir or trainer.default_root_dir) / "vllm_server.log"
             # the policy's dtype (vLLM would serve a float32 model in bfloat16 on CPU) and length
-            engine_args = {"dtype": str(next(policy.parameters()).dtype).removeprefix("torch."),
+            engine_args = {"dtype": str(dtype).removeprefix("torch."),
                            "max_model_len": min(int(getattr(policy.config, "max_position_embeddings", 2048)), 4096),
                            **self.engine_kwargs}
             server = owned = VLLMServer.start(workdir.name, log_path, startup_timeout=timeout,
@@ -80,4 +81,5 @@ class VLLMServerBackend:
 
             sender = NCCLWeightSender(client, timeout=timeout)
         return ServerSampler(client, sync, sampling, repeats, tokenizer.eos_token_id,
-                             tokenizer.pad_token_id, int(max_staleness), lora, owned, nccl_sender=sender)
+                             tokenizer.pad_token_id, int(max_staleness), lora, owned, nccl_sender=sender, probe=probe,
+                             dtype=dtype)

@@ -85,6 +85,7 @@ def test_max_staleness_0_is_the_synchronous_run_bitwise(tmp_path):
         assert {k: v for k, v in logged.items() if not any(x in k for x in ASYNC_ONLY)} == metrics
         assert logged["train/async/staleness_max"] == 0.0
         assert logged["train/rollout/sampler_logprob_diff"] < 1e-4  # the same weights: only the kernels differ
+    assert lockstep.trainer.callback_metrics["train/time/weight_sync_check"] > 0  # every version checked (sync_check)
 
 
 def test_async_run_resumes_exactly_from_any_moment_with_every_prompt_once(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lit_rlhf.generation.sync_check import SyncCheckError, SyncProbe
-from lit_rlhf.generation.weight_sync import FileWeightSync, InMemoryWeightSync, load_weights, trained_weights
+from lit_rlhf.generation.weight_sync import PROBE_KEY, FileWeightSync, InMemoryWeightSync, load_weights, trained_weights
 from lit_rlhf.models import adapters, load_causal_lm, merging
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,6 +41,16 @@ def _sync(kind, tmp_path):
     return InMemoryWeightSync() if kind == "in-memory" else FileWeightSync(tmp_path)
 
 
+def load_checked(engine, stamped, probe, sync, version):
+    """What a sampler does with a version it fetched (`Sampler.prepare`): load the weights, then
+    check the probe when the learner stamped it."""
+    tensors = dict(stamped)
+    expected = tensors.pop(PROBE_KEY, None)
+    load_weights(engine, tensors)
+    if expected is not None:
+        probe.verify_model(sync, version, engine, expected)
+
+
 @pytest.mark.parametrize("kind", ["in-memory", "file"])
 def test_a_healthy_sync_passes_and_a_broken_one_raises(base, tmp_path, kind):
     engine, trainer = copy.deepcopy(base), _trained(copy.deepcopy(base))
@@ -53,13 +63,13 @@ def test_a_healthy_sync_passes_and_a_broken_one_raises(base, tmp_path, kind):
     for version, tensors in broken.items():
         sync.publish(version, probe.stamp(tensors, trainer))
         with pytest.raises(SyncCheckError, match=f"{kind} sync: after the sync of version {version} .* worst: row"):
-            load_weights(engine, sync.fetch(version, 5.0), probe, f"{kind} sync", version)
+            load_checked(engine, sync.fetch(version, 5.0), probe, f"{kind} sync", version)
     sync.publish(4, probe.stamp(weights, trainer))
-    load_weights(engine, sync.fetch(4, 5.0), probe, f"{kind} sync", 4)
+    load_checked(engine, sync.fetch(4, 5.0), probe, f"{kind} sync", 4)
     assert 0 < probe.seconds < 5
     # an unstamped version (no probe log-probs sent) loads unchecked, as before
     sync.publish(5, broken[2])
-    load_weights(engine, sync.fetch(5, 5.0), probe, f"{kind} sync", 5)
+    load_checked(engine, sync.fetch(5, 5.0), probe, f"{kind} sync", 5)
 
 
 def test_a_lora_adapter_left_unmerged_raises(base, tmp_path):
@@ -75,9 +85,9 @@ def test_a_lora_adapter_left_unmerged_raises(base, tmp_path):
     unmerged = {n: t.detach() for n, t in base.named_parameters()}
     sync.publish(1, probe.stamp(unmerged, trainer))
     with pytest.raises(SyncCheckError, match="version 1"):
-        load_weights(engine, sync.fetch(1, 5.0), probe, "file sync", 1)
+        load_checked(engine, sync.fetch(1, 5.0), probe, "file sync", 1)
     sync.publish(2, probe.stamp(merged, trainer))
-    load_weights(engine, sync.fetch(2, 5.0), probe, "file sync", 2)
+    load_checked(engine, sync.fetch(2, 5.0), probe, "file sync", 2)
 
 
 def test_the_check_by_hand():
@@ -89,6 +99,11 @@ def test_the_check_by_hand():
         probe.check("s", 7, expected, expected + torch.tensor([[0.0, 0.0], [0.0, 0.6]]), torch.float32)
     with pytest.raises(SyncCheckError):  # a NaN is a failure, never a pass
         probe.check("s", 7, expected, expected * float("nan"), torch.float32)
+    default = SyncProbe(10, rows=2, prompt=3, tokens=2)  # the bound by the trainer's dtype (measured, module docstring)
+    assert default.check("s", 1, expected, expected + 0.4, torch.bfloat16) == pytest.approx(0.4)
+    for dtype, gap, bound in ((torch.bfloat16, 0.6, "0.5"), (torch.float32, 2e-3, "0.001")):
+        with pytest.raises(SyncCheckError, match=f"bound {bound}\\)"):
+            default.check("s", 1, expected, expected + gap, dtype)
 
 
 def test_the_asynchronous_producer_checks_every_version_it_loads(base):
@@ -108,3 +123,30 @@ def test_the_asynchronous_producer_checks_every_version_it_loads(base):
     sync.publish(2, probe.stamp({n: t for n, t in weights.items() if "layers.0.self_attn" not in n}, _trained(trainer)))
     with pytest.raises(SyncCheckError, match="asynchronous producer.*version 2"):
         sampler.prepare(2, stop)
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_sampler_loads_a_failed_version_again_once_when_configured(base, retry):
+    """`SyncProbe(retry=True)`: a version whose first load lost a tensor is loaded again and
+    passes; without it the first failure stops the run."""
+    import threading
+
+    from lit_rlhf.async_rollouts import LocalSampler
+    from lit_rlhf.generation import SamplingConfig
+
+    class FlakyOnce(LocalSampler):
+        loads = 0
+
+        def load(self, version, tensors):
+            self.loads += 1
+            super().load(version, {n: t for n, t in tensors.items() if self.loads > 1 or "layers.1.mlp" not in n})
+
+    trainer = _trained(copy.deepcopy(base))
+    probe, sync = SyncProbe(trainer.config.vocab_size, retry=retry), InMemoryWeightSync()
+    sampler = FlakyOnce(copy.deepcopy(base), sync, SamplingConfig(max_new_tokens=2), 1, 0, 1, 0, probe=probe)
+    sync.publish(1, probe.stamp(trained_weights(trainer), trainer))
+    if not retry:
+        with pytest.raises(SyncCheckError, match="asynchronous producer.*version 1"):
+            sampler.prepare(1, threading.Event())
+        return
+    assert sampler.prepare(1, threading.Event()) and sampler.version == 1 and sampler.loads == 2

@@ -1,6 +1,7 @@
 """Fixtures of the vLLM backend tests: a tiny Llama vLLM's CPU attention runs (head size 32:
 the library's tiny model has 16, below vLLM's minimum) and ONE engine per session, shared by
-every test (building one takes ~10 s); a test hands it its own policy's weights.
+every test (building one takes ~10 s), and ONE server process (`server`); a test hands them its
+own policy's weights.
 
 Without the vllm package these tests are skipped, except where `LIT_RLHF_REQUIRE_VLLM=1` (CI,
 `.ci/run`): there a missing vLLM fails them.
@@ -69,6 +70,18 @@ def attach(module, engine):
     source = module.rollout_source
     getattr(source, "sampler", source).engine = engine  # an environment's turns: its sampler's engine
     return module
+
+
+@pytest.fixture(scope="session")
+def server(vllm_model_dir, tmp_path_factory):
+    """ONE vLLM server process per session (a CPU server starts in ~1 min), float32, serving LoRA
+    adapters up to rank 8; a test pushes its own weights first."""
+    from lit_rlhf.generation.server import VLLMServer
+
+    started = VLLMServer.start(vllm_model_dir, tmp_path_factory.mktemp("server") / "vllm_server.log",
+                               startup_timeout=900, dtype="float32", max_model_len=256, lora_rank=8)
+    yield started
+    started.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Asynchronous GRPO and PPO on a real vLLM server process (`AsyncRollouts(server=VLLMServerBackend(...))`):
 through `main.py fit`, staleness and the sampler/trainer log-prob gap logged, a LoRA policy's
 adapter served as a LoRA model; weight-sync failures (wrong version, server killed) are
-clear errors within their deadlines. One server per module (a CPU server starts in ~1 min)."""
+clear errors within their deadlines. The session's server (`conftest.server`)."""
 
 from __future__ import annotations
 
@@ -13,23 +13,12 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 
 from lit_rlhf.async_rollouts import ProducerFailed
-from lit_rlhf.generation.server import ServerClient, VLLMServer
+from lit_rlhf.generation.server import ServerClient
 from lit_rlhf.generation.weight_sync import FileWeightSync, WeightVersionError
 from lit_rlhf.online import AsyncRollouts, VLLMServerBackend
 from tests.async_rollouts.test_async_grpo import PromptCounter, trained_prompts
 from tests.modules.test_ppo_cli import CONFIGS, exported_reward_model, run_config  # noqa: F401
 from tests.resume.harness import Interrupt, Setup, assert_same_run, fit
-
-SERVER = dict(dtype="float32", max_model_len=256, lora_rank=8)
-
-
-@pytest.fixture(scope="module")
-def server(vllm_model_dir, tmp_path_factory):
-    started = VLLMServer.start(vllm_model_dir, tmp_path_factory.mktemp("server") / "vllm_server.log",
-                               startup_timeout=900, **SERVER)
-    yield started
-    started.stop()
-
 
 def tb_scalars(log_dir) -> dict[str, list[float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -62,6 +51,7 @@ def test_async_fit_on_the_server_through_the_cli(method, server, vllm_model_dir,
     gap = scalars["train/rollout/sampler_logprob_diff_max"]
     assert gap[0] < 1e-3, gap  # the server holds the learner's weights at step 1: only the kernels differ
     assert "train/perf/trainer_idle_fraction" in scalars and "val/objective/scores" in scalars
+    assert 0 < max(scalars["train/time/weight_sync_check"]) < 30  # every version pushed was checked
     assert (tmp_path / "export" / "config.json").is_file()
 
 
