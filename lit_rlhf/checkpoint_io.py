@@ -65,10 +65,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
 

@@ -109,10 +109,7 @@ def short_message(parser: Any, message: str) -> tuple[str, str | None]:
 
 
 def unknown_option(key: str, valid: Iterable[str], what: str) -> str:
-    moved = moved_setting(key)
-    if moved is not None:
-        return moved
-    return f"{key} is not {what}; {did_you_mean(key, valid)}"
+    return moved_setting(key) or f"{key} is not {what}; {did_you_mean(key, valid)}"
 
 
 def moved_setting(key: str) -> str | None:
@@ -150,13 +147,8 @@ def did_you_mean(key: str, valid: Iterable[str]) -> str:
 
 def option_keys(parser: Any) -> list[str]:
     """The dotted options a (sub)command parser accepts (`trainer.max_steps`, `model`, ...)."""
-    keys = []
-    for action in getattr(parser, "_actions", []):
-        dest = getattr(action, "dest", None)
-        if not dest or dest in ("help", "config", "print_config") or dest.startswith("__") or dest == "==SUPPRESS==":
-            continue
-        keys.append(dest)
-    return keys
+    return [a.dest for a in getattr(parser, "_actions", []) if getattr(a, "dest", None)
+            and a.dest not in ("help", "config", "print_config", "==SUPPRESS==") and not a.dest.startswith("__")]
 
 
 def moved_option(class_path: str, name: str) -> str | None:
@@ -217,10 +209,5 @@ def where_given(key: str, args: list[str]) -> str | None:
 
 def locate(err: OptionError, args: list[str]) -> OptionError:
     """`err` with where its option was given (config file and line, or the command line)."""
-    if err.key is None:
-        return err
-    where = where_given(err.key, args)
-    if where is None:
-        return err
-    message = str(err).replace(err.key, f"{err.key} ({where})", 1)
-    return OptionError(message, err.key)
+    where = None if err.key is None else where_given(err.key, args)
+    return err if where is None else OptionError(str(err).replace(err.key, f"{err.key} ({where})", 1), err.key)

@@ -3,7 +3,10 @@ pass@k, an lm-evaluation-harness task), each run through `run`."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -24,3 +27,21 @@ def run(main: Callable[[], Any]) -> None:
             raise
         print(f"{error_message(found)}\n(run with --verbose for the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def run_record(started: datetime.datetime, argv: list[str] | None) -> dict[str, Any]:
+    """When, how long, on what machine and with which command a result was measured."""
+    from lit_rlhf.apps.compare_policies import machine
+
+    return {"created": started.isoformat(timespec="seconds"),
+            "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
+            "machine": machine(), "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]}
+
+
+def write_results(directory: str, metrics: dict[str, Any], rows_file: str, rows: list[dict[str, Any]]) -> Path:
+    """`metrics.json` and one JSON line per row in `rows_file` under `directory` (created)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    (out / rows_file).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return out

@@ -31,13 +31,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import yaml
 
+from lit_rlhf.apps import run_record
 from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, proportion, sign_test
 
 
@@ -120,7 +120,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", default=None, help="write the JSON result here")
     args = parser.parse_args(argv)
 
-    from lit_rlhf.apps.compare_policies import machine
     from lit_rlhf.evaluation.episodes import evaluate_episodes
     from lit_rlhf.apps.judge_policy import load_policy
 
@@ -144,10 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         del model
     environment.close()
     result: dict[str, Any] = {
-        "created": started.isoformat(timespec="seconds"),
-        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
-        "machine": machine(),
-        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+        **run_record(started, argv),
         "settings": {**vars(args), **episode, "num_rows_used": len(rows)},
         **summarise(records["before"], records["after"]),
         "timings": timings,

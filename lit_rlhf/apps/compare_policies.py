@@ -61,6 +61,7 @@ from typing import Any, Sequence
 
 import torch
 
+from lit_rlhf.apps import run_record
 from lit_rlhf.evaluation.golds import (
     EXTRACTIVE, MEASURES, checks_for, extractive_answers, load_checks, pool, score_answers
 )
@@ -321,10 +322,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gold = KeyFactJudge(prompts.require_references())
     golds = {role: gold.scores(texts) for role, (texts, _) in completions.items()}
     result: dict[str, Any] = {
-        "created": started.isoformat(timespec="seconds"),
-        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
-        "machine": machine(),
-        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+        **run_record(started, argv),
         "settings": vars(args),
         "reward": paired_difference(rewards["before"], rewards["after"]).as_dict(),
         "gold": paired_difference(golds["before"], golds["after"]).as_dict(),

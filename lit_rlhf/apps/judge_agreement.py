@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from lit_rlhf.apps import write_results
 from lit_rlhf.judges import Judgement, PairwiseJudge, RewardModelJudge, agreement
 
 
@@ -134,12 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = measure_agreement(RewardModelJudge(ScalarModelReward(reward_model, tokenizer, args.batch_size)), judge, pairs)
     result["metrics"]["settings"] = vars(args)
     if args.output_dir:
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(result["metrics"], indent=2))
-        with open(out / "pairs.jsonl", "w") as f:
-            for row in result["rows"]:
-                f.write(json.dumps(row) + "\n")
+        write_results(args.output_dir, result["metrics"], "pairs.jsonl", result["rows"])
     print(json.dumps(result["metrics"], indent=2))
     return result
 

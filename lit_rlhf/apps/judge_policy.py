@@ -33,13 +33,10 @@ from typing import Any
 
 import torch
 
+from lit_rlhf.apps import write_results
 from lit_rlhf.evaluation import EvalPrompts, evaluate_completions, generate_completions, length_ratio_figure, prompts_from_dataset
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.judges import PairwiseJudge
-
-# --------------------------------------------------------------------------------------------
-# command line
-# --------------------------------------------------------------------------------------------
 
 
 def build_judge(spec: str | dict, init_args: dict | None = None) -> PairwiseJudge:
@@ -108,11 +105,9 @@ def weight_shapes(model: torch.nn.Module) -> tuple[str, dict[str, tuple[int, ...
 def load_prompts(path: str, tokenizer: Any, data_class: str, split: str, num_prompts: int | None,
                  reference_column: str = "reference") -> EvalPrompts:
     """Evaluation prompts from split `split` of a `lit_rlhf.data` DataModule built on `path`."""
-    import importlib
+    from lit_rlhf.apps.compare_policies import import_class
 
-    module_name, _, class_name = data_class.rpartition(".")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    dm = cls(path=path, tokenizer=tokenizer, train_split=None, val_split=split, test_split=None)
+    dm = import_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split, test_split=None)
     return prompts_from_dataset(dm.dataset("val"), num_prompts, reference_column, tokenizer)
 
 
@@ -177,12 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     evaluation = evaluate_completions(judge, prompts.judge_prompts, policy_texts, baseline_texts, tokenizer,
                                       args.num_buckets)
     if args.output_dir:
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(evaluation.metrics, indent=2))
-        with open(out / "judgements.jsonl", "w") as f:
-            for row in evaluation.rows:
-                f.write(json.dumps(row) + "\n")
+        out = write_results(args.output_dir, evaluation.metrics, "judgements.jsonl", evaluation.rows)
         length_ratio_figure(evaluation.buckets).savefig(out / "win_rate_by_length_ratio.png")
     print(json.dumps(evaluation.metrics, indent=2))
     return evaluation.metrics

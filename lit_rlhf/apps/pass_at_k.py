@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from lit_rlhf.apps import run_record
 from lit_rlhf.evaluation.pass_at_k import compare, metric_names, summarise
 
 
@@ -113,7 +113,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if any(k < 1 for k in args.k) or max(args.k) > args.n:
         parser.error(f"every --k must be in 1..--n ({args.n}), got {args.k}")
 
-    from lit_rlhf.apps.compare_policies import machine
     from lit_rlhf.generation import SamplingConfig
 
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -132,10 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if "after" in results else None
     records = {role: r.records(prompts) for role, r in results.items()}
     result: dict[str, Any] = {
-        "created": started.isoformat(timespec="seconds"),
-        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
-        "machine": machine(),
-        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+        **run_record(started, argv),
         "settings": {**vars(args), "num_problems_used": len(prompts), "sampling": vars(sampling)},
         "metrics": metric_names(args.k),
         "summary": summary,
