@@ -80,18 +80,11 @@ def evaluate_episodes(
                            conversation=[t.conversation(tokenizer) for t in trajectories])
             scores = {name: call_reward_fn(fn, prompts, completions, columns).tolist()
                       for name, fn in zip(names, reward_fns)}
-            for i, t in enumerate(trajectories):
-                calls = t.tool_calls
-                records.append({
-                    "prompt": prompts[i],
-                    "answer": completions[i],
-                    "conversation": columns["conversation"][i],
-                    "turns": len(t.turns),
-                    "tool_calls": len(calls),
-                    "tool_errors": sum(c.error is not None for c in calls),
-                    "stop_reason": t.stop_reason,
-                    "rewards": {**{name: float(v[i]) for name, v in scores.items()}, ENVIRONMENT: t.reward},
-                })
+            records += [{"prompt": prompts[i], "answer": completions[i], "conversation": columns["conversation"][i],
+                         "turns": len(t.turns), "tool_calls": len(t.tool_calls),
+                         "tool_errors": sum(c.error is not None for c in t.tool_calls), "stop_reason": t.stop_reason,
+                         "rewards": {**{name: float(v[i]) for name, v in scores.items()}, ENVIRONMENT: t.reward}}
+                        for i, t in enumerate(trajectories)]
     finally:
         for env in envs:
             env.close()

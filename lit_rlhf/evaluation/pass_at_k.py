@@ -69,10 +69,8 @@ def maj_at_k(keys: Sequence[Hashable | None], correct: Sequence[bool], k: int) -
         raise ValueError(f"{len(keys)} answers for {len(correct)} verdicts")
     if not 1 <= k <= len(keys):
         raise ValueError(f"need 1 <= k <= n (maj@{k} from {len(keys)} samples)")
-    winner = majority_answer(keys[:k])
-    if winner is None:
-        return 0.0
-    return float(bool(correct[list(keys).index(winner)]))  # the verdict of the answer's first sample
+    winner = majority_answer(keys[:k])  # scored by the verdict of the answer's first sample
+    return 0.0 if winner is None else float(bool(correct[list(keys).index(winner)]))
 
 
 def metric_names(ks: Sequence[int]) -> list[str]:
@@ -101,11 +99,9 @@ def per_problem_metrics(correct: Sequence[Sequence[bool]], keys: Sequence[Sequen
 def summarise(values: dict[str, Sequence[float]], num_resamples: int = 10000, seed: int = 0) -> dict[str, Any]:
     """Each metric's mean over problems with its 95% percentile bootstrap interval (problems
     resampled with replacement)."""
-    out = {}
-    for name, v in values.items():
-        result = bootstrap_mean([list(v)], num_resamples, seed=seed)
-        out[name] = {"n": result.num_prompts, "mean": result.mean, "ci_low": result.ci_low, "ci_high": result.ci_high}
-    return out
+    means = {name: bootstrap_mean([list(v)], num_resamples, seed=seed) for name, v in values.items()}
+    return {name: {"n": r.num_prompts, "mean": r.mean, "ci_low": r.ci_low, "ci_high": r.ci_high}
+            for name, r in means.items()}
 
 
 def compare(before: dict[str, Sequence[float]], after: dict[str, Sequence[float]], num_resamples: int = 10000,
