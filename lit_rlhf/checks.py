@@ -17,14 +17,10 @@ Checked:
   updates round away), unless the trainer's precision says pure low-precision training on
   purpose (`bf16-true`, `16-true`) or DeepSpeed (which keeps its own fp32 master copy) trains;
 - the module's own settings, through its `check_config(trainer, datamodule)` hook (a list of
-  problems, `docs/ARCHITECTURE.md` section 5), so a new method validates its own: e.g.
-  `optimizer_in_backward` with what needs all gradients of a step at once or several backward
-  passes per step (`TrainingModule.check_config`, `lit_rlhf.training.in_backward.startup_problems`);
-  every online method's update rows that do not split into `num_minibatches` equal minibatches
-  (`OnlineModule.check_config`, from its `update_rows`); the batch content a method needs
-  (DRO-V's rewards, KTO's labels or rewards, the reward model's margins) and a precomputed DPO
-  reference that the run's `export_dir` would overwrite. The hook keeps this module below
-  `modules/`: it never imports it; a module's check may use the helpers here (`yields`);
+  problems, `docs/ARCHITECTURE.md` section 5: e.g. `optimizer_in_backward`'s limits, update rows
+  that do not split into `num_minibatches`, the batch content a method needs), so a new method
+  validates its own and this module never imports `modules/`; such checks may use the helpers
+  here (`yields`, `split_problem`);
 - callbacks that need a split the DataModule does not configure (`ModelCheckpoint` /
   `EarlyStopping` monitoring a `val/` metric, `JudgeEvalCallback(split=...)`,
   `RewardNormalizationCallback` reading the trainer's DataModule: a callback with
@@ -52,10 +48,8 @@ def startup_checks(trainer: Any, module: Any) -> None:
     """Raise `ConfigError` listing every problem of this (trainer, module, DataModule) combination."""
     problems = collect_problems(trainer, module)
     if problems:
-        name = type(module).__name__
-        raise ConfigError(
-            f"{name}: the configuration cannot work ({len(problems)} problem(s)):\n  - " + "\n  - ".join(problems)
-        )
+        raise ConfigError(f"{type(module).__name__}: the configuration cannot work ({len(problems)} problem(s)):\n  - "
+                          + "\n  - ".join(problems))
 
 
 def collect_problems(trainer: Any, module: Any) -> list[str]:
@@ -72,10 +66,6 @@ def _module_own(trainer, module, dm) -> list[str]:
     hook = getattr(module, "check_config", None)
     return list(hook(trainer, dm)) if callable(hook) else []
 
-
-# --------------------------------------------------------------------------------------------
-# data against module
-# --------------------------------------------------------------------------------------------
 
 _SUGGESTED = {
     "SFTBatch": "TLDRSFTDataModule",
@@ -129,12 +119,8 @@ def _tokenizer_match(trainer, module, dm) -> list[str]:
 
 def _models(module) -> list[tuple[str, nn.Module]]:
     """(attribute, model) of every model of the module: policy, reference, reward, value."""
-    out = []
-    for name in ("policy", "ref_model", "reward_model", "value_model", "value"):
-        model = getattr(module, name, None)
-        if isinstance(model, nn.Module):
-            out.append((name, model))
-    return out
+    return [(name, getattr(module, name)) for name in ("policy", "ref_model", "reward_model", "value_model", "value")
+            if isinstance(getattr(module, name, None), nn.Module)]
 
 
 def _context(model: nn.Module) -> int | None:
@@ -148,9 +134,7 @@ def _context(model: nn.Module) -> int | None:
 
 def _longest(dm, role: str, column: str) -> int | None:
     stats = (getattr(dm, "length_stats", {}) or {}).get(role, {}).get(column)
-    if stats and stats.get("count"):
-        return int(stats["max"])
-    return None
+    return int(stats["max"]) if stats and stats.get("count") else None
 
 
 def _context_length(trainer, module, dm) -> list[str]:
@@ -182,11 +166,6 @@ def _context_length(trainer, module, dm) -> list[str]:
         if problems:
             break
     return problems
-
-
-# --------------------------------------------------------------------------------------------
-# models
-# --------------------------------------------------------------------------------------------
 
 
 def _trainable_storages(module) -> dict[int, str]:
@@ -285,11 +264,6 @@ def _low_precision_weights(trainer, module, dm) -> list[str]:
     ]
 
 
-# --------------------------------------------------------------------------------------------
-# helpers for the modules' own checks (`check_config`)
-# --------------------------------------------------------------------------------------------
-
-
 def yields(dm, batch_name: str) -> bool:
     """True when the DataModule's train split yields batches of the class named `batch_name`."""
     try:
@@ -307,11 +281,6 @@ def split_problem(rows: int, minibatches: int, what: str) -> list[str]:
     nearest = max(d for d in range(1, rows + 1) if rows % d == 0 and d <= minibatches) if rows else 1
     return [f"{what}, which do not split into num_minibatches={minibatches} equal minibatches: make {rows} "
             f"divisible by num_minibatches (e.g. num_minibatches={nearest})"]
-
-
-# --------------------------------------------------------------------------------------------
-# callbacks
-# --------------------------------------------------------------------------------------------
 
 
 def _callbacks_need_splits(trainer, module, dm) -> list[str]:

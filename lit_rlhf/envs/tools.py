@@ -22,18 +22,14 @@ from the chat template: SmolLM2's ChatML template has no tool support, so the sc
 the system message as text and a result comes back as a message of role `tool`
 (`lit_rlhf.envs.tool_env`).
 
-`ToolRunner.call` runs one call and never raises: a malformed call, an unknown tool, bad
-arguments, a tool that raises, runs past `timeout` seconds or returns something unusable all
-become a `ToolCall` whose `error` names the kind and whose `output` is the message the policy
-sees; that text has any lone surrogate replaced (`lit_rlhf.envs.base.safe_text`), so a tool's
-undecodable bytes reach the tokenizer as U+FFFD rather than crash it.
+`ToolRunner.call` runs one call and never raises: every failure becomes a `ToolCall` whose
+`error` names its kind and whose `output` is the message the policy sees, with any lone
+surrogate replaced (`lit_rlhf.envs.base.safe_text`) so undecodable bytes cannot crash the tokenizer.
 
-A call that times out is abandoned. In `thread` isolation its thread runs on in the background
-(Python cannot stop a thread): it is a daemon thread, so it never keeps the process alive once
-the run is over, but until the tool returns it holds what it holds (CPU time, memory, open
-files, locks), and when the process exits it is stopped where it stands, with no `finally`
-block or context manager run. A tool that may loop forever or must clean up belongs in
-`process` isolation, where the worker process running it is killed and replaced.
+A call that times out is abandoned. In `thread` isolation its daemon thread runs on (Python
+cannot stop a thread), holding what it holds until it returns, and is stopped where it stands,
+with no `finally` run, when the process exits: a tool that may loop forever or must clean up
+belongs in `process` isolation, where the worker process running it is killed and replaced.
 """
 
 from __future__ import annotations
@@ -167,33 +163,18 @@ def bind_arguments(fn: Callable, arguments: Any) -> dict[str, Any]:
 
 def _convert(value: Any, annotation: Any, name: str) -> Any:
     target = typing.get_origin(annotation) or annotation
-    if target is Any:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if target is Any or (isinstance(value, bool) if target is bool else
+                         target not in (int, float, str) and isinstance(value, target)):
         return value
-    if target is bool:
-        if isinstance(value, bool):
-            return value
-    elif target is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
-            return int(value)
-    elif target is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif target is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-    elif isinstance(value, target):
-        return value
+    if target is int and (number and (isinstance(value, int) or value.is_integer())
+                          or isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value)):
+        return int(value)
+    if target in (float, str) and (number or isinstance(value, str)):
+        try:
+            return target(value)
+        except ValueError:
+            pass
     raise ValueError(f"argument {name!r} must be {_json_type(annotation)}, got {json.dumps(value)[:80]}")
 
 

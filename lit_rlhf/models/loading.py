@@ -68,11 +68,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LIT_RLHF_CACHE", Path.home() / ".cache" / "lit_rlhf")).expanduser()
 
 
-# --------------------------------------------------------------------------------------------
-# tokenizers
-# --------------------------------------------------------------------------------------------
-
-
 def _tiny_tokenizer():
     """A byte-level tokenizer with no merges: 256 byte tokens + BOS/EOS/PAD + chat markers.
 
@@ -87,14 +82,9 @@ def _tiny_tokenizer():
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token=PAD_TOKEN,
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        clean_up_tokenization_spaces=False,
-    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token=PAD_TOKEN,
+                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                                  clean_up_tokenization_spaces=False)
     tok.chat_template = _TINY_CHAT_TEMPLATE
     tok.name_or_path = TINY_RANDOM_LLAMA
     return tok
@@ -254,11 +244,6 @@ def load_tokenizer(name: str, padding_side: str = "right"):
     return tokenizer
 
 
-# --------------------------------------------------------------------------------------------
-# models
-# --------------------------------------------------------------------------------------------
-
-
 def disable_dropout(model: nn.Module) -> nn.Module:
     """D7: set every dropout probability to 0 (modules and the config fields models read)."""
     for module in model.modules():
@@ -279,19 +264,10 @@ def disable_dropout(model: nn.Module) -> nn.Module:
 def _tiny_model(tokenizer, dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_TINY_SEED)
         model = LlamaForCausalLM(config)
@@ -299,10 +275,8 @@ def _tiny_model(tokenizer, dtype):
 
 
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
-    if dtype is None:
-        return torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype or torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:
