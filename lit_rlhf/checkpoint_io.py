@@ -9,12 +9,10 @@ during the copy leaves a truncated checkpoint in place of the previous good one
 (`tests/test_atomic_checkpoint.py` shows both).
 
 `AtomicCheckpointIO` writes the checkpoint to a temporary file in the destination directory,
-flushes and fsyncs it, then `os.replace`s it over the destination (atomic on POSIX within one
-filesystem) and fsyncs the directory. Readers see the old file or the new one, never a part.
-The file keeps the umask's mode (as `torch.save` would), and temporaries of the same target left
-behind by a save that was killed are deleted on the next save of that target, never one that a
-live process is still writing (`remove_stale_temporaries`).
-Remote URLs (`s3://...`) go through Lightning's implementation.
+fsyncs it, `os.replace`s it over the destination (atomic on POSIX within one filesystem) and
+fsyncs the directory: readers see the old file or the new one, never a part. The file keeps the
+umask's mode (as `torch.save` would); temporaries left by a killed save of the same target are
+deleted on its next save (`remove_stale_temporaries`). Remote URLs go through Lightning's.
 
 Resuming (`--ckpt_path`) loads with torch's `weights_only=True` default, which refuses the
 checkpoint's hyper-parameters when they hold objects (e.g. PPO/GRPO `reward_fns` callables):
@@ -47,12 +45,8 @@ log = logging.getLogger(__name__)
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """`torch.save(obj, path)` through a same-directory temporary file and an atomic rename.
-
-    The file gets the mode a plain `torch.save` would give it (0666 less the umask). The
-    temporary file is `.<name>.<host>.<pid>.<random>.tmp`; temporaries of the same target left
-    by a killed save are removed first (`remove_stale_temporaries`).
-    """
+    """`torch.save(obj, path)` through a same-directory temporary file
+    (`.<name>.<host>.<pid>.<random>.tmp`) and an atomic rename (module docstring)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)

@@ -15,12 +15,9 @@ fixes or leaves out `model` and `tokenizer` keeps the link.
 errors (a missing model, an unreadable dataset, a failed start-up check, a misspelled option:
 `lit_rlhf.cli_errors`) printed as one message with exit code 2 instead of a traceback.
 
-Every fit gets a `PreemptionCheckpoint` (`lit_rlhf.preemption`: `last.ckpt` written on SIGTERM,
-exit code 75) unless the config lists its own, `--preemption_checkpoint false` (or
-`preemption_checkpoint: false` in the YAML) or `trainer.enable_checkpointing: false` turns it off
-(`default_callbacks`). The console's callbacks (the compact progress bar, the dead-run
-warnings) live in the top-level `callbacks` package, which this package never imports: `main.py`
-passes them in (`main(..., default_callbacks=callbacks.default_callbacks)`).
+Every fit gets a `PreemptionCheckpoint` (`default_callbacks`). The console's callbacks (the
+compact progress bar, the dead-run warnings) live in the top-level `callbacks` package, which
+this package never imports: `main.py` passes them in (`main(..., default_callbacks=...)`).
 """
 
 from __future__ import annotations
@@ -49,8 +46,7 @@ DefaultCallbacks = Callable[[dict[str, Any], list[Callback]], list[Callback]]
 
 
 def tokenizer_of(module: LightningModule) -> Any:
-    """The tokenizer a module was built with (`tokenizer_name`: its `tokenizer`, else its `model`),
-    read from the built module: a subclass that fixes or leaves out those arguments keeps it."""
+    """The tokenizer a module was built with (`tokenizer_name`: its `tokenizer`, else its `model`)."""
     return getattr(module, "tokenizer_name", None)
 
 

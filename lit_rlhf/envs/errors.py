@@ -14,10 +14,9 @@ the policy (tool failures are observations: `lit_rlhf.envs.tools`). `EnvErrorPol
   `lit_rlhf.envs.trajectory.to_tensors`). Each rollout with failures logs one warning; the
   counts are `rollout/env_errors` and `rollout/dropped_groups` (`environment_stats`).
 
-The budget, `max_env_errors`, is counted over the run (one `EnvErrorPolicy` for the whole run):
-an int is the number of failed episodes allowed, a float in (0, 1] the share of the episodes
-run so far that may fail (never fewer than one). The failure past it stops the run with
-`EnvErrorBudgetExceeded`, naming the environment, the counts and the last exception (chained).
+The budget, `max_env_errors`, is counted over the run (one `EnvErrorPolicy` for the whole run);
+the failure past it stops the run with `EnvErrorBudgetExceeded`, naming the environment, the
+counts and the last exception (chained).
 """
 
 from __future__ import annotations

@@ -73,17 +73,9 @@ class OpenEnvEnvironment(Environment):
         system_prompt: an optional system message.
     """
 
-    def __init__(
-        self,
-        env: Any,
-        env_kwargs: dict[str, Any] | None = None,
-        action_class: Any = None,
-        action_field: str = "message",
-        observation_field: str | None = None,
-        observation_role: str = "user",
-        prompt_column: str | None = "prompt",
-        system_prompt: str | None = None,
-    ) -> None:
+    def __init__(self, env: Any, env_kwargs: dict[str, Any] | None = None, action_class: Any = None,
+                 action_field: str = "message", observation_field: str | None = None, observation_role: str = "user",
+                 prompt_column: str | None = "prompt", system_prompt: str | None = None) -> None:
         server = _import_openenv()
         if isinstance(env, str):
             env = _load(env)(**(env_kwargs or {}))

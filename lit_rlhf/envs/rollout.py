@@ -22,18 +22,13 @@ observation that does not leave room for one more policy token is not appended),
 reaches `max_new_tokens` without EOS (`no_eos`: the turn never ended). Every stop but `done`
 marks the episode truncated.
 
-An environment that raises (in `reset` or `step`) stops the run by default; with
-`env_errors=EnvErrorPolicy("skip", ...)` the episode's whole group is dropped instead (its
-episodes still running stop; every row of the group trains on nothing), counted against a
-run-wide budget (`lit_rlhf.envs.errors`).
+An environment that raises (in `reset` or `step`) stops the run, or, with `env_errors`, has its
+episode's group dropped (`lit_rlhf.envs.errors`).
 
-Exact resume: a rollout runs within one training step, and checkpoints are written between
-steps, so no episode is ever in flight at a checkpoint; environments are reset at the start of
-every episode. A resumed run restores torch's generators and the data position, so it draws the
-same prompts, the same environment seeds and the same tokens: the episodes are restarted
-deterministically rather than saved. This holds when the environment is a deterministic
-function of (row, seed, actions) and its tools of their arguments (a tool whose result depends
-on time or on a time limit being hit is not replayed exactly).
+Exact resume: no episode spans a checkpoint (a rollout runs within one training step), and a
+resumed run draws the same prompts, environment seeds and tokens, so episodes are restarted, not
+saved (`docs/guides/environments.md`); this needs an environment that is a deterministic function
+of (row, seed, actions) and tools that are of their arguments (not of time or a time limit).
 """
 
 from __future__ import annotations
@@ -65,21 +60,10 @@ def left_pad(sequences: list[list[int]], pad_token_id: int, device: torch.device
     return ids.to(device), mask.to(device)
 
 
-def run_episodes(
-    envs: list[Environment],
-    rows: list[dict[str, Any]],
-    seeds: list[int],
-    row_prompt_ids: list[list[int]],
-    generate: GenerateFn,
-    chat: ChatFormat,
-    sampling,
-    max_turns: int,
-    max_episode_tokens: int,
-    device: torch.device | str = "cpu",
-    *,
-    group_size: int = 1,
-    env_errors: EnvErrorPolicy | None = None,
-) -> list[Trajectory]:
+def run_episodes(envs: list[Environment], rows: list[dict[str, Any]], seeds: list[int],
+                 row_prompt_ids: list[list[int]], generate: GenerateFn, chat: ChatFormat, sampling, max_turns: int,
+                 max_episode_tokens: int, device: torch.device | str = "cpu", *, group_size: int = 1,
+                 env_errors: EnvErrorPolicy | None = None) -> list[Trajectory]:
     """Run one episode per environment (see the module docstring) -> their trajectories.
 
     `group_size`: the episodes come in groups of this many contiguous rows (a prompt's copies).
@@ -207,13 +191,9 @@ def drop_group(trajectories: list[Trajectory], index: int, error: Exception, gro
 
 
 def environment_stats(trajectories: list[Trajectory], tools: Iterable[str] = ()) -> dict[str, Tensor]:
-    """What a researcher reads about a batch of episodes (names `rollout/...`): turns per
-    episode, the share that ended / were truncated, policy and environment tokens per episode,
-    the environment's return, the episodes whose environment raised (`rollout/env_errors`) and
-    the groups dropped for it (`rollout/dropped_groups`, `lit_rlhf.envs.errors`), and each
-    tool's calls and errors per rollout
-    (`rollout/tool_calls/<tool>`, `rollout/tool_errors/<tool>`; `unparsed` counts malformed
-    calls, `unknown_tool` calls of a tool that does not exist), and their totals.
+    """What a researcher reads about a batch of episodes (`rollout/...`: per-episode means, the
+    failed episodes and dropped groups, each tool's calls and errors per rollout and their
+    totals; `unparsed` counts malformed calls, `unknown_tool` calls of a tool that does not exist).
 
     Every tool the environments offer (`Trajectory.tools`, and `tools`) is counted in every
     rollout, 0 when the policy did not call it, as are `unparsed` and `unknown_tool`: a logger

@@ -48,17 +48,9 @@ class ToolEnvironment(Environment):
         max_output_chars: tool outputs are cut to this many characters.
     """
 
-    def __init__(
-        self,
-        tools: list[Callable],
-        prompt_column: str = "prompt",
-        system_prompt: str | None = None,
-        timeout: float = 5.0,
-        isolation: Literal["thread", "process"] = "thread",
-        max_calls_per_turn: int = 4,
-        error_reward: float = 0.0,
-        max_output_chars: int = 1000,
-    ) -> None:
+    def __init__(self, tools: list[Callable], prompt_column: str = "prompt", system_prompt: str | None = None,
+                 timeout: float = 5.0, isolation: Literal["thread", "process"] = "thread",
+                 max_calls_per_turn: int = 4, error_reward: float = 0.0, max_output_chars: int = 1000) -> None:
         if max_calls_per_turn < 1:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         self.runner = ToolRunner(list(tools), timeout=timeout, isolation=isolation, max_output_chars=max_output_chars)

@@ -12,15 +12,10 @@ A tool is a function with annotated parameters and a Google-style docstring:
 `tool_schema` reads its JSON schema from the signature (parameter names, types, defaults) and
 the docstring (the summary line and each `Args:` entry); the schema is what the policy is shown.
 
-The call format (`parse_tool_calls`): the policy writes each call as a JSON object between
-`<tool_call>` and `</tool_call>` tags,
-
-    <tool_call>{"name": "calculator", "arguments": {"expression": "2 + 3"}}</tool_call>
-
-the convention of Hermes-style function calling (Qwen2.5, Hermes, SmolLM3). It needs nothing
-from the chat template: SmolLM2's ChatML template has no tool support, so the schemas go in
-the system message as text and a result comes back as a message of role `tool`
-(`lit_rlhf.envs.tool_env`).
+The call format (`parse_tool_calls`) is Hermes-style function calling (Qwen2.5, Hermes,
+SmolLM3), `<tool_call>{"name": "calculator", "arguments": {"expression": "2 + 3"}}</tool_call>`;
+it needs nothing from the chat template (`lit_rlhf.envs.tool_env` puts the schemas in the system
+message and the results in `tool` messages).
 
 `ToolRunner.call` runs one call and never raises: every failure becomes a `ToolCall` whose
 `error` names its kind and whose `output` is the message the policy sees, with any lone

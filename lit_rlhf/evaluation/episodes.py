@@ -29,17 +29,10 @@ ENVIRONMENT = "environment"  # the source name of the environment's return, as i
 
 
 @torch.no_grad()
-def evaluate_episodes(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    environment: Environment,
-    rows: Sequence[dict[str, Any]],
-    reward_fns: Sequence[Callable] = (),
-    max_turns: int = 1,
-    max_episode_tokens: int | None = None,
-    max_new_tokens: int = 64,
-    batch_size: int = 16,
-) -> list[dict[str, Any]]:
+def evaluate_episodes(model: torch.nn.Module, tokenizer: Any, environment: Environment,
+                      rows: Sequence[dict[str, Any]], reward_fns: Sequence[Callable] = (), max_turns: int = 1,
+                      max_episode_tokens: int | None = None, max_new_tokens: int = 64,
+                      batch_size: int = 16) -> list[dict[str, Any]]:
     """One greedy episode per row of `rows` (dicts with the environment's columns, e.g. the QA
     DataModules' `prompt` and `reference`) -> one record per row (see the module docstring).
 

@@ -66,15 +66,8 @@ def judge_metrics(stats: WinRateStats, policy_lengths: Sequence[int], baseline_l
     return {f"{prefix}/{k}": float(v) for k, v in values.items()}
 
 
-def evaluate_completions(
-    judge: PairwiseJudge,
-    prompts: list[str],
-    policy_texts: list[str],
-    baseline_texts: list[str],
-    tokenizer: Any,
-    num_buckets: int = 6,
-    prefix: str = "val/judge",
-) -> JudgeEvaluation:
+def evaluate_completions(judge: PairwiseJudge, prompts: list[str], policy_texts: list[str], baseline_texts: list[str],
+                         tokenizer: Any, num_buckets: int = 6, prefix: str = "val/judge") -> JudgeEvaluation:
     """Judge policy (a) against baseline (b) on each prompt and summarise (never raises for a
     judge failure: see `judge_safely`)."""
     if not (len(prompts) == len(policy_texts) == len(baseline_texts)):

@@ -97,19 +97,10 @@ def _read_segments(cu: Tensor, rows: int, width: int) -> list[list[tuple[int, in
     return out
 
 
-def sdpa_varlen_forward(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    cu_seq_lens_q: Tensor | None = None,
-    cu_seq_lens_k: Tensor | None = None,
-    **kwargs,
-) -> tuple[Tensor, None]:
+def sdpa_varlen_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                        dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                        cu_seq_lens_q: Tensor | None = None, cu_seq_lens_k: Tensor | None = None,
+                        **kwargs) -> tuple[Tensor, None]:
     """transformers' attention function signature: query (B, Hq, L, D), key/value (B, Hkv, L, D)
     -> (B, L, Hq, D). With `cu_seq_lens_q` each example attends causally within itself (the mask
     is not used, as in `flash_attention_2`); without it, transformers' `sdpa`."""

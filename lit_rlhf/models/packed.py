@@ -85,16 +85,9 @@ def packing_supported(model: nn.Module) -> bool:
     return seen[impl]
 
 
-def packed_token_logps(
-    model: nn.Module,
-    input_ids: Tensor,
-    position_ids: Tensor,
-    loss_mask: Tensor,
-    temperature: float = 1.0,
-    chunk_size: int | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> Tensor:
+def packed_token_logps(model: nn.Module, input_ids: Tensor, position_ids: Tensor, loss_mask: Tensor,
+                       temperature: float = 1.0, chunk_size: int | None = None, top_k: int = 0,
+                       top_p: float = 1.0) -> Tensor:
     """Per-token log-probs (R, L) of packed rows, 0 where `loss_mask` is False and at position 0.
 
     `chunk_size`: the chunked path (`lit_rlhf.ops.linear_logprobs`); None: dense logits. `top_k` /
