@@ -204,16 +204,7 @@ def main(args: list[str] | None = None, run: bool = True, default_callbacks: Def
     fit = parser_kwargs.setdefault("fit", {})
     fit.setdefault("description", fit_description())
     fit.setdefault("usage", "main.py fit --config CONFIG [--config CONFIG ...] [--OPTION VALUE ...] [--ckpt_path last]")
-    return RLHFCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        auto_configure_optimizers=False,  # every module configures its own optimiser from its init args
-        args=args,
-        run=run,
-        default_callbacks=default_callbacks,
-        parser_kwargs=parser_kwargs,
-        **kwargs,
-    )
+    return RLHFCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                   save_config_kwargs={"overwrite": True},
+                   auto_configure_optimizers=False,  # every module configures its own optimiser from its init args
+                   args=args, run=run, default_callbacks=default_callbacks, parser_kwargs=parser_kwargs, **kwargs)

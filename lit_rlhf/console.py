@@ -66,10 +66,6 @@ def verbose_requested(argv: list[str] | None = None) -> bool:
     return VERBOSE_FLAG in (argv or [])
 
 
-def strip_verbose_flag(argv: list[str]) -> list[str]:
-    return [a for a in argv if a != VERBOSE_FLAG]
-
-
 class DropMessages(logging.Filter):
     """Drops the records of one logger whose message matches one of `patterns`."""
 
@@ -80,14 +76,6 @@ class DropMessages(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not any(p.search(message) for p in self.patterns)
-
-
-def set_environment(verbose: bool) -> None:
-    """Environment the libraries read at import (call before importing them): progress bars off."""
-    if verbose:
-        return
-    for key, value in PROGRESS_BAR_ENV.items():
-        os.environ.setdefault(key, value)
 
 
 class AboveTheBar(logging.StreamHandler):
@@ -135,12 +123,9 @@ def configure(verbose: bool = False) -> None:
             logger.addFilter(DropMessages(patterns))
     for message, category in WARNING_FILTERS:
         warnings.filterwarnings("ignore", message=message, category=category)
-    try:
-        from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass
+    hf_logging.disable_progress_bar()
 
 
 def _project_handler() -> None:
@@ -166,7 +151,7 @@ def prepare_process(argv: list[str]) -> list[str]:
 
     if VERBOSE_FLAG in argv:
         os.environ[VERBOSE_ENV] = "1"
-    argv = strip_verbose_flag(argv)
-    set_environment(verbose_requested())
+    for key, value in () if verbose_requested() else PROGRESS_BAR_ENV.items():
+        os.environ.setdefault(key, value)
     hub.prepare_environment()
-    return argv
+    return [a for a in argv if a != VERBOSE_FLAG]

@@ -8,18 +8,10 @@ rebuilt from its saved init args and weights, and its `export_hf` writes what pl
 `transformers` loads: a policy as `AutoModelForCausalLM`, a reward model as
 `AutoModelForSequenceClassification`.
 
-Under DeepSpeed a checkpoint is a directory of ZeRO shards (`<name>.ckpt/latest`,
-`checkpoint/zero_pp_rank_*`); it is consolidated first into one fp32 state dict with
-`lightning.pytorch.utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict` (pure file
-operations: one process, no GPU, no DeepSpeed engine), then exported as a regular checkpoint.
-Frozen models (reference, reward model) are not in it; they are rebuilt from their names.
-
-Under FSDP2 (`ModelParallelStrategy`, `configs/strategy/fsdp2.yaml`) a checkpoint is a directory
-of torch distributed-checkpoint shards (`<name>.ckpt/__<rank>_0.distcp`, `.metadata`) and
-Lightning's `meta.pt` (everything but the weights and optimizer states); it is consolidated into
-one Lightning checkpoint file the same way (`torch.distributed.checkpoint.format_utils.dcp_to_torch_save`:
-one process, no process group), then exported. With `save_distributed_checkpoint: false` the
-strategy writes one consolidated `.ckpt` file already.
+A DeepSpeed checkpoint (a directory of ZeRO shards) or an FSDP2 one (torch distributed-checkpoint
+shards and Lightning's `meta.pt`) is first consolidated into one checkpoint file, with pure file
+operations (one process, no GPU, no process group). Frozen models (reference, reward model) are
+not in it; they are rebuilt from their names.
 """
 
 from __future__ import annotations
@@ -103,8 +95,7 @@ def load_module(ckpt_path: str | Path, map_location: str = "cpu"):
 
 
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path) -> Path:
-    module = load_module(ckpt_path)
-    return module.export_hf(out_dir)
+    return load_module(ckpt_path).export_hf(out_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,8 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", help="a Lightning .ckpt file, or a DeepSpeed or FSDP2 checkpoint directory, written by a lit_rlhf module")
     parser.add_argument("out_dir", help="directory to write the Hugging Face model and tokenizer to")
     args = parser.parse_args(argv)
-    out = export_checkpoint(args.checkpoint, args.out_dir)
-    print(f"exported to {out}")
+    print(f"exported to {export_checkpoint(args.checkpoint, args.out_dir)}")
 
 
 if __name__ == "__main__":

@@ -25,13 +25,8 @@ from urllib.parse import urlparse
 
 PROBE_TIMEOUT = 1.5  # seconds
 DEFAULT_ENDPOINT = "https://huggingface.co"
-_TRUE = {"1", "on", "yes", "true"}
 _probe_failure: str | None = None  # what the probe saw, when it switched offline mode on
 _checked = False
-
-
-def _is_true(value: str | None) -> bool:
-    return (value or "").strip().lower() in _TRUE
 
 
 def _probe_target() -> tuple[str, int]:
@@ -94,12 +89,6 @@ def offline_reason() -> str | None:
     """Why hub lookups are off in this process, or None when the hub is used."""
     if _probe_failure is not None:
         return f"the Hugging Face hub is unreachable: {_probe_failure}; offline mode was switched on"
-    try:
-        from huggingface_hub import constants
+    from huggingface_hub import constants
 
-        offline = constants.is_offline_mode()
-    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
-        offline = _is_true(os.environ.get("HF_HUB_OFFLINE"))
-    if offline:
-        return "offline mode is set (HF_HUB_OFFLINE=1)"
-    return None
+    return "offline mode is set (HF_HUB_OFFLINE=1)" if constants.is_offline_mode() else None

@@ -18,7 +18,7 @@ def run(main: Callable[[], Any]) -> None:
     from lit_rlhf.cli import error_message, project_error
 
     verbose = console.verbose_requested(sys.argv[1:])
-    sys.argv[1:] = console.strip_verbose_flag(sys.argv[1:])
+    sys.argv[1:] = [a for a in sys.argv[1:] if a != console.VERBOSE_FLAG]
     try:
         main()
     except Exception as err:

@@ -92,16 +92,15 @@ def summarise(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict
         a = [r["rewards"][name] for r in after]
         out["rewards"][name] = {"difference": paired_difference(b, a).as_dict(),
                                 "sign_test": sign_test([y - x for x, y in zip(b, a)])._asdict()}
-    used = {role: [float(r["tool_calls"] > r["tool_errors"]) for r in records]
-            for role, records in (("before", before), ("after", after))}
-    errors = {role: [float(r["tool_errors"]) for r in records] for role, records in (("before", before), ("after", after))}
+    sides = {"before": before, "after": after}
+    used = {role: [float(r["tool_calls"] > r["tool_errors"]) for r in records] for role, records in sides.items()}
+    errors = {role: [float(r["tool_errors"]) for r in records] for role, records in sides.items()}
     out["tool_use"] = {
         "episodes_with_a_working_call": {role: proportion(sum(v), len(v)).as_dict() for role, v in used.items()},
         "difference": paired_difference(used["before"], used["after"]).as_dict(),
         "failed_calls_per_episode": {role: sum(v) / len(v) for role, v in errors.items()},
         "failed_calls_difference": paired_difference(errors["before"], errors["after"]).as_dict(),
-        "turns_per_episode": {role: sum(r["turns"] for r in records) / len(records)
-                              for role, records in (("before", before), ("after", after))},
+        "turns_per_episode": {role: sum(r["turns"] for r in records) / len(records) for role, records in sides.items()},
     }
     first = next(iter(before[0]["rewards"]))
     out["win_rate"] = {"on": first, **paired_win_rate([r["rewards"][first] for r in before],

@@ -94,12 +94,9 @@ def weight_shapes(model: torch.nn.Module) -> tuple[str, dict[str, tuple[int, ...
     """The architecture and the (name, shape) of the weights a sampler gets from `model` (a LoRA
     model: its base's), to tell whether two models fit one engine."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model's base
-    shapes = {}
-    for name, param in inner.named_parameters():
-        if "lora_" in name or ".modules_to_save." in name:
-            continue
-        shapes[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = tuple(param.shape)
-    return type(inner).__name__, shapes
+    return type(inner).__name__, {
+        name.replace(".base_layer.", ".").replace(".original_module.", "."): tuple(param.shape)
+        for name, param in inner.named_parameters() if "lora_" not in name and ".modules_to_save." not in name}
 
 
 def load_prompts(path: str, tokenizer: Any, data_class: str, split: str, num_prompts: int | None,

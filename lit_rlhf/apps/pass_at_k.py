@@ -55,9 +55,8 @@ def heldout_problems(data: dict[str, Any], tokenizer: Any, split: str, num_probl
 
 def table(summary: dict[str, Any], difference: dict[str, Any] | None) -> str:
     """The printed table: one line per metric."""
-    def cell(s: dict[str, Any], key: str = "mean") -> str:
-        return f"{s[key]:+.3f} [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]" if key == "diff" else \
-            f"{s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
+    def cell(s: dict[str, Any], sign: str = "") -> str:  # sign "+": a difference
+        return f"{s['mean']:{sign}.3f} [{s['ci_low']:{sign}.3f}, {s['ci_high']:{sign}.3f}]"
 
     roles = list(summary)
     head = ["metric", *roles] + (["after - before (95% interval)", "verdict"] if difference else [])
@@ -65,8 +64,7 @@ def table(summary: dict[str, Any], difference: dict[str, Any] | None) -> str:
     for name in summary[roles[0]]:
         row = [name, *(cell(summary[r][name]) for r in roles)]
         if difference:
-            d = difference[name]
-            row += [cell({"diff": d["mean"], "ci_low": d["ci_low"], "ci_high": d["ci_high"]}, "diff"), d["verdict"]]
+            row += [cell(difference[name], "+"), difference[name]["verdict"]]
         lines.append(" | ".join(row))
     return "\n".join(lines)
 

@@ -3,15 +3,11 @@ end in one row, position ids restarting at 0 at each example, no attention mask.
 
 The model gets `position_ids` and `attention_mask=None`; Hugging Face models built on
 `transformers.masking_utils` (Llama, SmolLM2, Qwen2, GPT-NeoX, ...) then detect the examples
-from the position restarts (`find_packed_sequence_indices`) and attend within each example only:
-a block-diagonal causal mask for the `sdpa`, `eager` and `flex_attention` kernels, per-example
-lengths for `flash_attention_2/3` (`tests/modules/test_sft_packing.py` checks `sdpa` and `eager`
-on Llama, Qwen2 and GPT-NeoX). A model running `sdpa_varlen` (`lit_rlhf.models.attention`,
-what `SFTModule` switches an `sdpa` policy to) gets the example boundaries instead of a mask and
-computes each example's attention alone. Whether a model keeps the examples apart is checked
-once per model and attention implementation (`packing_supported`: a packed row of two short
-sequences against each sequence alone); a model that does not is refused here, and `SFTModule`
-unpacks the batch for it.
+from the position restarts and attend within each example only (a block-diagonal causal mask,
+or per-example lengths for `flash_attention_2/3`). A model running `sdpa_varlen`
+(`lit_rlhf.models.attention`) gets the example boundaries instead. Whether a model keeps the
+examples apart is probed once per model and attention implementation (`packing_supported`); a
+model that does not is refused here, and `SFTModule` unpacks the batch for it.
 
 Both log-prob paths of `lit_rlhf.models.logprobs` apply: the chunked one (last hidden states, the
 output layer a chunk of scored tokens at a time) and the dense logits. A token at position 0
