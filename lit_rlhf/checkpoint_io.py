@@ -135,6 +135,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 _PLAIN = (str, int, float, bool, bytes, type(None), torch.Tensor, torch.dtype, torch.device)
+_CONTAINERS = (dict, list, tuple, set, frozenset)
 
 
 def hparam_globals(value: Any) -> list[Any]:
@@ -144,15 +145,10 @@ def hparam_globals(value: Any) -> list[Any]:
     def visit(v: Any) -> None:
         if isinstance(v, _PLAIN):
             return
-        if isinstance(v, dict):
-            for item in v.values():
+        if isinstance(v, _CONTAINERS):
+            for item in v.values() if isinstance(v, dict) else v:
                 visit(item)
-            if type(v) is not dict:
-                found.append(type(v))
-        elif isinstance(v, (list, tuple, set, frozenset)):
-            for item in v:
-                visit(item)
-            if type(v) not in (list, tuple, set, frozenset):
+            if type(v) not in _CONTAINERS:  # a subclass (an OrderedDict, a NamedTuple) needs its class
                 found.append(type(v))
         elif inspect.isfunction(v) or inspect.isclass(v) or inspect.isbuiltin(v):
             found.append(v)

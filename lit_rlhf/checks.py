@@ -101,13 +101,9 @@ def _tokenizer_match(trainer, module, dm) -> list[str]:
     dm_tok = getattr(dm, "tokenizer", None) if dm is not None and hasattr(type(dm), "tokenizer") else None
     if tok is None or dm_tok is None or dm_tok is tok:
         return []
-    mismatched = [
-        name for name, a, b in (
-            ("vocabulary", tok.get_vocab(), dm_tok.get_vocab()),
-            ("pad_token_id", tok.pad_token_id, dm_tok.pad_token_id),
-            ("eos_token_id", tok.eos_token_id, dm_tok.eos_token_id),
-        ) if a != b
-    ]
+    mismatched = [name for name, a, b in (("vocabulary", tok.get_vocab(), dm_tok.get_vocab()),
+                                          ("pad_token_id", tok.pad_token_id, dm_tok.pad_token_id),
+                                          ("eos_token_id", tok.eos_token_id, dm_tok.eos_token_id)) if a != b]
     if not mismatched:
         return []
     return [

@@ -2,19 +2,14 @@
 
 jsonargparse answers a misspelled option (`--model.init_args.learnig_rate`, `max_epoch:` in a
 YAML) with the whole usage and, for a class's argument, its union-validation dump: some sixty
-lines and no suggestion. `ProjectArgumentParser` (the CLI's parser, `lit_rlhf.cli`) turns the
-message it is about to print into an `OptionError` naming the option, where it was given (the
-config file and line, or the command line) and the closest valid names:
+lines and no suggestion. `ProjectArgumentParser` (the CLI's parser) raises instead an
+`OptionError` naming the option, where it was given and the closest valid names, or the new place
+of an argument a class has given up (`lit_rlhf.training.moved`):
 
     error: trainer.max_epoch (in sft.yaml, line 14) is not an option of `fit`; did you mean trainer.max_epochs?
 
-An argument a class has given up (listed in its `moved_options`, `lit_rlhf.training.moved`) is
-named with its new place instead: `model.init_args.importance_sampling (command line) moved:
-use GSPOModule`.
-
-The CLI prints it as one line (`lit_rlhf.cli.run`). `--verbose` (or LIT_RLHF_VERBOSE=1) keeps
-jsonargparse's own message. A value Lightning's Trainer refuses (`--trainer.max_steps -5`)
-becomes a `TrainerSettingError` the same way, instead of a traceback.
+`--verbose` (or LIT_RLHF_VERBOSE=1) keeps jsonargparse's own message. A value Lightning's Trainer
+refuses (`--trainer.max_steps -5`) becomes a `TrainerSettingError` the same way.
 """
 
 from __future__ import annotations

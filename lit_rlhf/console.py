@@ -1,17 +1,9 @@
 """A quiet console for the CLI: the progress bar and the project's own lines, nothing else.
 
 `configure(verbose=False)` silences, at their source and by their exact message, the lines that
-carry no information for a run of this project:
-
-- Lightning: the LitLogger tip, "GPU/TPU/HPU available", "Seed set to", "Loading
-  `train_dataloader` to estimate ...", "`weights_only` was not set", the LeafSpec deprecation,
-  "Trying to infer the `batch_size`";
-- DeepSpeed: "Setting accelerator to CPU" (printed when Lightning imports its DeepSpeed
-  strategy on a machine without GPU);
-- the progress bars of `transformers` (loading weights, writing shards), `datasets` (building
-  and formatting splits) and `huggingface_hub`;
-- the reward export's note that plain `transformers` returns `reward - reward_bias` (the
-  bias is kept in the config and added back by `lit_rlhf.models.load_reward_model`).
+carry no information for a run of this project (`LOG_FILTERS`, `WARNING_FILTERS`: Lightning's
+tips and notices, DeepSpeed's "Setting accelerator to CPU", the reward export's note on
+`reward_bias`) and the progress bars of `transformers`, `datasets` and `huggingface_hub`.
 
 Everything else (other warnings, errors, Lightning's "`Trainer.fit` stopped: ..." line) is
 kept, and the project's loggers (`lit_rlhf.*`, `callbacks.*`) print their INFO lines. With

@@ -2,16 +2,11 @@
 
 Without network, `transformers` and `datasets` retry every hub request with back-off (about a
 minute per model) before they fail. `prepare_environment()` (called by the CLI before anything
-imports `huggingface_hub`) decides up front:
-
-- `HF_HUB_OFFLINE` set by the user (to anything): respected as is, nothing probed;
-- otherwise one TCP connection to the hub's host (or to the HTTPS proxy when one is set) with a
-  `PROBE_TIMEOUT` second limit; when it fails, `HF_HUB_OFFLINE=1` is set for this process, so
-  every later hub lookup answers from the local cache at once or fails at once.
-
-It also turns telemetry off (`HF_HUB_DISABLE_TELEMETRY=1`, `HF_UPDATE_DOWNLOAD_COUNTS=0`: loading
-a local or bundled file with `datasets` otherwise sends a download-count request), unless the
-user set those variables.
+imports `huggingface_hub`) decides up front: an `HF_HUB_OFFLINE` the user set is respected;
+otherwise one TCP connection to the hub's host (or the HTTPS proxy) is tried for `PROBE_TIMEOUT`
+seconds, and when it fails `HF_HUB_OFFLINE=1` is set for this process, so every later hub lookup
+answers from the local cache or fails at once. It also turns telemetry off unless the user set
+it (loading a local or bundled file with `datasets` otherwise sends a download-count request).
 
 `offline_reason()` says why the hub is not used (None when it is): `lit_rlhf.models` puts it in
 the error it raises for a name that is neither builtin, local nor cached.

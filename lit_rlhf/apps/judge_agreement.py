@@ -121,13 +121,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output_dir", default=None, help="write metrics.json and pairs.jsonl here")
     args = parser.parse_args(argv)
 
-    import yaml
-
     from lit_rlhf import models
     from lit_rlhf.apps.judge_policy import build_judge
     from lit_rlhf.rewards.sources import load_reward_model
 
-    judge = build_judge(args.judge, yaml.safe_load(args.judge_args) if args.judge_args else None)
+    judge = build_judge(args.judge, args.judge_args)
     tokenizer = models.load_tokenizer(args.tokenizer or args.reward_model)
     reward_model = load_reward_model(args.reward_model, tokenizer).eval()
     pairs = load_pairs(args.pairs, tokenizer, args.pairs_class, args.split, args.num_pairs)

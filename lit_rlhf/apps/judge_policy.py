@@ -39,12 +39,15 @@ from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.judges import PairwiseJudge
 
 
-def build_judge(spec: str | dict, init_args: dict | None = None) -> PairwiseJudge:
+def build_judge(spec: str | dict, init_args: dict | str | None = None) -> PairwiseJudge:
     """A judge from a YAML file / dict `{class_path, init_args}` (or `{judge: {...}}`), or from a class
-    path plus `init_args`, instantiated by jsonargparse like the callback's `judge:` in a config."""
+    path plus `init_args` (a dict, or its JSON/YAML text), instantiated by jsonargparse like the
+    callback's `judge:` in a config."""
     import yaml
     from jsonargparse import ArgumentParser
 
+    if isinstance(init_args, str):
+        init_args = yaml.safe_load(init_args)
     if isinstance(spec, str) and Path(spec).is_file():
         spec = yaml.safe_load(Path(spec).read_text())
     if isinstance(spec, dict) and "judge" in spec and "class_path" not in spec:
@@ -138,9 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if vllm_kwargs and args.generation_backend != "vllm":
         raise ValueError("--vllm_kwargs needs --generation_backend vllm")
 
-    import yaml
-
-    judge = build_judge(args.judge, yaml.safe_load(args.judge_args) if args.judge_args else None)
+    judge = build_judge(args.judge, args.judge_args)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, do_sample=args.do_sample)
     model, tokenizer = load_policy(args.policy, args.device, args.dtype)
     prompts = load_prompts(args.prompts, tokenizer, args.data_class, args.split, args.num_prompts,

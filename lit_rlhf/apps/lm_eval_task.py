@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     metrics = results["results"][args.task]
     summary = {"task": args.task, "policy": args.policy, "export": str(policy_dir), "command": command,
                "acc": metrics.get("acc,none"), "acc_stderr": metrics.get("acc_stderr,none"),
-               "n": len(results["samples"][args.task]), "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None}
+               "n": len(results["samples"][args.task]), "lm_eval": getattr(lm_eval, "__version__", None)}
     samples = [{"doc": s["doc"], "generation": s["filtered_resps"][0], "acc": s["acc"]}
                for s in results["samples"][args.task]]
     (out / "results.json").write_text(json.dumps({**summary, "config": results.get("config"), "samples": samples},

@@ -18,10 +18,8 @@ Observations are appended AFTER the policy's tokens, as new tokens (`lit_rlhf.en
 policy's sampled ids are never decoded and encoded again.
 
 A single-turn prompt with a reward is the one-step environment: `reset` gives the prompt,
-the first `step` returns `done=True` (and the reward, if the environment scores it).
-
-`fork()` gives a fresh instance for another episode run at the same time (the rollout holds
-one per row of a rollout); the default is a deep copy of the instance as configured.
+the first `step` returns `done=True` (and the reward, if the environment scores it). The rollout
+holds one instance per row (`fork()`, a deep copy by default).
 """
 
 from __future__ import annotations

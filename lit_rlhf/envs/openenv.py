@@ -2,17 +2,10 @@
 
 OpenEnv environments are servers with `reset(seed=...) -> Observation` and `step(Action) ->
 Observation`, where typed (pydantic) actions and observations carry env-specific fields and
-every observation has `reward` and `done`. `OpenEnvEnvironment` holds an instance of such a
-server class (no HTTP: its methods are called directly) and maps:
-
-- the policy's turn text -> `action_class(**{action_field: text})` (the action class is read
-  from the environment's generic parameters, `Environment[ActT, ObsT, StateT]`, unless given);
-- an observation -> a chat message of role `observation_role` whose content is its
-  `observation_field` (or, when that is None, its env-specific fields as JSON), its `reward`
-  (None = 0) and `done`.
-
-The episode's first prompt is the row's `prompt_column` (when set) followed by the reset
-observation's text, as one user message after the optional system prompt.
+every observation has `reward` and `done`. `OpenEnvEnvironment` calls such a server's methods
+directly (no HTTP): the policy's turn text becomes the action's `action_field`, an observation a
+chat message (its `observation_field`, or its env-specific fields as JSON) with its `reward`
+(None = 0) and `done`; the first prompt is the row's `prompt_column` and the reset observation.
 
 `openenv-core` is an optional dependency (`pip install -e .[openenv]`), imported on use.
 """

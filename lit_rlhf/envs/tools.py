@@ -61,11 +61,9 @@ def _docstring_parts(fn: Callable) -> tuple[str, dict[str, str]]:
     summary = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
     params: dict[str, str] = {}
     lines = doc.splitlines()
-    if "Args:" not in [line.strip() for line in lines]:
-        return summary, params
-    body = lines[[line.strip() for line in lines].index("Args:") + 1:]
+    stripped = [line.strip() for line in lines]
     entry_indent, current = None, None
-    for line in body:
+    for line in lines[stripped.index("Args:") + 1:] if "Args:" in stripped else ():
         if not line.strip():
             continue
         indent = len(line) - len(line.lstrip())
