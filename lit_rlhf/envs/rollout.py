@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import Tensor
 
+from lit_rlhf.data.collate import pad_left
 from lit_rlhf.envs.base import Action, Environment, check_observation
 from lit_rlhf.envs.chat import ChatFormat
 from lit_rlhf.envs.errors import EnvErrorPolicy
@@ -47,17 +48,6 @@ from lit_rlhf.envs.trajectory import Trajectory
 # (prompt_ids (B, P) left padded, prompt_mask (B, P), sampling) -> (response_ids (B, R),
 # response_mask (B, R), has_eos (B,), sampler log-probs (B, R) or None), as `OnlineModule.generate`
 GenerateFn = Callable[..., tuple[Tensor, Tensor, Tensor, "Tensor | None"]]
-
-
-def left_pad(sequences: list[list[int]], pad_token_id: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
-    """Token id lists -> (ids (B, L), mask (B, L) bool), left padded (D5)."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
-    for i, s in enumerate(sequences):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = True
-    return ids.to(device), mask.to(device)
 
 
 def run_episodes(envs: list[Environment], rows: list[dict[str, Any]], seeds: list[int],
@@ -98,7 +88,8 @@ def run_episodes(envs: list[Environment], rows: list[dict[str, Any]], seeds: lis
         # leaves none ends its episode below)
         budgets = [max_episode_tokens - len(trajectories[i].token_ids) for i in active]
         turn_sampling = dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, max(budgets)))
-        ids, mask = left_pad([trajectories[i].prompt_ids + trajectories[i].token_ids for i in active], pad, device)
+        ids, mask = pad_left([trajectories[i].prompt_ids + trajectories[i].token_ids for i in active], pad)  # D5
+        ids, mask = ids.to(device), mask.to(device)
         response_ids, response_mask, has_eos, sampler_logps = generate(ids, mask, turn_sampling)
         still = []
         for j, i in enumerate(active):
