@@ -31,8 +31,6 @@ def run(main: Callable[[], Any]) -> None:
 
 def run_record(started: datetime.datetime, argv: list[str] | None) -> dict[str, Any]:
     """When, how long, on what machine and with which command a result was measured."""
-    from lit_rlhf.apps.compare_policies import machine
-
     return {"created": started.isoformat(timespec="seconds"),
             "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
             "machine": machine(), "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]}
@@ -45,3 +43,24 @@ def write_results(directory: str, metrics: dict[str, Any], rows_file: str, rows:
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     (out / rows_file).write_text("".join(json.dumps(row) + "\n" for row in rows))
     return out
+
+
+def machine() -> dict[str, Any]:
+    """Where and under what load a result was measured."""
+    import os
+    import platform
+
+    import torch
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "load_average_1_5_15": [round(x, 2) for x in load],
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+def import_class(dotted: str) -> Any:
+    """The class at a dotted path (`lit_rlhf.data.TLDRPromptDataModule`)."""
+    import importlib
+
+    module_name, _, class_name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)

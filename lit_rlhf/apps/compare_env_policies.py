@@ -1,4 +1,5 @@
-"""Did training make the policy better at a multi-turn environment? Two policies on the same held-out rows.
+"""Did training make the policy better at a multi-turn environment? Two policies on the same
+held-out rows (docs/guides/environments.md).
 
     python -m lit_rlhf.apps.compare_env_policies \\
         --config configs/envs/arithmetic_calculator_grpo.yaml \\
@@ -6,24 +7,14 @@
         --after outputs/envs/arithmetic_calculator_grpo/policy \\
         --split test --num_rows 100 --output outputs/envs/arithmetic_calculator_grpo/results.json
 
-The environment, its reward functions and the episode settings (`max_turns`,
-`max_episode_tokens` of its `rollout: EnvironmentRollouts`, `max_new_tokens`) are read from the
-training recipe's `model.init_args`,
-the rows from its `data` section with `--split` as the test split (the recipe never trains or
-validates on it), so the evaluation runs exactly the episodes training ran, on rows it never
-saw. Each policy plays one greedy episode per row (`lit_rlhf.evaluation.episodes`): the comparison
-is deterministic and paired row by row. Reported, each with its 95% interval
-(`lit_rlhf.evaluation.paired`):
-
-- every reward source (`rewards`; with `MathAnswerReward` its mean is the accuracy): its mean
-  before and after and their paired difference (Student t), with the exact sign test's p-value;
-- `tool_use`: the share of episodes with at least one tool call that ran without error, and the
-  mean number of failed calls, before and after, paired;
-- `win_rate`: how often the trained policy's episode scores higher than the starting policy's on
-  the first reward function, ties as half.
-
-The JSON result (`--output`) holds the settings, the date, the machine and its load, the summary
-and one row per problem (both conversations, their rewards and tool calls) for re-analysis.
+The environment, reward functions and episode settings come from the training recipe's
+`model.init_args`, the rows from its `data` section with `--split` as the test split, so the
+episodes are those training ran, on rows it never saw. Each policy plays one greedy episode per
+row, paired row by row. Reported with 95% intervals (`lit_rlhf.evaluation.paired`): each reward
+source's mean before and after, their paired difference and the exact sign test (`rewards`);
+`tool_use` (episodes with a working tool call, failed calls per episode); `win_rate` on the first
+reward function, ties as half. The JSON result (`--output`) holds the settings, the date, the
+machine and its load, the summary and one row per problem.
 """
 
 from __future__ import annotations

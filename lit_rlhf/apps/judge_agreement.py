@@ -1,4 +1,4 @@
-"""Does the reward model agree with an external judge? (The N+ paper's Detail 17.)
+"""Does the reward model agree with an external judge? (The N+ paper's Detail 17, Huang et al. 2024.)
 
     python -m lit_rlhf.apps.judge_agreement \\
         --reward_model outputs/tldr/reward/hf_model \\
@@ -6,22 +6,12 @@
         --judge judge.yaml                      # e.g. {class_path: lit_rlhf.judges.ChatAPIJudge, init_args: {...}}
         --output_dir outputs/tldr/reward/agreement
 
-The N+ paper (Huang et al. 2024, Detail 17) checks its reward models against an external judge
-(GPT-3.5): how often the two prefer the same summary. Here both judge the same held-out pairs
-(`--pairs`, read by `--pairs_class`, the dataset's chosen summary as completion a, the rejected one
-as b): the reward model as a `RewardModelJudge` (the higher reward wins; each prompt + completion
-scored at its EOS, D3/D12, as `lit_rlhf.apps.compare_policies` scores), the external judge as given
-(`--judge`, as in `lit_rlhf.apps.judge_policy`; an LM judge shows each pair in its own seeded random
-order). Reported (`metrics.json`, printed), each proportion with its 95% Wilson and exact
-Clopper-Pearson intervals:
-
-- `agreement`: among the pairs where both name a winner, how often it is the same one
-  (`lit_rlhf.judges.agreement`; ties and invalid verdicts are excluded and counted);
-- `reward_model_accuracy` and `judge_accuracy`: each judge's agreement with the dataset's label
-  (the chosen summary, a), over the pairs where that judge names a winner.
-
-`pairs.jsonl` keeps one row per pair (texts, both rewards, both verdicts, the judge's raw reply)
-for re-analysis.
+Both judge the same held-out pairs (`--pairs`, read by `--pairs_class`; chosen as completion a,
+rejected as b): the reward model as a `RewardModelJudge` (scored at the EOS, D3/D12), the judge as
+in `lit_rlhf.apps.judge_policy`. Reported (`metrics.json`, printed) with 95% Wilson and exact
+intervals: `agreement` over the pairs where both name a winner (`lit_rlhf.judges.agreement`),
+`reward_model_accuracy` and `judge_accuracy` against the dataset's label. `pairs.jsonl` keeps one
+row per pair (texts, rewards, verdicts, the judge's raw reply).
 """
 
 from __future__ import annotations
@@ -32,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from lit_rlhf.apps import write_results
+from lit_rlhf.apps import import_class, write_results
 from lit_rlhf.judges import Judgement, PairwiseJudge, RewardModelJudge, agreement
 
 
@@ -61,8 +51,6 @@ class ScalarModelReward:
 def load_pairs(path: str, tokenizer: Any, data_class: str, split: str, num_pairs: int | None) -> dict[str, list[str]]:
     """The first `num_pairs` pairs of split `split` (prompt, chosen, rejected texts) of a
     `lit_rlhf.data` preference DataModule built on `path`."""
-    from lit_rlhf.apps.compare_policies import import_class
-
     dm = import_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split)
     ds = dm.dataset("val")
     n = len(ds) if num_pairs is None else min(num_pairs, len(ds))

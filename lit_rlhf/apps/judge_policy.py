@@ -1,7 +1,5 @@
-"""Judge a policy's completions against a baseline with a pairwise judge.
-
-A command line to judge a saved policy outside training (`callbacks.JudgeEvalCallback` judges
-during training):
+"""Judge a saved policy's completions against a baseline with a pairwise judge
+(docs/guides/evaluation.md; `callbacks.JudgeEvalCallback` judges during training).
 
     python -m lit_rlhf.apps.judge_policy \\
         --policy outputs/tldr/dpo/hf            # an exported HF dir, a .ckpt, or a model name
@@ -11,17 +9,11 @@ during training):
         --num_prompts 256 --max_new_tokens 53 --output_dir outputs/tldr/dpo/judge
         [--generation_backend vllm --vllm_kwargs '{"max_model_len": 1024}']
 
-`--judge` is a YAML file holding `{class_path, init_args}` (optionally under a `judge:` key), or
-a class path with its init args in `--judge_args '{"model_name": "..."}'`. The output directory
-gets `metrics.json`, `judgements.jsonl` (one row per prompt) and `win_rate_by_length_ratio.png`;
-the metrics are printed as JSON. `--generation_backend vllm` samples the completions with a vLLM
-engine (`lit_rlhf.generation.vllm.VLLMEngine`, built from the loaded policy, LoRA included;
-`--vllm_kwargs` go to it as JSON) instead of our KV-cache sampler (`hf`, the default); a model
-baseline is loaded into the same engine when its weights have the policy's names and shapes.
-
-The evaluation itself (prompts, completions, judging, tables, figures, and its conventions:
-the policy is completion a, lengths in the policy's tokens) is `lit_rlhf.evaluation`, shared
-with the callback.
+`--judge`: a YAML file of `{class_path, init_args}` (optionally under `judge:`), or a class path
+with `--judge_args` as JSON. Writes `metrics.json`, `judgements.jsonl` and
+`win_rate_by_length_ratio.png`, and prints the metrics. `--generation_backend vllm` samples with
+`lit_rlhf.generation.vllm.VLLMEngine` (a model baseline with the policy's weight shapes shares
+the engine). The evaluation itself is `lit_rlhf.evaluation`, shared with the callback.
 """
 
 from __future__ import annotations
@@ -33,7 +25,7 @@ from typing import Any
 
 import torch
 
-from lit_rlhf.apps import write_results
+from lit_rlhf.apps import import_class, write_results
 from lit_rlhf.evaluation import EvalPrompts, evaluate_completions, generate_completions, length_ratio_figure, prompts_from_dataset
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.judges import PairwiseJudge
@@ -105,8 +97,6 @@ def weight_shapes(model: torch.nn.Module) -> tuple[str, dict[str, tuple[int, ...
 def load_prompts(path: str, tokenizer: Any, data_class: str, split: str, num_prompts: int | None,
                  reference_column: str = "reference") -> EvalPrompts:
     """Evaluation prompts from split `split` of a `lit_rlhf.data` DataModule built on `path`."""
-    from lit_rlhf.apps.compare_policies import import_class
-
     dm = import_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split, test_split=None)
     return prompts_from_dataset(dm.dataset("val"), num_prompts, reference_column, tokenizer)
 
