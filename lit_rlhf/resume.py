@@ -1,31 +1,9 @@
-"""`python main.py fit ... --ckpt_path last`: the same run directory on every resubmission, a loud
-error when there is nothing to resume, and the exit code of a preempted run.
-
-- **Run directory.** A logger without a fixed `version` (the shipped recipes' TensorBoardLogger)
-  would give every resubmission a new `version_N` folder, and the ModelCheckpoint that lives in
-  it would find no `last.ckpt`. With `--ckpt_path last` the run reuses the newest existing
-  `version_N` of the logger's `save_dir/name` instead (`pin_run_directory`); a fixed
-  `version` (`--trainer.logger.init_args.version my_run`) or a ModelCheckpoint `dirpath` is
-  used as it is. Without `--ckpt_path last` a fresh run gets a new version, as before.
-- **Nothing to resume.** `--ckpt_path last` with no `last*.ckpt` in the run's checkpoint
-  directories is an error (`NothingToResume`: `error: ...`, exit code 2), unless
-  `--fresh_if_no_checkpoint true` asks to start a new run then (the first submission of a job
-  that is resubmitted with the same command).
-- **Exit codes.** A run that `lit_rlhf.preemption.PreemptionCheckpoint` stopped (every CLI run
-  has one unless `--preemption_checkpoint false`) exits with 75 (`EX_TEMPFAIL`, after SIGTERM) or
-  130 (after Ctrl-C), after one line saying what was saved (`lit_rlhf.stopping`); a SIGTERM after
-  a complete run's last step, up to the process's exit, is logged and the run exits with 0. A SIGTERM that
-  arrives before the trainer is set up (config parsing, model loading) exits with 75 at once:
-  nothing was trained.
-- **A checkpoint written at the end of an epoch's last batch.** The resumed run starts the next
-  epoch as the uninterrupted run does (`start_next_epoch_afresh`), so a checkpoint written in
-  that epoch records where it is.
-- **Lightning's "dataloader is not resumable" warning.** Lightning warns on every resume inside
-  an epoch unless the DataLoader itself has `state_dict`/`load_state_dict`. The DataModules of
-  `lit_rlhf.data` resume exactly all the same: their `ResumableSampler` skips the batches the
-  restored loop counters say were trained. For them (with `num_workers: 0`, where the sampler
-  always reads the counters after the restore) the CLI drops that warning
-  (`exact_resume_warnings`); any other DataLoader keeps it.
+"""`python main.py fit ... --ckpt_path last` (`docs/guides/resume.md`): the run directory pinned to
+the logger's newest `version_N` (`pin_run_directory`), `NothingToResume` unless
+`--fresh_if_no_checkpoint true`, the exit codes of a stopped run (75 after SIGTERM, 130 after
+Ctrl-C), the next epoch started afresh after an epoch's last batch (`start_next_epoch_afresh`) and
+Lightning's "dataloader is not resumable" warning dropped for the project's resumable samplers
+(`exact_resume_warnings`).
 """
 
 from __future__ import annotations

@@ -1,34 +1,15 @@
-"""The multi-turn rollout: episodes run turn by turn, batched across episodes.
+"""The multi-turn rollout (`docs/guides/environments.md`): episodes run turn by turn, batched.
 
-`run_episodes` drives N environments at once (one per rollout row, a prompt's G copies each
-with its own instance):
-
-1. each environment is reset with its row and a seed drawn from torch's generator; its first
-   observation becomes the episode's prompt ids (`ChatFormat.prompt_ids`; None: the row's
-   prompt ids as the DataModule encoded them);
-2. each turn, the episodes still running are sampled together with the generation backend
-   (`generate`: the online module's, `hf` or `vllm`), each from its whole context (prompt and
-   every token so far, left padded), at most `max_new_tokens` new tokens and never past the
-   episode's token budget. The sampled ids are appended to the episode as they are; their text
-   is decoded for the environment only;
-3. the environment steps on the turn (`Environment.step`); its reward goes to the turn, and
-   unless it says done its observation is tokenized alone (`ChatFormat.observation_ids`) and
-   appended after the policy's tokens.
-
-An episode stops when the environment says done (`done`), after `max_turns` policy turns
-(`turn_limit`: the last turn's observation is not appended), when its next tokens would pass
-`max_episode_tokens` tokens after the prompt (`token_budget`: the sample is cut there, or an
-observation that does not leave room for one more policy token is not appended), or when a turn
-reaches `max_new_tokens` without EOS (`no_eos`: the turn never ended). Every stop but `done`
-marks the episode truncated.
-
-An environment that raises (in `reset` or `step`) stops the run, or, with `env_errors`, has its
-episode's group dropped (`lit_rlhf.envs.errors`).
-
-Exact resume: no episode spans a checkpoint (a rollout runs within one training step), and a
-resumed run draws the same prompts, environment seeds and tokens, so episodes are restarted, not
-saved (`docs/guides/environments.md`); this needs an environment that is a deterministic function
-of (row, seed, actions) and tools that are of their arguments (not of time or a time limit).
+`run_episodes` resets each environment with its row and a seed from torch's generator (its first
+observation, or the row's prompt ids, is the prompt), then each turn samples the running episodes
+together from their whole context (left padded), appends the sampled ids as they are, steps the
+environment on the decoded text and appends its observation's ids (`ChatFormat.observation_ids`).
+An episode stops when the environment says `done`, after `max_turns` (`turn_limit`), at
+`max_episode_tokens` after the prompt (`token_budget`), or when a turn reaches `max_new_tokens`
+without EOS (`no_eos`); every stop but `done` marks it truncated. An environment that raises
+stops the run, or with `env_errors` drops its episode's group (`lit_rlhf.envs.errors`). Episodes
+never span a checkpoint: a resumed run replays the same prompts, seeds and tokens, given an
+environment that is a deterministic function of (row, seed, actions).
 """
 
 from __future__ import annotations

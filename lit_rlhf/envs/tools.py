@@ -1,30 +1,13 @@
-"""Tools: plain typed Python callables, their schemas, the call format and a guarded runner.
+"""Tools (`docs/guides/environments.md`): plain typed Python callables with a Google-style
+docstring, their schemas (`tool_schema`: from the signature and the summary and `Args:` lines),
+the Hermes-style call format (`parse_tool_calls`: `<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`) and a guarded runner.
 
-A tool is a function with annotated parameters and a Google-style docstring:
-
-    def calculator(expression: str) -> str:
-        '''Evaluate an arithmetic expression.
-
-        Args:
-            expression: the expression, e.g. "12 * (3 + 4)".
-        '''
-
-`tool_schema` reads its JSON schema from the signature (parameter names, types, defaults) and
-the docstring (the summary line and each `Args:` entry); the schema is what the policy is shown.
-
-The call format (`parse_tool_calls`) is Hermes-style function calling (Qwen2.5, Hermes,
-SmolLM3), `<tool_call>{"name": "calculator", "arguments": {"expression": "2 + 3"}}</tool_call>`;
-it needs nothing from the chat template (`lit_rlhf.envs.tool_env` puts the schemas in the system
-message and the results in `tool` messages).
-
-`ToolRunner.call` runs one call and never raises: every failure becomes a `ToolCall` whose
-`error` names its kind and whose `output` is the message the policy sees, with any lone
-surrogate replaced (`lit_rlhf.envs.base.safe_text`) so undecodable bytes cannot crash the tokenizer.
-
-A call that times out is abandoned. In `thread` isolation its daemon thread runs on (Python
-cannot stop a thread), holding what it holds until it returns, and is stopped where it stands,
-with no `finally` run, when the process exits: a tool that may loop forever or must clean up
-belongs in `process` isolation, where the worker process running it is killed and replaced.
+`ToolRunner.call` never raises: every failure becomes a `ToolCall` whose `error` names its kind
+and whose `output` is what the policy sees (lone surrogates replaced, `envs.base.safe_text`). A
+call that times out is abandoned: in `thread` isolation its daemon thread runs on until it
+returns or the process exits (no `finally` run then); a tool that may loop forever or must clean
+up belongs in `process` isolation, whose worker is killed and replaced.
 """
 
 from __future__ import annotations
