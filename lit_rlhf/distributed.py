@@ -8,8 +8,7 @@ global batch):
 - PPO's advantage whitening (D25) and reward whitening (D24): `global_masked_whiten`;
 - GRPO's `scale: batch` std, the batch-mean baselines: `gather_rows` then the pure function on
   the global tensor, keeping this rank's slice;
-- KTO's z0 and similar means: `all_reduce_mean` / `gather_rows`;
-- a judge's win rate, text samples: `gather_objects`.
+- sums over the batch: `all_reduce_sum`.
 
 Every helper is a no-op (it returns its input's value, unchanged semantics) when
 `torch.distributed` is not initialised or the world has one process, so the same code runs in
@@ -19,8 +18,6 @@ are for statistics computed without gradient (advantages, baselines, metrics).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,13 +45,6 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     return out
 
 
-def all_reduce_mean(tensor: Tensor) -> Tensor:
-    """Element-wise mean over ranks of a float tensor (each rank weighs the same)."""
-    if not tensor.is_floating_point():
-        raise TypeError(f"all_reduce_mean needs a float tensor, got {tensor.dtype}")
-    return all_reduce_sum(tensor) / world_size()
-
-
 def gather_rows(tensor: Tensor) -> tuple[Tensor, slice]:
     """Concatenate every rank's rows (dim 0, sizes may differ) in rank order.
 
@@ -76,20 +66,6 @@ def gather_rows(tensor: Tensor) -> tuple[Tensor, slice]:
     dist.all_gather(parts, padded)
     start = sum(counts[: rank()])
     return torch.cat([part[:n] for part, n in zip(parts, counts)]), slice(start, start + counts[rank()])
-
-
-def gather_objects(items: list[Any]) -> list[Any]:
-    """Every rank's list of picklable items, concatenated in rank order, on every rank."""
-    if not is_distributed():
-        return list(items)
-    gathered: list[list[Any] | None] = [None] * world_size()
-    dist.all_gather_object(gathered, list(items))
-    return [item for part in gathered for item in (part or [])]
-
-
-# --------------------------------------------------------------------------------------------
-# masked moments over all ranks (the global counterparts of lit_rlhf.ops.masked_*)
-# --------------------------------------------------------------------------------------------
 
 
 def global_masked_mean(values: Tensor, mask: Tensor) -> Tensor:
