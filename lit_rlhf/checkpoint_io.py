@@ -1,30 +1,19 @@
-"""Atomic checkpoint files: a kill during a save never leaves a truncated `last.ckpt`.
+"""Atomic checkpoint files: a kill during a save never leaves a truncated `last.ckpt`
+(`docs/guides/resume.md`).
 
-Lightning's `TorchCheckpointIO` writes through an fsspec transaction: the bytes go to a file
-made by `tempfile.mkstemp()`, i.e. in `$TMPDIR` (usually /tmp), and the commit is
-`shutil.move(temp, path)`. That is an atomic rename only when $TMPDIR and the checkpoint
-directory are on the same filesystem; on a cluster (local /tmp, checkpoints on NFS/Lustre/a
-mounted volume) `shutil.move` falls back to copying INTO the destination path, and a job killed
-during the copy leaves a truncated checkpoint in place of the previous good one
-(`tests/test_atomic_checkpoint.py` shows both).
+Lightning's `TorchCheckpointIO` writes to a `tempfile.mkstemp()` file in `$TMPDIR` and commits
+with `shutil.move`, which copies INTO the destination when `$TMPDIR` is on another filesystem
+(local /tmp, checkpoints on NFS/Lustre): a kill during the copy truncates the previous good
+checkpoint (`tests/test_atomic_checkpoint.py` shows both). `AtomicCheckpointIO` writes a
+temporary file in the destination directory, fsyncs it, `os.replace`s it over the destination
+and fsyncs the directory; the file keeps the umask's mode, and temporaries a killed save left are
+deleted on the target's next save (`remove_stale_temporaries`). Remote URLs go through Lightning's.
 
-`AtomicCheckpointIO` writes the checkpoint to a temporary file in the destination directory,
-fsyncs it, `os.replace`s it over the destination (atomic on POSIX within one filesystem) and
-fsyncs the directory: readers see the old file or the new one, never a part. The file keeps the
-umask's mode (as `torch.save` would); temporaries left by a killed save of the same target are
-deleted on its next save (`remove_stale_temporaries`). Remote URLs go through Lightning's.
-
-Resuming (`--ckpt_path`) loads with torch's `weights_only=True` default, which refuses the
-checkpoint's hyper-parameters when they hold objects (e.g. PPO/GRPO `reward_fns` callables):
-`allow_hparam_globals(module.hparams)` allow-lists exactly the classes and functions the run's own
-config already instantiated, so a run resumes from its own checkpoints without `weights_only=False`.
-
-Every lit_rlhf module installs it in `setup()` when the strategy uses Lightning's default
-`TorchCheckpointIO` (`install_atomic_checkpoint_io`); a config may also name it explicitly:
-
-    trainer:
-      plugins:
-        - lit_rlhf.checkpoint_io.AtomicCheckpointIO
+Resuming loads with torch's `weights_only=True`, which refuses hyper-parameters holding objects
+(PPO/GRPO `reward_fns` callables): `allow_hparam_globals(module.hparams)` allow-lists exactly the
+classes and functions the run's own config instantiated. Every lit_rlhf module installs it in
+`setup()` over Lightning's default (`install_atomic_checkpoint_io`); a config may name it in
+`trainer.plugins` (`lit_rlhf.checkpoint_io.AtomicCheckpointIO`).
 """
 
 from __future__ import annotations

@@ -1,33 +1,15 @@
 """Start-up checks: configurations that cannot work fail before the first training step.
 
 `startup_checks(trainer, module)` runs in the module's `setup("fit")` (after the DataModule's
-`setup`, so the processed data and its lengths are known, and before any optimizer or training
-step). It collects every problem it finds and raises one `ConfigError` listing all of them, each
-naming the setting at fault and what to change.
-
-Checked:
-- the DataModule's batch type against what the module trains on (`batch_types` of the module
-  class; e.g. a `PromptBatch` given to DPO);
-- the tokenizer the DataModule tokenises with against the module's (same vocabulary, PAD, EOS);
-- prompt + completion (or prompt + `max_new_tokens`) longer than a model's context
-  (`max_position_embeddings`), from the lengths of the processed data;
-- frozen models (reference, reward model) that share parameter tensors with the trained ones;
-- reward / value models whose embeddings are smaller than the policy's vocabulary;
-- trainable weights in bf16/fp16 stepped by a plain optimizer (no fp32 master copy: most small
-  updates round away), unless the trainer's precision says pure low-precision training on
-  purpose (`bf16-true`, `16-true`) or DeepSpeed (which keeps its own fp32 master copy) trains;
-- the module's own settings, through its `check_config(trainer, datamodule)` hook (a list of
-  problems, `docs/ARCHITECTURE.md` section 5: e.g. `optimizer_in_backward`'s limits, update rows
-  that do not split into `num_minibatches`, the batch content a method needs), so a new method
-  validates its own and this module never imports `modules/`; such checks may use the helpers
-  here (`yields`, `split_problem`);
-- callbacks that need a split the DataModule does not configure (`ModelCheckpoint` /
-  `EarlyStopping` monitoring a `val/` metric, `JudgeEvalCallback(split=...)`,
-  `RewardNormalizationCallback` reading the trainer's DataModule: a callback with
-  `needs_reference_texts = True`), or no validation at all (`limit_val_batches=0`).
-
-(PPO/GRPO without any reward source and a chat DataModule on a tokenizer without a chat template
-fail even earlier, when the module is built and when the DataModule formats its data.)
+`setup`, before any step) and raises one `ConfigError` listing every problem, each naming the
+setting at fault and what to change: the DataModule's batch type against the module's
+`batch_types`; the DataModule's tokenizer against the module's (vocabulary, PAD, EOS); prompt +
+completion (or + `max_new_tokens`) past a model's `max_position_embeddings`; frozen models sharing
+tensors with trained ones; reward/value embeddings smaller than the policy's vocabulary; trainable
+bf16/fp16 weights stepped without an fp32 master copy (unless `bf16-true`/`16-true` or DeepSpeed);
+the module's own `check_config(trainer, datamodule)` hook (`docs/ARCHITECTURE.md` section 5; it
+may use `yields` and `split_problem`, and this module never imports `modules/`); and callbacks
+needing a split or validation the DataModule does not configure.
 """
 
 from __future__ import annotations

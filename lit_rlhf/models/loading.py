@@ -166,7 +166,9 @@ def _resolve(name: str) -> tuple[str, Path | str]:
         raise ModelNotFoundError(missing_path_message(name, writers, SMOLLM2_135M_INSTRUCT))
     if name.startswith((".", "/", "~")) or path.exists():
         raise ModelNotFoundError(f"{name!r} looks like a local path but is not a model directory or a .gguf file")
-    _check_hub()
+    from lit_rlhf import hub
+
+    hub.check_once()  # an offline machine fails at once, not after a minute of retries
     return "hub", name
 
 
@@ -197,14 +199,6 @@ def _hub_error(name: str, err: Exception) -> ModelNotFoundError:
         f"could not load {name!r}. Tried: {tried}, then the Hugging Face hub (failed: {type(err).__name__}: "
         f"{err}). On an offline machine pass a local directory, a .gguf file, or a builtin name."
     )
-
-
-def _check_hub() -> None:
-    """Before the first hub lookup: decide whether the hub is reachable (`lit_rlhf.hub`), so an
-    offline machine fails at once instead of after a minute of retries."""
-    from lit_rlhf import hub
-
-    hub.check_once()
 
 
 def ensure_pad_token(tokenizer):
