@@ -1,23 +1,12 @@
-"""The LightningCLI behind `main.py`: any module x any DataModule from YAML configs.
+"""The LightningCLI behind `main.py`: any module x any DataModule from YAML configs
+(`docs/getting-started.md`).
 
-    python main.py fit --config configs/tldr/sft.yaml
-    python main.py fit --config configs/tldr/dpo.yaml --config configs/strategy/ddp.yaml
-    python main.py fit --config configs/tldr/sft.yaml --ckpt_path last      # resume (lit_rlhf.resume)
-    python main.py fit --config configs/tldr/sft.yaml --print_config        # resolved config
-    python main.py fit --model.help DPOModule                              # a module's arguments
-
-The DataModule's `tokenizer` is linked to the built module's (`tokenizer_name`: its tokenizer, or
-its model when it sets none), so a config names the model once, and a subclass whose constructor
-fixes or leaves out `model` and `tokenizer` keeps the link.
-
-`run` (what `main.py` calls) adds what a person at a terminal needs: a quiet console
-(`lit_rlhf.console`; `--verbose` or LIT_RLHF_VERBOSE=1 shows everything), and the project's own
-errors (a missing model, an unreadable dataset, a failed start-up check, a misspelled option:
-`lit_rlhf.cli_errors`) printed as one message with exit code 2 instead of a traceback.
-
-Every fit gets a `PreemptionCheckpoint` (`default_callbacks`). The console's callbacks (the
-compact progress bar, the dead-run warnings) live in the top-level `callbacks` package, which
-this package never imports: `main.py` passes them in (`main(..., default_callbacks=...)`).
+The DataModule's `tokenizer` is linked to the built module's (`tokenizer_name`), so a config names
+the model once. `run` (what `main.py` calls) adds a quiet console (`lit_rlhf.console`;
+`--verbose` shows everything) and prints the project's own errors (`lit_rlhf.cli_errors`) as one
+line with exit code 2. Every fit gets a `PreemptionCheckpoint` (`default_callbacks`); the
+console's callbacks live in the top-level `callbacks` package, which this package never imports:
+`main.py` passes them in (`main(..., default_callbacks=...)`).
 """
 
 from __future__ import annotations
@@ -181,8 +170,14 @@ def run(args: list[str] | None = None, default_callbacks: DefaultCallbacks | Non
     verbose = console.verbose_requested()
     console.configure(verbose)
     hub.prepare_environment()  # idempotent: main.py already called it before Lightning's import
+    report_errors(lambda: main(args, default_callbacks=default_callbacks), verbose)
+
+
+def report_errors(call: Callable[[], Any], verbose: bool) -> None:
+    """Run `call`; a project error (`project_error`) ends the process with `error: <message>` on
+    stderr and exit code 2, any other exception (every one when `verbose`) propagates."""
     try:
-        main(args, default_callbacks=default_callbacks)
+        call()
     except Exception as err:
         found = project_error(err)
         if found is None or verbose:

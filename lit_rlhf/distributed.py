@@ -1,20 +1,11 @@
 """Global statistics across data-parallel ranks, in plain `torch.distributed`.
 
-With data parallelism (DDP, DeepSpeed ZeRO, FSDP) each rank holds a slice of the global batch.
-Statistics the methods define over the batch must then be computed over ALL ranks' rows, or
-the update depends on how the batch was split (and differs from one process with the same
-global batch):
-
-- PPO's advantage whitening (D25) and reward whitening (D24): `global_masked_whiten`;
-- GRPO's `scale: batch` std, the batch-mean baselines: `gather_rows` then the pure function on
-  the global tensor, keeping this rank's slice;
-- sums over the batch: `all_reduce_sum`.
-
-Every helper is a no-op (it returns its input's value, unchanged semantics) when
-`torch.distributed` is not initialised or the world has one process, so the same code runs in
-a single process and in tests. They are collectives: EVERY rank must call them, in the same
-order, with tensors of the same dtype and number of dimensions. None is differentiable: they
-are for statistics computed without gradient (advantages, baselines, metrics).
+Statistics a method defines over the batch must cover every rank's rows, or the update depends
+on how the batch was split: PPO's advantage and reward whitening (D25, D24:
+`global_masked_whiten`), GRPO's `scale: batch` std and batch-mean baselines (`gather_rows`, then
+the pure function), sums such as KTO's counts (`all_reduce_sum`). Every helper returns its input's
+value when `torch.distributed` is not initialised or has one process. They are collectives (every
+rank calls them in the same order) and not differentiable.
 """
 
 from __future__ import annotations

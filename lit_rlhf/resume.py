@@ -112,11 +112,6 @@ def exact_resume_warnings(datamodule: Any) -> Iterator[None]:
         yield
 
 
-# ----------------------------------------------------------------------------------------------
-# signals and exit codes
-# ----------------------------------------------------------------------------------------------
-
-
 def _exit_at_once(signum, frame) -> None:
     raise Preempted(f"{signal.Signals(signum).name} during start-up: nothing trained yet, exiting with code "
                     f"{PREEMPTED_EXIT_CODE}")
@@ -168,11 +163,6 @@ def preempted_exit(trainer: Any, exception: BaseException) -> Preempted | None:
                      f"{PREEMPTED_EXIT_CODE}")
 
 
-# ----------------------------------------------------------------------------------------------
-# loop state of a checkpoint written after an epoch that was cut short
-# ----------------------------------------------------------------------------------------------
-
-
 def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[int, int] | None) -> bool:
     """Rewrite the loop counters of a checkpoint saved after an epoch that a stop cut short (a
     budget such as `total_episodes` or `max_steps` reached mid-epoch, EarlyStopping), at its
@@ -205,11 +195,6 @@ def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[
         counters["completed"] -= completed
     checkpoint["epoch"] -= completed
     return True
-
-
-# ----------------------------------------------------------------------------------------------
-# loop state of a run resumed from a checkpoint written in an epoch's last batch
-# ----------------------------------------------------------------------------------------------
 
 
 def start_next_epoch_afresh(trainer: Any) -> bool:

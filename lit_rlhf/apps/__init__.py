@@ -15,18 +15,11 @@ def run(main: Callable[[], Any]) -> None:
     missing model, ...) as one line `error: <message>` on stderr with exit code 2 instead of a
     traceback; `--verbose` (or LIT_RLHF_VERBOSE=1) shows the traceback."""
     from lit_rlhf import console
-    from lit_rlhf.cli import error_message, project_error
+    from lit_rlhf.cli import report_errors
 
     verbose = console.verbose_requested(sys.argv[1:])
     sys.argv[1:] = [a for a in sys.argv[1:] if a != console.VERBOSE_FLAG]
-    try:
-        main()
-    except Exception as err:
-        found = project_error(err)
-        if found is None or verbose:
-            raise
-        print(f"{error_message(found)}\n(run with --verbose for the traceback)", file=sys.stderr)
-        raise SystemExit(2) from None
+    report_errors(main, verbose)
 
 
 def run_record(started: datetime.datetime, argv: list[str] | None) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def reward_scores(reward_model: torch.nn.Module, pad_token_id: int, prompt_ids: 
     token (D12) of rows laid out as the online modules score rollouts: the prompt left padded, the
     completion after it (D5, D14). The completions of one prompt are scored together, each prompt
     computed once (`lit_rlhf.models.shared_prompt`; the same scores)."""
-    from lit_rlhf.data.collate import pad_left
+    from lit_rlhf.data.collate import pad_left, pad_right
     from lit_rlhf.rewards.sources import reward_model_scores
 
     k = len(completion_ids)
@@ -70,12 +70,7 @@ def reward_scores(reward_model: torch.nn.Module, pad_token_id: int, prompt_ids: 
         prompts = [list(p) for p in prompt_ids[start : start + per_batch] for _ in range(k)]
         completions = [list(c[i]) for i in range(start, min(start + per_batch, len(prompt_ids))) for c in completion_ids]
         p_ids, p_mask = pad_left(prompts, pad_token_id)
-        width = max(len(c) for c in completions)
-        c_ids = torch.full((len(completions), width), pad_token_id, dtype=torch.long)
-        c_mask = torch.zeros((len(completions), width), dtype=torch.bool)
-        for i, c in enumerate(completions):
-            c_ids[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
-            c_mask[i, : len(c)] = True
+        c_ids, c_mask = pad_right(completions, pad_token_id)
         groups = torch.arange(len(prompts)) // k if k > 1 else None
         scores = reward_model_scores(reward_model, torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1),
                                      groups=groups, prompt_width=p_ids.shape[1]).tolist()

@@ -27,11 +27,6 @@ REWARD = "reward"
 _SPEC_KEYS = {"r", "alpha", "dropout", "target_modules", "modules_to_save"}
 
 
-# --------------------------------------------------------------------------------------------
-# configuration
-# --------------------------------------------------------------------------------------------
-
-
 def lora_config(spec: Any):
     """A `peft.LoraConfig` from `spec`, or None when `spec` is None (no LoRA).
 
@@ -74,11 +69,6 @@ def lora_config(spec: Any):
         modules_to_save=spec.get("modules_to_save"),
         bias="none",
     )
-
-
-# --------------------------------------------------------------------------------------------
-# building: one base, named adapters
-# --------------------------------------------------------------------------------------------
 
 
 def add_lora(model: nn.Module, config, adapter: str = POLICY):
@@ -255,11 +245,6 @@ def activated(model: Any) -> Iterator[nn.Module]:
             yield inner
     else:
         yield model
-
-
-# --------------------------------------------------------------------------------------------
-# saving and loading adapters (PEFT format), merging
-# --------------------------------------------------------------------------------------------
 
 
 def is_adapter_dir(path: str | Path) -> bool:

