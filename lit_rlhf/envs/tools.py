@@ -38,27 +38,13 @@ def _json_type(annotation: Any) -> str:
 
 
 def _docstring_parts(fn: Callable) -> tuple[str, dict[str, str]]:
-    """(summary, {parameter: description}) from a Google-style docstring: the first paragraph,
-    and the entries of its `Args:` section (continuation lines indented deeper)."""
+    """(summary, {parameter: description}) from a Google-style docstring: its first paragraph and
+    the entries of its `Args:` section."""
+    from docstring_parser import DocstringStyle, parse
+
     doc = inspect.getdoc(fn) or ""
-    summary = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
-    params: dict[str, str] = {}
-    lines = doc.splitlines()
-    stripped = [line.strip() for line in lines]
-    entry_indent, current = None, None
-    for line in lines[stripped.index("Args:") + 1:] if "Args:" in stripped else ():
-        if not line.strip():
-            continue
-        indent = len(line) - len(line.lstrip())
-        if indent == 0:
-            break  # the next section
-        entry = re.match(r"^(\w+)\s*(?:\([^)]*\))?:\s*(.*)$", line.strip())
-        if entry and (entry_indent is None or indent == entry_indent):
-            entry_indent, current = indent, entry.group(1)
-            params[current] = entry.group(2).strip()
-        elif current is not None:
-            params[current] = f"{params[current]} {line.strip()}".strip()
-    return summary, params
+    params = {p.arg_name: " ".join((p.description or "").split()) for p in parse(doc, DocstringStyle.GOOGLE).params}
+    return doc.split("\n\n", 1)[0].replace("\n", " ").strip(), params
 
 
 def tool_name(fn: Callable) -> str:
