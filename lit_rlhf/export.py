@@ -3,15 +3,11 @@
     python -m lit_rlhf.export path/to/last.ckpt path/to/hf_dir
     python -m lit_rlhf.export path/to/last.ckpt/ path/to/hf_dir    # a DeepSpeed or FSDP2 checkpoint directory
 
-The module class is read from the checkpoint (every lit_rlhf module records it), the module is
-rebuilt from its saved init args and weights, and its `export_hf` writes what plain
-`transformers` loads: a policy as `AutoModelForCausalLM`, a reward model as
-`AutoModelForSequenceClassification`.
-
-A DeepSpeed checkpoint (a directory of ZeRO shards) or an FSDP2 one (torch distributed-checkpoint
-shards and Lightning's `meta.pt`) is first consolidated into one checkpoint file, with pure file
-operations (one process, no GPU, no process group). Frozen models (reference, reward model) are
-not in it; they are rebuilt from their names.
+The module is rebuilt from the class, init args and weights the checkpoint records, and its
+`export_hf` writes a policy as `AutoModelForCausalLM`, a reward model as
+`AutoModelForSequenceClassification`. A DeepSpeed (ZeRO shards) or FSDP2 (distributed-checkpoint
+shards and `meta.pt`) checkpoint is first consolidated into one file by pure file operations (one
+process, no GPU). Frozen models (reference, reward model) are rebuilt from their names.
 """
 
 from __future__ import annotations

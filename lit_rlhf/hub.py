@@ -1,15 +1,11 @@
 """Whether the Hugging Face hub can be used, decided once and fast, before anything retries.
 
-Without network, `transformers` and `datasets` retry every hub request with back-off (about a
-minute per model) before they fail. `prepare_environment()` (called by the CLI before anything
-imports `huggingface_hub`) decides up front: an `HF_HUB_OFFLINE` the user set is respected;
-otherwise one TCP connection to the hub's host (or the HTTPS proxy) is tried for `PROBE_TIMEOUT`
-seconds, and when it fails `HF_HUB_OFFLINE=1` is set for this process, so every later hub lookup
-answers from the local cache or fails at once. It also turns telemetry off unless the user set
-it (loading a local or bundled file with `datasets` otherwise sends a download-count request).
-
-`offline_reason()` says why the hub is not used (None when it is): `lit_rlhf.models` puts it in
-the error it raises for a name that is neither builtin, local nor cached.
+Without network, `transformers` and `datasets` retry every hub request for about a minute.
+`prepare_environment()` (called by the CLI before anything imports `huggingface_hub`) respects a
+user's `HF_HUB_OFFLINE`; otherwise it tries one TCP connection to the hub's host (or the HTTPS
+proxy) for `PROBE_TIMEOUT` seconds and on failure sets `HF_HUB_OFFLINE=1`, so later lookups answer
+from the cache or fail at once. It also turns telemetry off unless the user set it.
+`offline_reason()` says why the hub is not used (None when it is), for `lit_rlhf.models`' errors.
 """
 
 from __future__ import annotations

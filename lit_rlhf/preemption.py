@@ -1,16 +1,12 @@
 """Save a checkpoint when the job is told to stop (SIGTERM from a cluster, SIGINT from Ctrl-C).
 
-Every `python main.py fit` gets a `PreemptionCheckpoint` (`lit_rlhf.cli`; off with
-`--preemption_checkpoint false` or `trainer.enable_checkpointing: false`); what it does at each
-moment a signal can land, the exit codes and how to resubmit are in `docs/guides/resume.md`. In
-every case the resumed run (`--ckpt_path last`) is the straight run, bitwise: the signal is only
-recorded, and acted on at an optimizer-step boundary (never inside an accumulation window, never
-in an epoch's end), before the first step (nothing to save), or not at all once the fit loop
-ended on its own (the run winds down, its logs are written, and it exits 0).
-
-Lightning's own SIGTERM handling (which stops at the end of any batch, also inside an
-accumulation window) is replaced while this callback is active; under several processes every
-rank takes the same decision at each step boundary (one all-reduce of a flag per step).
+Every `python main.py fit` gets a `PreemptionCheckpoint` (`lit_rlhf.cli`); what it does when a
+signal lands, the exit codes and resubmission are in `docs/guides/resume.md`. The signal is only
+recorded and acted on at an optimizer-step boundary (never inside an accumulation window or an
+epoch's end), before the first step (nothing to save), or not at all once the fit loop ended on
+its own, so the resumed run is the straight run, bitwise. It replaces Lightning's own SIGTERM
+handling while active; under several processes every rank takes the same decision at each step
+boundary (one all-reduce of a flag per step).
 """
 
 from __future__ import annotations

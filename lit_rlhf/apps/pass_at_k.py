@@ -5,17 +5,13 @@
         --split "test[:60]" --n 8 --k 1 4 8 --temperature 1.0 --max_new_tokens 16 \\
         --output outputs/verifiable_math/pass_at_k.json
 
-The problems are the first `--num_problems` distinct prompts of `--split` of the training
-recipe's `data` section (a `QADataModule`: prompt template, chat or not, as in training), with
-their reference answers. Each policy samples `--n` completions per problem with the recorded
-settings (`--temperature`, `--top_p`, `--top_k`, `--max_new_tokens`, `--seed`; the same seed for
-both policies), each checked by the verifiable reward's checker (`lit_rlhf.evaluation.verifiable`).
-Printed for each k of `--k`, with 95% percentile bootstrap intervals over problems
-(`lit_rlhf.evaluation.pass_at_k`): avg@k, pass@k (Chen et al. 2021, Eq. 1) and maj@k of each
-policy and, with `--after`, the paired difference after - before (its interval, bootstrap
-p-value and verdict). The JSON result (`--output`) holds the settings, the date, the machine and
-its load, the summary and one row per problem (every completion, its verdict and answer group,
-and the problem's metrics) for re-analysis.
+The problems are the first `--num_problems` distinct prompts of `--split` of the recipe's `data`
+section, formatted as in training, with their references. Each policy samples `--n` completions
+per problem (same settings and seed for both), checked by the verifiable reward's checker
+(`lit_rlhf.evaluation.verifiable`). Printed per `--k` with 95% bootstrap intervals over problems
+(`lit_rlhf.evaluation.pass_at_k`), and with `--after` the paired difference and its verdict. The
+JSON result (`--output`) holds the settings, the date, the machine and its load, the summary and
+one row per problem.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """A policy on held-out rows of a multi-turn environment: one greedy episode per row, scored.
 
-`evaluate_episodes` runs the rows through the same episode loop training uses
-(`lit_rlhf.envs.rollout.run_episodes`: the same chat rendering, tool parsing, budgets and stop
-rules), with greedy decoding (our KV-cache sampler, D23), so two policies compared on the same
-rows are compared deterministically and row by row. Each episode is scored as the online modules
-score an episode (`OnlineModule.score_rollout`): every reward function reads the last policy turn
-as the completion, with the row's columns, and the environment's return (its turn rewards) is the
-source `environment`.
-
-One record per row: the conversation as text, the final answer, the number of turns, the tool
-calls made and failed, how the episode stopped, and each reward source's value.
+`evaluate_episodes` runs the rows through training's episode loop (`envs.rollout.run_episodes`)
+with greedy decoding (D23), so two policies are compared deterministically, row by row, and
+scores each episode as the online modules do (`OnlineModule.score_rollout`: every reward function
+reads the last policy turn; the environment's return is the source `environment`). One record per
+row: the conversation, the final answer, the turns, the tool calls made and failed, how the
+episode stopped and each reward source's value.
 """
 
 from __future__ import annotations

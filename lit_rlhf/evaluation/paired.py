@@ -1,25 +1,15 @@
 """Paired comparisons of two policies on the same prompts (pure Python + scipy, no torch).
 
-Every evaluation item i is scored twice, once for each policy (`before[i]`, `after[i]`), so the
-comparison is paired: the prompt-to-prompt spread cancels in the differences d_i = after_i -
-before_i, and intervals are far tighter than two independent means would give.
-
-- `paired_difference`: the mean of d with a Student-t 95% interval,
-  mean(d) +- t_{0.975, n-1} * sd(d) / sqrt(n), and the two-sided paired t-test p-value; for an
-  interval that does not lean on normality, `bootstrap_interval` resamples items (percentile
-  bootstrap, seeded, so a report is reproducible).
-- `paired_win_rate`: how often `after` beats `before` item by item (ties count half, as in
-  `lit_rlhf.judges.stats`), with the Wilson interval, which stays inside [0, 1].
-- `proportion`: a success count with its Wilson interval (accuracies, agreement rates);
-  `clopper_pearson_interval`: the exact (conservative) binomial interval, also inside [0, 1].
-- Over prompts AND training seeds (every seed's policy scored on the same prompts):
-  `bootstrap_mean` / `paired_bootstrap` resample seeds, then prompts (`hierarchical_bootstrap`),
-  so both sources of variance are in the interval (a Student t over a few seeds' means ignores
-  the prompts; one over prompts ignores the seeds); `sign_test` is the exact two-sided sign
-  test on paired differences (with 0/1 scores, McNemar's exact test).
-
-Decision rule used by the reports: a difference is called an improvement when its whole 95%
-interval lies above zero, a regression when it lies below, and "no detectable change" otherwise.
+Every item is scored for both policies, so the prompt-to-prompt spread cancels in d_i = after_i -
+before_i. `paired_difference`: mean(d) with the Student-t 95% interval mean(d) +- t_{0.975, n-1}
+sd(d) / sqrt(n) and the paired t-test p-value (`bootstrap_interval`: a seeded percentile bootstrap
+over items instead). `paired_win_rate`: how often `after` beats `before` (ties half, as
+`lit_rlhf.judges.stats`) with the Wilson interval; `proportion`: a count with its Wilson interval;
+`clopper_pearson_interval`: the exact binomial interval. Over prompts AND training seeds,
+`bootstrap_mean` / `paired_bootstrap` resample seeds, then prompts (`hierarchical_bootstrap`), so
+both sources of variance count; `sign_test` is the exact two-sided sign test (McNemar's exact
+test on 0/1 scores). A difference is an improvement when its whole 95% interval lies above zero,
+a regression when below, else "no detectable change".
 """
 
 from __future__ import annotations
