@@ -1,25 +1,21 @@
 """pass@k, avg@k and maj@k of n sampled answers per problem (pure Python, no torch).
 
-A verifiable task gives every sampled answer a verdict (right or wrong) and, for majority
-voting, an answer: a hashable key equal for equivalent answers, None when no answer could be
-read. With n samples of one problem, c of them right:
+Every sampled answer has a verdict and, for majority voting, an answer key (equal for equivalent
+answers, `lit_rlhf.rewards.math_answer.answer_keys`; None when unreadable). With n samples of one
+problem, c of them right:
 
-- **pass@k**: the probability that at least one of k samples is right, estimated without bias
-  from n >= k samples as in Chen et al. 2021 ("Evaluating Large Language Models Trained on
-  Code", Eq. 1): `1 - C(n - c, k) / C(n, k)`, computed as the product
-  `1 - prod_{i = n - c + 1}^{n} (1 - k / i)` (their numerically stable form); 1 when n - c < k.
-  Drawing only k samples and checking any-correct is the same in expectation, with more variance.
-- **avg@k**: the mean accuracy of k samples. Its expectation does not depend on k, so with
-  n >= k samples its unbiased estimate is c / n (the mean over all n; equal to pass@1).
-- **maj@k**: whether the majority answer of the first k samples is right (self-consistency,
-  Wang et al. 2023). Samples without an answer do not vote; a tie goes to the answer that
-  appeared first; no answer at all counts as wrong; the winning answer's verdict is that of its
-  first sample. Equivalent answers must share one key
-  (`lit_rlhf.rewards.math_answer.answer_keys` groups them with the verifiable reward's checker).
+- **pass@k**: P(at least one of k samples is right), estimated without bias from n >= k samples
+  (Chen et al. 2021, "Evaluating Large Language Models Trained on Code", Eq. 1):
+  `1 - C(n - c, k) / C(n, k)`, computed as `1 - prod_{i = n - c + 1}^{n} (1 - k / i)`; 1 when
+  n - c < k.
+- **avg@k**: the mean accuracy of k samples, estimated by c / n (equal to pass@1).
+- **maj@k**: whether the majority answer of the first k samples is right (self-consistency, Wang
+  et al. 2023): unanswered samples do not vote, a tie goes to the answer seen first, no answer is
+  wrong, and the winner's verdict is that of its first sample.
 
-`per_problem_metrics` gives each metric's per-problem values; `summarise` turns them into means
-with percentile bootstrap intervals over problems (`lit_rlhf.evaluation.paired.bootstrap_mean`),
-and `compare` into paired differences of two policies on the same problems (`paired_bootstrap`).
+`per_problem_metrics` gives the per-problem values, `summarise` their means with percentile
+bootstrap intervals over problems (`paired.bootstrap_mean`), `compare` the paired differences of
+two policies (`paired_bootstrap`).
 """
 
 from __future__ import annotations

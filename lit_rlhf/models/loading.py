@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lit_rlhf.models.adapters import adapter_base_name, is_adapter_dir
 from lit_rlhf.models.recipes import missing_path_message, recipes_writing
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def _resolve(name: str) -> tuple[str, Path | str]:
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file {path} does not exist")
         return "gguf", path
-    if path.is_dir() and (path / "adapter_config.json").is_file():
+    if is_adapter_dir(path):
         return "adapter", path  # a LoRA adapter (PEFT format) on the base its config names
     if path.is_dir():
         return "dir", path
@@ -163,9 +164,7 @@ def _resolve(name: str) -> tuple[str, Path | str]:
 
 def _adapter_base(path: Path) -> str:
     """The base model a PEFT adapter directory names (`base_model_name_or_path`)."""
-    import json
-
-    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base = adapter_base_name(path)
     if not base:
         raise ModelNotFoundError(f"LoRA adapter {path} does not name its base model (base_model_name_or_path)")
     return base
