@@ -1,15 +1,14 @@
 """What a mistake on the command line or in a config prints: one `error:` line, exit code 2.
 
-jsonargparse answers a misspelled option (`--model.init_args.learnig_rate`, `max_epoch:` in a
-YAML) with the whole usage and, for a class's argument, its union-validation dump: some sixty
-lines and no suggestion. `ProjectArgumentParser` (the CLI's parser) raises instead an
-`OptionError` naming the option, where it was given and the closest valid names, or the new place
-of an argument a class has given up (`lit_rlhf.training.moved`):
+Where jsonargparse prints the whole usage (and, for a class's argument, its union-validation
+dump), `ProjectArgumentParser` raises an `OptionError` naming the option, where it was given and
+the closest valid names, or the new place of an argument a class gave up
+(`lit_rlhf.training.moved`):
 
     error: trainer.max_epoch (in sft.yaml, line 14) is not an option of `fit`; did you mean trainer.max_epochs?
 
-`--verbose` (or LIT_RLHF_VERBOSE=1) keeps jsonargparse's own message. A value Lightning's Trainer
-refuses (`--trainer.max_steps -5`) becomes a `TrainerSettingError` the same way.
+`--verbose` keeps jsonargparse's own message. A value the Trainer refuses (`--trainer.max_steps
+-5`) becomes a `TrainerSettingError` the same way.
 """
 
 from __future__ import annotations

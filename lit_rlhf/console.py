@@ -1,16 +1,12 @@
 """A quiet console for the CLI: the progress bar and the project's own lines, nothing else.
 
-`configure(verbose=False)` silences, at their source and by their exact message, the lines that
-carry no information for a run of this project (`LOG_FILTERS`, `WARNING_FILTERS`: Lightning's
-tips and notices, DeepSpeed's "Setting accelerator to CPU", the reward export's note on
-`reward_bias`) and the progress bars of `transformers`, `datasets` and `huggingface_hub`.
-
-Everything else (other warnings, errors, Lightning's "`Trainer.fit` stopped: ..." line) is
-kept, and the project's loggers (`lit_rlhf.*`, `callbacks.*`) print their INFO lines. With
-`verbose=True` (the CLI's `--verbose` flag or `LIT_RLHF_VERBOSE=1`) nothing is filtered.
-
-In both, every log line (the project's and Lightning's) and, at a terminal, every Python warning
-is written on a line of its own above the progress bar (`tqdm.write`), never onto the bar's line.
+`configure(verbose=False)` silences, at their source and by exact message, lines that carry no
+information for a run (`LOG_FILTERS`, `WARNING_FILTERS`: Lightning's tips and notices,
+DeepSpeed's "Setting accelerator to CPU", the reward export's note on `reward_bias`) and the
+progress bars of `transformers`, `datasets` and `huggingface_hub`; everything else is kept, and
+the project's loggers (`lit_rlhf.*`, `callbacks.*`) print their INFO lines. `verbose=True`
+(`--verbose`, `LIT_RLHF_VERBOSE=1`) filters nothing. Either way every log line and, at a
+terminal, every Python warning is written above the progress bar (`tqdm.write`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""An OpenEnv environment (the `openenv-core` package) run in-process as an `Environment`.
+"""An OpenEnv environment (`openenv-core`, optional: `pip install -e .[openenv]`) run in-process.
 
-OpenEnv environments are servers with `reset(seed=...) -> Observation` and `step(Action) ->
-Observation`, where typed (pydantic) actions and observations carry env-specific fields and
-every observation has `reward` and `done`. `OpenEnvEnvironment` calls such a server's methods
-directly (no HTTP): the policy's turn text becomes the action's `action_field`, an observation a
-chat message (its `observation_field`, or its env-specific fields as JSON) with its `reward`
-(None = 0) and `done`; the first prompt is the row's `prompt_column` and the reset observation.
-
-`openenv-core` is an optional dependency (`pip install -e .[openenv]`), imported on use.
+OpenEnv environments are servers with `reset(seed=...)` and `step(Action)` returning typed
+(pydantic) observations with `reward` and `done`. `OpenEnvEnvironment` calls them directly (no
+HTTP): the policy's turn text becomes the action's `action_field`; an observation becomes a chat
+message (its `observation_field`, or its env-specific fields as JSON) with its `reward` (None = 0)
+and `done`; the first prompt is the row's `prompt_column` and the reset observation.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Per-token log-probs of packed rows (`lit_rlhf.types.PackedSFTBatch`): several examples end to
 end in one row, position ids restarting at 0 at each example, no attention mask.
 
-The model gets `position_ids` and `attention_mask=None`; Hugging Face models built on
-`transformers.masking_utils` (Llama, SmolLM2, Qwen2, GPT-NeoX, ...) then detect the examples
-from the position restarts and attend within each example only (a block-diagonal causal mask,
-or per-example lengths for `flash_attention_2/3`). A model running `sdpa_varlen`
-(`lit_rlhf.models.attention`) gets the example boundaries instead. Whether a model keeps the
-examples apart is probed once per model and attention implementation (`packing_supported`); a
-model that does not is refused here, and `SFTModule` unpacks the batch for it.
-
-Both log-prob paths of `lit_rlhf.models.logprobs` apply: the chunked one (last hidden states, the
-output layer a chunk of scored tokens at a time) and the dense logits. A token at position 0
-(an example's first) is never scored: its previous column is another example's.
+Models built on `transformers.masking_utils` (Llama, SmolLM2, Qwen2, GPT-NeoX, ...) detect the
+examples from the position restarts and attend within each one; `sdpa_varlen`
+(`lit_rlhf.models.attention`) gets the boundaries instead. `packing_supported` probes this once
+per model and attention implementation; a model that does not keep examples apart is refused
+here, and `SFTModule` unpacks the batch for it. Both log-prob paths of `lit_rlhf.models.logprobs`
+apply (chunked and dense); a token at position 0 (an example's first) is never scored.
 """
 
 from __future__ import annotations
