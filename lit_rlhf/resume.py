@@ -164,17 +164,11 @@ def preempted_exit(trainer: Any, exception: BaseException) -> Preempted | None:
 
 
 def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[int, int] | None) -> bool:
-    """Rewrite the loop counters of a checkpoint saved after an epoch that a stop cut short (a
-    budget such as `total_episodes` or `max_steps` reached mid-epoch, EarlyStopping), at its
-    `on_train_epoch_end` or `on_train_end` (ModelCheckpoint's final `last.ckpt`), into the
-    counters the same state has right after its last batch (where a periodic checkpoint saves).
-
-    Lightning counts such an epoch as finished, so a run resumed from it with a larger budget would
-    start the next epoch: another data order and epoch number than the straight run, which goes
-    on with the rest of that epoch. `at_last_batch` is the fit loop's (processed, completed) epochs after the last batch
-    (`TrainingModule.on_train_batch_end` records them).
-    Returns whether the checkpoint was changed.
-    """
+    """Rewrite the loop counters of a checkpoint saved after an epoch a stop cut short (a budget
+    reached mid-epoch, EarlyStopping; at `on_train_epoch_end` or `on_train_end`) into those right
+    after its last batch, since Lightning counts that epoch as finished and a resume with a larger
+    budget would start the next epoch. `at_last_batch`: the fit loop's (processed, completed) epochs
+    after the last batch (`TrainingModule.on_train_batch_end`). Returns whether it changed."""
     if at_last_batch is None or trainer.sanity_checking or "loops" not in checkpoint:
         return False
     loop = trainer.fit_loop
@@ -198,16 +192,9 @@ def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[
 
 
 def start_next_epoch_afresh(trainer: Any) -> bool:
-    """Call at `on_train_start`: on a run resumed from a checkpoint written in the `on_train_batch_end`
-    of an epoch's last batch (a periodic or preemption save), start the next epoch as a fresh one.
-    Returns whether the loop's state was changed.
-
-    Lightning counts the saved epoch as processed and completed, but its fit loop keeps the restart
-    stage "mid-epoch" into the next epoch: it skips that epoch's `ready`/`started` counts and its
-    `on_train_epoch_start` hooks. The counters then read ready == started == processed during the
-    new epoch, so a checkpoint written in it records that epoch as finished, and a run resumed from
-    that checkpoint trains the epoch again with the old epoch's data order (a prompt trained twice,
-    another never). Clearing the fit loop's restart stage (`lightning_compat.restart_next_epoch_afresh`)
-    makes the next epoch begin as in the uninterrupted run.
-    """
+    """Call at `on_train_start`: on a run resumed from a checkpoint written in an epoch's last batch,
+    start the next epoch as a fresh one (returns whether the loop's state changed). Lightning keeps
+    the restart stage "mid-epoch" into the next epoch, skipping its `ready`/`started` counts and
+    `on_train_epoch_start` hooks, so a checkpoint written in it would record that epoch as finished
+    and a resume would train it again with the old data order."""
     return lightning_compat.restart_next_epoch_afresh(trainer)

@@ -163,15 +163,10 @@ def drop_group(trajectories: list[Trajectory], index: int, error: Exception, gro
 
 
 def environment_stats(trajectories: list[Trajectory], tools: Iterable[str] = ()) -> dict[str, Tensor]:
-    """What a researcher reads about a batch of episodes (`rollout/...`: per-episode means, the
-    failed episodes and dropped groups, each tool's calls and errors per rollout and their
-    totals; `unparsed` counts malformed calls, `unknown_tool` calls of a tool that does not exist).
-
-    Every tool the environments offer (`Trajectory.tools`, and `tools`) is counted in every
-    rollout, 0 when the policy did not call it, as are `unparsed` and `unknown_tool`: a logger
-    keeps showing a metric's last value until it is logged again, so a tool left out of a
-    rollout would show the previous rollout's counts, and the per-tool figures would not add up
-    to the totals."""
+    """What a researcher reads about a batch of episodes (`rollout/...`: per-episode means, failed
+    episodes, dropped groups, each tool's calls and errors and their totals; `unparsed` counts
+    malformed calls, `unknown_tool` calls of no tool). Every tool offered is logged in every rollout,
+    0 when not called, so a logger never shows a previous rollout's count."""
     n = max(len(trajectories), 1)
     stats = {
         "rollout/turns": sum(len(t.turns) for t in trajectories) / n,

@@ -126,15 +126,10 @@ def _grid(values_by_seed: Sequence[Sequence[float]]) -> np.ndarray:
 
 def hierarchical_bootstrap(values_by_seed: Sequence[Sequence[float]], num_resamples: int = 10000,
                            seed: int = 0) -> np.ndarray:
-    """Bootstrap means of a (seeds, prompts) grid: each resample draws S seeds with replacement,
-    then P prompts with replacement, and averages the S x P drawn cells. Returns (num_resamples,).
-
-    The prompts are crossed with the seeds (every seed's policy is scored on the same prompts),
-    so one draw of prompts serves every drawn seed. Its variance is, exactly,
-    var(a)/S + var(b)/P + mean(e^2)/(S P) with a, b, e the seed, prompt and interaction effects
-    of the grid's two-way decomposition (population variances): both the seed-to-seed and the
-    prompt-to-prompt spread are counted. One seed is the plain item bootstrap. Seeded (numpy
-    PCG64), so a report is reproducible."""
+    """Bootstrap means of a (seeds, prompts) grid -> (num_resamples,): each resample draws S seeds,
+    then P prompts, with replacement (prompts are crossed with seeds), and averages the S x P cells.
+    Its variance is var(a)/S + var(b)/P + mean(e^2)/(S P) (seed, prompt and interaction effects), so
+    both spreads count; one seed is the plain item bootstrap. Seeded (numpy PCG64)."""
     grid = _grid(values_by_seed)
     seeds, prompts = grid.shape
     rng = np.random.default_rng(seed)
