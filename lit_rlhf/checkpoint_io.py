@@ -1,19 +1,15 @@
 """Atomic checkpoint files: a kill during a save never leaves a truncated `last.ckpt`
 (`docs/guides/resume.md`).
 
-Lightning's `TorchCheckpointIO` writes to a `tempfile.mkstemp()` file in `$TMPDIR` and commits
-with `shutil.move`, which copies INTO the destination when `$TMPDIR` is on another filesystem
-(local /tmp, checkpoints on NFS/Lustre): a kill during the copy truncates the previous good
-checkpoint (`tests/test_atomic_checkpoint.py` shows both). `AtomicCheckpointIO` writes a
-temporary file in the destination directory, fsyncs it, `os.replace`s it over the destination
-and fsyncs the directory; the file keeps the umask's mode, and temporaries a killed save left are
-deleted on the target's next save (`remove_stale_temporaries`). Remote URLs go through Lightning's.
-
-Resuming loads with torch's `weights_only=True`, which refuses hyper-parameters holding objects
-(PPO/GRPO `reward_fns` callables): `allow_hparam_globals(module.hparams)` allow-lists exactly the
-classes and functions the run's own config instantiated. Every lit_rlhf module installs it in
-`setup()` over Lightning's default (`install_atomic_checkpoint_io`); a config may name it in
-`trainer.plugins` (`lit_rlhf.checkpoint_io.AtomicCheckpointIO`).
+Lightning's `TorchCheckpointIO` writes to a temporary file in `$TMPDIR` and `shutil.move`s it,
+which copies INTO the destination across filesystems (local /tmp, checkpoints on NFS): a kill
+then truncates the previous checkpoint (`tests/test_atomic_checkpoint.py`). `AtomicCheckpointIO`
+writes a temporary file in the destination directory, fsyncs it, `os.replace`s it and fsyncs the
+directory, keeping the umask's mode; a killed save's temporaries go on the target's next save
+(`remove_stale_temporaries`); remote URLs go through Lightning's. `allow_hparam_globals` lets
+`weights_only=True` loading accept exactly the classes and functions the run's own config
+instantiated (e.g. `reward_fns`). Every lit_rlhf module installs it in `setup()` over Lightning's
+default (`install_atomic_checkpoint_io`), or name it in `trainer.plugins`.
 """
 
 from __future__ import annotations

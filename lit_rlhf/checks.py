@@ -1,15 +1,13 @@
 """Start-up checks: configurations that cannot work fail before the first training step.
 
 `startup_checks(trainer, module)` runs in the module's `setup("fit")` (after the DataModule's
-`setup`, before any step) and raises one `ConfigError` listing every problem, each naming the
-setting at fault and what to change: the DataModule's batch type against the module's
-`batch_types`; the DataModule's tokenizer against the module's (vocabulary, PAD, EOS); prompt +
-completion (or + `max_new_tokens`) past a model's `max_position_embeddings`; frozen models sharing
-tensors with trained ones; reward/value embeddings smaller than the policy's vocabulary; trainable
-bf16/fp16 weights stepped without an fp32 master copy (unless `bf16-true`/`16-true` or DeepSpeed);
-the module's own `check_config(trainer, datamodule)` hook (`docs/ARCHITECTURE.md` section 5; it
-may use `yields` and `split_problem`, and this module never imports `modules/`); and callbacks
-needing a split or validation the DataModule does not configure.
+`setup`) and raises one `ConfigError` listing every problem, each naming the setting at fault:
+the batch type against the module's `batch_types`; the DataModule's tokenizer against the
+module's; prompt + completion (or `max_new_tokens`) past a model's context; frozen models sharing
+tensors with trained ones; reward/value embeddings smaller than the vocabulary; bf16/fp16 weights
+without an fp32 master copy; the module's own `check_config(trainer, datamodule)` hook
+(`docs/ARCHITECTURE.md` section 5; helpers `yields`, `split_problem`; this module never imports
+`modules/`); callbacks needing a split or validation the DataModule lacks.
 """
 
 from __future__ import annotations
@@ -208,14 +206,9 @@ PURE_LOW_PRECISION = ("bf16-true", "16-true")  # Lightning precisions that train
 
 
 def _low_precision_weights(trainer, module, dm) -> list[str]:
-    """Trainable bf16/fp16 weights without an fp32 master copy.
-
-    AdamW stepping bf16 weights directly rounds every update to the weight's 8-bit mantissa: an
-    update smaller than ~1/256 of the weight is lost (3 steps at lr 5e-7 change ~1% of a tiny
-    model's bf16 weights, ~100% in fp32). Lightning's `bf16-mixed` autocasts the compute but
-    steps the weights in the dtype they were loaded in, so it needs float32 weights. DeepSpeed
-    keeps an fp32 master copy itself; `bf16-true` / `16-true` are an explicit choice of pure
-    low-precision training."""
+    """Trainable bf16/fp16 weights without an fp32 master copy: AdamW stepping bf16 weights rounds
+    away updates below ~1/256 of a weight; `bf16-mixed` autocasts compute but steps the weights in
+    their loaded dtype. DeepSpeed keeps its own fp32 copy; `bf16-true` / `16-true` are a choice."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     if isinstance(getattr(trainer, "strategy", None), DeepSpeedStrategy):

@@ -1,12 +1,11 @@
 """Give the heap memory that the C library keeps after `free` back to the operating system.
 
-On CPU, glibc's `malloc` keeps freed blocks, and a training step frees and allocates blocks of
-many sizes, so the resident set holds memory no tensor uses (`benchmarks/RESULTS.md`, "Where
-`other` goes"). `malloc_trim(0)` hands every whole free page of every arena back; its cost is the
-page faults of what the next phase allocates again. `TrainingModule` calls it at a step's phase
-boundaries on CPU with the `release_host_memory` hparam (with `layers`, also before each decoder
-layer: `release_before_layers`). Without `malloc_trim` (not Linux, musl) `release_freed_memory`
-is a no-op returning False; under jemalloc or tcmalloc it trims glibc's small heap only.
+On CPU, glibc's `malloc` keeps freed blocks of a step's many sizes, so the resident set holds
+memory no tensor uses (`benchmarks/RESULTS.md`, "Where `other` goes"). `malloc_trim(0)` returns
+every whole free page, at the cost of page faults when the next phase allocates again;
+`TrainingModule` calls it at a step's phase boundaries on CPU (`release_host_memory`; `layers`:
+also before each decoder layer, `release_before_layers`). Without `malloc_trim` (not Linux, musl)
+`release_freed_memory` returns False; under jemalloc or tcmalloc it trims glibc's heap only.
 """
 
 from __future__ import annotations

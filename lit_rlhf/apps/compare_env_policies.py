@@ -7,14 +7,11 @@ held-out rows (docs/guides/environments.md).
         --after outputs/envs/arithmetic_calculator_grpo/policy \\
         --split test --num_rows 100 --output outputs/envs/arithmetic_calculator_grpo/results.json
 
-The environment, reward functions and episode settings come from the training recipe's
-`model.init_args`, the rows from its `data` section with `--split` as the test split, so the
-episodes are those training ran, on rows it never saw. Each policy plays one greedy episode per
-row, paired row by row. Reported with 95% intervals (`lit_rlhf.evaluation.paired`): each reward
-source's mean before and after, their paired difference and the exact sign test (`rewards`);
-`tool_use` (episodes with a working tool call, failed calls per episode); `win_rate` on the first
-reward function, ties as half. The JSON result (`--output`) holds the settings, the date, the
-machine and its load, the summary and one row per problem.
+The environment, rewards and episode settings come from the recipe's `model.init_args`, the rows
+from its `data` with `--split` as the test split. One greedy episode per row and policy, paired,
+with 95% intervals (`lit_rlhf.evaluation.paired`): each reward source before and after, their
+difference and sign test (`rewards`), `tool_use` and the `win_rate` on the first reward. The JSON
+result (`--output`) holds the settings, date, machine, summary and one row per problem.
 """
 
 from __future__ import annotations

@@ -8,16 +8,13 @@
         --pairs bundled:keyfact_comparisons --pairs_split test \\
         --gold keyfact --output outputs/quickstart/results.json
 
-Each policy completes every prompt greedily (D23: cut after the first EOS). Reported with 95%
-intervals (`lit_rlhf.evaluation.paired`): `reward` (the reward model's score read as the online
-modules read it, D12, or `--missing_eos_score` without EOS) and `ended`; `gold` and
-`gold_win_rate` (`--gold keyfact`: `lit_rlhf.judges.keyfact`); `reward_model`, its accuracy on
-held-out `--pairs` and agreement with the gold; with `--checks`, `answers`: every measure of
-`lit_rlhf.evaluation.golds` for both policies and the trivial `--baselines`, and their paired
-`differences`. `--rescore <result.json ...>` scores saved answers again, no model loaded, pooling
-seeds by a hierarchical bootstrap. Choose settings on `--split validation_sft`; the test posts
-only report. The JSON result (`--output`) holds the settings, the date, the machine and its
-load, the summary and one row per prompt.
+Greedy completions (D23), reported with 95% intervals (`lit_rlhf.evaluation.paired`): `reward`
+(read as the online modules do, D12; `--missing_eos_score` without EOS), `ended`, `gold` and
+`gold_win_rate` (`lit_rlhf.judges.keyfact`), `reward_model` on held-out `--pairs`; with
+`--checks`, `answers` and `differences` over every measure of `lit_rlhf.evaluation.golds` beside
+the trivial `--baselines`. `--rescore <result.json ...>` rescores saved answers, pooling seeds by
+a hierarchical bootstrap. Choose settings on `--split validation_sft`; the test posts only
+report. `--output` gets the settings, date, machine, summary and one row per prompt.
 """
 
 from __future__ import annotations

@@ -6,12 +6,10 @@
         --judge judge.yaml                      # e.g. {class_path: lit_rlhf.judges.ChatAPIJudge, init_args: {...}}
         --output_dir outputs/tldr/reward/agreement
 
-Both judge the same held-out pairs (`--pairs`, read by `--pairs_class`; chosen as completion a,
-rejected as b): the reward model as a `RewardModelJudge` (scored at the EOS, D3/D12), the judge as
-in `lit_rlhf.apps.judge_policy`. Reported (`metrics.json`, printed) with 95% Wilson and exact
-intervals: `agreement` over the pairs where both name a winner (`lit_rlhf.judges.agreement`),
-`reward_model_accuracy` and `judge_accuracy` against the dataset's label. `pairs.jsonl` keeps one
-row per pair (texts, rewards, verdicts, the judge's raw reply).
+Both judge the held-out pairs (chosen as a, rejected as b): the reward model as a
+`RewardModelJudge` (scored at the EOS, D3/D12), the judge as in `judge_policy`. `metrics.json`
+(printed) holds `agreement`, `reward_model_accuracy` and `judge_accuracy` with 95% Wilson and
+exact intervals; `pairs.jsonl` one row per pair (texts, rewards, verdicts, the raw reply).
 """
 
 from __future__ import annotations

@@ -10,10 +10,8 @@
         [--generation_backend vllm --vllm_kwargs '{"max_model_len": 1024}']
 
 `--judge`: a YAML file of `{class_path, init_args}` (optionally under `judge:`), or a class path
-with `--judge_args` as JSON. Writes `metrics.json`, `judgements.jsonl` and
-`win_rate_by_length_ratio.png`, and prints the metrics. `--generation_backend vllm` samples with
-`lit_rlhf.generation.vllm.VLLMEngine` (a model baseline with the policy's weight shapes shares
-the engine). The evaluation itself is `lit_rlhf.evaluation`, shared with the callback.
+with `--judge_args`. Writes `metrics.json`, `judgements.jsonl` and `win_rate_by_length_ratio.png`.
+`--generation_backend vllm` samples with `VLLMEngine` (a same-shaped model baseline shares it).
 """
 
 from __future__ import annotations

@@ -3,13 +3,11 @@
     python -m lit_rlhf.apps.lm_eval_task --policy outputs/verifiable_math/checkpoints/last.ckpt \\
         --data bundled:arithmetic --split test --limit 60 --output_dir outputs/lm_eval
 
-The policy is exported to `<output_dir>/policy` (a `.ckpt` through `lit_rlhf.export`, a model
-name loaded and saved, an exported directory as it is); `lit_rlhf.evaluation.harness.write_task`
-writes `<output_dir>/tasks/` from local files (`--data bundled:<alias>` with `--split`, or
-`--data_files`; nothing from the hub); `lm_eval.simple_evaluate` runs its `hf` model on the export
-(the equivalent `lm_eval` command is printed). The harness's `acc` with its standard error, the
-configuration, the versions and each document's generation and score go to
-`<output_dir>/results.json`.
+The policy is exported to `<output_dir>/policy` (a `.ckpt` through `lit_rlhf.export`, a model name
+saved, an exported directory as is); `evaluation.harness.write_task` writes `<output_dir>/tasks/`
+from local files (`--data bundled:<alias>` and `--split`, or `--data_files`); `lm_eval`'s `hf`
+model runs on the export (the equivalent command is printed). `acc`, its standard error, the
+configuration, versions and each document's generation go to `<output_dir>/results.json`.
 """
 
 from __future__ import annotations

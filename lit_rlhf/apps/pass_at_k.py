@@ -5,13 +5,11 @@
         --split "test[:60]" --n 8 --k 1 4 8 --temperature 1.0 --max_new_tokens 16 \\
         --output outputs/verifiable_math/pass_at_k.json
 
-The problems are the first `--num_problems` distinct prompts of `--split` of the recipe's `data`
-section, formatted as in training, with their references. Each policy samples `--n` completions
-per problem (same settings and seed for both), checked by the verifiable reward's checker
-(`lit_rlhf.evaluation.verifiable`). Printed per `--k` with 95% bootstrap intervals over problems
-(`lit_rlhf.evaluation.pass_at_k`), and with `--after` the paired difference and its verdict. The
-JSON result (`--output`) holds the settings, the date, the machine and its load, the summary and
-one row per problem.
+The problems: the first `--num_problems` distinct prompts of `--split` of the recipe's `data`,
+formatted as in training. Each policy samples `--n` checked completions per problem (same
+settings and seed for both; `lit_rlhf.evaluation.verifiable`); printed per `--k` with 95%
+bootstrap intervals (`lit_rlhf.evaluation.pass_at_k`), with `--after` the paired difference and
+its verdict. `--output` gets the settings, date, machine, summary and one row per problem.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""What the rollout does when an environment raises: stop the run, or drop the episode's group.
-
-An environment that raises in `reset` or `step`, or returns something that is not an observation
-(`envs.base.check_observation`), has a bug (tool failures are observations: `envs.tools`).
-`EnvErrorPolicy`: `stop` (the default) stops the run naming the rollout row and the policy's
-turn; `skip` drops the failing episode's whole group (GRPO/RLOO advantages are relative within a
-group): its rows train on nothing (`Trajectory.dropped`), one warning per rollout, counted in
-`rollout/env_errors` and `rollout/dropped_groups`. Past `max_env_errors` over the run the failure
-stops it with `EnvErrorBudgetExceeded` (the environment, the counts, the last exception chained).
+"""What the rollout does when an environment raises (or returns a non-observation,
+`envs.base.check_observation`): a bug, unlike tool failures, which are observations.
+`EnvErrorPolicy`: `stop` (default) names the rollout row and turn; `skip` drops the episode's
+whole group (advantages are relative within it: `Trajectory.dropped`), warns once per rollout and
+counts `rollout/env_errors` and `rollout/dropped_groups`; past `max_env_errors` over the run,
+`EnvErrorBudgetExceeded` names the environment, the counts and the last exception (chained).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """The multi-turn rollout (`docs/guides/environments.md`): episodes run turn by turn, batched.
 
-`run_episodes` resets each environment with its row and a seed from torch's generator (its first
-observation, or the row's prompt ids, is the prompt), then each turn samples the running episodes
-together from their whole context (left padded), appends the sampled ids as they are, steps the
-environment on the decoded text and appends its observation's ids (`ChatFormat.observation_ids`).
-An episode stops when the environment says `done`, after `max_turns` (`turn_limit`), at
-`max_episode_tokens` after the prompt (`token_budget`), or when a turn reaches `max_new_tokens`
-without EOS (`no_eos`); every stop but `done` marks it truncated. An environment that raises
-stops the run, or with `env_errors` drops its episode's group (`lit_rlhf.envs.errors`). Episodes
-never span a checkpoint: a resumed run replays the same prompts, seeds and tokens, given an
-environment that is a deterministic function of (row, seed, actions).
+`run_episodes` resets each environment with its row and a seed from torch's generator, then each
+turn samples the running episodes together from their whole context (left padded), appends the
+sampled ids as they are, steps the environment on the decoded text and appends its observation's
+ids. An episode stops when the environment says `done`, after `max_turns` (`turn_limit`), at
+`max_episode_tokens` (`token_budget`), or at a turn without EOS (`no_eos`); all but `done` mark it
+truncated. An environment that raises stops the run, or with `env_errors` drops its group. A
+resumed run replays the same prompts, seeds and tokens, given an environment that is a
+deterministic function of (row, seed, actions).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """A tool-calling environment: the policy may call tools over several turns, then answers.
 
-`ToolEnvironment.reset(row)` gives a system message describing the tools (`tool_schema`, the call
-format) after the optional `system_prompt`, then the row's `prompt_column` as the user message.
-Each `step` runs the turn's `<tool_call>` calls in order (`ToolRunner`) and returns one `tool`
-message per call; a turn without a call is the final answer (done); past `max_calls_per_turn`
-the first calls run and an error observation says so. The final answer is scored by the method's
-reward sources; the environment's own reward of a turn is `error_reward` per failed call
-(default 0: no shaping).
+`reset(row)` gives a system message describing the tools (`tool_schema`, the call format) after
+the optional `system_prompt`, then the row's `prompt_column`. Each `step` runs the turn's
+`<tool_call>` calls (`ToolRunner`, at most `max_calls_per_turn`) and returns one `tool` message
+per call; a turn without a call is the final answer, scored by the method's reward sources. The
+environment's own reward is `error_reward` per failed call (default 0: no shaping).
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """The typed multi-turn trajectory, and a batch of them as the tensors of a `Rollout`.
 
-One episode after its first prompt is one flat list of token ids, `prompt | policy turn 1 |
-observation 1 | ... | policy turn k`, the policy's turns as sampled and the observations as
-`lit_rlhf.envs.chat` tokenized them, with `policy_mask` True on the policy's own tokens; `Turn`
-records where each turn's tokens lie, its reward and its tool calls.
-
-`to_tensors` lays a batch out as a `Rollout`: prompts left padded (P), the rest right padded to
-the token budget R; `response_mask` (N, R) True on every real token (each policy token is scored
-in the context it was sampled in); `action_mask` (N, R) True on the policy's tokens only (the loss
-mask); `turn_rewards` (N, R) on each turn's last policy token; `has_eos` (N,) False for a
-truncated episode (D23's "no EOS"); `dropped` (N,) for a group dropped because an environment
-raised (`lit_rlhf.envs.errors`): an all-False `action_mask`, no rewards or sampler log-probs, its
-scores for the caller to set to a finite placeholder.
+An episode after its first prompt is one flat list of ids, `prompt | turn 1 | observation 1 |
+... | turn k`, the turns as sampled, `policy_mask` True on them; `Turn` records where each turn's
+tokens lie, its reward and tool calls. `to_tensors` lays a batch out as a `Rollout`: prompts left
+padded (P), the rest right padded to the budget R; `response_mask` (N, R) on every real token
+(each policy token scored in its sampled context); `action_mask` (N, R) on the policy's tokens
+(the loss mask); `turn_rewards` (N, R) on each turn's last policy token; `has_eos` (N,) False when
+truncated (D23); `dropped` (N,) for a group dropped after an environment raised: it trains on
+nothing, its scores for the caller to set to a finite placeholder.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""A verifiable question/answer task for lm-evaluation-harness (`lm_eval`), defined from local files.
+"""A verifiable question/answer task for lm-evaluation-harness (`lm_eval`), from local files.
 
-`write_task` writes a task directory for `lm_eval --include_path`: `<name>.yaml` (the data read
-with the `json` builder from local files, never the hub; greedy generation until a blank line or
-the next "Question:"; the prompt template of the training recipe) and `utils.py`, whose
-`process_results` scores each generation with the verifiable reward's checker
-(`lit_rlhf.rewards.math_answer.answers_match`: `math-verify`, GSM8K `####`, `\\boxed{}`), so the
-harness's `acc` is the same accuracy `MathAnswerReward` rewards. `python -m
-lit_rlhf.apps.lm_eval_task` exports a policy and runs the harness on such a task.
+`write_task` writes a directory for `lm_eval --include_path`: `<name>.yaml` (local files read with
+the `json` builder, greedy generation until a blank line or "Question:", the recipe's prompt
+template) and `utils.py`, whose `process_results` scores with the verifiable reward's checker
+(`rewards.math_answer.answers_match`), so `acc` is the accuracy `MathAnswerReward` rewards.
 """
 
 from __future__ import annotations

@@ -32,13 +32,9 @@ def judge_safely(judge: PairwiseJudge, prompts: list[str], completions_a: list[s
 
 
 class JudgeEvaluation(NamedTuple):
-    """Everything one evaluation produced.
-
-    stats: win rate of the policy (a) over the baseline (b) with its Wilson interval.
-    metrics: flat floats named `{prefix}/{name}` (see `judge_metrics`).
-    rows: one dict per prompt (prompt, policy, baseline, winner, raw, error, swapped, lengths).
-    buckets: win rate per log(len_policy / len_baseline) bucket.
-    """
+    """Everything one evaluation produced: `stats` (the policy's (a) win rate over the baseline (b),
+    Wilson interval), `metrics` (`{prefix}/{name}` floats, `judge_metrics`), `rows` (one dict per
+    prompt) and `buckets` (win rate per log(len_policy / len_baseline) bucket)."""
 
     stats: WinRateStats
     metrics: dict[str, float]

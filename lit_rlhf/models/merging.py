@@ -1,10 +1,7 @@
-"""A LoRA model's network for one adapter as plain weights, computed out of place.
-
-A sampler (the vLLM engine) holds the policy as a plain Hugging Face model: the base with the
-policy adapter merged. `merged_weights` hands out those tensors one layer at a time without
-touching the trained model (other adapters, the reference = the bare base, stay as they are);
-`adapter_modules` names the modules an adapter changes and `base_is_frozen` says whether only
-those need sending again after the first load.
+"""A LoRA model's network for one adapter as plain weights, computed out of place: what a sampler
+(the vLLM engine) holds. `merged_weights` hands out the base with the policy adapter merged, one
+layer at a time, leaving the trained model as it is; `adapter_modules` names the modules an
+adapter changes, and `base_is_frozen` says whether only those need sending after the first load.
 """
 
 from __future__ import annotations
