@@ -1,32 +1,15 @@
-"""Atomic checkpoint files: a kill during a save never leaves a truncated `last.ckpt`.
+"""Atomic checkpoint files: a kill during a save never leaves a truncated `last.ckpt`
+(`docs/guides/resume.md`).
 
-Lightning's `TorchCheckpointIO` writes through an fsspec transaction: the bytes go to a file
-made by `tempfile.mkstemp()`, i.e. in `$TMPDIR` (usually /tmp), and the commit is
-`shutil.move(temp, path)`. That is an atomic rename only when $TMPDIR and the checkpoint
-directory are on the same filesystem; on a cluster (local /tmp, checkpoints on NFS/Lustre/a
-mounted volume) `shutil.move` falls back to copying INTO the destination path, and a job killed
-during the copy leaves a truncated checkpoint in place of the previous good one
-(`tests/test_atomic_checkpoint.py` shows both).
-
-`AtomicCheckpointIO` writes the checkpoint to a temporary file in the destination directory,
-flushes and fsyncs it, then `os.replace`s it over the destination (atomic on POSIX within one
-filesystem) and fsyncs the directory. Readers see the old file or the new one, never a part.
-The file keeps the umask's mode (as `torch.save` would), and temporaries of the same target left
-behind by a save that was killed are deleted on the next save of that target, never one that a
-live process is still writing (`remove_stale_temporaries`).
-Remote URLs (`s3://...`) go through Lightning's implementation.
-
-Resuming (`--ckpt_path`) loads with torch's `weights_only=True` default, which refuses the
-checkpoint's hyper-parameters when they hold objects (e.g. PPO/GRPO `reward_fns` callables):
-`allow_hparam_globals(module.hparams)` allow-lists exactly the classes and functions the run's own
-config already instantiated, so a run resumes from its own checkpoints without `weights_only=False`.
-
-Every lit_rlhf module installs it in `setup()` when the strategy uses Lightning's default
-`TorchCheckpointIO` (`install_atomic_checkpoint_io`); a config may also name it explicitly:
-
-    trainer:
-      plugins:
-        - lit_rlhf.checkpoint_io.AtomicCheckpointIO
+Lightning's `TorchCheckpointIO` writes to a temporary file in `$TMPDIR` and `shutil.move`s it,
+which copies INTO the destination across filesystems (local /tmp, checkpoints on NFS): a kill
+then truncates the previous checkpoint (`tests/test_atomic_checkpoint.py`). `AtomicCheckpointIO`
+writes a temporary file in the destination directory, fsyncs it, `os.replace`s it and fsyncs the
+directory, keeping the umask's mode; a killed save's temporaries go on the target's next save
+(`remove_stale_temporaries`); remote URLs go through Lightning's. `allow_hparam_globals` lets
+`weights_only=True` loading accept exactly the classes and functions the run's own config
+instantiated (e.g. `reward_fns`). Every lit_rlhf module installs it in `setup()` over Lightning's
+default (`install_atomic_checkpoint_io`), or name it in `trainer.plugins`.
 """
 
 from __future__ import annotations
@@ -47,12 +30,8 @@ log = logging.getLogger(__name__)
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """`torch.save(obj, path)` through a same-directory temporary file and an atomic rename.
-
-    The file gets the mode a plain `torch.save` would give it (0666 less the umask). The
-    temporary file is `.<name>.<host>.<pid>.<random>.tmp`; temporaries of the same target left
-    by a killed save are removed first (`remove_stale_temporaries`).
-    """
+    """`torch.save(obj, path)` through a same-directory temporary file
+    (`.<name>.<host>.<pid>.<random>.tmp`) and an atomic rename (module docstring)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
@@ -65,10 +44,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
 
@@ -144,6 +120,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 _PLAIN = (str, int, float, bool, bytes, type(None), torch.Tensor, torch.dtype, torch.device)
+_CONTAINERS = (dict, list, tuple, set, frozenset)
 
 
 def hparam_globals(value: Any) -> list[Any]:
@@ -153,15 +130,10 @@ def hparam_globals(value: Any) -> list[Any]:
     def visit(v: Any) -> None:
         if isinstance(v, _PLAIN):
             return
-        if isinstance(v, dict):
-            for item in v.values():
+        if isinstance(v, _CONTAINERS):
+            for item in v.values() if isinstance(v, dict) else v:
                 visit(item)
-            if type(v) is not dict:
-                found.append(type(v))
-        elif isinstance(v, (list, tuple, set, frozenset)):
-            for item in v:
-                visit(item)
-            if type(v) not in (list, tuple, set, frozenset):
+            if type(v) not in _CONTAINERS:  # a subclass (an OrderedDict, a NamedTuple) needs its class
                 found.append(type(v))
         elif inspect.isfunction(v) or inspect.isclass(v) or inspect.isbuiltin(v):
             found.append(v)

@@ -1,37 +1,13 @@
 """Start-up checks: configurations that cannot work fail before the first training step.
 
 `startup_checks(trainer, module)` runs in the module's `setup("fit")` (after the DataModule's
-`setup`, so the processed data and its lengths are known, and before any optimizer or training
-step). It collects every problem it finds and raises one `ConfigError` listing all of them, each
-naming the setting at fault and what to change.
-
-Checked:
-- the DataModule's batch type against what the module trains on (`batch_types` of the module
-  class; e.g. a `PromptBatch` given to DPO);
-- the tokenizer the DataModule tokenises with against the module's (same vocabulary, PAD, EOS);
-- prompt + completion (or prompt + `max_new_tokens`) longer than a model's context
-  (`max_position_embeddings`), from the lengths of the processed data;
-- frozen models (reference, reward model) that share parameter tensors with the trained ones;
-- reward / value models whose embeddings are smaller than the policy's vocabulary;
-- trainable weights in bf16/fp16 stepped by a plain optimizer (no fp32 master copy: most small
-  updates round away), unless the trainer's precision says pure low-precision training on
-  purpose (`bf16-true`, `16-true`) or DeepSpeed (which keeps its own fp32 master copy) trains;
-- the module's own settings, through its `check_config(trainer, datamodule)` hook (a list of
-  problems, `docs/ARCHITECTURE.md` section 5), so a new method validates its own: e.g.
-  `optimizer_in_backward` with what needs all gradients of a step at once or several backward
-  passes per step (`TrainingModule.check_config`, `lit_rlhf.training.in_backward.startup_problems`);
-  every online method's update rows that do not split into `num_minibatches` equal minibatches
-  (`OnlineModule.check_config`, from its `update_rows`); the batch content a method needs
-  (DRO-V's rewards, KTO's labels or rewards, the reward model's margins) and a precomputed DPO
-  reference that the run's `export_dir` would overwrite. The hook keeps this module below
-  `modules/`: it never imports it; a module's check may use the helpers here (`yields`);
-- callbacks that need a split the DataModule does not configure (`ModelCheckpoint` /
-  `EarlyStopping` monitoring a `val/` metric, `JudgeEvalCallback(split=...)`,
-  `RewardNormalizationCallback` reading the trainer's DataModule: a callback with
-  `needs_reference_texts = True`), or no validation at all (`limit_val_batches=0`).
-
-(PPO/GRPO without any reward source and a chat DataModule on a tokenizer without a chat template
-fail even earlier, when the module is built and when the DataModule formats its data.)
+`setup`) and raises one `ConfigError` listing every problem, each naming the setting at fault:
+the batch type against the module's `batch_types`; the DataModule's tokenizer against the
+module's; prompt + completion (or `max_new_tokens`) past a model's context; frozen models sharing
+tensors with trained ones; reward/value embeddings smaller than the vocabulary; bf16/fp16 weights
+without an fp32 master copy; the module's own `check_config(trainer, datamodule)` hook
+(`docs/ARCHITECTURE.md` section 5; helpers `yields`, `split_problem`; this module never imports
+`modules/`); callbacks needing a split or validation the DataModule lacks.
 """
 
 from __future__ import annotations
@@ -52,10 +28,8 @@ def startup_checks(trainer: Any, module: Any) -> None:
     """Raise `ConfigError` listing every problem of this (trainer, module, DataModule) combination."""
     problems = collect_problems(trainer, module)
     if problems:
-        name = type(module).__name__
-        raise ConfigError(
-            f"{name}: the configuration cannot work ({len(problems)} problem(s)):\n  - " + "\n  - ".join(problems)
-        )
+        raise ConfigError(f"{type(module).__name__}: the configuration cannot work ({len(problems)} problem(s)):\n  - "
+                          + "\n  - ".join(problems))
 
 
 def collect_problems(trainer: Any, module: Any) -> list[str]:
@@ -72,10 +46,6 @@ def _module_own(trainer, module, dm) -> list[str]:
     hook = getattr(module, "check_config", None)
     return list(hook(trainer, dm)) if callable(hook) else []
 
-
-# --------------------------------------------------------------------------------------------
-# data against module
-# --------------------------------------------------------------------------------------------
 
 _SUGGESTED = {
     "SFTBatch": "TLDRSFTDataModule",
@@ -111,13 +81,9 @@ def _tokenizer_match(trainer, module, dm) -> list[str]:
     dm_tok = getattr(dm, "tokenizer", None) if dm is not None and hasattr(type(dm), "tokenizer") else None
     if tok is None or dm_tok is None or dm_tok is tok:
         return []
-    mismatched = [
-        name for name, a, b in (
-            ("vocabulary", tok.get_vocab(), dm_tok.get_vocab()),
-            ("pad_token_id", tok.pad_token_id, dm_tok.pad_token_id),
-            ("eos_token_id", tok.eos_token_id, dm_tok.eos_token_id),
-        ) if a != b
-    ]
+    mismatched = [name for name, a, b in (("vocabulary", tok.get_vocab(), dm_tok.get_vocab()),
+                                          ("pad_token_id", tok.pad_token_id, dm_tok.pad_token_id),
+                                          ("eos_token_id", tok.eos_token_id, dm_tok.eos_token_id)) if a != b]
     if not mismatched:
         return []
     return [
@@ -129,12 +95,8 @@ def _tokenizer_match(trainer, module, dm) -> list[str]:
 
 def _models(module) -> list[tuple[str, nn.Module]]:
     """(attribute, model) of every model of the module: policy, reference, reward, value."""
-    out = []
-    for name in ("policy", "ref_model", "reward_model", "value_model", "value"):
-        model = getattr(module, name, None)
-        if isinstance(model, nn.Module):
-            out.append((name, model))
-    return out
+    return [(name, getattr(module, name)) for name in ("policy", "ref_model", "reward_model", "value_model", "value")
+            if isinstance(getattr(module, name, None), nn.Module)]
 
 
 def _context(model: nn.Module) -> int | None:
@@ -148,9 +110,7 @@ def _context(model: nn.Module) -> int | None:
 
 def _longest(dm, role: str, column: str) -> int | None:
     stats = (getattr(dm, "length_stats", {}) or {}).get(role, {}).get(column)
-    if stats and stats.get("count"):
-        return int(stats["max"])
-    return None
+    return int(stats["max"]) if stats and stats.get("count") else None
 
 
 def _context_length(trainer, module, dm) -> list[str]:
@@ -182,11 +142,6 @@ def _context_length(trainer, module, dm) -> list[str]:
         if problems:
             break
     return problems
-
-
-# --------------------------------------------------------------------------------------------
-# models
-# --------------------------------------------------------------------------------------------
 
 
 def _trainable_storages(module) -> dict[int, str]:
@@ -251,14 +206,9 @@ PURE_LOW_PRECISION = ("bf16-true", "16-true")  # Lightning precisions that train
 
 
 def _low_precision_weights(trainer, module, dm) -> list[str]:
-    """Trainable bf16/fp16 weights without an fp32 master copy.
-
-    AdamW stepping bf16 weights directly rounds every update to the weight's 8-bit mantissa: an
-    update smaller than ~1/256 of the weight is lost (3 steps at lr 5e-7 change ~1% of a tiny
-    model's bf16 weights, ~100% in fp32). Lightning's `bf16-mixed` autocasts the compute but
-    steps the weights in the dtype they were loaded in, so it needs float32 weights. DeepSpeed
-    keeps an fp32 master copy itself; `bf16-true` / `16-true` are an explicit choice of pure
-    low-precision training."""
+    """Trainable bf16/fp16 weights without an fp32 master copy: AdamW stepping bf16 weights rounds
+    away updates below ~1/256 of a weight; `bf16-mixed` autocasts compute but steps the weights in
+    their loaded dtype. DeepSpeed keeps its own fp32 copy; `bf16-true` / `16-true` are a choice."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     if isinstance(getattr(trainer, "strategy", None), DeepSpeedStrategy):
@@ -285,11 +235,6 @@ def _low_precision_weights(trainer, module, dm) -> list[str]:
     ]
 
 
-# --------------------------------------------------------------------------------------------
-# helpers for the modules' own checks (`check_config`)
-# --------------------------------------------------------------------------------------------
-
-
 def yields(dm, batch_name: str) -> bool:
     """True when the DataModule's train split yields batches of the class named `batch_name`."""
     try:
@@ -307,11 +252,6 @@ def split_problem(rows: int, minibatches: int, what: str) -> list[str]:
     nearest = max(d for d in range(1, rows + 1) if rows % d == 0 and d <= minibatches) if rows else 1
     return [f"{what}, which do not split into num_minibatches={minibatches} equal minibatches: make {rows} "
             f"divisible by num_minibatches (e.g. num_minibatches={nearest})"]
-
-
-# --------------------------------------------------------------------------------------------
-# callbacks
-# --------------------------------------------------------------------------------------------
 
 
 def _callbacks_need_splits(trainer, module, dm) -> list[str]:

@@ -1,26 +1,12 @@
-"""The LightningCLI behind `main.py`: any module x any DataModule from YAML configs.
+"""The LightningCLI behind `main.py`: any module x any DataModule from YAML configs
+(`docs/getting-started.md`).
 
-    python main.py fit --config configs/tldr/sft.yaml
-    python main.py fit --config configs/tldr/dpo.yaml --config configs/strategy/ddp.yaml
-    python main.py fit --config configs/tldr/sft.yaml --ckpt_path last      # resume (lit_rlhf.resume)
-    python main.py fit --config configs/tldr/sft.yaml --print_config        # resolved config
-    python main.py fit --model.help DPOModule                              # a module's arguments
-
-The DataModule's `tokenizer` is linked to the built module's (`tokenizer_name`: its tokenizer, or
-its model when it sets none), so a config names the model once, and a subclass whose constructor
-fixes or leaves out `model` and `tokenizer` keeps the link.
-
-`run` (what `main.py` calls) adds what a person at a terminal needs: a quiet console
-(`lit_rlhf.console`; `--verbose` or LIT_RLHF_VERBOSE=1 shows everything), and the project's own
-errors (a missing model, an unreadable dataset, a failed start-up check, a misspelled option:
-`lit_rlhf.cli_errors`) printed as one message with exit code 2 instead of a traceback.
-
-Every fit gets a `PreemptionCheckpoint` (`lit_rlhf.preemption`: `last.ckpt` written on SIGTERM,
-exit code 75) unless the config lists its own, `--preemption_checkpoint false` (or
-`preemption_checkpoint: false` in the YAML) or `trainer.enable_checkpointing: false` turns it off
-(`default_callbacks`). The console's callbacks (the compact progress bar, the dead-run
-warnings) live in the top-level `callbacks` package, which this package never imports: `main.py`
-passes them in (`main(..., default_callbacks=callbacks.default_callbacks)`).
+The DataModule's `tokenizer` is linked to the built module's (`tokenizer_name`), so a config names
+the model once. `run` (what `main.py` calls) adds a quiet console (`lit_rlhf.console`;
+`--verbose` shows everything) and prints the project's own errors (`lit_rlhf.cli_errors`) as one
+line with exit code 2. Every fit gets a `PreemptionCheckpoint` (`default_callbacks`); the
+console's callbacks live in the top-level `callbacks` package, which this package never imports:
+`main.py` passes them in (`main(..., default_callbacks=...)`).
 """
 
 from __future__ import annotations
@@ -49,8 +35,7 @@ DefaultCallbacks = Callable[[dict[str, Any], list[Callback]], list[Callback]]
 
 
 def tokenizer_of(module: LightningModule) -> Any:
-    """The tokenizer a module was built with (`tokenizer_name`: its `tokenizer`, else its `model`),
-    read from the built module: a subclass that fixes or leaves out those arguments keeps it."""
+    """The tokenizer a module was built with (`tokenizer_name`: its `tokenizer`, else its `model`)."""
     return getattr(module, "tokenizer_name", None)
 
 
@@ -185,8 +170,14 @@ def run(args: list[str] | None = None, default_callbacks: DefaultCallbacks | Non
     verbose = console.verbose_requested()
     console.configure(verbose)
     hub.prepare_environment()  # idempotent: main.py already called it before Lightning's import
+    report_errors(lambda: main(args, default_callbacks=default_callbacks), verbose)
+
+
+def report_errors(call: Callable[[], Any], verbose: bool) -> None:
+    """Run `call`; a project error (`project_error`) ends the process with `error: <message>` on
+    stderr and exit code 2, any other exception (every one when `verbose`) propagates."""
     try:
-        main(args, default_callbacks=default_callbacks)
+        call()
     except Exception as err:
         found = project_error(err)
         if found is None or verbose:
@@ -208,16 +199,7 @@ def main(args: list[str] | None = None, run: bool = True, default_callbacks: Def
     fit = parser_kwargs.setdefault("fit", {})
     fit.setdefault("description", fit_description())
     fit.setdefault("usage", "main.py fit --config CONFIG [--config CONFIG ...] [--OPTION VALUE ...] [--ckpt_path last]")
-    return RLHFCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        auto_configure_optimizers=False,  # every module configures its own optimiser from its init args
-        args=args,
-        run=run,
-        default_callbacks=default_callbacks,
-        parser_kwargs=parser_kwargs,
-        **kwargs,
-    )
+    return RLHFCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                   save_config_kwargs={"overwrite": True},
+                   auto_configure_optimizers=False,  # every module configures its own optimiser from its init args
+                   args=args, run=run, default_callbacks=default_callbacks, parser_kwargs=parser_kwargs, **kwargs)

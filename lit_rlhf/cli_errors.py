@@ -1,20 +1,14 @@
 """What a mistake on the command line or in a config prints: one `error:` line, exit code 2.
 
-jsonargparse answers a misspelled option (`--model.init_args.learnig_rate`, `max_epoch:` in a
-YAML) with the whole usage and, for a class's argument, its union-validation dump: some sixty
-lines and no suggestion. `ProjectArgumentParser` (the CLI's parser, `lit_rlhf.cli`) turns the
-message it is about to print into an `OptionError` naming the option, where it was given (the
-config file and line, or the command line) and the closest valid names:
+Where jsonargparse prints the whole usage (and, for a class's argument, its union-validation
+dump), `ProjectArgumentParser` raises an `OptionError` naming the option, where it was given and
+the closest valid names, or the new place of an argument a class gave up
+(`lit_rlhf.training.moved`):
 
     error: trainer.max_epoch (in sft.yaml, line 14) is not an option of `fit`; did you mean trainer.max_epochs?
 
-An argument a class has given up (listed in its `moved_options`, `lit_rlhf.training.moved`) is
-named with its new place instead: `model.init_args.importance_sampling (command line) moved:
-use GSPOModule`.
-
-The CLI prints it as one line (`lit_rlhf.cli.run`). `--verbose` (or LIT_RLHF_VERBOSE=1) keeps
-jsonargparse's own message. A value Lightning's Trainer refuses (`--trainer.max_steps -5`)
-becomes a `TrainerSettingError` the same way, instead of a traceback.
+`--verbose` keeps jsonargparse's own message. A value the Trainer refuses (`--trainer.max_steps
+-5`) becomes a `TrainerSettingError` the same way.
 """
 
 from __future__ import annotations
@@ -109,10 +103,7 @@ def short_message(parser: Any, message: str) -> tuple[str, str | None]:
 
 
 def unknown_option(key: str, valid: Iterable[str], what: str) -> str:
-    moved = moved_setting(key)
-    if moved is not None:
-        return moved
-    return f"{key} is not {what}; {did_you_mean(key, valid)}"
+    return moved_setting(key) or f"{key} is not {what}; {did_you_mean(key, valid)}"
 
 
 def moved_setting(key: str) -> str | None:
@@ -150,13 +141,8 @@ def did_you_mean(key: str, valid: Iterable[str]) -> str:
 
 def option_keys(parser: Any) -> list[str]:
     """The dotted options a (sub)command parser accepts (`trainer.max_steps`, `model`, ...)."""
-    keys = []
-    for action in getattr(parser, "_actions", []):
-        dest = getattr(action, "dest", None)
-        if not dest or dest in ("help", "config", "print_config") or dest.startswith("__") or dest == "==SUPPRESS==":
-            continue
-        keys.append(dest)
-    return keys
+    return [a.dest for a in getattr(parser, "_actions", []) if getattr(a, "dest", None)
+            and a.dest not in ("help", "config", "print_config", "==SUPPRESS==") and not a.dest.startswith("__")]
 
 
 def moved_option(class_path: str, name: str) -> str | None:
@@ -217,10 +203,5 @@ def where_given(key: str, args: list[str]) -> str | None:
 
 def locate(err: OptionError, args: list[str]) -> OptionError:
     """`err` with where its option was given (config file and line, or the command line)."""
-    if err.key is None:
-        return err
-    where = where_given(err.key, args)
-    if where is None:
-        return err
-    message = str(err).replace(err.key, f"{err.key} ({where})", 1)
-    return OptionError(message, err.key)
+    where = None if err.key is None else where_given(err.key, args)
+    return err if where is None else OptionError(str(err).replace(err.key, f"{err.key} ({where})", 1), err.key)

@@ -1,24 +1,12 @@
 """A quiet console for the CLI: the progress bar and the project's own lines, nothing else.
 
-`configure(verbose=False)` silences, at their source and by their exact message, the lines that
-carry no information for a run of this project:
-
-- Lightning: the LitLogger tip, "GPU/TPU/HPU available", "Seed set to", "Loading
-  `train_dataloader` to estimate ...", "`weights_only` was not set", the LeafSpec deprecation,
-  "Trying to infer the `batch_size`";
-- DeepSpeed: "Setting accelerator to CPU" (printed when Lightning imports its DeepSpeed
-  strategy on a machine without GPU);
-- the progress bars of `transformers` (loading weights, writing shards), `datasets` (building
-  and formatting splits) and `huggingface_hub`;
-- the reward export's note that plain `transformers` returns `reward - reward_bias` (the
-  bias is kept in the config and added back by `lit_rlhf.models.load_reward_model`).
-
-Everything else (other warnings, errors, Lightning's "`Trainer.fit` stopped: ..." line) is
-kept, and the project's loggers (`lit_rlhf.*`, `callbacks.*`) print their INFO lines. With
-`verbose=True` (the CLI's `--verbose` flag or `LIT_RLHF_VERBOSE=1`) nothing is filtered.
-
-In both, every log line (the project's and Lightning's) and, at a terminal, every Python warning
-is written on a line of its own above the progress bar (`tqdm.write`), never onto the bar's line.
+`configure(verbose=False)` silences, at their source and by exact message, lines that carry no
+information for a run (`LOG_FILTERS`, `WARNING_FILTERS`: Lightning's tips and notices,
+DeepSpeed's "Setting accelerator to CPU", the reward export's note on `reward_bias`) and the
+progress bars of `transformers`, `datasets` and `huggingface_hub`; everything else is kept, and
+the project's loggers (`lit_rlhf.*`, `callbacks.*`) print their INFO lines. `verbose=True`
+(`--verbose`, `LIT_RLHF_VERBOSE=1`) filters nothing. Either way every log line and, at a
+terminal, every Python warning is written above the progress bar (`tqdm.write`).
 """
 
 from __future__ import annotations
@@ -66,10 +54,6 @@ def verbose_requested(argv: list[str] | None = None) -> bool:
     return VERBOSE_FLAG in (argv or [])
 
 
-def strip_verbose_flag(argv: list[str]) -> list[str]:
-    return [a for a in argv if a != VERBOSE_FLAG]
-
-
 class DropMessages(logging.Filter):
     """Drops the records of one logger whose message matches one of `patterns`."""
 
@@ -80,14 +64,6 @@ class DropMessages(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not any(p.search(message) for p in self.patterns)
-
-
-def set_environment(verbose: bool) -> None:
-    """Environment the libraries read at import (call before importing them): progress bars off."""
-    if verbose:
-        return
-    for key, value in PROGRESS_BAR_ENV.items():
-        os.environ.setdefault(key, value)
 
 
 class AboveTheBar(logging.StreamHandler):
@@ -135,12 +111,9 @@ def configure(verbose: bool = False) -> None:
             logger.addFilter(DropMessages(patterns))
     for message, category in WARNING_FILTERS:
         warnings.filterwarnings("ignore", message=message, category=category)
-    try:
-        from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass
+    hf_logging.disable_progress_bar()
 
 
 def _project_handler() -> None:
@@ -166,7 +139,7 @@ def prepare_process(argv: list[str]) -> list[str]:
 
     if VERBOSE_FLAG in argv:
         os.environ[VERBOSE_ENV] = "1"
-    argv = strip_verbose_flag(argv)
-    set_environment(verbose_requested())
+    for key, value in () if verbose_requested() else PROGRESS_BAR_ENV.items():
+        os.environ.setdefault(key, value)
     hub.prepare_environment()
-    return argv
+    return [a for a in argv if a != VERBOSE_FLAG]

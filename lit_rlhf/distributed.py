@@ -1,26 +1,14 @@
 """Global statistics across data-parallel ranks, in plain `torch.distributed`.
 
-With data parallelism (DDP, DeepSpeed ZeRO, FSDP) each rank holds a slice of the global batch.
-Statistics the methods define over the batch must then be computed over ALL ranks' rows, or
-the update depends on how the batch was split (and differs from one process with the same
-global batch):
-
-- PPO's advantage whitening (D25) and reward whitening (D24): `global_masked_whiten`;
-- GRPO's `scale: batch` std, the batch-mean baselines: `gather_rows` then the pure function on
-  the global tensor, keeping this rank's slice;
-- KTO's z0 and similar means: `all_reduce_mean` / `gather_rows`;
-- a judge's win rate, text samples: `gather_objects`.
-
-Every helper is a no-op (it returns its input's value, unchanged semantics) when
-`torch.distributed` is not initialised or the world has one process, so the same code runs in
-a single process and in tests. They are collectives: EVERY rank must call them, in the same
-order, with tensors of the same dtype and number of dimensions. None is differentiable: they
-are for statistics computed without gradient (advantages, baselines, metrics).
+Statistics a method defines over the batch must cover every rank's rows, or the update depends
+on how the batch was split: PPO's advantage and reward whitening (D25, D24:
+`global_masked_whiten`), GRPO's `scale: batch` std and batch-mean baselines (`gather_rows`, then
+the pure function), sums such as KTO's counts (`all_reduce_sum`). Every helper returns its input's
+value when `torch.distributed` is not initialised or has one process. They are collectives (every
+rank calls them in the same order) and not differentiable.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,13 +36,6 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     return out
 
 
-def all_reduce_mean(tensor: Tensor) -> Tensor:
-    """Element-wise mean over ranks of a float tensor (each rank weighs the same)."""
-    if not tensor.is_floating_point():
-        raise TypeError(f"all_reduce_mean needs a float tensor, got {tensor.dtype}")
-    return all_reduce_sum(tensor) / world_size()
-
-
 def gather_rows(tensor: Tensor) -> tuple[Tensor, slice]:
     """Concatenate every rank's rows (dim 0, sizes may differ) in rank order.
 
@@ -76,20 +57,6 @@ def gather_rows(tensor: Tensor) -> tuple[Tensor, slice]:
     dist.all_gather(parts, padded)
     start = sum(counts[: rank()])
     return torch.cat([part[:n] for part, n in zip(parts, counts)]), slice(start, start + counts[rank()])
-
-
-def gather_objects(items: list[Any]) -> list[Any]:
-    """Every rank's list of picklable items, concatenated in rank order, on every rank."""
-    if not is_distributed():
-        return list(items)
-    gathered: list[list[Any] | None] = [None] * world_size()
-    dist.all_gather_object(gathered, list(items))
-    return [item for part in gathered for item in (part or [])]
-
-
-# --------------------------------------------------------------------------------------------
-# masked moments over all ranks (the global counterparts of lit_rlhf.ops.masked_*)
-# --------------------------------------------------------------------------------------------
 
 
 def global_masked_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -3,23 +3,11 @@
     python -m lit_rlhf.export path/to/last.ckpt path/to/hf_dir
     python -m lit_rlhf.export path/to/last.ckpt/ path/to/hf_dir    # a DeepSpeed or FSDP2 checkpoint directory
 
-The module class is read from the checkpoint (every lit_rlhf module records it), the module is
-rebuilt from its saved init args and weights, and its `export_hf` writes what plain
-`transformers` loads: a policy as `AutoModelForCausalLM`, a reward model as
-`AutoModelForSequenceClassification`.
-
-Under DeepSpeed a checkpoint is a directory of ZeRO shards (`<name>.ckpt/latest`,
-`checkpoint/zero_pp_rank_*`); it is consolidated first into one fp32 state dict with
-`lightning.pytorch.utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict` (pure file
-operations: one process, no GPU, no DeepSpeed engine), then exported as a regular checkpoint.
-Frozen models (reference, reward model) are not in it; they are rebuilt from their names.
-
-Under FSDP2 (`ModelParallelStrategy`, `configs/strategy/fsdp2.yaml`) a checkpoint is a directory
-of torch distributed-checkpoint shards (`<name>.ckpt/__<rank>_0.distcp`, `.metadata`) and
-Lightning's `meta.pt` (everything but the weights and optimizer states); it is consolidated into
-one Lightning checkpoint file the same way (`torch.distributed.checkpoint.format_utils.dcp_to_torch_save`:
-one process, no process group), then exported. With `save_distributed_checkpoint: false` the
-strategy writes one consolidated `.ckpt` file already.
+The module is rebuilt from the class, init args and weights the checkpoint records, and its
+`export_hf` writes a policy as `AutoModelForCausalLM`, a reward model as
+`AutoModelForSequenceClassification`. A DeepSpeed (ZeRO shards) or FSDP2 (distributed-checkpoint
+shards and `meta.pt`) checkpoint is first consolidated into one file by pure file operations (one
+process, no GPU). Frozen models (reference, reward model) are rebuilt from their names.
 """
 
 from __future__ import annotations
@@ -103,8 +91,7 @@ def load_module(ckpt_path: str | Path, map_location: str = "cpu"):
 
 
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path) -> Path:
-    module = load_module(ckpt_path)
-    return module.export_hf(out_dir)
+    return load_module(ckpt_path).export_hf(out_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,8 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", help="a Lightning .ckpt file, or a DeepSpeed or FSDP2 checkpoint directory, written by a lit_rlhf module")
     parser.add_argument("out_dir", help="directory to write the Hugging Face model and tokenizer to")
     args = parser.parse_args(argv)
-    out = export_checkpoint(args.checkpoint, args.out_dir)
-    print(f"exported to {out}")
+    print(f"exported to {export_checkpoint(args.checkpoint, args.out_dir)}")
 
 
 if __name__ == "__main__":

@@ -1,22 +1,11 @@
 """Give the heap memory that the C library keeps after `free` back to the operating system.
 
-On CPU, tensors live in the process heap. glibc's `malloc` keeps most freed blocks for later
-allocations instead of returning them, and a training step frees and allocates blocks of many
-sizes (a forward pass's activations, a backward pass's gradients, the chunks of the log-prob
-path), so the freed heap a step leaves behind is not the shape the next phase asks for: the
-resident set holds memory that no tensor uses (`benchmarks/RESULTS.md`, "Where `other` goes").
-
-`malloc_trim(0)` hands every whole free page of every arena back (glibc >= 2.8 also releases
-pages inside the heap, not only its top), so what the process holds is what it uses plus what
-the next phase faults in again. Unlike a fixed `MALLOC_MMAP_THRESHOLD_`, which maps and zeroes
-every large block anew, it runs a few times per step; its cost is those page faults, which grow
-with the working set a step allocates again. `TrainingModule` calls it at the phase boundaries
-of a step on CPU with the `release_host_memory` hparam, and with `layers` also before each
-decoder layer (`release_before_layers`).
-
-Elsewhere (not Linux, a C library without `malloc_trim` such as musl) `release_freed_memory` is
-a no-op that returns False. With jemalloc or tcmalloc preloaded it trims glibc's (then small)
-heap only: those allocators return memory on their own terms.
+On CPU, glibc's `malloc` keeps freed blocks of a step's many sizes, so the resident set holds
+memory no tensor uses (`benchmarks/RESULTS.md`, "Where `other` goes"). `malloc_trim(0)` returns
+every whole free page, at the cost of page faults when the next phase allocates again;
+`TrainingModule` calls it at a step's phase boundaries on CPU (`release_host_memory`; `layers`:
+also before each decoder layer, `release_before_layers`). Without `malloc_trim` (not Linux, musl)
+`release_freed_memory` returns False; under jemalloc or tcmalloc it trims glibc's heap only.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Whether the Hugging Face hub can be used, decided once and fast, before anything retries.
 
-Without network, `transformers` and `datasets` retry every hub request with back-off (about a
-minute per model) before they fail. `prepare_environment()` (called by the CLI before anything
-imports `huggingface_hub`) decides up front:
-
-- `HF_HUB_OFFLINE` set by the user (to anything): respected as is, nothing probed;
-- otherwise one TCP connection to the hub's host (or to the HTTPS proxy when one is set) with a
-  `PROBE_TIMEOUT` second limit; when it fails, `HF_HUB_OFFLINE=1` is set for this process, so
-  every later hub lookup answers from the local cache at once or fails at once.
-
-It also turns telemetry off (`HF_HUB_DISABLE_TELEMETRY=1`, `HF_UPDATE_DOWNLOAD_COUNTS=0`: loading
-a local or bundled file with `datasets` otherwise sends a download-count request), unless the
-user set those variables.
-
-`offline_reason()` says why the hub is not used (None when it is): `lit_rlhf.models` puts it in
-the error it raises for a name that is neither builtin, local nor cached.
+Without network, `transformers` and `datasets` retry every hub request for about a minute.
+`prepare_environment()` (called by the CLI before anything imports `huggingface_hub`) respects a
+user's `HF_HUB_OFFLINE`; otherwise it tries one TCP connection to the hub's host (or the HTTPS
+proxy) for `PROBE_TIMEOUT` seconds and on failure sets `HF_HUB_OFFLINE=1`, so later lookups answer
+from the cache or fail at once. It also turns telemetry off unless the user set it.
+`offline_reason()` says why the hub is not used (None when it is), for `lit_rlhf.models`' errors.
 """
 
 from __future__ import annotations
@@ -25,13 +16,8 @@ from urllib.parse import urlparse
 
 PROBE_TIMEOUT = 1.5  # seconds
 DEFAULT_ENDPOINT = "https://huggingface.co"
-_TRUE = {"1", "on", "yes", "true"}
 _probe_failure: str | None = None  # what the probe saw, when it switched offline mode on
 _checked = False
-
-
-def _is_true(value: str | None) -> bool:
-    return (value or "").strip().lower() in _TRUE
 
 
 def _probe_target() -> tuple[str, int]:
@@ -94,12 +80,6 @@ def offline_reason() -> str | None:
     """Why hub lookups are off in this process, or None when the hub is used."""
     if _probe_failure is not None:
         return f"the Hugging Face hub is unreachable: {_probe_failure}; offline mode was switched on"
-    try:
-        from huggingface_hub import constants
+    from huggingface_hub import constants
 
-        offline = constants.is_offline_mode()
-    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
-        offline = _is_true(os.environ.get("HF_HUB_OFFLINE"))
-    if offline:
-        return "offline mode is set (HF_HUB_OFFLINE=1)"
-    return None
+    return "offline mode is set (HF_HUB_OFFLINE=1)" if constants.is_offline_mode() else None

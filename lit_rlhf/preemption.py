@@ -1,45 +1,12 @@
 """Save a checkpoint when the job is told to stop (SIGTERM from a cluster, SIGINT from Ctrl-C).
 
-Every run of `python main.py fit` gets a `PreemptionCheckpoint` (`lit_rlhf.cli`), as it gets the
-progress bar: a cluster sends SIGTERM without warning, and `--ckpt_path last` then resumes from
-the checkpoint it wrote. A config that lists its own (e.g. with another `dirpath`) replaces the
-default one; `--preemption_checkpoint false` (or `preemption_checkpoint: false` at the top of the
-YAML) turns it off, and so does `trainer.enable_checkpointing: false`. In a Python script, add it
-to the Trainer's callbacks yourself (`callbacks.PreemptionCheckpoint` is the same class):
-
-    trainer:
-      callbacks:
-        - class_path: lightning.pytorch.callbacks.ModelCheckpoint
-          init_args: {save_last: true}
-        - class_path: callbacks.PreemptionCheckpoint
-
-What happens depends on when the signal lands; in every case the resumed run
-(`--ckpt_path last`) is the straight run, bitwise:
-
-- during training (a step, validation inside training, an epoch's end, a checkpoint save): the
-  signal is only recorded. At the end of the next optimizer step (with
-  `accumulate_grad_batches > 1`, the end of the accumulation window, never in its middle) the
-  run writes `last.ckpt` (atomically, next to the ModelCheckpoint's files, or under `dirpath`)
-  and exits with code 75 (`lit_rlhf.stopping.PREEMPTED_EXIT_CODE`; 130 after Ctrl-C; in
-  process, `trainer.fit` raises Lightning's `SIGTERMException` once the step is logged and
-  `python main.py` turns it into the exit code). This is
-  the state a periodic `ModelCheckpoint(every_n_train_steps=...)` saves, the one resume is
-  tested from. A signal after the last step of an epoch is acted on after the next epoch's
-  first step, so the checkpoint never holds a half-finished epoch end.
-- before training starts (set-up, `on_fit_start`, DPO's precomputed reference, the sanity
-  check), or before the first step of a resumed run: nothing was trained, so nothing is saved;
-  the run exits with code 75 at once (one process) or at the next hook where all ranks agree
-  (several), and the rerun starts where the last checkpoint (if any) left off.
-- after the end of the run's last optimizer step: the run finishes normally (exit 0). Once the
-  fit loop has ended on its own (`on_train_end`), the run is complete: a SIGTERM is logged and
-  ignored while the fit winds down (the `run stopped:` line, export, stopping a vLLM server, the
-  loggers' final flush), so the logs are written. Under `python main.py` (`hold_until_exit`,
-  set by the CLI) the handler stays until the process exits, which it does with code 0; in a
-  script, a SIGTERM after `trainer.fit` returned goes to the handler from before the fit.
-
-Lightning's own SIGTERM handling (which stops at the end of any batch, also inside an
-accumulation window) is replaced while this callback is active; under several processes every
-rank takes the same decision at each step boundary (one all-reduce of a flag per step).
+Every `python main.py fit` gets a `PreemptionCheckpoint` (`lit_rlhf.cli`); what it does when a
+signal lands, the exit codes and resubmission are in `docs/guides/resume.md`. The signal is only
+recorded and acted on at an optimizer-step boundary (never inside an accumulation window or an
+epoch's end), before the first step (nothing to save), or not at all once the fit loop ended on
+its own, so the resumed run is the straight run, bitwise. It replaces Lightning's own SIGTERM
+handling while active; under several processes every rank takes the same decision at each step
+boundary (one all-reduce of a flag per step).
 """
 
 from __future__ import annotations
@@ -91,10 +58,6 @@ class PreemptionCheckpoint(Callback):
         self.finished = False  # the fit loop ended on its own: a signal no longer stops anything
         self.hold_until_exit = False
         self.trainer_ref: Callable[[], Trainer | None] = lambda: None
-
-    # ------------------------------------------------------------------------------------------
-    # signal handlers: record the signal, act at the next safe point
-    # ------------------------------------------------------------------------------------------
 
     def _install(self, trainer: Trainer) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -152,9 +115,7 @@ class PreemptionCheckpoint(Callback):
         if not self._started and self._single_process:
             # nothing trained yet and no other rank to agree with: stop now, not after a long set-up
             # step such as DPO's reference precompute
-            raise Preempted(f"{signal.Signals(signum).name} before the first optimizer step of this run: nothing new to "
-                            f"save, exiting with code {self.exit_code}; rerun the same command (with --ckpt_path last)",
-                            self.exit_code)
+            raise self._before_first_step()
         log.warning("%s received: a checkpoint is written at the end of the current optimizer step, then the run "
                     "exits with code %d%s", signal.Signals(signum).name, self.exit_code,
                     " (Ctrl-C again to abort)" if signum == signal.SIGINT else "")
@@ -164,9 +125,6 @@ class PreemptionCheckpoint(Callback):
         """The process exit status of a run this callback stopped: 75 (SIGTERM) or 130 (SIGINT)."""
         return INTERRUPTED_EXIT_CODE if self.received == signal.SIGINT else PREEMPTED_EXIT_CODE
 
-    # ------------------------------------------------------------------------------------------
-    # hooks
-    # ------------------------------------------------------------------------------------------
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
@@ -226,8 +184,6 @@ class PreemptionCheckpoint(Callback):
         # after this batch is skipped (it changes nothing a checkpoint holds)
         lightning_compat.stop_after_this_batch(trainer)
 
-    # ------------------------------------------------------------------------------------------
-
     def _signalled(self, trainer: Trainer) -> bool:
         """Whether any rank received a signal (every rank calls this at the same points)."""
         flag = self.received is not None
@@ -241,9 +197,12 @@ class PreemptionCheckpoint(Callback):
 
     def _exit_if_signalled(self, trainer: Trainer) -> None:
         if self._signalled(trainer):
-            name = signal.Signals(self.received).name
-            raise Preempted(f"{name} before the first optimizer step of this run: nothing new to save, exiting with "
-                            f"code {self.exit_code}; rerun the same command (with --ckpt_path last)", self.exit_code)
+            raise self._before_first_step()
+
+    def _before_first_step(self) -> Preempted:
+        return Preempted(f"{signal.Signals(self.received).name} before the first optimizer step of this run: nothing "
+                         f"new to save, exiting with code {self.exit_code}; rerun the same command (with --ckpt_path "
+                         "last)", self.exit_code)
 
     def message(self, trainer: Trainer) -> str:
         """The line the run ends with after a preemption save."""
@@ -264,9 +223,8 @@ class PreemptionCheckpoint(Callback):
         path = self.checkpoint_path(trainer)
         # a ModelCheckpoint whose `last` file this is records it, so after the resume it keeps
         # writing that one file (not `last-v1.ckpt`)
-        for callback in trainer.checkpoint_callbacks:
-            if isinstance(callback, ModelCheckpoint) and callback.save_last and callback.dirpath \
-                    and Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}" == path:
+        for callback, last in _last_keepers(trainer):
+            if Path(last) == path:
                 callback.last_model_path = str(path)
         trainer.save_checkpoint(path)  # written through a temporary file in the same directory: atomic
         self.saved_path = path
@@ -276,14 +234,15 @@ class PreemptionCheckpoint(Callback):
         """On a resumed run, a ModelCheckpoint that finds its `last.ckpt` already there (written by
         this callback or by a run it did not record) overwrites it instead of adding `last-v1.ckpt`,
         so `last.ckpt` is always the newest."""
-        if not trainer.ckpt_path:
-            return
-        for callback in trainer.checkpoint_callbacks:
-            if isinstance(callback, ModelCheckpoint) and callback.save_last and callback.dirpath \
-                    and not callback.last_model_path:
-                last = os.path.join(callback.dirpath, f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
-                if os.path.exists(last):
-                    callback.last_model_path = last
+        for callback, last in _last_keepers(trainer) if trainer.ckpt_path else ():
+            if not callback.last_model_path and os.path.exists(last):
+                callback.last_model_path = last
+
+
+def _last_keepers(trainer: Trainer) -> list[tuple[ModelCheckpoint, str]]:
+    """(callback, its `last.ckpt` path) of every ModelCheckpoint that keeps one."""
+    return [(c, os.path.join(c.dirpath, f"{c.CHECKPOINT_NAME_LAST}{c.FILE_EXTENSION}"))
+            for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.save_last and c.dirpath]
 
 
 def holds_after_fit(handler: Any) -> bool:

@@ -1,31 +1,9 @@
-"""`python main.py fit ... --ckpt_path last`: the same run directory on every resubmission, a loud
-error when there is nothing to resume, and the exit code of a preempted run.
-
-- **Run directory.** A logger without a fixed `version` (the shipped recipes' TensorBoardLogger)
-  would give every resubmission a new `version_N` folder, and the ModelCheckpoint that lives in
-  it would find no `last.ckpt`. With `--ckpt_path last` the run reuses the newest existing
-  `version_N` of the logger's `save_dir/name` instead (`pin_run_directory`); a fixed
-  `version` (`--trainer.logger.init_args.version my_run`) or a ModelCheckpoint `dirpath` is
-  used as it is. Without `--ckpt_path last` a fresh run gets a new version, as before.
-- **Nothing to resume.** `--ckpt_path last` with no `last*.ckpt` in the run's checkpoint
-  directories is an error (`NothingToResume`: `error: ...`, exit code 2), unless
-  `--fresh_if_no_checkpoint true` asks to start a new run then (the first submission of a job
-  that is resubmitted with the same command).
-- **Exit codes.** A run that `lit_rlhf.preemption.PreemptionCheckpoint` stopped (every CLI run
-  has one unless `--preemption_checkpoint false`) exits with 75 (`EX_TEMPFAIL`, after SIGTERM) or
-  130 (after Ctrl-C), after one line saying what was saved (`lit_rlhf.stopping`); a SIGTERM after
-  a complete run's last step, up to the process's exit, is logged and the run exits with 0. A SIGTERM that
-  arrives before the trainer is set up (config parsing, model loading) exits with 75 at once:
-  nothing was trained.
-- **A checkpoint written at the end of an epoch's last batch.** The resumed run starts the next
-  epoch as the uninterrupted run does (`start_next_epoch_afresh`), so a checkpoint written in
-  that epoch records where it is.
-- **Lightning's "dataloader is not resumable" warning.** Lightning warns on every resume inside
-  an epoch unless the DataLoader itself has `state_dict`/`load_state_dict`. The DataModules of
-  `lit_rlhf.data` resume exactly all the same: their `ResumableSampler` skips the batches the
-  restored loop counters say were trained. For them (with `num_workers: 0`, where the sampler
-  always reads the counters after the restore) the CLI drops that warning
-  (`exact_resume_warnings`); any other DataLoader keeps it.
+"""`python main.py fit ... --ckpt_path last` (`docs/guides/resume.md`): the run directory pinned to
+the logger's newest `version_N` (`pin_run_directory`), `NothingToResume` unless
+`--fresh_if_no_checkpoint true`, the exit codes of a stopped run (75 after SIGTERM, 130 after
+Ctrl-C), the next epoch started afresh after an epoch's last batch (`start_next_epoch_afresh`) and
+Lightning's "dataloader is not resumable" warning dropped for the project's resumable samplers
+(`exact_resume_warnings`).
 """
 
 from __future__ import annotations
@@ -134,11 +112,6 @@ def exact_resume_warnings(datamodule: Any) -> Iterator[None]:
         yield
 
 
-# ----------------------------------------------------------------------------------------------
-# signals and exit codes
-# ----------------------------------------------------------------------------------------------
-
-
 def _exit_at_once(signum, frame) -> None:
     raise Preempted(f"{signal.Signals(signum).name} during start-up: nothing trained yet, exiting with code "
                     f"{PREEMPTED_EXIT_CODE}")
@@ -190,23 +163,12 @@ def preempted_exit(trainer: Any, exception: BaseException) -> Preempted | None:
                      f"{PREEMPTED_EXIT_CODE}")
 
 
-# ----------------------------------------------------------------------------------------------
-# loop state of a checkpoint written after an epoch that was cut short
-# ----------------------------------------------------------------------------------------------
-
-
 def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[int, int] | None) -> bool:
-    """Rewrite the loop counters of a checkpoint saved after an epoch that a stop cut short (a
-    budget such as `total_episodes` or `max_steps` reached mid-epoch, EarlyStopping), at its
-    `on_train_epoch_end` or `on_train_end` (ModelCheckpoint's final `last.ckpt`), into the
-    counters the same state has right after its last batch (where a periodic checkpoint saves).
-
-    Lightning counts such an epoch as finished, so a run resumed from it with a larger budget would
-    start the next epoch: another data order and epoch number than the straight run, which goes
-    on with the rest of that epoch. `at_last_batch` is the fit loop's (processed, completed) epochs after the last batch
-    (`TrainingModule.on_train_batch_end` records them).
-    Returns whether the checkpoint was changed.
-    """
+    """Rewrite the loop counters of a checkpoint saved after an epoch a stop cut short (a budget
+    reached mid-epoch, EarlyStopping; at `on_train_epoch_end` or `on_train_end`) into those right
+    after its last batch, since Lightning counts that epoch as finished and a resume with a larger
+    budget would start the next epoch. `at_last_batch`: the fit loop's (processed, completed) epochs
+    after the last batch (`TrainingModule.on_train_batch_end`). Returns whether it changed."""
     if at_last_batch is None or trainer.sanity_checking or "loops" not in checkpoint:
         return False
     loop = trainer.fit_loop
@@ -229,22 +191,10 @@ def as_mid_epoch(trainer: Any, checkpoint: dict[str, Any], at_last_batch: tuple[
     return True
 
 
-# ----------------------------------------------------------------------------------------------
-# loop state of a run resumed from a checkpoint written in an epoch's last batch
-# ----------------------------------------------------------------------------------------------
-
-
 def start_next_epoch_afresh(trainer: Any) -> bool:
-    """Call at `on_train_start`: on a run resumed from a checkpoint written in the `on_train_batch_end`
-    of an epoch's last batch (a periodic or preemption save), start the next epoch as a fresh one.
-    Returns whether the loop's state was changed.
-
-    Lightning counts the saved epoch as processed and completed, but its fit loop keeps the restart
-    stage "mid-epoch" into the next epoch: it skips that epoch's `ready`/`started` counts and its
-    `on_train_epoch_start` hooks. The counters then read ready == started == processed during the
-    new epoch, so a checkpoint written in it records that epoch as finished, and a run resumed from
-    that checkpoint trains the epoch again with the old epoch's data order (a prompt trained twice,
-    another never). Clearing the fit loop's restart stage (`lightning_compat.restart_next_epoch_afresh`)
-    makes the next epoch begin as in the uninterrupted run.
-    """
+    """Call at `on_train_start`: on a run resumed from a checkpoint written in an epoch's last batch,
+    start the next epoch as a fresh one (returns whether the loop's state changed). Lightning keeps
+    the restart stage "mid-epoch" into the next epoch, skipping its `ready`/`started` counts and
+    `on_train_epoch_start` hooks, so a checkpoint written in it would record that epoch as finished
+    and a resume would train it again with the old data order."""
     return lightning_compat.restart_next_epoch_afresh(trainer)

@@ -1,20 +1,11 @@
 """Random generator states in checkpoints, so a resumed run samples what the straight run would.
 
-Lightning checkpoints the weights, optimizers, schedulers and loop counters, but not the random
-generators. Everything random after the start of training reads them: PPO/GRPO sampling and
-their minibatch shuffles (torch), anything a user adds with numpy or `random`. A module saves
-the states of every process at checkpoint time (`save_states`: a list indexed by global rank,
-gathered from all ranks when there are several) and restores its own rank's ones when training
-starts (`pending_state` in `on_load_checkpoint`, `restore_state` in `on_train_start`), i.e.
-after model set-up, the sanity check and the dataloaders, which all may draw random numbers
-differently in a straight and a resumed run.
-
-The data order does not depend on these states: it is a function of (seed, epoch) and the
-trainer's progress (`lit_rlhf.data.base.ResumableSampler`). Neither does evaluation: the online
-methods' validation samples from generators seeded from (seed, step, batch) and restores the
-training state afterwards (`validation_rng`), the judge callback from its
-own seed, so a checkpoint written before a validation resumes to the same training randomness
-whether or not the resumed run repeats that validation.
+Lightning checkpoints no random generator, yet sampling, minibatch shuffles and user code read
+them. A module saves every rank's torch/numpy/`random` states (`save_states`, indexed by global
+rank) and restores its own rank's when training starts (`pending_state` in
+`on_load_checkpoint`, `restore_state` in `on_train_start`: after set-up, the sanity check and the
+dataloaders, which may draw differently in a resumed run). The data order (`ResumableSampler`)
+and evaluation (`validation_rng`, the judge callback's own seed) do not read these states.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""Why a fit stopped: one line at the end of every run, and the exit code of a preempted one.
+"""Why a fit stopped: one line at the end of every run, and the exit code of a preempted one
+(`docs/guides/resume.md`).
 
-- A run that finishes logs `run stopped: <reason>` (`stop_reason`): which budget was reached
-  (`max_steps`, `max_epochs`, the online methods' `total_episodes`, `max_time`), a callback that
-  asked to stop (early stopping), or, for a resumed run whose checkpoint already met the budget,
-  that nothing was left to train and which limit to raise.
-- A run stopped by SIGTERM (`lit_rlhf.preemption.PreemptionCheckpoint`, on in every CLI run,
-  after writing `last.ckpt` at an optimizer-step boundary) ends `python main.py` with
-  `Preempted`, a `SystemExit` with
-  `PREEMPTED_EXIT_CODE` (75, `EX_TEMPFAIL` of sysexits.h: "temporary failure, try again"); in
-  process, `trainer.fit` raises Lightning's `SIGTERMException` (or `Preempted` before training). A job script reruns the same command
-  with `--ckpt_path last` while the exit code is 75 (README, "Resume"). Ctrl-C (SIGINT) saves the
-  same way and exits with 130, the shell's code for an interrupted command.
+A run that finishes logs `run stopped: <reason>` (`stop_reason`): the budget reached
+(`max_steps`, `max_epochs`, `total_episodes`, `max_time`), a callback that asked to stop, or for a
+resumed run with nothing left, the limit to raise. A run stopped by SIGTERM
+(`lit_rlhf.preemption.PreemptionCheckpoint`) ends `python main.py` with `Preempted`, a
+`SystemExit` with `PREEMPTED_EXIT_CODE` (75, sysexits.h's `EX_TEMPFAIL`: try again; in process,
+`trainer.fit` raises Lightning's `SIGTERMException`); Ctrl-C saves the same way and exits with 130.
 """
 
 from __future__ import annotations

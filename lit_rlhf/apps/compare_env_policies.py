@@ -1,4 +1,5 @@
-"""Did training make the policy better at a multi-turn environment? Two policies on the same held-out rows.
+"""Did training make the policy better at a multi-turn environment? Two policies on the same
+held-out rows (docs/guides/environments.md).
 
     python -m lit_rlhf.apps.compare_env_policies \\
         --config configs/envs/arithmetic_calculator_grpo.yaml \\
@@ -6,24 +7,11 @@
         --after outputs/envs/arithmetic_calculator_grpo/policy \\
         --split test --num_rows 100 --output outputs/envs/arithmetic_calculator_grpo/results.json
 
-The environment, its reward functions and the episode settings (`max_turns`,
-`max_episode_tokens` of its `rollout: EnvironmentRollouts`, `max_new_tokens`) are read from the
-training recipe's `model.init_args`,
-the rows from its `data` section with `--split` as the test split (the recipe never trains or
-validates on it), so the evaluation runs exactly the episodes training ran, on rows it never
-saw. Each policy plays one greedy episode per row (`lit_rlhf.evaluation.episodes`): the comparison
-is deterministic and paired row by row. Reported, each with its 95% interval
-(`lit_rlhf.evaluation.paired`):
-
-- every reward source (`rewards`; with `MathAnswerReward` its mean is the accuracy): its mean
-  before and after and their paired difference (Student t), with the exact sign test's p-value;
-- `tool_use`: the share of episodes with at least one tool call that ran without error, and the
-  mean number of failed calls, before and after, paired;
-- `win_rate`: how often the trained policy's episode scores higher than the starting policy's on
-  the first reward function, ties as half.
-
-The JSON result (`--output`) holds the settings, the date, the machine and its load, the summary
-and one row per problem (both conversations, their rewards and tool calls) for re-analysis.
+The environment, rewards and episode settings come from the recipe's `model.init_args`, the rows
+from its `data` with `--split` as the test split. One greedy episode per row and policy, paired,
+with 95% intervals (`lit_rlhf.evaluation.paired`): each reward source before and after, their
+difference and sign test (`rewards`), `tool_use` and the `win_rate` on the first reward. The JSON
+result (`--output`) holds the settings, date, machine, summary and one row per problem.
 """
 
 from __future__ import annotations
@@ -31,13 +19,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import yaml
 
+from lit_rlhf.apps import run_record
 from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, proportion, sign_test
 
 
@@ -92,16 +80,15 @@ def summarise(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict
         a = [r["rewards"][name] for r in after]
         out["rewards"][name] = {"difference": paired_difference(b, a).as_dict(),
                                 "sign_test": sign_test([y - x for x, y in zip(b, a)])._asdict()}
-    used = {role: [float(r["tool_calls"] > r["tool_errors"]) for r in records]
-            for role, records in (("before", before), ("after", after))}
-    errors = {role: [float(r["tool_errors"]) for r in records] for role, records in (("before", before), ("after", after))}
+    sides = {"before": before, "after": after}
+    used = {role: [float(r["tool_calls"] > r["tool_errors"]) for r in records] for role, records in sides.items()}
+    errors = {role: [float(r["tool_errors"]) for r in records] for role, records in sides.items()}
     out["tool_use"] = {
         "episodes_with_a_working_call": {role: proportion(sum(v), len(v)).as_dict() for role, v in used.items()},
         "difference": paired_difference(used["before"], used["after"]).as_dict(),
         "failed_calls_per_episode": {role: sum(v) / len(v) for role, v in errors.items()},
         "failed_calls_difference": paired_difference(errors["before"], errors["after"]).as_dict(),
-        "turns_per_episode": {role: sum(r["turns"] for r in records) / len(records)
-                              for role, records in (("before", before), ("after", after))},
+        "turns_per_episode": {role: sum(r["turns"] for r in records) / len(records) for role, records in sides.items()},
     }
     first = next(iter(before[0]["rewards"]))
     out["win_rate"] = {"on": first, **paired_win_rate([r["rewards"][first] for r in before],
@@ -120,7 +107,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", default=None, help="write the JSON result here")
     args = parser.parse_args(argv)
 
-    from lit_rlhf.apps.compare_policies import machine
     from lit_rlhf.evaluation.episodes import evaluate_episodes
     from lit_rlhf.apps.judge_policy import load_policy
 
@@ -144,10 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         del model
     environment.close()
     result: dict[str, Any] = {
-        "created": started.isoformat(timespec="seconds"),
-        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
-        "machine": machine(),
-        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+        **run_record(started, argv),
         "settings": {**vars(args), **episode, "num_rows_used": len(rows)},
         **summarise(records["before"], records["after"]),
         "timings": timings,

@@ -1,4 +1,5 @@
-"""Did training make the policy better? Two policies on the same held-out prompts, paired.
+"""Did training make the policy better? Two policies on the same held-out prompts, paired
+(described with its results in docs/getting-started.md and docs/guides/evaluation.md).
 
     python -m lit_rlhf.apps.compare_policies \\
         --before smollm2-135m-instruct --after outputs/quickstart/policy \\
@@ -7,44 +8,13 @@
         --pairs bundled:keyfact_comparisons --pairs_split test \\
         --gold keyfact --output outputs/quickstart/results.json
 
-Each policy completes every prompt greedily (our KV-cache sampler, D23 cut after the first EOS),
-so the comparison is deterministic and paired prompt by prompt. Reported, each with its 95%
-interval (`lit_rlhf.evaluation.paired`):
-
-- `reward`: the objective the policy optimised, before and after, as a paired difference: the
-  reward model's score, read at the EOS or the last token of prompt + completion token ids exactly
-  as the online modules score rollouts (D12), or `--missing_eos_score` for a completion without
-  EOS when training used the EOS trick (D23, whose constant is -1; the quickstart's -1.5 is ours);
-  `ended`: the fraction of completions with an EOS;
-- `gold`: the gold measure (`--gold keyfact`: `lit_rlhf.judges.keyfact`, recall of the key fact
-  each post carries, which the policy never saw; the reward model was fitted to pairs labelled by
-  its generation-time version with noise, so it is not independent of the reward), as a paired
-  difference, and `gold_win_rate`: how often the trained policy's completion beats the starting
-  policy's on the gold, ties as half;
-- `reward_model`: accuracy on held-out preference pairs (`--pairs`), with its Wilson interval, and
-  its agreement with the gold on the pairs where the gold orders the two summaries.
-
-- `answers`: with `--checks` (the posts' checks, `bundled:keyfact_checks`), every measure of
-  `lit_rlhf.evaluation.golds` (the generation-time and the fixed key-fact recall, the key-fact
-  F1, the rate of answers naming a distractor detail and of answers stating a listed false
-  statement) for the starting policy, the trained one and each trivial answer named by
-  `--baselines` (`first_sentence`, `title`, `post`, `reference`: extractive answers from the post
-  itself), with the reward model's score of each (an extractive answer scored as a completion
-  that ended); `differences`: trained minus start and minus each baseline, paired.
-
-    python -m lit_rlhf.apps.compare_policies --rescore results/quickstart/seed6.json \\
-        results/quickstart/seed7.json --checks bundled:keyfact_checks \\
-        --baselines first_sentence,title,post,reference --output results/quickstart/golds/seeds6-7.json
-
-rescores saved results (their per-prompt answers) with the same measures, no model loaded, and
-pools their seeds: means over seeds x prompts with hierarchical bootstrap intervals (seeds, then
-prompts; `lit_rlhf.evaluation.paired.paired_bootstrap`).
-
-Settings are chosen on `--split validation_sft` (32 posts; the pairs are test pairs, so leave
-`--pairs` out there); the test posts report a chosen setting, never choose it.
-
-The JSON result (`--output`) holds the settings, the date, the machine and its load, the summary
-and one row per prompt (both completions and all their scores) for re-analysis.
+Greedy completions (D23), reported with 95% intervals (`lit_rlhf.evaluation.paired`): `reward`
+(read as the online modules do, D12; `--missing_eos_score` without EOS), `ended`, `gold` and
+`gold_win_rate` (`lit_rlhf.judges.keyfact`), `reward_model` on held-out `--pairs`; with
+`--checks`, `answers` and `differences` over every measure of `lit_rlhf.evaluation.golds` beside
+the trivial `--baselines`. `--rescore <result.json ...>` rescores saved answers, pooling seeds by
+a hierarchical bootstrap. Choose settings on `--split validation_sft`; the test posts only
+report. `--output` gets the settings, date, machine, summary and one row per prompt.
 """
 
 from __future__ import annotations
@@ -52,8 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -61,6 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
+from lit_rlhf.apps import import_class, machine, run_record  # noqa: F401 (scripts import machine from here)
 from lit_rlhf.evaluation.golds import (
     EXTRACTIVE, MEASURES, checks_for, extractive_answers, load_checks, pool, score_answers
 )
@@ -68,14 +37,6 @@ from lit_rlhf.evaluation.paired import paired_difference, paired_win_rate, propo
 from lit_rlhf.generation import SamplingConfig
 
 GOLDS = ("keyfact",)
-
-
-def machine() -> dict[str, Any]:
-    """Where and under what load a result was measured."""
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "load_average_1_5_15": [round(x, 2) for x in load],
-            "torch": torch.__version__, "python": platform.python_version()}
 
 
 def complete(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
@@ -96,7 +57,7 @@ def reward_scores(reward_model: torch.nn.Module, pad_token_id: int, prompt_ids: 
     token (D12) of rows laid out as the online modules score rollouts: the prompt left padded, the
     completion after it (D5, D14). The completions of one prompt are scored together, each prompt
     computed once (`lit_rlhf.models.shared_prompt`; the same scores)."""
-    from lit_rlhf.data.collate import pad_left
+    from lit_rlhf.data.collate import pad_left, pad_right
     from lit_rlhf.rewards.sources import reward_model_scores
 
     k = len(completion_ids)
@@ -106,12 +67,7 @@ def reward_scores(reward_model: torch.nn.Module, pad_token_id: int, prompt_ids: 
         prompts = [list(p) for p in prompt_ids[start : start + per_batch] for _ in range(k)]
         completions = [list(c[i]) for i in range(start, min(start + per_batch, len(prompt_ids))) for c in completion_ids]
         p_ids, p_mask = pad_left(prompts, pad_token_id)
-        width = max(len(c) for c in completions)
-        c_ids = torch.full((len(completions), width), pad_token_id, dtype=torch.long)
-        c_mask = torch.zeros((len(completions), width), dtype=torch.bool)
-        for i, c in enumerate(completions):
-            c_ids[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
-            c_mask[i, : len(c)] = True
+        c_ids, c_mask = pad_right(completions, pad_token_id)
         groups = torch.arange(len(prompts)) // k if k > 1 else None
         scores = reward_model_scores(reward_model, torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1),
                                      groups=groups, prompt_width=p_ids.shape[1]).tolist()
@@ -162,14 +118,6 @@ def gold_of_pairs(rows: Any, gold: str) -> list[tuple[float, float]]:
         golds = [float(n[5:]) for n in notes]
         out.append((golds[row["choice"]], golds[1 - row["choice"]]))
     return out
-
-
-def import_class(dotted: str) -> Any:
-    """The class at a dotted path (`lit_rlhf.data.TLDRPromptDataModule`)."""
-    import importlib
-
-    module_name, _, class_name = dotted.rpartition(".")
-    return getattr(importlib.import_module(module_name), class_name)
 
 
 def recipe_split(data: dict[str, Any], tokenizer: Any, split: str) -> Any:
@@ -321,10 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gold = KeyFactJudge(prompts.require_references())
     golds = {role: gold.scores(texts) for role, (texts, _) in completions.items()}
     result: dict[str, Any] = {
-        "created": started.isoformat(timespec="seconds"),
-        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
-        "machine": machine(),
-        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+        **run_record(started, argv),
         "settings": vars(args),
         "reward": paired_difference(rewards["before"], rewards["after"]).as_dict(),
         "gold": paired_difference(golds["before"], golds["after"]).as_dict(),

@@ -1,4 +1,4 @@
-"""Does the reward model agree with an external judge? (The N+ paper's Detail 17.)
+"""Does the reward model agree with an external judge? (The N+ paper's Detail 17, Huang et al. 2024.)
 
     python -m lit_rlhf.apps.judge_agreement \\
         --reward_model outputs/tldr/reward/hf_model \\
@@ -6,33 +6,21 @@
         --judge judge.yaml                      # e.g. {class_path: lit_rlhf.judges.ChatAPIJudge, init_args: {...}}
         --output_dir outputs/tldr/reward/agreement
 
-The N+ paper (Huang et al. 2024, Detail 17) checks its reward models against an external judge
-(GPT-3.5): how often the two prefer the same summary. Here both judge the same held-out pairs
-(`--pairs`, read by `--pairs_class`, the dataset's chosen summary as completion a, the rejected one
-as b): the reward model as a `RewardModelJudge` (the higher reward wins; each prompt + completion
-scored at its EOS, D3/D12, as `lit_rlhf.apps.compare_policies` scores), the external judge as given
-(`--judge`, as in `lit_rlhf.apps.judge_policy`; an LM judge shows each pair in its own seeded random
-order). Reported (`metrics.json`, printed), each proportion with its 95% Wilson and exact
-Clopper-Pearson intervals:
-
-- `agreement`: among the pairs where both name a winner, how often it is the same one
-  (`lit_rlhf.judges.agreement`; ties and invalid verdicts are excluded and counted);
-- `reward_model_accuracy` and `judge_accuracy`: each judge's agreement with the dataset's label
-  (the chosen summary, a), over the pairs where that judge names a winner.
-
-`pairs.jsonl` keeps one row per pair (texts, both rewards, both verdicts, the judge's raw reply)
-for re-analysis.
+Both judge the held-out pairs (chosen as a, rejected as b): the reward model as a
+`RewardModelJudge` (scored at the EOS, D3/D12), the judge as in `judge_policy`. `metrics.json`
+(printed) holds `agreement`, `reward_model_accuracy` and `judge_accuracy` with 95% Wilson and
+exact intervals; `pairs.jsonl` one row per pair (texts, rewards, verdicts, the raw reply).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from lit_rlhf.apps import import_class, write_results
 from lit_rlhf.judges import Judgement, PairwiseJudge, RewardModelJudge, agreement
 
 
@@ -61,8 +49,6 @@ class ScalarModelReward:
 def load_pairs(path: str, tokenizer: Any, data_class: str, split: str, num_pairs: int | None) -> dict[str, list[str]]:
     """The first `num_pairs` pairs of split `split` (prompt, chosen, rejected texts) of a
     `lit_rlhf.data` preference DataModule built on `path`."""
-    from lit_rlhf.apps.compare_policies import import_class
-
     dm = import_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split)
     ds = dm.dataset("val")
     n = len(ds) if num_pairs is None else min(num_pairs, len(ds))
@@ -121,25 +107,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output_dir", default=None, help="write metrics.json and pairs.jsonl here")
     args = parser.parse_args(argv)
 
-    import yaml
-
     from lit_rlhf import models
     from lit_rlhf.apps.judge_policy import build_judge
     from lit_rlhf.rewards.sources import load_reward_model
 
-    judge = build_judge(args.judge, yaml.safe_load(args.judge_args) if args.judge_args else None)
+    judge = build_judge(args.judge, args.judge_args)
     tokenizer = models.load_tokenizer(args.tokenizer or args.reward_model)
     reward_model = load_reward_model(args.reward_model, tokenizer).eval()
     pairs = load_pairs(args.pairs, tokenizer, args.pairs_class, args.split, args.num_pairs)
     result = measure_agreement(RewardModelJudge(ScalarModelReward(reward_model, tokenizer, args.batch_size)), judge, pairs)
     result["metrics"]["settings"] = vars(args)
     if args.output_dir:
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(result["metrics"], indent=2))
-        with open(out / "pairs.jsonl", "w") as f:
-            for row in result["rows"]:
-                f.write(json.dumps(row) + "\n")
+        write_results(args.output_dir, result["metrics"], "pairs.jsonl", result["rows"])
     print(json.dumps(result["metrics"], indent=2))
     return result
 

@@ -1,7 +1,5 @@
-"""Judge a policy's completions against a baseline with a pairwise judge.
-
-A command line to judge a saved policy outside training (`callbacks.JudgeEvalCallback` judges
-during training):
+"""Judge a saved policy's completions against a baseline with a pairwise judge
+(docs/guides/evaluation.md; `callbacks.JudgeEvalCallback` judges during training).
 
     python -m lit_rlhf.apps.judge_policy \\
         --policy outputs/tldr/dpo/hf            # an exported HF dir, a .ckpt, or a model name
@@ -11,17 +9,9 @@ during training):
         --num_prompts 256 --max_new_tokens 53 --output_dir outputs/tldr/dpo/judge
         [--generation_backend vllm --vllm_kwargs '{"max_model_len": 1024}']
 
-`--judge` is a YAML file holding `{class_path, init_args}` (optionally under a `judge:` key), or
-a class path with its init args in `--judge_args '{"model_name": "..."}'`. The output directory
-gets `metrics.json`, `judgements.jsonl` (one row per prompt) and `win_rate_by_length_ratio.png`;
-the metrics are printed as JSON. `--generation_backend vllm` samples the completions with a vLLM
-engine (`lit_rlhf.generation.vllm.VLLMEngine`, built from the loaded policy, LoRA included;
-`--vllm_kwargs` go to it as JSON) instead of our KV-cache sampler (`hf`, the default); a model
-baseline is loaded into the same engine when its weights have the policy's names and shapes.
-
-The evaluation itself (prompts, completions, judging, tables, figures, and its conventions:
-the policy is completion a, lengths in the policy's tokens) is `lit_rlhf.evaluation`, shared
-with the callback.
+`--judge`: a YAML file of `{class_path, init_args}` (optionally under `judge:`), or a class path
+with `--judge_args`. Writes `metrics.json`, `judgements.jsonl` and `win_rate_by_length_ratio.png`.
+`--generation_backend vllm` samples with `VLLMEngine` (a same-shaped model baseline shares it).
 """
 
 from __future__ import annotations
@@ -33,21 +23,21 @@ from typing import Any
 
 import torch
 
+from lit_rlhf.apps import import_class, write_results
 from lit_rlhf.evaluation import EvalPrompts, evaluate_completions, generate_completions, length_ratio_figure, prompts_from_dataset
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.judges import PairwiseJudge
 
-# --------------------------------------------------------------------------------------------
-# command line
-# --------------------------------------------------------------------------------------------
 
-
-def build_judge(spec: str | dict, init_args: dict | None = None) -> PairwiseJudge:
+def build_judge(spec: str | dict, init_args: dict | str | None = None) -> PairwiseJudge:
     """A judge from a YAML file / dict `{class_path, init_args}` (or `{judge: {...}}`), or from a class
-    path plus `init_args`, instantiated by jsonargparse like the callback's `judge:` in a config."""
+    path plus `init_args` (a dict, or its JSON/YAML text), instantiated by jsonargparse like the
+    callback's `judge:` in a config."""
     import yaml
     from jsonargparse import ArgumentParser
 
+    if isinstance(init_args, str):
+        init_args = yaml.safe_load(init_args)
     if isinstance(spec, str) and Path(spec).is_file():
         spec = yaml.safe_load(Path(spec).read_text())
     if isinstance(spec, dict) and "judge" in spec and "class_path" not in spec:
@@ -97,22 +87,15 @@ def weight_shapes(model: torch.nn.Module) -> tuple[str, dict[str, tuple[int, ...
     """The architecture and the (name, shape) of the weights a sampler gets from `model` (a LoRA
     model: its base's), to tell whether two models fit one engine."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model's base
-    shapes = {}
-    for name, param in inner.named_parameters():
-        if "lora_" in name or ".modules_to_save." in name:
-            continue
-        shapes[name.replace(".base_layer.", ".").replace(".original_module.", ".")] = tuple(param.shape)
-    return type(inner).__name__, shapes
+    return type(inner).__name__, {
+        name.replace(".base_layer.", ".").replace(".original_module.", "."): tuple(param.shape)
+        for name, param in inner.named_parameters() if "lora_" not in name and ".modules_to_save." not in name}
 
 
 def load_prompts(path: str, tokenizer: Any, data_class: str, split: str, num_prompts: int | None,
                  reference_column: str = "reference") -> EvalPrompts:
     """Evaluation prompts from split `split` of a `lit_rlhf.data` DataModule built on `path`."""
-    import importlib
-
-    module_name, _, class_name = data_class.rpartition(".")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    dm = cls(path=path, tokenizer=tokenizer, train_split=None, val_split=split, test_split=None)
+    dm = import_class(data_class)(path=path, tokenizer=tokenizer, train_split=None, val_split=split, test_split=None)
     return prompts_from_dataset(dm.dataset("val"), num_prompts, reference_column, tokenizer)
 
 
@@ -146,9 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if vllm_kwargs and args.generation_backend != "vllm":
         raise ValueError("--vllm_kwargs needs --generation_backend vllm")
 
-    import yaml
-
-    judge = build_judge(args.judge, yaml.safe_load(args.judge_args) if args.judge_args else None)
+    judge = build_judge(args.judge, args.judge_args)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, do_sample=args.do_sample)
     model, tokenizer = load_policy(args.policy, args.device, args.dtype)
     prompts = load_prompts(args.prompts, tokenizer, args.data_class, args.split, args.num_prompts,
@@ -177,12 +158,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     evaluation = evaluate_completions(judge, prompts.judge_prompts, policy_texts, baseline_texts, tokenizer,
                                       args.num_buckets)
     if args.output_dir:
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(evaluation.metrics, indent=2))
-        with open(out / "judgements.jsonl", "w") as f:
-            for row in evaluation.rows:
-                f.write(json.dumps(row) + "\n")
+        out = write_results(args.output_dir, evaluation.metrics, "judgements.jsonl", evaluation.rows)
         length_ratio_figure(evaluation.buckets).savefig(out / "win_rate_by_length_ratio.png")
     print(json.dumps(evaluation.metrics, indent=2))
     return evaluation.metrics

@@ -3,20 +3,11 @@
     python -m lit_rlhf.apps.lm_eval_task --policy outputs/verifiable_math/checkpoints/last.ckpt \\
         --data bundled:arithmetic --split test --limit 60 --output_dir outputs/lm_eval
 
-1. Export: a `.ckpt` is exported with `lit_rlhf.export` (what `transformers` loads), a model name
-   (`smollm2-135m-instruct`, `tiny-random-llama`) is loaded and saved, an exported directory is
-   used as it is: `<output_dir>/policy`.
-2. The task: `lit_rlhf.evaluation.harness.write_task` writes `<output_dir>/tasks/` from local files
-   (`--data bundled:<alias>` with `--split`, or `--data_files`): greedy answers scored by the
-   verifiable reward's checker, the harness's `acc`. Nothing is read from the hub.
-3. The harness: `lm_eval.simple_evaluate` with its `hf` model on the export, the same as the
-   command it prints, which runs the task by hand:
-
-       lm_eval --model hf --model_args pretrained=<output_dir>/policy,dtype=float32 \\
-           --include_path <output_dir>/tasks --tasks lit_rlhf_qa --device cpu --limit 60
-
-The harness's results (its `acc` with its standard error, the configuration and the versions)
-go to `<output_dir>/results.json`, with each document's generation and score in `samples`.
+The policy is exported to `<output_dir>/policy` (a `.ckpt` through `lit_rlhf.export`, a model name
+saved, an exported directory as is); `evaluation.harness.write_task` writes `<output_dir>/tasks/`
+from local files (`--data bundled:<alias>` and `--split`, or `--data_files`); `lm_eval`'s `hf`
+model runs on the export (the equivalent command is printed). `acc`, its standard error, the
+configuration, versions and each document's generation go to `<output_dir>/results.json`.
 """
 
 from __future__ import annotations
@@ -99,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     metrics = results["results"][args.task]
     summary = {"task": args.task, "policy": args.policy, "export": str(policy_dir), "command": command,
                "acc": metrics.get("acc,none"), "acc_stderr": metrics.get("acc_stderr,none"),
-               "n": len(results["samples"][args.task]), "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None}
+               "n": len(results["samples"][args.task]), "lm_eval": getattr(lm_eval, "__version__", None)}
     samples = [{"doc": s["doc"], "generation": s["filtered_resps"][0], "acc": s["acc"]}
                for s in results["samples"][args.task]]
     (out / "results.json").write_text(json.dumps({**summary, "config": results.get("config"), "samples": samples},

@@ -5,17 +5,11 @@
         --split "test[:60]" --n 8 --k 1 4 8 --temperature 1.0 --max_new_tokens 16 \\
         --output outputs/verifiable_math/pass_at_k.json
 
-The problems are the first `--num_problems` distinct prompts of `--split` of the training
-recipe's `data` section (a `QADataModule`: prompt template, chat or not, as in training), with
-their reference answers. Each policy samples `--n` completions per problem with the recorded
-settings (`--temperature`, `--top_p`, `--top_k`, `--max_new_tokens`, `--seed`; the same seed for
-both policies), each checked by the verifiable reward's checker (`lit_rlhf.evaluation.verifiable`).
-Printed for each k of `--k`, with 95% percentile bootstrap intervals over problems
-(`lit_rlhf.evaluation.pass_at_k`): avg@k, pass@k (Chen et al. 2021, Eq. 1) and maj@k of each
-policy and, with `--after`, the paired difference after - before (its interval, bootstrap
-p-value and verdict). The JSON result (`--output`) holds the settings, the date, the machine and
-its load, the summary and one row per problem (every completion, its verdict and answer group,
-and the problem's metrics) for re-analysis.
+The problems: the first `--num_problems` distinct prompts of `--split` of the recipe's `data`,
+formatted as in training. Each policy samples `--n` checked completions per problem (same
+settings and seed for both; `lit_rlhf.evaluation.verifiable`); printed per `--k` with 95%
+bootstrap intervals (`lit_rlhf.evaluation.pass_at_k`), with `--after` the paired difference and
+its verdict. `--output` gets the settings, date, machine, summary and one row per problem.
 """
 
 from __future__ import annotations
@@ -23,13 +17,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from lit_rlhf.apps import run_record
 from lit_rlhf.evaluation.pass_at_k import compare, metric_names, summarise
 
 
@@ -55,9 +49,8 @@ def heldout_problems(data: dict[str, Any], tokenizer: Any, split: str, num_probl
 
 def table(summary: dict[str, Any], difference: dict[str, Any] | None) -> str:
     """The printed table: one line per metric."""
-    def cell(s: dict[str, Any], key: str = "mean") -> str:
-        return f"{s[key]:+.3f} [{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]" if key == "diff" else \
-            f"{s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
+    def cell(s: dict[str, Any], sign: str = "") -> str:  # sign "+": a difference
+        return f"{s['mean']:{sign}.3f} [{s['ci_low']:{sign}.3f}, {s['ci_high']:{sign}.3f}]"
 
     roles = list(summary)
     head = ["metric", *roles] + (["after - before (95% interval)", "verdict"] if difference else [])
@@ -65,8 +58,7 @@ def table(summary: dict[str, Any], difference: dict[str, Any] | None) -> str:
     for name in summary[roles[0]]:
         row = [name, *(cell(summary[r][name]) for r in roles)]
         if difference:
-            d = difference[name]
-            row += [cell({"diff": d["mean"], "ci_low": d["ci_low"], "ci_high": d["ci_high"]}, "diff"), d["verdict"]]
+            row += [cell(difference[name], "+"), difference[name]["verdict"]]
         lines.append(" | ".join(row))
     return "\n".join(lines)
 
@@ -113,7 +105,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if any(k < 1 for k in args.k) or max(args.k) > args.n:
         parser.error(f"every --k must be in 1..--n ({args.n}), got {args.k}")
 
-    from lit_rlhf.apps.compare_policies import machine
     from lit_rlhf.generation import SamplingConfig
 
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -132,10 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if "after" in results else None
     records = {role: r.records(prompts) for role, r in results.items()}
     result: dict[str, Any] = {
-        "created": started.isoformat(timespec="seconds"),
-        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 1),
-        "machine": machine(),
-        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
+        **run_record(started, argv),
         "settings": {**vars(args), "num_problems_used": len(prompts), "sampling": vars(sampling)},
         "metrics": metric_names(args.k),
         "summary": summary,

@@ -1,27 +1,14 @@
-"""The environment protocol: what an online method's multi-turn rollout talks to.
+"""The environment protocol: what an online method's multi-turn rollout talks to
+(`docs/guides/environments.md`).
 
-An episode is `reset(row, seed)` once, then `step(action)` until the environment says `done`
-(or the rollout's turn or token budget runs out, `lit_rlhf.envs.rollout`):
-
-- `reset(row, seed) -> Observation`: start an episode for one prompt row (the `PromptBatch`'s
-  `meta` columns of that row: `prompt`, `reference`, ...); `seed` is drawn from torch's
-  generator by the rollout, so an environment that draws from `random.Random(seed)` replays the
-  same episode when a run is resumed (see `lit_rlhf.envs.rollout`, "Exact resume"). The
-  observation is the episode's first prompt: chat messages (rendered with the tokenizer's chat
-  template and its generation prompt), plain text, or None (= the row's prompt exactly as the
-  DataModule encoded it).
-- `step(action) -> StepResult`: the policy's turn, as the token ids it sampled and their text;
-  the environment answers with the observation to append (messages, text, or None when there
-  is nothing to say), a reward for this turn, `done`, and the tool calls it ran.
-
-Observations are appended AFTER the policy's tokens, as new tokens (`lit_rlhf.envs.chat`): the
-policy's sampled ids are never decoded and encoded again.
-
-A single-turn prompt with a reward is the one-step environment: `reset` gives the prompt,
-the first `step` returns `done=True` (and the reward, if the environment scores it).
-
-`fork()` gives a fresh instance for another episode run at the same time (the rollout holds
-one per row of a rollout); the default is a deep copy of the instance as configured.
+An episode is `reset(row, seed) -> Observation` once (the row's `meta` columns; `seed` is drawn
+from torch's generator by the rollout, so a `random.Random(seed)` environment replays on resume;
+the observation is chat messages, text, or None = the row's prompt as the DataModule encoded it),
+then `step(action) -> StepResult` (the policy's sampled ids and their text; the answer holds the
+observation to append, the turn's reward, `done` and the tool calls run) until `done` or a budget
+runs out (`lit_rlhf.envs.rollout`). Observations are appended after the policy's tokens as new
+tokens (`lit_rlhf.envs.chat`). A single-turn prompt with a reward is the one-step environment.
+The rollout holds one instance per row (`fork()`, a deep copy by default).
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """Environment observations as token ids, appended after the policy's sampled tokens.
 
-Chat templates are not append-only: rendering a whole conversation again and tokenizing it can
-give other ids for the policy's own turns than the ones it sampled (a merge across a turn
-boundary, a template that rewrites earlier turns). So the policy's tokens are kept as sampled,
-and only the environment's new text is tokenized: `ChatFormat.observation_ids` renders the
-observation messages as the continuation of a conversation whose last message is the
-assistant's, and returns the ids of that continuation alone, up to and including the next
-assistant generation prompt.
-
-How the continuation is found with the tokenizer's chat template: the template is applied to
-`[user, assistant(MARK)]` and to `[user, assistant(MARK), *observation]` (with the generation
-prompt); the second starts with the first, and what follows is the observation's text. Before
-it comes the end of the assistant's turn that the policy did not write: the template closes a
-turn with some text after the assistant's content (ChatML: `<|im_end|>\\n`); when that close
-starts with the EOS token (SmolLM2: `<|im_end|>` is EOS) the policy's sampled EOS wrote it, and
-the rest (`\\n`) comes first in the observation's text. When the EOS is another token (the tiny
-test tokenizer ends turns with `<|im_end|>` but its EOS is `</s>`), the policy writes the
-close itself before EOS, as chat SFT data teaches it (`lit_rlhf.data.formatting.
-chat_prompt_and_completion`), and only the close's trailing whitespace comes first.
-
-A tokenizer without a chat template uses a plain format: `\\n<role>: content\\n` per message,
-then `\\nassistant: `.
-
-Environment text is made encodable first: a lone surrogate (what undecodable bytes read with
-`surrogateescape` leave in a tool's or an environment's output) cannot be encoded by a fast
-tokenizer and becomes U+FFFD (`lit_rlhf.envs.base.safe_text`).
+Chat templates are not append-only: re-rendering a conversation can give other ids for the
+policy's own turns (a merge across a turn boundary, a template that rewrites earlier turns). So
+the policy's tokens stay as sampled, and `ChatFormat.observation_ids` tokenizes only the
+continuation: the template applied to `[user, assistant(MARK)]` and to `[user, assistant(MARK),
+*observation]` (with the generation prompt); what follows the first is the observation, up to
+and including the next assistant generation prompt. The end of the assistant's turn (ChatML:
+`<|im_end|>\n`) comes first: when it starts with EOS (SmolLM2) the sampled EOS wrote it and only
+the rest (`\n`) is added; when EOS is another token (the tiny test tokenizer's `</s>`), the
+policy writes the close itself, as chat SFT data teaches it
+(`lit_rlhf.data.formatting.chat_prompt_and_completion`), and only its trailing whitespace is
+added. Without a chat template the format is `\n<role>: content\n` per message, then
+`\nassistant: `. Lone surrogates in environment text become U+FFFD (`envs.base.safe_text`).
 """
 
 from __future__ import annotations

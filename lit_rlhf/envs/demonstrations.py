@@ -1,22 +1,14 @@
 """Demonstrated episodes as SFT data: an environment's multi-turn format taught before RL.
 
-A small instruct model often never produces an environment's action format on its own (measured:
-SmolLM2-135M-Instruct opens no `<tool_call>` in 16 greedy episodes of the calculator recipe),
-so an outcome reward has nothing to reinforce. The usual remedy is a supervised stage on
-demonstrations first. Here a demonstration is written by a function of the row (`demonstration`:
-row -> the policy's turns as text, e.g. the calculator call a worked solution implies, then the
-answer) and played through the environment itself (`play_demonstration`), so an SFT example is
-laid out token for token as the rollout lays out a sampled episode (`lit_rlhf.envs.rollout`):
-
-- the prompt: the environment's first observation, `ChatFormat.prompt_ids`;
-- each policy turn: its text encoded (`ChatFormat.encode`) and EOS, as the sampler ends a turn;
-- after each turn that does not end the episode: the environment's observation, tokenized alone
-  (`ChatFormat.observation_ids`), with the tool outputs the environment really computed.
-
-The SFT loss is on the policy's turns only (`SFTBatch.loss_mask`), never on the environment's
-tokens. A demonstration that does not end its episode (the environment is not done after its
-last turn), or whose episode passes `max_completion_length` tokens, is a bad row
-(`DemonstrationDataModule`'s `on_bad_rows`).
+A small instruct model may never produce an environment's action format (SmolLM2-135M-Instruct
+opens no `<tool_call>` in 16 greedy episodes of the calculator recipe), leaving an outcome reward
+nothing to reinforce. A demonstration (`demonstration`: row -> the policy's turns as text) is
+played through the environment itself (`play_demonstration`), so an SFT example is laid out token
+for token as `lit_rlhf.envs.rollout` lays out a sampled episode: the first observation
+(`ChatFormat.prompt_ids`), each turn encoded with EOS, and after each turn that does not end the
+episode the observation the environment really computed (`ChatFormat.observation_ids`). The loss
+is on the policy's turns only (`SFTBatch.loss_mask`). A demonstration that does not end its
+episode, or passes `max_completion_length`, is a bad row (`on_bad_rows`).
 """
 
 from __future__ import annotations

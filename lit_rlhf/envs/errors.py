@@ -1,23 +1,9 @@
-"""What the rollout does when an environment raises: stop the run, or drop the episode's group.
-
-An environment that raises in `reset` or `step`, or returns an observation that is not one
-(`lit_rlhf.envs.base.check_observation`), is a bug in the environment, not an observation for
-the policy (tool failures are observations: `lit_rlhf.envs.tools`). `EnvErrorPolicy` says what
-`lit_rlhf.envs.rollout.run_episodes` does with it:
-
-- `stop` (the default): the run stops with the environment's error, naming the rollout row and
-  the policy's turn;
-- `skip`: the episode is counted and dropped. Episodes run in groups (a prompt's copies are
-  contiguous rows, and GRPO/RLOO advantages are relative within a group), so the failing
-  episode's whole group is dropped: its episodes still running stop, and every row of the group
-  trains on nothing (`Trajectory.dropped`: an all-False action mask, an environment return of 0;
-  `lit_rlhf.envs.trajectory.to_tensors`). Each rollout with failures logs one warning; the
-  counts are `rollout/env_errors` and `rollout/dropped_groups` (`environment_stats`).
-
-The budget, `max_env_errors`, is counted over the run (one `EnvErrorPolicy` for the whole run):
-an int is the number of failed episodes allowed, a float in (0, 1] the share of the episodes
-run so far that may fail (never fewer than one). The failure past it stops the run with
-`EnvErrorBudgetExceeded`, naming the environment, the counts and the last exception (chained).
+"""What the rollout does when an environment raises (or returns a non-observation,
+`envs.base.check_observation`): a bug, unlike tool failures, which are observations.
+`EnvErrorPolicy`: `stop` (default) names the rollout row and turn; `skip` drops the episode's
+whole group (advantages are relative within it: `Trajectory.dropped`), warns once per rollout and
+counts `rollout/env_errors` and `rollout/dropped_groups`; past `max_env_errors` over the run,
+`EnvErrorBudgetExceeded` names the environment, the counts and the last exception (chained).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""An OpenEnv environment (the `openenv-core` package) run in-process as an `Environment`.
+"""An OpenEnv environment (`openenv-core`, optional: `pip install -e .[openenv]`) run in-process.
 
-OpenEnv environments are servers with `reset(seed=...) -> Observation` and `step(Action) ->
-Observation`, where typed (pydantic) actions and observations carry env-specific fields and
-every observation has `reward` and `done`. `OpenEnvEnvironment` holds an instance of such a
-server class (no HTTP: its methods are called directly) and maps:
-
-- the policy's turn text -> `action_class(**{action_field: text})` (the action class is read
-  from the environment's generic parameters, `Environment[ActT, ObsT, StateT]`, unless given);
-- an observation -> a chat message of role `observation_role` whose content is its
-  `observation_field` (or, when that is None, its env-specific fields as JSON), its `reward`
-  (None = 0) and `done`.
-
-The episode's first prompt is the row's `prompt_column` (when set) followed by the reset
-observation's text, as one user message after the optional system prompt.
-
-`openenv-core` is an optional dependency (`pip install -e .[openenv]`), imported on use.
+OpenEnv environments are servers with `reset(seed=...)` and `step(Action)` returning typed
+(pydantic) observations with `reward` and `done`. `OpenEnvEnvironment` calls them directly (no
+HTTP): the policy's turn text becomes the action's `action_field`; an observation becomes a chat
+message (its `observation_field`, or its env-specific fields as JSON) with its `reward` (None = 0)
+and `done`; the first prompt is the row's `prompt_column` and the reset observation.
 """
 
 from __future__ import annotations
@@ -73,17 +63,9 @@ class OpenEnvEnvironment(Environment):
         system_prompt: an optional system message.
     """
 
-    def __init__(
-        self,
-        env: Any,
-        env_kwargs: dict[str, Any] | None = None,
-        action_class: Any = None,
-        action_field: str = "message",
-        observation_field: str | None = None,
-        observation_role: str = "user",
-        prompt_column: str | None = "prompt",
-        system_prompt: str | None = None,
-    ) -> None:
+    def __init__(self, env: Any, env_kwargs: dict[str, Any] | None = None, action_class: Any = None,
+                 action_field: str = "message", observation_field: str | None = None, observation_role: str = "user",
+                 prompt_column: str | None = "prompt", system_prompt: str | None = None) -> None:
         server = _import_openenv()
         if isinstance(env, str):
             env = _load(env)(**(env_kwargs or {}))

@@ -1,39 +1,13 @@
-"""The multi-turn rollout: episodes run turn by turn, batched across episodes.
+"""The multi-turn rollout (`docs/guides/environments.md`): episodes run turn by turn, batched.
 
-`run_episodes` drives N environments at once (one per rollout row, a prompt's G copies each
-with its own instance):
-
-1. each environment is reset with its row and a seed drawn from torch's generator; its first
-   observation becomes the episode's prompt ids (`ChatFormat.prompt_ids`; None: the row's
-   prompt ids as the DataModule encoded them);
-2. each turn, the episodes still running are sampled together with the generation backend
-   (`generate`: the online module's, `hf` or `vllm`), each from its whole context (prompt and
-   every token so far, left padded), at most `max_new_tokens` new tokens and never past the
-   episode's token budget. The sampled ids are appended to the episode as they are; their text
-   is decoded for the environment only;
-3. the environment steps on the turn (`Environment.step`); its reward goes to the turn, and
-   unless it says done its observation is tokenized alone (`ChatFormat.observation_ids`) and
-   appended after the policy's tokens.
-
-An episode stops when the environment says done (`done`), after `max_turns` policy turns
-(`turn_limit`: the last turn's observation is not appended), when its next tokens would pass
-`max_episode_tokens` tokens after the prompt (`token_budget`: the sample is cut there, or an
-observation that does not leave room for one more policy token is not appended), or when a turn
-reaches `max_new_tokens` without EOS (`no_eos`: the turn never ended). Every stop but `done`
-marks the episode truncated.
-
-An environment that raises (in `reset` or `step`) stops the run by default; with
-`env_errors=EnvErrorPolicy("skip", ...)` the episode's whole group is dropped instead (its
-episodes still running stop; every row of the group trains on nothing), counted against a
-run-wide budget (`lit_rlhf.envs.errors`).
-
-Exact resume: a rollout runs within one training step, and checkpoints are written between
-steps, so no episode is ever in flight at a checkpoint; environments are reset at the start of
-every episode. A resumed run restores torch's generators and the data position, so it draws the
-same prompts, the same environment seeds and the same tokens: the episodes are restarted
-deterministically rather than saved. This holds when the environment is a deterministic
-function of (row, seed, actions) and its tools of their arguments (a tool whose result depends
-on time or on a time limit being hit is not replayed exactly).
+`run_episodes` resets each environment with its row and a seed from torch's generator, then each
+turn samples the running episodes together from their whole context (left padded), appends the
+sampled ids as they are, steps the environment on the decoded text and appends its observation's
+ids. An episode stops when the environment says `done`, after `max_turns` (`turn_limit`), at
+`max_episode_tokens` (`token_budget`), or at a turn without EOS (`no_eos`); all but `done` mark it
+truncated. An environment that raises stops the run, or with `env_errors` drops its group. A
+resumed run replays the same prompts, seeds and tokens, given an environment that is a
+deterministic function of (row, seed, actions).
 """
 
 from __future__ import annotations
@@ -44,6 +18,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import Tensor
 
+from lit_rlhf.data.collate import pad_left
 from lit_rlhf.envs.base import Action, Environment, check_observation
 from lit_rlhf.envs.chat import ChatFormat
 from lit_rlhf.envs.errors import EnvErrorPolicy
@@ -54,32 +29,10 @@ from lit_rlhf.envs.trajectory import Trajectory
 GenerateFn = Callable[..., tuple[Tensor, Tensor, Tensor, "Tensor | None"]]
 
 
-def left_pad(sequences: list[list[int]], pad_token_id: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
-    """Token id lists -> (ids (B, L), mask (B, L) bool), left padded (D5)."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
-    for i, s in enumerate(sequences):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = True
-    return ids.to(device), mask.to(device)
-
-
-def run_episodes(
-    envs: list[Environment],
-    rows: list[dict[str, Any]],
-    seeds: list[int],
-    row_prompt_ids: list[list[int]],
-    generate: GenerateFn,
-    chat: ChatFormat,
-    sampling,
-    max_turns: int,
-    max_episode_tokens: int,
-    device: torch.device | str = "cpu",
-    *,
-    group_size: int = 1,
-    env_errors: EnvErrorPolicy | None = None,
-) -> list[Trajectory]:
+def run_episodes(envs: list[Environment], rows: list[dict[str, Any]], seeds: list[int],
+                 row_prompt_ids: list[list[int]], generate: GenerateFn, chat: ChatFormat, sampling, max_turns: int,
+                 max_episode_tokens: int, device: torch.device | str = "cpu", *, group_size: int = 1,
+                 env_errors: EnvErrorPolicy | None = None) -> list[Trajectory]:
     """Run one episode per environment (see the module docstring) -> their trajectories.
 
     `group_size`: the episodes come in groups of this many contiguous rows (a prompt's copies).
@@ -114,7 +67,8 @@ def run_episodes(
         # leaves none ends its episode below)
         budgets = [max_episode_tokens - len(trajectories[i].token_ids) for i in active]
         turn_sampling = dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, max(budgets)))
-        ids, mask = left_pad([trajectories[i].prompt_ids + trajectories[i].token_ids for i in active], pad, device)
+        ids, mask = pad_left([trajectories[i].prompt_ids + trajectories[i].token_ids for i in active], pad)  # D5
+        ids, mask = ids.to(device), mask.to(device)
         response_ids, response_mask, has_eos, sampler_logps = generate(ids, mask, turn_sampling)
         still = []
         for j, i in enumerate(active):
@@ -207,19 +161,10 @@ def drop_group(trajectories: list[Trajectory], index: int, error: Exception, gro
 
 
 def environment_stats(trajectories: list[Trajectory], tools: Iterable[str] = ()) -> dict[str, Tensor]:
-    """What a researcher reads about a batch of episodes (names `rollout/...`): turns per
-    episode, the share that ended / were truncated, policy and environment tokens per episode,
-    the environment's return, the episodes whose environment raised (`rollout/env_errors`) and
-    the groups dropped for it (`rollout/dropped_groups`, `lit_rlhf.envs.errors`), and each
-    tool's calls and errors per rollout
-    (`rollout/tool_calls/<tool>`, `rollout/tool_errors/<tool>`; `unparsed` counts malformed
-    calls, `unknown_tool` calls of a tool that does not exist), and their totals.
-
-    Every tool the environments offer (`Trajectory.tools`, and `tools`) is counted in every
-    rollout, 0 when the policy did not call it, as are `unparsed` and `unknown_tool`: a logger
-    keeps showing a metric's last value until it is logged again, so a tool left out of a
-    rollout would show the previous rollout's counts, and the per-tool figures would not add up
-    to the totals."""
+    """What a researcher reads about a batch of episodes (`rollout/...`: per-episode means, failed
+    episodes, dropped groups, each tool's calls and errors and their totals; `unparsed` counts
+    malformed calls, `unknown_tool` calls of no tool). Every tool offered is logged in every rollout,
+    0 when not called, so a logger never shows a previous rollout's count."""
     n = max(len(trajectories), 1)
     stats = {
         "rollout/turns": sum(len(t.turns) for t in trajectories) / n,

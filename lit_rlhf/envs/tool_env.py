@@ -1,20 +1,10 @@
 """A tool-calling environment: the policy may call tools over several turns, then answers.
 
-Episode (`ToolEnvironment`):
-
-1. `reset(row)`: the first observation is a system message describing the tools (their
-   schemas, `lit_rlhf.envs.tools.tool_schema`, and the call format) after the optional
-   `system_prompt`, then the row's `prompt_column` as the user message.
-2. each `step(action)`: the tool calls in the policy's turn (`<tool_call>{...}</tool_call>`,
-   `lit_rlhf.envs.tools.parse_tool_calls`) run one after the other (`ToolRunner`: time limit,
-   errors as observations); their outputs come back as one `tool` message each (with the
-   tool's name), and the episode goes on. A turn without a call is the final answer: the
-   episode is done. A turn with more than `max_calls_per_turn` calls runs the first ones only
-   and says so in an error observation.
-
-Rewards: the final answer is scored by the online method's reward sources (a reward function
-such as `MathAnswerReward` reads the last policy turn as the completion); the environment's own
-reward of a turn is `error_reward` per failed call (default 0: no shaping).
+`reset(row)` gives a system message describing the tools (`tool_schema`, the call format) after
+the optional `system_prompt`, then the row's `prompt_column`. Each `step` runs the turn's
+`<tool_call>` calls (`ToolRunner`, at most `max_calls_per_turn`) and returns one `tool` message
+per call; a turn without a call is the final answer, scored by the method's reward sources. The
+environment's own reward is `error_reward` per failed call (default 0: no shaping).
 """
 
 from __future__ import annotations
@@ -48,17 +38,9 @@ class ToolEnvironment(Environment):
         max_output_chars: tool outputs are cut to this many characters.
     """
 
-    def __init__(
-        self,
-        tools: list[Callable],
-        prompt_column: str = "prompt",
-        system_prompt: str | None = None,
-        timeout: float = 5.0,
-        isolation: Literal["thread", "process"] = "thread",
-        max_calls_per_turn: int = 4,
-        error_reward: float = 0.0,
-        max_output_chars: int = 1000,
-    ) -> None:
+    def __init__(self, tools: list[Callable], prompt_column: str = "prompt", system_prompt: str | None = None,
+                 timeout: float = 5.0, isolation: Literal["thread", "process"] = "thread",
+                 max_calls_per_turn: int = 4, error_reward: float = 0.0, max_output_chars: int = 1000) -> None:
         if max_calls_per_turn < 1:
             raise ValueError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         self.runner = ToolRunner(list(tools), timeout=timeout, isolation=isolation, max_output_chars=max_output_chars)

@@ -1,39 +1,13 @@
-"""Tools: plain typed Python callables, their schemas, the call format and a guarded runner.
+"""Tools (`docs/guides/environments.md`): plain typed Python callables with a Google-style
+docstring, their schemas (`tool_schema`: from the signature and the summary and `Args:` lines),
+the Hermes-style call format (`parse_tool_calls`: `<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`) and a guarded runner.
 
-A tool is a function with annotated parameters and a Google-style docstring:
-
-    def calculator(expression: str) -> str:
-        '''Evaluate an arithmetic expression.
-
-        Args:
-            expression: the expression, e.g. "12 * (3 + 4)".
-        '''
-
-`tool_schema` reads its JSON schema from the signature (parameter names, types, defaults) and
-the docstring (the summary line and each `Args:` entry); the schema is what the policy is shown.
-
-The call format (`parse_tool_calls`): the policy writes each call as a JSON object between
-`<tool_call>` and `</tool_call>` tags,
-
-    <tool_call>{"name": "calculator", "arguments": {"expression": "2 + 3"}}</tool_call>
-
-the convention of Hermes-style function calling (Qwen2.5, Hermes, SmolLM3). It needs nothing
-from the chat template: SmolLM2's ChatML template has no tool support, so the schemas go in
-the system message as text and a result comes back as a message of role `tool`
-(`lit_rlhf.envs.tool_env`).
-
-`ToolRunner.call` runs one call and never raises: a malformed call, an unknown tool, bad
-arguments, a tool that raises, runs past `timeout` seconds or returns something unusable all
-become a `ToolCall` whose `error` names the kind and whose `output` is the message the policy
-sees; that text has any lone surrogate replaced (`lit_rlhf.envs.base.safe_text`), so a tool's
-undecodable bytes reach the tokenizer as U+FFFD rather than crash it.
-
-A call that times out is abandoned. In `thread` isolation its thread runs on in the background
-(Python cannot stop a thread): it is a daemon thread, so it never keeps the process alive once
-the run is over, but until the tool returns it holds what it holds (CPU time, memory, open
-files, locks), and when the process exits it is stopped where it stands, with no `finally`
-block or context manager run. A tool that may loop forever or must clean up belongs in
-`process` isolation, where the worker process running it is killed and replaced.
+`ToolRunner.call` never raises: every failure becomes a `ToolCall` whose `error` names its kind
+and whose `output` is what the policy sees (lone surrogates replaced, `envs.base.safe_text`). A
+call that times out is abandoned: in `thread` isolation its daemon thread runs on until it
+returns or the process exits (no `finally` run then); a tool that may loop forever or must clean
+up belongs in `process` isolation, whose worker is killed and replaced.
 """
 
 from __future__ import annotations
@@ -64,29 +38,13 @@ def _json_type(annotation: Any) -> str:
 
 
 def _docstring_parts(fn: Callable) -> tuple[str, dict[str, str]]:
-    """(summary, {parameter: description}) from a Google-style docstring: the first paragraph,
-    and the entries of its `Args:` section (continuation lines indented deeper)."""
+    """(summary, {parameter: description}) from a Google-style docstring: its first paragraph and
+    the entries of its `Args:` section."""
+    from docstring_parser import DocstringStyle, parse
+
     doc = inspect.getdoc(fn) or ""
-    summary = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
-    params: dict[str, str] = {}
-    lines = doc.splitlines()
-    if "Args:" not in [line.strip() for line in lines]:
-        return summary, params
-    body = lines[[line.strip() for line in lines].index("Args:") + 1:]
-    entry_indent, current = None, None
-    for line in body:
-        if not line.strip():
-            continue
-        indent = len(line) - len(line.lstrip())
-        if indent == 0:
-            break  # the next section
-        entry = re.match(r"^(\w+)\s*(?:\([^)]*\))?:\s*(.*)$", line.strip())
-        if entry and (entry_indent is None or indent == entry_indent):
-            entry_indent, current = indent, entry.group(1)
-            params[current] = entry.group(2).strip()
-        elif current is not None:
-            params[current] = f"{params[current]} {line.strip()}".strip()
-    return summary, params
+    params = {p.arg_name: " ".join((p.description or "").split()) for p in parse(doc, DocstringStyle.GOOGLE).params}
+    return doc.split("\n\n", 1)[0].replace("\n", " ").strip(), params
 
 
 def tool_name(fn: Callable) -> str:
@@ -167,33 +125,18 @@ def bind_arguments(fn: Callable, arguments: Any) -> dict[str, Any]:
 
 def _convert(value: Any, annotation: Any, name: str) -> Any:
     target = typing.get_origin(annotation) or annotation
-    if target is Any:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if target is Any or (isinstance(value, bool) if target is bool else
+                         target not in (int, float, str) and isinstance(value, target)):
         return value
-    if target is bool:
-        if isinstance(value, bool):
-            return value
-    elif target is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
-            return int(value)
-    elif target is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif target is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-    elif isinstance(value, target):
-        return value
+    if target is int and (number and (isinstance(value, int) or value.is_integer())
+                          or isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value)):
+        return int(value)
+    if target in (float, str) and (number or isinstance(value, str)):
+        try:
+            return target(value)
+        except ValueError:
+            pass
     raise ValueError(f"argument {name!r} must be {_json_type(annotation)}, got {json.dumps(value)[:80]}")
 
 

@@ -1,28 +1,13 @@
 """The typed multi-turn trajectory, and a batch of them as the tensors of a `Rollout`.
 
-One episode after its first prompt is one flat list of token ids: the policy's turns as the
-sampler drew them, each followed by the environment's observation tokens (`lit_rlhf.envs.chat`),
-
-    prompt | policy turn 1 | observation 1 | policy turn 2 | ... | policy turn k
-
-with `policy_mask` True on the policy's own tokens. `Turn` records where each turn's policy
-tokens and observation tokens lie, its reward and the tool calls it made.
-
-`to_tensors` lays a batch of trajectories out as a `Rollout` does: prompts left padded (P),
-everything after them right padded to the token budget R, and
-
-- `response_mask` (N, R): True on every real token, policy and environment alike: the
-  attention mask of the response, so each policy token is scored in the context it was
-  sampled in;
-- `action_mask` (N, R): True on the policy's tokens only: the loss mask (log-probs, KL and
-  advantages are on these tokens alone);
-- `turn_rewards` (N, R): each turn's environment reward on that turn's last policy token;
-- `has_eos` (N,): the episode ended (the environment said done) within its budgets; False for
-  a truncated episode (D23's "no EOS": the EOS trick treats both alike);
-- `dropped` (N,): the episode's group was dropped because an environment raised
-  (`lit_rlhf.envs.errors`): its row has an all-False `action_mask`, no turn rewards, no
-  sampler log-probs and `has_eos` False, so it trains on nothing; its scores are for the
-  caller to set to a finite placeholder.
+An episode after its first prompt is one flat list of ids, `prompt | turn 1 | observation 1 |
+... | turn k`, the turns as sampled, `policy_mask` True on them; `Turn` records where each turn's
+tokens lie, its reward and tool calls. `to_tensors` lays a batch out as a `Rollout`: prompts left
+padded (P), the rest right padded to the budget R; `response_mask` (N, R) on every real token
+(each policy token scored in its sampled context); `action_mask` (N, R) on the policy's tokens
+(the loss mask); `turn_rewards` (N, R) on each turn's last policy token; `has_eos` (N,) False when
+truncated (D23); `dropped` (N,) for a group dropped after an environment raised: it trains on
+nothing, its scores for the caller to set to a finite placeholder.
 """
 
 from __future__ import annotations

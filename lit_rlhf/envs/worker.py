@@ -1,10 +1,7 @@
-"""A worker process that runs tool calls for `ToolRunner`'s `process` isolation.
-
-The worker is started with `spawn` (a fresh interpreter: no copy of the trainer's threads or
-memory), says it is ready, then runs `(function, kwargs)` requests one at a time and sends back
-`("ok", result)` or `("raised", message)`. A call that runs past its time limit gets the worker
-killed; the next call starts a new one. Functions, arguments and results cross the pipe pickled:
-tools must be module-level functions.
+"""A worker process that runs tool calls for `ToolRunner`'s `process` isolation: started with
+`spawn` (no copy of the trainer's threads or memory), it runs pickled `(function, kwargs)` requests
+one at a time (tools must be module-level functions) and answers `("ok", result)` or `("raised",
+message)`; one past its time limit is killed, and the next call starts a new one.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """What judging a policy needs: evaluation prompts, the policy's completions, pairwise judging
-and its statistics, tables and figures. `callbacks.JudgeEvalCallback` (during training) and
-`python -m lit_rlhf.apps.judge_policy` (a saved policy) both use it. For verifiable tasks,
-`pass_at_k` (pass@k, avg@k, maj@k and their bootstrap intervals) and `verifiable` (n checked
-samples per problem) serve `callbacks.PassAtKCallback` and `python -m lit_rlhf.apps.pass_at_k`;
-`harness` writes such a task for lm-evaluation-harness (`python -m lit_rlhf.apps.lm_eval_task`).
+and its statistics, tables and figures, for `callbacks.JudgeEvalCallback` and `python -m
+lit_rlhf.apps.judge_policy`; for verifiable tasks `pass_at_k`, `verifiable` and `harness` (an
+lm-evaluation-harness task) serve `callbacks.PassAtKCallback` and the `pass_at_k` and
+`lm_eval_task` apps.
 
-Conventions (both use them):
-- the policy is completion **a**, the baseline completion **b**: `win_rate` is the policy's win
-  rate over the baseline, ties count half, invalid verdicts are excluded from it and counted in
-  `invalid_rate` (see `lit_rlhf.judges.stats`), with a 95% Wilson interval;
-- lengths are in **tokens of the policy's tokenizer** (the completion text re-encoded without
-  special tokens, so EOS is not counted); `length_ratio` is mean policy length / mean baseline
-  length, and the figure buckets the per-item log(len_policy / len_baseline) (N+ Figure 8);
-- evaluation prompts are the first `num_prompts` distinct prompts of a split, in dataset order,
-  so every evaluation of a run sees the same prompts.
+Conventions: the policy is completion **a**, the baseline **b**; `win_rate` is the policy's, ties
+half, invalid verdicts excluded and counted in `invalid_rate` (`lit_rlhf.judges.stats`), with a
+95% Wilson interval; lengths are in **tokens of the policy's tokenizer** without special tokens
+(`length_ratio`: mean policy / mean baseline length; the figure buckets log(len_policy /
+len_baseline), N+ Figure 8); the prompts are the first `num_prompts` distinct prompts of a split,
+so every evaluation of a run sees the same ones.
 """
 
 from lit_rlhf.evaluation.best_of_n import BestOfN, best_of_n

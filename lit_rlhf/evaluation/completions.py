@@ -11,31 +11,13 @@ from lit_rlhf.generation import SamplingConfig, decode_responses, generate_respo
 GREEDY = SamplingConfig(max_new_tokens=53, temperature=1.0, do_sample=False)
 
 
-def generate_completions(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    prompt_ids: Sequence[Sequence[int]],
-    sampling: SamplingConfig = GREEDY,
-    batch_size: int = 8,
-    synced_gpus: bool = False,
-    seed: int = 0,
-    engine: Any = None,
-    response_ids: list[list[int]] | None = None,
-) -> list[str]:
-    """Completion texts (EOS and padding removed) of `model` for each prompt, in order.
-
-    `response_ids`: when given a list, each completion's sampled token ids (with its EOS when it
-    ended) are appended to it, for scoring the tokens as sampled rather than their re-encoding.
-
-    `engine`: a `lit_rlhf.generation.vllm.VLLMEngine` holding `model`'s weights samples instead
-    of `generate_responses` (same settings and post-processing; its seeds come from the same
-    forked, seeded RNG).
-
-    Prompts are left padded in batches of `batch_size` (D5) and sampled with
-    `lit_rlhf.generation.generate_responses` (D23 cut after the first EOS). Sampling runs under a
-    forked RNG seeded with `seed`: the evaluation is reproducible and the training RNG stream is
-    left untouched.
-    """
+def generate_completions(model: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[Sequence[int]],
+                         sampling: SamplingConfig = GREEDY, batch_size: int = 8, synced_gpus: bool = False,
+                         seed: int = 0, engine: Any = None, response_ids: list[list[int]] | None = None) -> list[str]:
+    """Completion texts (EOS and padding removed) of `model` for each prompt, in order, sampled in
+    left-padded batches (D5, D23) under a forked RNG seeded with `seed` (reproducible, the training
+    RNG untouched). `response_ids`: a list that gets each completion's sampled ids (EOS included
+    when it ended). `engine`: a `VLLMEngine` holding `model`'s weights samples instead."""
     from lit_rlhf.data.collate import pad_left
 
     if batch_size < 1:

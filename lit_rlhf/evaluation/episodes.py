@@ -1,15 +1,11 @@
 """A policy on held-out rows of a multi-turn environment: one greedy episode per row, scored.
 
-`evaluate_episodes` runs the rows through the same episode loop training uses
-(`lit_rlhf.envs.rollout.run_episodes`: the same chat rendering, tool parsing, budgets and stop
-rules), with greedy decoding (our KV-cache sampler, D23), so two policies compared on the same
-rows are compared deterministically and row by row. Each episode is scored as the online modules
-score an episode (`OnlineModule.score_rollout`): every reward function reads the last policy turn
-as the completion, with the row's columns, and the environment's return (its turn rewards) is the
-source `environment`.
-
-One record per row: the conversation as text, the final answer, the number of turns, the tool
-calls made and failed, how the episode stopped, and each reward source's value.
+`evaluate_episodes` runs the rows through training's episode loop (`envs.rollout.run_episodes`)
+with greedy decoding (D23), so two policies are compared deterministically, row by row, and
+scores each episode as the online modules do (`OnlineModule.score_rollout`: every reward function
+reads the last policy turn; the environment's return is the source `environment`). One record per
+row: the conversation, the final answer, the turns, the tool calls made and failed, how the
+episode stopped and each reward source's value.
 """
 
 from __future__ import annotations
@@ -29,17 +25,10 @@ ENVIRONMENT = "environment"  # the source name of the environment's return, as i
 
 
 @torch.no_grad()
-def evaluate_episodes(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    environment: Environment,
-    rows: Sequence[dict[str, Any]],
-    reward_fns: Sequence[Callable] = (),
-    max_turns: int = 1,
-    max_episode_tokens: int | None = None,
-    max_new_tokens: int = 64,
-    batch_size: int = 16,
-) -> list[dict[str, Any]]:
+def evaluate_episodes(model: torch.nn.Module, tokenizer: Any, environment: Environment,
+                      rows: Sequence[dict[str, Any]], reward_fns: Sequence[Callable] = (), max_turns: int = 1,
+                      max_episode_tokens: int | None = None, max_new_tokens: int = 64,
+                      batch_size: int = 16) -> list[dict[str, Any]]:
     """One greedy episode per row of `rows` (dicts with the environment's columns, e.g. the QA
     DataModules' `prompt` and `reference`) -> one record per row (see the module docstring).
 
@@ -80,18 +69,11 @@ def evaluate_episodes(
                            conversation=[t.conversation(tokenizer) for t in trajectories])
             scores = {name: call_reward_fn(fn, prompts, completions, columns).tolist()
                       for name, fn in zip(names, reward_fns)}
-            for i, t in enumerate(trajectories):
-                calls = t.tool_calls
-                records.append({
-                    "prompt": prompts[i],
-                    "answer": completions[i],
-                    "conversation": columns["conversation"][i],
-                    "turns": len(t.turns),
-                    "tool_calls": len(calls),
-                    "tool_errors": sum(c.error is not None for c in calls),
-                    "stop_reason": t.stop_reason,
-                    "rewards": {**{name: float(v[i]) for name, v in scores.items()}, ENVIRONMENT: t.reward},
-                })
+            records += [{"prompt": prompts[i], "answer": completions[i], "conversation": columns["conversation"][i],
+                         "turns": len(t.turns), "tool_calls": len(t.tool_calls),
+                         "tool_errors": sum(c.error is not None for c in t.tool_calls), "stop_reason": t.stop_reason,
+                         "rewards": {**{name: float(v[i]) for name, v in scores.items()}, ENVIRONMENT: t.reward}}
+                        for i, t in enumerate(trajectories)]
     finally:
         for env in envs:
             env.close()

@@ -1,13 +1,11 @@
-"""The key-fact golds of a set of answers, the trivial answers beside them, and pooled intervals.
+"""The key-fact golds of a set of answers, the trivial answers beside them, and pooled intervals,
+for `python -m lit_rlhf.apps.compare_policies` (live and `--rescore`).
 
-Used by `python -m lit_rlhf.apps.compare_policies` (live and `--rescore`). Every answer to a post
-gets the measures of `lit_rlhf.judges.keyfact` (`MEASURES`); with the post's checks
-(`bundled:keyfact_checks`, written by `lit_rlhf/data/bundled/make_keyfact.py`) also whether it
-names one of the post's distractor details and whether it states one of the listed false
-statements. A trained policy stands beside trivial answers computed from the post alone
-(`EXTRACTIVE`): its first sentence, its title, the whole post, and the reference key fact, the
-ceiling. Several seeds of a policy on the same prompts are pooled by the hierarchical bootstrap of
-`lit_rlhf.evaluation.paired` (seeds, then prompts).
+Every answer gets the measures of `lit_rlhf.judges.keyfact` (`MEASURES`); with the post's checks
+(`bundled:keyfact_checks`) also whether it names a distractor detail or states a listed false
+statement. Trivial answers from the post alone (`EXTRACTIVE`: first sentence, title, whole post,
+and the reference, the ceiling) stand beside the policy. Seeds are pooled by the hierarchical
+bootstrap of `lit_rlhf.evaluation.paired`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""A verifiable question/answer task for lm-evaluation-harness (`lm_eval`), defined from local files.
+"""A verifiable question/answer task for lm-evaluation-harness (`lm_eval`), from local files.
 
-`write_task` writes a task directory for `lm_eval --include_path`: `<name>.yaml` (the data read
-with the `json` builder from local files, never the hub; greedy generation until a blank line or
-the next "Question:"; the prompt template of the training recipe) and `utils.py`, whose
-`process_results` scores each generation with the verifiable reward's checker
-(`lit_rlhf.rewards.math_answer.answers_match`: `math-verify`, GSM8K `####`, `\\boxed{}`), so the
-harness's `acc` is the same accuracy `MathAnswerReward` rewards. `python -m
-lit_rlhf.apps.lm_eval_task` exports a policy and runs the harness on such a task.
+`write_task` writes a directory for `lm_eval --include_path`: `<name>.yaml` (local files read with
+the `json` builder, greedy generation until a blank line or "Question:", the recipe's prompt
+template) and `utils.py`, whose `process_results` scores with the verifiable reward's checker
+(`rewards.math_answer.answers_match`), so `acc` is the accuracy `MathAnswerReward` rewards.
 """
 
 from __future__ import annotations
@@ -23,6 +20,29 @@ UTILS = '''"""Written by lit_rlhf.evaluation.harness.write_task: scores a genera
 
 from lit_rlhf.evaluation.harness import process_results  # noqa: F401
 '''
+
+# `process_docs` tells `process_results` which field holds the reference when it is not `answer`
+TASK_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {files}
+test_split: test
+output_type: generate_until
+doc_to_text: {text}
+doc_to_target: {target}
+{process_docs}process_results: !function utils.process_results
+generation_kwargs:
+  until: ["\\n\\n", "Question:"]
+  do_sample: false
+  max_gen_toks: {max_gen_toks}
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
 
 
 def process_results(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
@@ -52,32 +72,10 @@ def write_task(out_dir: str | Path, data_files: list[str | Path], name: str = "l
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     text = prompt_template.replace("{question}", "{{" + question + "}}")
-    lines = [
-        f"task: {name}",
-        "dataset_path: json",
-        "dataset_kwargs:",
-        "  data_files:",
-        f"    test: {json.dumps([str(f) for f in files])}",
-        "test_split: test",
-        "output_type: generate_until",
-        f"doc_to_text: {json.dumps(text)}",
-        f"doc_to_target: {json.dumps('{{' + answer + '}}')}",
-        "process_results: !function utils.process_results",
-        "generation_kwargs:",
-        '  until: ["\\n\\n", "Question:"]',
-        "  do_sample: false",
-        f"  max_gen_toks: {int(max_gen_toks)}",
-        "metric_list:",
-        "  - metric: acc",
-        "    aggregation: mean",
-        "    higher_is_better: true",
-        "metadata:",
-        "  version: 1.0",
-    ]
-    if answer != "answer":  # tell process_results which field holds the reference
-        lines.insert(lines.index("process_results: !function utils.process_results"),
-                     f"process_docs: !function utils.with_reference_{answer}")
-    (out / f"{name}.yaml").write_text("\n".join(lines) + "\n")
+    process_docs = "" if answer == "answer" else f"process_docs: !function utils.with_reference_{answer}\n"
+    (out / f"{name}.yaml").write_text(TASK_YAML.format(
+        name=name, files=json.dumps([str(f) for f in files]), text=json.dumps(text),
+        target=json.dumps("{{" + answer + "}}"), process_docs=process_docs, max_gen_toks=int(max_gen_toks)))
     utils = UTILS
     if answer != "answer":
         utils += (f"\n\ndef with_reference_{answer}(dataset):\n"

@@ -18,13 +18,11 @@ def judge_safely(judge: PairwiseJudge, prompts: list[str], completions_a: list[s
     n = len(prompts)
     try:
         out = list(judge.judge(list(prompts), list(completions_a), list(completions_b)))
+        reason = None if len(out) == n else f"judge returned {len(out)} judgements for {n} items"
     except Exception as err:  # a judge failure must never end a training run
         reason = f"judge raised {type(err).__name__}: {err}"
+    if reason is not None:
         log.warning("%s: %s; all %d items counted as invalid", type(judge).__name__, reason, n)
-        return [Judgement("invalid", error=reason) for _ in range(n)]
-    if len(out) != n:
-        reason = f"judge returned {len(out)} judgements for {n} items"
-        log.warning("%s: %s; all items counted as invalid", type(judge).__name__, reason)
         return [Judgement("invalid", error=reason) for _ in range(n)]
     invalid = sum(j.winner == "invalid" for j in out)
     if invalid:
@@ -34,13 +32,9 @@ def judge_safely(judge: PairwiseJudge, prompts: list[str], completions_a: list[s
 
 
 class JudgeEvaluation(NamedTuple):
-    """Everything one evaluation produced.
-
-    stats: win rate of the policy (a) over the baseline (b) with its Wilson interval.
-    metrics: flat floats named `{prefix}/{name}` (see `judge_metrics`).
-    rows: one dict per prompt (prompt, policy, baseline, winner, raw, error, swapped, lengths).
-    buckets: win rate per log(len_policy / len_baseline) bucket.
-    """
+    """Everything one evaluation produced: `stats` (the policy's (a) win rate over the baseline (b),
+    Wilson interval), `metrics` (`{prefix}/{name}` floats, `judge_metrics`), `rows` (one dict per
+    prompt) and `buckets` (win rate per log(len_policy / len_baseline) bucket)."""
 
     stats: WinRateStats
     metrics: dict[str, float]
@@ -60,30 +54,16 @@ def judge_metrics(stats: WinRateStats, policy_lengths: Sequence[int], baseline_l
     `length_ratio` (mean policy length / mean baseline length)."""
     mean_policy = sum(policy_lengths) / max(1, len(policy_lengths))
     mean_baseline = sum(baseline_lengths) / max(1, len(baseline_lengths))
-    values = {
-        "win_rate": stats.win_rate,
-        "win_rate_ci_low": stats.ci_low,
-        "win_rate_ci_high": stats.ci_high,
-        "tie_rate": stats.tie_rate,
-        "invalid_rate": stats.invalid_rate,
-        "num_prompts": stats.n,
-        "num_valid": stats.num_valid,
-        "policy_length_tokens": mean_policy,
-        "baseline_length_tokens": mean_baseline,
-        "length_ratio": mean_policy / mean_baseline if mean_baseline > 0 else math.nan,
-    }
+    values = {"win_rate": stats.win_rate, "win_rate_ci_low": stats.ci_low, "win_rate_ci_high": stats.ci_high,
+              "tie_rate": stats.tie_rate, "invalid_rate": stats.invalid_rate, "num_prompts": stats.n,
+              "num_valid": stats.num_valid, "policy_length_tokens": mean_policy,
+              "baseline_length_tokens": mean_baseline,
+              "length_ratio": mean_policy / mean_baseline if mean_baseline > 0 else math.nan}
     return {f"{prefix}/{k}": float(v) for k, v in values.items()}
 
 
-def evaluate_completions(
-    judge: PairwiseJudge,
-    prompts: list[str],
-    policy_texts: list[str],
-    baseline_texts: list[str],
-    tokenizer: Any,
-    num_buckets: int = 6,
-    prefix: str = "val/judge",
-) -> JudgeEvaluation:
+def evaluate_completions(judge: PairwiseJudge, prompts: list[str], policy_texts: list[str], baseline_texts: list[str],
+                         tokenizer: Any, num_buckets: int = 6, prefix: str = "val/judge") -> JudgeEvaluation:
     """Judge policy (a) against baseline (b) on each prompt and summarise (never raises for a
     judge failure: see `judge_safely`)."""
     if not (len(prompts) == len(policy_texts) == len(baseline_texts)):

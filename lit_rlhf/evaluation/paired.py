@@ -1,25 +1,15 @@
 """Paired comparisons of two policies on the same prompts (pure Python + scipy, no torch).
 
-Every evaluation item i is scored twice, once for each policy (`before[i]`, `after[i]`), so the
-comparison is paired: the prompt-to-prompt spread cancels in the differences d_i = after_i -
-before_i, and intervals are far tighter than two independent means would give.
-
-- `paired_difference`: the mean of d with a Student-t 95% interval,
-  mean(d) +- t_{0.975, n-1} * sd(d) / sqrt(n), and the two-sided paired t-test p-value; for an
-  interval that does not lean on normality, `bootstrap_interval` resamples items (percentile
-  bootstrap, seeded, so a report is reproducible).
-- `paired_win_rate`: how often `after` beats `before` item by item (ties count half, as in
-  `lit_rlhf.judges.stats`), with the Wilson interval, which stays inside [0, 1].
-- `proportion`: a success count with its Wilson interval (accuracies, agreement rates);
-  `clopper_pearson_interval`: the exact (conservative) binomial interval, also inside [0, 1].
-- Over prompts AND training seeds (every seed's policy scored on the same prompts):
-  `bootstrap_mean` / `paired_bootstrap` resample seeds, then prompts (`hierarchical_bootstrap`),
-  so both sources of variance are in the interval (a Student t over a few seeds' means ignores
-  the prompts; one over prompts ignores the seeds); `sign_test` is the exact two-sided sign
-  test on paired differences (with 0/1 scores, McNemar's exact test).
-
-Decision rule used by the reports: a difference is called an improvement when its whole 95%
-interval lies above zero, a regression when it lies below, and "no detectable change" otherwise.
+Every item is scored for both policies, so the prompt-to-prompt spread cancels in d_i = after_i -
+before_i. `paired_difference`: mean(d) with the Student-t 95% interval mean(d) +- t_{0.975, n-1}
+sd(d) / sqrt(n) and the paired t-test p-value (`bootstrap_interval`: a seeded percentile bootstrap
+over items instead). `paired_win_rate`: how often `after` beats `before` (ties half, as
+`lit_rlhf.judges.stats`) with the Wilson interval; `proportion`: a count with its Wilson interval;
+`clopper_pearson_interval`: the exact binomial interval. Over prompts AND training seeds,
+`bootstrap_mean` / `paired_bootstrap` resample seeds, then prompts (`hierarchical_bootstrap`), so
+both sources of variance count; `sign_test` is the exact two-sided sign test (McNemar's exact
+test on 0/1 scores). A difference is an improvement when its whole 95% interval lies above zero,
+a regression when below, else "no detectable change".
 """
 
 from __future__ import annotations
@@ -136,15 +126,10 @@ def _grid(values_by_seed: Sequence[Sequence[float]]) -> np.ndarray:
 
 def hierarchical_bootstrap(values_by_seed: Sequence[Sequence[float]], num_resamples: int = 10000,
                            seed: int = 0) -> np.ndarray:
-    """Bootstrap means of a (seeds, prompts) grid: each resample draws S seeds with replacement,
-    then P prompts with replacement, and averages the S x P drawn cells. Returns (num_resamples,).
-
-    The prompts are crossed with the seeds (every seed's policy is scored on the same prompts),
-    so one draw of prompts serves every drawn seed. Its variance is, exactly,
-    var(a)/S + var(b)/P + mean(e^2)/(S P) with a, b, e the seed, prompt and interaction effects
-    of the grid's two-way decomposition (population variances): both the seed-to-seed and the
-    prompt-to-prompt spread are counted. One seed is the plain item bootstrap. Seeded (numpy
-    PCG64), so a report is reproducible."""
+    """Bootstrap means of a (seeds, prompts) grid -> (num_resamples,): each resample draws S seeds,
+    then P prompts, with replacement (prompts are crossed with seeds), and averages the S x P cells.
+    Its variance is var(a)/S + var(b)/P + mean(e^2)/(S P) (seed, prompt and interaction effects), so
+    both spreads count; one seed is the plain item bootstrap. Seeded (numpy PCG64)."""
     grid = _grid(values_by_seed)
     seeds, prompts = grid.shape
     rng = np.random.default_rng(seed)

@@ -1,25 +1,21 @@
 """pass@k, avg@k and maj@k of n sampled answers per problem (pure Python, no torch).
 
-A verifiable task gives every sampled answer a verdict (right or wrong) and, for majority
-voting, an answer: a hashable key equal for equivalent answers, None when no answer could be
-read. With n samples of one problem, c of them right:
+Every sampled answer has a verdict and, for majority voting, an answer key (equal for equivalent
+answers, `lit_rlhf.rewards.math_answer.answer_keys`; None when unreadable). With n samples of one
+problem, c of them right:
 
-- **pass@k**: the probability that at least one of k samples is right, estimated without bias
-  from n >= k samples as in Chen et al. 2021 ("Evaluating Large Language Models Trained on
-  Code", Eq. 1): `1 - C(n - c, k) / C(n, k)`, computed as the product
-  `1 - prod_{i = n - c + 1}^{n} (1 - k / i)` (their numerically stable form); 1 when n - c < k.
-  Drawing only k samples and checking any-correct is the same in expectation, with more variance.
-- **avg@k**: the mean accuracy of k samples. Its expectation does not depend on k, so with
-  n >= k samples its unbiased estimate is c / n (the mean over all n; equal to pass@1).
-- **maj@k**: whether the majority answer of the first k samples is right (self-consistency,
-  Wang et al. 2023). Samples without an answer do not vote; a tie goes to the answer that
-  appeared first; no answer at all counts as wrong; the winning answer's verdict is that of its
-  first sample. Equivalent answers must share one key
-  (`lit_rlhf.rewards.math_answer.answer_keys` groups them with the verifiable reward's checker).
+- **pass@k**: P(at least one of k samples is right), estimated without bias from n >= k samples
+  (Chen et al. 2021, "Evaluating Large Language Models Trained on Code", Eq. 1):
+  `1 - C(n - c, k) / C(n, k)`, computed as `1 - prod_{i = n - c + 1}^{n} (1 - k / i)`; 1 when
+  n - c < k.
+- **avg@k**: the mean accuracy of k samples, estimated by c / n (equal to pass@1).
+- **maj@k**: whether the majority answer of the first k samples is right (self-consistency, Wang
+  et al. 2023): unanswered samples do not vote, a tie goes to the answer seen first, no answer is
+  wrong, and the winner's verdict is that of its first sample.
 
-`per_problem_metrics` gives each metric's per-problem values; `summarise` turns them into means
-with percentile bootstrap intervals over problems (`lit_rlhf.evaluation.paired.bootstrap_mean`),
-and `compare` into paired differences of two policies on the same problems (`paired_bootstrap`).
+`per_problem_metrics` gives the per-problem values, `summarise` their means with percentile
+bootstrap intervals over problems (`paired.bootstrap_mean`), `compare` the paired differences of
+two policies (`paired_bootstrap`).
 """
 
 from __future__ import annotations
@@ -69,10 +65,8 @@ def maj_at_k(keys: Sequence[Hashable | None], correct: Sequence[bool], k: int) -
         raise ValueError(f"{len(keys)} answers for {len(correct)} verdicts")
     if not 1 <= k <= len(keys):
         raise ValueError(f"need 1 <= k <= n (maj@{k} from {len(keys)} samples)")
-    winner = majority_answer(keys[:k])
-    if winner is None:
-        return 0.0
-    return float(bool(correct[list(keys).index(winner)]))  # the verdict of the answer's first sample
+    winner = majority_answer(keys[:k])  # scored by the verdict of the answer's first sample
+    return 0.0 if winner is None else float(bool(correct[list(keys).index(winner)]))
 
 
 def metric_names(ks: Sequence[int]) -> list[str]:
@@ -101,11 +95,9 @@ def per_problem_metrics(correct: Sequence[Sequence[bool]], keys: Sequence[Sequen
 def summarise(values: dict[str, Sequence[float]], num_resamples: int = 10000, seed: int = 0) -> dict[str, Any]:
     """Each metric's mean over problems with its 95% percentile bootstrap interval (problems
     resampled with replacement)."""
-    out = {}
-    for name, v in values.items():
-        result = bootstrap_mean([list(v)], num_resamples, seed=seed)
-        out[name] = {"n": result.num_prompts, "mean": result.mean, "ci_low": result.ci_low, "ci_high": result.ci_high}
-    return out
+    means = {name: bootstrap_mean([list(v)], num_resamples, seed=seed) for name, v in values.items()}
+    return {name: {"n": r.num_prompts, "mean": r.mean, "ci_low": r.ci_low, "ci_high": r.ci_high}
+            for name, r in means.items()}
 
 
 def compare(before: dict[str, Sequence[float]], after: dict[str, Sequence[float]], num_resamples: int = 10000,

@@ -55,16 +55,13 @@ def prompts_from_dataset(ds: Any, num_prompts: int | None, reference_column: str
         raise ValueError(f"the evaluation dataset has no 'prompt' column (columns: {sorted(columns)})")
     if "_prompt_ids" not in columns and tokenizer is None:
         raise ValueError("the evaluation dataset has no '_prompt_ids' column: pass the tokenizer to encode prompts")
-    seen: set[str] = set()
-    rows: list[int] = []
-    texts = ds["prompt"]
-    for i, text in enumerate(texts):
-        if text is None or text in seen:
-            continue
-        seen.add(text)
-        rows.append(i)
-        if num_prompts is not None and len(rows) >= num_prompts:
+    first: dict[str, int] = {}  # each distinct prompt's first row
+    for i, text in enumerate(ds["prompt"]):
+        if num_prompts is not None and len(first) >= num_prompts:
             break
+        if text is not None:
+            first.setdefault(text, i)
+    rows = list(first.values())
     if not rows:
         raise ValueError("the evaluation dataset has no prompts")
     sub = ds.select(rows)

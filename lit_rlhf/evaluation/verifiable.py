@@ -1,13 +1,8 @@
-"""n sampled answers per problem of a verifiable task, checked: what pass@k, avg@k and maj@k
-(`lit_rlhf.evaluation.pass_at_k`) are computed from.
-
-Each problem's prompt is sampled n times (our KV-cache sampler or a vLLM engine, through
-`generate_completions`: prompts left padded, D23 cut after the first EOS, a forked RNG seeded
-with `seed`, so the evaluation is reproducible and leaves the training RNG untouched). Each
-answer is checked against the problem's reference with the verifiable reward's checker
-(`lit_rlhf.rewards.math_answer.answers_match`: `math-verify`, GSM8K `####`, `\\boxed{}`), and the
-answers are grouped into equivalent ones for majority voting (`answer_keys`).
-`python -m lit_rlhf.apps.pass_at_k` and `callbacks.PassAtKCallback` both use it.
+"""n sampled answers per problem of a verifiable task, checked, for `lit_rlhf.evaluation.pass_at_k`
+(used by `python -m lit_rlhf.apps.pass_at_k` and `callbacks.PassAtKCallback`): each prompt sampled
+n times (`generate_completions`: reproducible, the training RNG untouched), each answer checked
+against the reference (`rewards.math_answer.answers_match`) and grouped with equivalent ones for
+majority voting (`answer_keys`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
-"""Every model and tokenizer the methods need:
+"""Every model and tokenizer the methods need.
 
-- `loading`: tokenizers and causal LMs from a builtin name, a `.gguf` file, a local directory or
-  a hub id; PAD != EOS (D3), dropout off (D7), frozen copies;
-- `heads`: scalar-head models (reward models, PPO value models, DRO-V's V(x); D11, D12, D14);
-- `reward_loading`: a trained reward model loaded back (checkpoint, export, LoRA adapter);
-- `adapters`: LoRA (`peft`): named adapters on one frozen base (policy, value, reward), the
-  reference policy as that base with the adapters disabled; `scalar_adapters`: scalar-head
-  networks as adapters; `merging`: adapters merged for generation backends;
-- `export`: a scalar-head model as a plain `transformers` sequence classifier;
-- running a model for its log-probs: `logprobs` (dense or chunked output layer), `packed`
-  (packed rows), `shared_prompt` (a prompt computed once for its completions), and
-  `attention` (`sdpa_varlen`, attention one packed example at a time).
-
-The names of `loading`, `heads`, `reward_loading` and `export` are importable from
-`lit_rlhf.models` itself.
+`loading`: tokenizers and causal LMs from a builtin name, a `.gguf` file, a directory or a hub
+id (PAD != EOS, D3; dropout off, D7; frozen copies); `heads`: scalar-head models (reward, value,
+DRO-V's V(x); D11, D12, D14); `reward_loading`: a trained reward model loaded back; `adapters`,
+`scalar_adapters`, `merging`: LoRA adapters on one frozen base (the reference = adapters off),
+scalar-head adapters, adapters merged for generation backends; `export`: a scalar-head model as a
+plain sequence classifier; `logprobs`, `packed`, `shared_prompt`, `attention`: running a model
+for its log-probs (dense or chunked, packed rows, a shared prompt, `sdpa_varlen`). The names of
+`loading`, `heads`, `reward_loading` and `export` are importable from `lit_rlhf.models`.
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
-"""LoRA with `peft`: named adapters on one frozen base model.
+"""LoRA with `peft`: named adapters on one frozen base model (`docs/guides/lora.md`).
 
-With a LoRA config a module trains low-rank adapters instead of the base weights, and every
-network it needs lives on the same base:
-
-- the policy is the adapter `policy`; the reference policy is the same base with every adapter
-  disabled (`AdapterView(model, None)`), never a second copy of the weights;
-- PPO's value model and reward model, DRO-V's V(x), are further adapters (`value`, `reward`) on
-  that base, each with its own scalar head (`lit_rlhf.models.scalar_adapters`); the reward adapter
-  is frozen.
-
-`use_adapter(model, name)` activates exactly one adapter (or none) for the calls inside it by
-setting the active adapter of every LoRA layer directly. peft's own `set_adapter` and
-`disable_adapter` also flip `requires_grad` of the adapters they switch off, which would take
-parameters out of an optimizer, a DDP bucket or a DeepSpeed partition in the middle of training;
-`use_adapter` never touches `requires_grad`, so which parameters train is decided once
-(`set_trainable`). Since an inactive adapter is not in the computation, the gradients of one
-adapter never reach another.
-
-Gradient checkpointing recomputes a forward pass during backward, after `use_adapter` has
-returned: `checkpoint_context_fn` makes the recomputation run under the adapter state of the
-original forward (`torch.utils.checkpoint`'s `context_fn`, non-reentrant checkpointing).
-
-A LoRA config is given as `lora:` in YAML, either a `peft.LoraConfig` by class path
-
-    lora:
-      class_path: peft.LoraConfig
-      init_args: {r: 16, lora_alpha: 32, target_modules: all-linear}
-
-or the short spec `lora_config` documents (`r`, `alpha`, `dropout`, `target_modules`,
-`modules_to_save`).
+The policy is the adapter `policy`, the reference the same base with every adapter disabled
+(`AdapterView(model, None)`); PPO's value and reward models and DRO-V's V(x) are further adapters
+with scalar heads (`lit_rlhf.models.scalar_adapters`). `use_adapter` activates exactly one adapter
+by setting every LoRA layer's active adapter directly, never touching `requires_grad` (peft's
+`set_adapter` / `disable_adapter` flip it, pulling parameters out of an optimizer, a DDP bucket
+or a DeepSpeed partition mid-run); `checkpoint_context_fn` replays that state when gradient
+checkpointing recomputes a forward. A LoRA config is a `peft.LoraConfig` by class path or the
+short spec of `lora_config`.
 """
 
 from __future__ import annotations
@@ -46,11 +25,6 @@ POLICY = "policy"
 VALUE = "value"
 REWARD = "reward"
 _SPEC_KEYS = {"r", "alpha", "dropout", "target_modules", "modules_to_save"}
-
-
-# --------------------------------------------------------------------------------------------
-# configuration
-# --------------------------------------------------------------------------------------------
 
 
 def lora_config(spec: Any):
@@ -95,11 +69,6 @@ def lora_config(spec: Any):
         modules_to_save=spec.get("modules_to_save"),
         bias="none",
     )
-
-
-# --------------------------------------------------------------------------------------------
-# building: one base, named adapters
-# --------------------------------------------------------------------------------------------
 
 
 def add_lora(model: nn.Module, config, adapter: str = POLICY):
@@ -276,11 +245,6 @@ def activated(model: Any) -> Iterator[nn.Module]:
             yield inner
     else:
         yield model
-
-
-# --------------------------------------------------------------------------------------------
-# saving and loading adapters (PEFT format), merging
-# --------------------------------------------------------------------------------------------
 
 
 def is_adapter_dir(path: str | Path) -> bool:

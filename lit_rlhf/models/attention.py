@@ -1,22 +1,14 @@
 """Attention over packed rows, one packed example at a time (`sdpa_varlen`).
 
-A packed row (`lit_rlhf.types.PackedSFTBatch`) holds several examples end to end. Torch's
-`scaled_dot_product_attention` with the block-diagonal causal mask transformers builds for it
-computes every (query, key) pair of the whole row and masks most of them away: for 16 TL;DR
-examples in one row that is 9.4x the pairs of the padded batch (`benchmarks/RESULTS.md`), which
-made packing slower than padding on CPU. Flash-attention's variable-length kernel skips those
-blocks on a GPU; here the same contract runs on any device: given the example boundaries
-(`cu_seq_lens_q`/`cu_seq_lens_k`, the cumulative lengths over the flattened batch, as
-transformers passes them to `flash_attention_2`), each example runs its own causal `sdpa` call
-over its own tokens, so the work is that of the examples alone.
-
-`sdpa_varlen` is registered with transformers (`AttentionInterface`, and `sdpa`'s mask function
-in `AttentionMaskInterface`) and is `sdpa` for every call without the boundaries: padded
-batches, generation with a KV cache, 4D shared-prompt masks. `use_varlen_attention(model)`
-switches a model from `sdpa` to it. A forward pass run `with boundaries_given():` builds no
-attention mask (the block-diagonal one would be rows x length^2 booleans, 1 GB for one row of
-32k tokens); its attention calls must then get the boundaries. Values equal `sdpa` with the
-block mask up to float rounding (`tests/models/test_attention.py`).
+`scaled_dot_product_attention` with the block-diagonal mask of a packed row computes every
+(query, key) pair of the row and masks most away (16 TL;DR examples in one row: 9.4x the pairs of
+the padded batch, `benchmarks/RESULTS.md`). Given the example boundaries (`cu_seq_lens_q/k`, as
+transformers passes them to `flash_attention_2`), `sdpa_varlen` runs one causal `sdpa` call per
+example, on any device. It is registered with transformers (`AttentionInterface`, and `sdpa`'s
+mask function) and is plain `sdpa` for every call without boundaries (padded batches, a KV cache,
+4D shared-prompt masks); `use_varlen_attention(model)` switches a model to it. A forward run
+`with boundaries_given():` builds no attention mask (rows x length^2 booleans). Values equal
+`sdpa` with the block mask up to rounding (`tests/models/test_attention.py`).
 """
 
 from __future__ import annotations
@@ -97,19 +89,10 @@ def _read_segments(cu: Tensor, rows: int, width: int) -> list[list[tuple[int, in
     return out
 
 
-def sdpa_varlen_forward(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    cu_seq_lens_q: Tensor | None = None,
-    cu_seq_lens_k: Tensor | None = None,
-    **kwargs,
-) -> tuple[Tensor, None]:
+def sdpa_varlen_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                        dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                        cu_seq_lens_q: Tensor | None = None, cu_seq_lens_k: Tensor | None = None,
+                        **kwargs) -> tuple[Tensor, None]:
     """transformers' attention function signature: query (B, Hq, L, D), key/value (B, Hkv, L, D)
     -> (B, L, Hq, D). With `cu_seq_lens_q` each example attends causally within itself (the mask
     is not used, as in `flash_attention_2`); without it, transformers' `sdpa`."""

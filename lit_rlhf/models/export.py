@@ -30,22 +30,14 @@ def final_norm_of(backbone: nn.Module) -> tuple[str, nn.Module] | None:
 
 
 def to_sequence_classifier(scalar: ScalarHeadModel, pad_token_id: int):
-    """An `AutoModelForSequenceClassification` (num_labels=1) giving the rewards of `scalar`.
+    """An `AutoModelForSequenceClassification` (num_labels=1) giving the rewards of `scalar` ->
+    `(classifier, folded)`, sharing no tensors with `scalar`.
 
-    Transformers' sequence-classification heads have no bias, so the head bias `c` goes where
-    plain `transformers` still sees it when that can be exact:
-
-    - final norm is a LayerNorm with a bias (GPT-NeoX/Pythia, GPT-2, OPT): the reward is
-      `w . LN(x) + c` with `LN(x) = g * xhat + b`, so `b' = b + c * w / ||w||^2` gives
-      `w . LN'(x) = w . LN(x) + c` exactly (up to float rounding); `config.reward_bias = 0`;
-    - otherwise (RMSNorm: Llama, SmolLM2, Mistral; or a zero head): the bias is written to
-      `config.reward_bias`, which `load_scalar_model` / `load_reward_model` add back. Plain
-      `transformers` then returns `reward - reward_bias` (a constant shift: rankings, accuracies
-      and pairwise judgements are unchanged).
-
-    Returns `(classifier, folded)` where `folded` says whether the bias went into the final norm.
-    The classifier shares no tensors with `scalar`, which is left untouched.
-    """
+    Its heads have no bias, so the head bias `c` is folded into a final LayerNorm with a bias
+    (GPT-NeoX, GPT-2, OPT: `b' = b + c * w / ||w||^2` gives `w . LN'(x) = w . LN(x) + c` exactly,
+    `folded` True, `config.reward_bias = 0`); otherwise (RMSNorm: Llama, SmolLM2; a zero head) it is
+    written to `config.reward_bias`, which `load_reward_model` adds back, and plain `transformers`
+    returns `reward - reward_bias` (rankings and accuracies unchanged)."""
     from transformers import AutoModelForSequenceClassification
 
     backbone = scalar.backbone

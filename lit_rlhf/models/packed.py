@@ -1,21 +1,12 @@
 """Per-token log-probs of packed rows (`lit_rlhf.types.PackedSFTBatch`): several examples end to
 end in one row, position ids restarting at 0 at each example, no attention mask.
 
-The model gets `position_ids` and `attention_mask=None`; Hugging Face models built on
-`transformers.masking_utils` (Llama, SmolLM2, Qwen2, GPT-NeoX, ...) then detect the examples
-from the position restarts (`find_packed_sequence_indices`) and attend within each example only:
-a block-diagonal causal mask for the `sdpa`, `eager` and `flex_attention` kernels, per-example
-lengths for `flash_attention_2/3` (`tests/modules/test_sft_packing.py` checks `sdpa` and `eager`
-on Llama, Qwen2 and GPT-NeoX). A model running `sdpa_varlen` (`lit_rlhf.models.attention`,
-what `SFTModule` switches an `sdpa` policy to) gets the example boundaries instead of a mask and
-computes each example's attention alone. Whether a model keeps the examples apart is checked
-once per model and attention implementation (`packing_supported`: a packed row of two short
-sequences against each sequence alone); a model that does not is refused here, and `SFTModule`
-unpacks the batch for it.
-
-Both log-prob paths of `lit_rlhf.models.logprobs` apply: the chunked one (last hidden states, the
-output layer a chunk of scored tokens at a time) and the dense logits. A token at position 0
-(an example's first) is never scored: its previous column is another example's.
+Models built on `transformers.masking_utils` (Llama, SmolLM2, Qwen2, GPT-NeoX, ...) detect the
+examples from the position restarts and attend within each one; `sdpa_varlen`
+(`lit_rlhf.models.attention`) gets the boundaries instead. `packing_supported` probes this once
+per model and attention implementation; a model that does not keep examples apart is refused
+here, and `SFTModule` unpacks the batch for it. Both log-prob paths of `lit_rlhf.models.logprobs`
+apply (chunked and dense); a token at position 0 (an example's first) is never scored.
 """
 
 from __future__ import annotations
@@ -85,16 +76,9 @@ def packing_supported(model: nn.Module) -> bool:
     return seen[impl]
 
 
-def packed_token_logps(
-    model: nn.Module,
-    input_ids: Tensor,
-    position_ids: Tensor,
-    loss_mask: Tensor,
-    temperature: float = 1.0,
-    chunk_size: int | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> Tensor:
+def packed_token_logps(model: nn.Module, input_ids: Tensor, position_ids: Tensor, loss_mask: Tensor,
+                       temperature: float = 1.0, chunk_size: int | None = None, top_k: int = 0,
+                       top_p: float = 1.0) -> Tensor:
     """Per-token log-probs (R, L) of packed rows, 0 where `loss_mask` is False and at position 0.
 
     `chunk_size`: the chunked path (`lit_rlhf.ops.linear_logprobs`); None: dense logits. `top_k` /

@@ -43,18 +43,12 @@ def _reward_model_from_checkpoint(path: Path, tokenizer=None, dtype: str | torch
 
 
 def load_reward_model(name_or_ckpt: str, tokenizer=None, dtype: str | torch.dtype | None = None) -> ScalarHeadModel:
-    """A trained reward model as a `ScalarHeadModel` (in eval mode; gradients left enabled).
-
-    `name_or_ckpt` is either
-    - a `RewardModule` Lightning checkpoint (`.ckpt` file): the base model named in its
-      hyper-parameters is rebuilt and the trained weights (head bias included, D15) loaded; or
-    - a directory exported by `RewardModule.export_hf` (or any one-label
-      `AutoModelForSequenceClassification`): its head and `config.reward_bias` are kept;
-    - a LoRA reward model's adapter directory (`<export_dir>/adapter`: PEFT adapter and
-      `scalar_head.safetensors`): the base it names, with the adapter merged in, and its head.
-    Any other model name gets a fresh D11 head (with a warning: it is not a trained reward model).
-    Rewards are read with `.score(input_ids, attention_mask)` at the last real token (D12, D14).
-    """
+    """A trained reward model as a `ScalarHeadModel` in eval mode (gradients left enabled), from a
+    `RewardModule` checkpoint (`.ckpt`: the base in its hyper-parameters rebuilt, the trained
+    weights loaded, head bias included, D15), a directory exported by `RewardModule.export_hf` (or
+    any one-label sequence classifier; `config.reward_bias` kept), or a LoRA reward model's adapter
+    directory (its base with the adapter merged, and its head). Any other name gets a fresh D11 head,
+    with a warning. Rewards: `.score(input_ids, attention_mask)` at the last real token (D12, D14)."""
     path = Path(str(name_or_ckpt)).expanduser()
     if is_scalar_adapter_dir(path):  # a LoRA reward model: its base with the adapter merged in
         from peft import PeftModel

@@ -1,11 +1,8 @@
-"""Scalar-head networks (reward models, PPO value models, DRO-V's V(x)) trained as LoRA adapters.
-
-On a policy's shared base (`scalar_adapter`, `AdapterScalarModel`): the network is one more named
-adapter on the policy's frozen base (`lit_rlhf.models.adapters`) with a scalar head of its own, so
-the base's weights are held once. On a base of their own (`lora_on_scalar`, `lora_scalar_model`):
-a separate scalar-head model whose body trains as an adapter. A LoRA reward model is exported as
-its PEFT adapter with the head next to it (`save_head`, `load_head`, `is_scalar_adapter_dir`).
-Heads are initialised as D11 and read at the last real token (D12, D14), as `ScalarHeadModel`.
+"""Scalar-head networks (reward, PPO value, DRO-V's V(x)) trained as LoRA adapters: one more named
+adapter on the policy's frozen base with a head of its own (`scalar_adapter`,
+`AdapterScalarModel`), or a separate scalar model whose body trains as an adapter
+(`lora_on_scalar`, `lora_scalar_model`). A LoRA reward model is exported as its PEFT adapter with
+the head beside it (`save_head`, `load_head`, `is_scalar_adapter_dir`); heads as D11, D12, D14.
 """
 
 from __future__ import annotations
@@ -34,14 +31,10 @@ def scalar_adapter(
     base_name: str | None = None,
     trainable: bool = True,
 ) -> AdapterScalarModel | None:
-    """A scalar-head network as the adapter `adapter` on the shared base `model`.
-
-    - `source` None: a fresh adapter (`config`) and a fresh D11 head;
-    - `source` a LoRA reward model exported by `RewardModule` (`<export_dir>/adapter`: PEFT
-      adapter + `scalar_head.safetensors`) trained on the same base (`base_name`): its adapter
-      weights and head (D22: a value model that starts from the reward model);
-    - anything else: None (the caller loads a separate model, as without LoRA).
-    """
+    """A scalar-head network as the adapter `adapter` on the shared base `model`: with `source` None
+    a fresh adapter (`config`) and D11 head; with `source` a LoRA reward model exported by
+    `RewardModule` on the same base (`base_name`), its adapter and head (D22: a value model starting
+    from the reward model); anything else: None (the caller loads a separate model)."""
     if source is None:
         add_lora(model, config, adapter)
         head = None
