@@ -66,7 +66,8 @@ def run_worker(args: argparse.Namespace, scope: str, variant: str) -> dict:
     """One variant: warm-up + measured steps in this process; times and step memory."""
     from benchmarks.common import StepPeaks, token_rows
     from lit_rlhf import models
-    from lit_rlhf.models.logprobs import forward_hidden, per_token_logps
+    from lit_rlhf.models.logprobs import per_token_logps
+    from lit_rlhf.models.output_layer import forward_hidden
     from lit_rlhf.ops import linear_token_logps, selective_log_softmax
 
     torch.manual_seed(0)

@@ -48,7 +48,7 @@ def bf16_step(magnitude: float) -> float:
 
 def largest_scored_logit(model, ids, attention, loss) -> float:
     """max |logit| over the positions that predict a scored token (float32, no autocast)."""
-    from lit_rlhf.models.logprobs import forward_logits
+    from lit_rlhf.models.output_layer import forward_logits
 
     with torch.no_grad():
         logits = forward_logits(model, ids, attention).float()[:, :-1]

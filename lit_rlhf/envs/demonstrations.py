@@ -15,18 +15,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import datasets
-
 from lit_rlhf.data.collate import collect_meta, pad_right
 from lit_rlhf.data.formatting import BadRow
-from lit_rlhf.data.processing import Formatter
+from lit_rlhf.data.processing import IDS, INT, Formatter
 from lit_rlhf.data.qa import QADataModule
 from lit_rlhf.envs.base import Action, Environment, check_observation
 from lit_rlhf.envs.chat import ChatFormat
 from lit_rlhf.types import SFTBatch
 
-_IDS = datasets.Sequence(datasets.Value("int32"))
-_INT = datasets.Value("int32")
 UNFINISHED = "demonstration does not end its episode"
 TOO_LONG = "demonstrated episode too long"
 
@@ -74,8 +70,8 @@ class DemonstrationFormatter(Formatter):
 
     def features(self) -> dict[str, Any]:
         base = {k: v for k, v in self.prompts.features().items() if not k.startswith("_")}
-        return {**base, "_prompt_ids": _IDS, "_completion_ids": _IDS, "_policy_mask": _IDS,
-                "_prompt_len": _INT, "_completion_len": _INT}
+        return {**base, "_prompt_ids": IDS, "_completion_ids": IDS, "_policy_mask": IDS,
+                "_prompt_len": INT, "_completion_len": INT}
 
     def __call__(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         examples = []
@@ -137,8 +133,6 @@ class DemonstrationDataModule(QADataModule):
     """
 
     defaults = {"chat": False}
-    length_columns = {"prompt": "_prompt_len", "completion": "_completion_len"}
-
     def __init__(self, *, environment: Environment, demonstration: Callable, max_completion_length: int = 256,
                  **kwargs: Any):
         super().__init__(**kwargs)

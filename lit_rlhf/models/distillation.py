@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf.models import adapters
-from lit_rlhf.models.logprobs import chunked_layers, forward_hidden, forward_logits, sharded_root
+from lit_rlhf.models.output_layer import chunked_layers, forward_hidden, forward_logits, sharded_root
 from lit_rlhf.ops import apply_temperature
 
 # a probe whose token ids both tokenizers must agree on: words, digits, punctuation, accents, a

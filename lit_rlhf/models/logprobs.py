@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_rlhf.models.output_layer import (  # noqa: F401 (sharded_root: for the importers of this module)
-    as_root_forward, chunked_layers, forward_hidden, forward_logits, output_layer_logps, sharded_root
-)
+from lit_rlhf.models.output_layer import (as_root_forward, chunked_layers, forward_hidden, forward_logits,
+                                          output_layer_logps)
 from lit_rlhf.ops.logprobs import token_logps_from_logits
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN, boundaries_from_positions, boundaries_given
-from lit_rlhf.models.logprobs import as_root_forward, chunked_layers, output_layer_logps
+from lit_rlhf.models.output_layer import as_root_forward, chunked_layers, output_layer_logps
 from lit_rlhf.ops.logprobs import token_logps_from_logits
 
 log = logging.getLogger(__name__)

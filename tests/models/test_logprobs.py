@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lit_rlhf.models.logprobs import chunked_layers, per_token_logps, response_logps
+from lit_rlhf.models.logprobs import per_token_logps, response_logps
+from lit_rlhf.models.output_layer import chunked_layers
 from lit_rlhf.ops import position_ids_from_mask
 
 V, H = 96, 32
