@@ -259,14 +259,6 @@ def test_callback_state_key_is_the_key_lightning_saves_a_callbacks_state_under(t
     assert {"Counter{'name': 'a'}", "Counter{'name': 'b'}"} <= {key.rsplit(".", 1)[-1] for key in saved}
 
 
-def test_attached_trainer(tmp_path):
-    module = BoringModel()
-    assert compat.attached_trainer(module) is None
-    trainer = tiny_trainer(tmp_path, max_steps=1)
-    trainer.fit(module)
-    assert compat.attached_trainer(module) is trainer
-
-
 def test_restart_next_epoch_afresh(tmp_path):
     """The loop attributes it reads exist with the meaning it assumes: on a fresh fit nothing is
     restarted (False, nothing changed); a fit loop's restart stage can be reset."""

@@ -19,14 +19,14 @@ from lit_rlhf.lightning_compat.checkpoints import (callback_state_key, checkpoin
                                                    uncount_stepped_batch)
 from lit_rlhf.lightning_compat.logs import (learning_rates, logger_version_unset, logger_writes_this_step,
                                             progress_bar_due, set_logger_version, write_metrics_at)
-from lit_rlhf.lightning_compat.loop import (accumulating, attached_trainer, replace_eval_mode_check,
+from lit_rlhf.lightning_compat.loop import (accumulating, replace_eval_mode_check,
                                             set_model_parallel_sizes, signal_handlers_restored_at_teardown,
                                             stop_after_this_batch, take_lightning_sigterm)
 
 LIGHTNING_VERSION = "2.6"  # the version every function was written against
 
 __all__ = [
-    "LIGHTNING_VERSION", "accumulating", "attached_trainer", "callback_state_key", "checkpoint_dir", "last_checkpoints_in_dir",
+    "LIGHTNING_VERSION", "accumulating", "callback_state_key", "checkpoint_dir", "last_checkpoints_in_dir",
     "learning_rates", "logger_version_unset", "logger_writes_this_step", "progress_bar_due", "replace_eval_mode_check",
     "restart_next_epoch_afresh", "set_logger_version", "set_model_parallel_sizes", "signal_handlers_restored_at_teardown",
     "stop_after_this_batch", "take_lightning_sigterm", "trust_checkpoint_instantiator", "uncount_stepped_batch",

@@ -84,14 +84,3 @@ def set_model_parallel_sizes(strategy: Any, world_size: int) -> None:
     tensor = 1 if strategy._tensor_parallel_size == "auto" else int(strategy._tensor_parallel_size)
     strategy._tensor_parallel_size = tensor
     strategy._data_parallel_size = max(1, world_size // tensor)
-
-
-def attached_trainer(module: Any) -> Any:
-    """The Trainer `module` (a LightningModule) is attached to, or None.
-
-    Public API: `LightningModule.trainer` raises when no Trainer is attached (Lightning 2.6), so
-    this asks it instead of reading the private `_trainer` behind it."""
-    try:
-        return module.trainer
-    except RuntimeError:
-        return None

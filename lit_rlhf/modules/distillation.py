@@ -13,7 +13,6 @@ from lit_rlhf import models
 from lit_rlhf.losses import ChunkedGKDOutput, GKDLossOutput, chunked_gkd_loss, distillation_pg_loss, gkd_loss, grpo_advantages
 from lit_rlhf.models import adapters
 from lit_rlhf.models.distillation import response_hidden, response_vocab_logps, tokenizer_differences, with_context
-from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.modules.online import OnlineModule
 from lit_rlhf.online.fixed import reference_rollout
 from lit_rlhf.ops import masked_sum
@@ -282,7 +281,7 @@ class DistillationModule(OnlineModule):
 
     def on_fit_end(self) -> None:
         """The fit's result line: the first and the last validation reverse KL."""
-        trainer = attached_trainer(self)
+        trainer = self.attached_trainer
         if trainer is not None and trainer.is_global_zero and self.val_reverse_kl:
             (first_step, first), (last_step, last) = self.val_reverse_kl[0], self.val_reverse_kl[-1]
             log.warning("distillation result: val/distill/reverse_kl %.4g (step %d) -> %.4g (step %d), %d validations",

@@ -13,7 +13,6 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from lit_rlhf import models
-from lit_rlhf.lightning_compat import attached_trainer
 from lit_rlhf.losses import DPO_LOSS_TYPES, DPOLossType, dpo_loss
 from lit_rlhf.models import adapters
 from lit_rlhf.modules.pairwise import PairwiseModule
@@ -118,7 +117,7 @@ class DPOModule(PairwiseModule):
             per_token = self.model_logps(ref, batch.input_ids, batch.attention_mask, batch.loss_mask, sharing=batch.sharing)
             return self.sequence_logps(per_token, batch.loss_mask)  # (N,)
 
-        return precompute_reference_logps(score, dataloaders, self.device, attached_trainer(self), collective)
+        return precompute_reference_logps(score, dataloaders, self.device, self.attached_trainer, collective)
 
     def on_fit_start(self) -> None:
         super().on_fit_start()

@@ -14,7 +14,6 @@ from lit_rlhf.losses import batch_value_estimate, drov_loss
 from lit_rlhf.modules.pairwise import OfflineModule
 from lit_rlhf.training.optim import decay_groups
 from lit_rlhf.types import SingleBatch
-from lit_rlhf.lightning_compat import attached_trainer
 
 ValueForm = Literal["network", "batch_estimate", "policy_logit", "learned_scalar", "shared_head"]
 VALUE_FORMS = ("network", "batch_estimate", "policy_logit", "learned_scalar", "shared_head")
@@ -237,7 +236,7 @@ class DROVModule(OfflineModule):
 
     def fitting_value_only(self) -> bool:
         """True during the value warm-up (`value_warmup_steps`) of a training run."""
-        return self.training and attached_trainer(self) is not None and self.trainer.global_step < self.value_warmup_steps
+        return self.training and self.attached_trainer is not None and self.trainer.global_step < self.value_warmup_steps
 
     def training_step(self, batch: SingleBatch, batch_idx: int) -> Tensor | None:
         if not self.check_finite(batch, rewards=getattr(batch, "rewards", None)):

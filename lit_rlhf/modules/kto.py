@@ -21,7 +21,6 @@ from lit_rlhf.training.base import CHECKPOINT_KEY
 from lit_rlhf.modules.pairwise import OfflineModule
 from lit_rlhf.ops.mismatch import mismatch_partners, mismatched_sequences
 from lit_rlhf.types import PreferenceBatch, PromptSharing, SingleBatch
-from lit_rlhf.lightning_compat import attached_trainer
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +136,7 @@ class KTOModule(OfflineModule):
         one prompt (on any rank) has none: every rank reuses the previous estimate (0 at first)."""
         rows = batch.input_ids.shape[0]
         partners = mismatch_partners(batch.input_ids, batch.prompt_lengths) if rows >= 2 else None
-        distributed_run = attached_trainer(self) is not None and self.trainer.world_size > 1
+        distributed_run = self.attached_trainer is not None and self.trainer.world_size > 1
         lacking = float(partners is None)
         if distributed_run:  # every rank takes the same branch (the gather below is collective)
             lacking = float(distributed.all_reduce_sum(batch.input_ids.new_tensor(lacking, dtype=torch.float32)))

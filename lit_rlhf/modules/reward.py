@@ -31,7 +31,6 @@ from lit_rlhf.training.optim import SchedulerName, decay_groups
 from lit_rlhf.training.settings import record_settings
 from lit_rlhf.training.reward_eval import PairEvaluationMixin
 from lit_rlhf.types import ListBatch, PreferenceBatch, split_pair
-from lit_rlhf.lightning_compat import attached_trainer
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +190,7 @@ class RewardModule(PairEvaluationMixin, TrainingModule):
         if not prompts:
             raise ValueError("no reference texts to score")
         size = batch_size or self.score_batch_size
-        trainer = attached_trainer(self)
+        trainer = self.attached_trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         per_rank = math.ceil(len(prompts) / world)
         indices = [(rank + world * i) % len(prompts) for i in range(per_rank)]  # strided share, padded by wrap-around

@@ -15,7 +15,6 @@ from lit_rlhf.models.packed import packed_token_logps, packing_supported
 from lit_rlhf.modules.pairwise import OfflineModule
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.types import PackedSFTBatch, SFTBatch
-from lit_rlhf.lightning_compat import attached_trainer
 
 
 class SFTModule(OfflineModule):
@@ -60,7 +59,7 @@ class SFTModule(OfflineModule):
 
     def _sums_tokens(self) -> bool:
         """Whether the gradient is normalised by the step's tokens (not under DeepSpeed)."""
-        return attached_trainer(self) is not None and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
+        return self.attached_trainer is not None and not isinstance(self.trainer.strategy, DeepSpeedStrategy)
 
     def training_step(self, batch: SFTBatch, batch_idx: int):
         nll_sum, tokens = self.nll_terms(batch)

@@ -22,7 +22,6 @@ from lit_rlhf.training.reward_metrics import (
     metric_safe,
 )
 from lit_rlhf.types import PreferenceBatch
-from lit_rlhf.lightning_compat import attached_trainer
 
 EVAL_SPLIT = "eval_split"  # meta column naming the evaluation split of each pair
 STAGES = ("val", "test")
@@ -88,7 +87,7 @@ class PairEvaluationMixin:
         buckets = calibration_buckets(diffs, self.calibration_bins)
         ece = sum(b["count"] * abs(b["accuracy"] - b["predicted"]) for b in buckets) / max(1, diffs.numel())
         self.log(f"{stage}/calibration/ece", ece, on_step=False, on_epoch=True, sync_dist=False)
-        if attached_trainer(self) is None or self.trainer.sanity_checking or not self.trainer.is_global_zero:
+        if self.attached_trainer is None or self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return
         from lightning.pytorch.loggers import TensorBoardLogger
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_rlhf.lightning_compat import attached_trainer, set_model_parallel_sizes
+from lit_rlhf.lightning_compat import set_model_parallel_sizes
 
 
 def uses_fsdp2(trainer: Any) -> bool:
@@ -76,7 +76,7 @@ def shard_model(model: nn.Module, mesh: Any, mp_policy: Any = None) -> None:
 def shard_module(module: nn.Module) -> None:
     """FSDP2 on every child of `module` holding parameters when its trainer runs
     `ModelParallelStrategy` (a model already sharded is left as it is)."""
-    trainer = attached_trainer(module)
+    trainer = module.attached_trainer
     if not uses_fsdp2(trainer):
         return
     problems = unsupported(module, trainer)
@@ -142,7 +142,7 @@ def export_sharded(module: Any, directory: str) -> None:
     from lit_rlhf.training.settings import rebuild_module
 
     state = full_state_dict(module)  # the trained weights: the frozen ones are rebuilt from their names
-    trainer = attached_trainer(module)
+    trainer = module.attached_trainer
     if trainer.is_global_zero:
         plain = rebuild_module(type(module), {k: v for k, v in module.hparams.items() if k != "_instantiator"})
         missing, unexpected = plain.load_state_dict(state, strict=False)

@@ -119,3 +119,16 @@ def test_ppo_logs_at_the_global_step_not_the_rollout_index(tmp_path):
     assert module.rollouts == 2 and trainer.global_step == 4
     assert steps_of(written, "train/objective/scores") == [2, 4]
     assert steps_of(written, "val/objective/scores") == [4]
+
+
+def test_attached_trainer_is_none_until_a_trainer_runs_the_module(tmp_path):
+    """`TrainingModule.attached_trainer`: None where `self.trainer` would raise (no Trainer yet),
+    the Trainer once one runs the module (what the logging and the guard ask before using it)."""
+    module = SFTModule(model="tiny-random-llama", lr=1e-3)
+    assert module.attached_trainer is None
+    with pytest.raises(RuntimeError):
+        module.trainer
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module, sft_loader(module.tokenizer, 1))
+    assert module.attached_trainer is trainer
