@@ -40,7 +40,7 @@ def simpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, chosen_lengths: Ten
     return SimPOLoss(loss, diff.mean(), (diff > 0).float().mean())
 
 
-class SimPOModule(PairwiseModule):
+class SimPOModule(PairwiseModule):  # batch_types = (PreferenceBatch,): start-up checks refuse other data
     """SimPO on a `PreferenceBatch` (rows [:B] chosen, [B:] rejected), one forward pass.
 
     Args:
@@ -50,15 +50,15 @@ class SimPOModule(PairwiseModule):
     """
 
     def __init__(self, beta: float = 2.0, gamma: float = 1.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**kwargs)  # model, tokenizer, optimiser, schedule, LoRA, export ...
         if beta <= 0:
             raise ValueError(f"beta must be > 0, got {beta}")
         self.beta, self.gamma = beta, gamma
 
-    def compute_loss(self, batch: PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    def compute_loss(self, batch: PreferenceBatch) -> tuple[Tensor, dict[str, Tensor]]:  # loss, stats to log
         logps = self.pair_logps(batch)  # one forward pass; sums (B,) and completion lengths (B,), EOS included
         out = simpo_loss(logps.chosen, logps.rejected, logps.chosen_lengths, logps.rejected_lengths, self.beta,
-                         self.gamma)
+                         self.gamma)  # the pure loss, Eq. 6
         return out.loss, {"rewards/margins": out.margins, "rewards/accuracies": out.accuracy}
 
 

@@ -6,11 +6,19 @@
   reference holds no code) runs, from the repository root, unless the line before it says why not:
   `<!-- not run: REASON -->` (a GPU, minutes of training, a cluster). A block in another language
   must be marked too, except data (`yaml` and `json` blocks are parsed; `text` is shown as is).
-- A block that trains for minutes as written runs at tiny scale when the line before it says
-  `<!-- run at tiny scale: ARGS -->`: ARGS (the tiny model, a couple of steps) are added after the
-  last `--config FILE` of each `main.py fit` command, and the tiny blocks of a page run in order
-  in one scratch directory (the repository's `main.py`, `configs/` and `examples/` linked in), so
-  a later block finds the checkpoint an earlier one wrote.
+- A block that trains for minutes, or needs GPUs or hub data, runs on the CPU at tiny scale when the
+  line before it says `<!-- run at tiny scale: ARGS -->` (or only `<!-- run at tiny scale -->`: as
+  written). ARGS are groups separated by ` | `: a group `KEY: ARGS` applies to the commands that
+  contain KEY (a config's name, a program), a group without a key to the `main.py fit` commands.
+  The arguments go after the last `--config FILE` of a `main.py` or `python -m examples.` command
+  (the line's own later arguments still win) and at the end of any other command (argparse: the
+  last value wins). The tiny blocks of a page run in order in one scratch directory (the
+  repository's `main.py`, `configs/`, `examples/` and `scripts/` linked in), so a later block finds
+  what an earlier one wrote (a checkpoint, an exported model): a step another command needs is a
+  command of the page, never a fake.
+- The only blocks not run: the full install, the full main job, `mkdocs serve`, the whole test
+  suite, and excerpts of a file that a test checks line for line against the file (`an excerpt of
+  FILE, line for line` in the reason: checked here) while the next block runs the file.
 """
 
 from __future__ import annotations
@@ -32,8 +40,9 @@ from tests.helpers import REPO_ROOT, subprocess_env
 RUN = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
 DATA = {"yaml", "json", "text"}
 NOT_RUN = re.compile(r"^<!-- not run: (\S.*\S) -->$")
-TINY = re.compile(r"^<!-- run at tiny scale: (\S.*\S) -->$")
-LINKED = ("main.py", "configs", "examples")  # what a tiny block's scratch directory links to
+TINY = re.compile(r"^<!-- run at tiny scale(?:: (\S.*\S))? -->$")
+LINKED = ("main.py", "configs", "examples", "scripts")  # what a tiny block's scratch directory links to
+EXCERPT = re.compile(r"an excerpt of (\S+), line for line")
 FENCE = re.compile(r"^(\s*)(`{3,})([\w+-]*)\s*$")
 
 
@@ -71,7 +80,7 @@ def blocks(page: Path, text: str | None = None) -> list[Block]:
         reason, tiny = NOT_RUN.match(before), TINY.match(before)
         code = "\n".join(line[len(indent):] for line in lines[i + 1:end])
         found.append(Block(page, i + 1, language or "", code + "\n", reason.group(1) if reason else None,
-                           tiny.group(1) if tiny else None))
+                           (tiny.group(1) or "") if tiny else None))
         i = end + 1
     return found
 
@@ -135,10 +144,29 @@ def test_data_block_parses(block):
     (yaml.safe_load if block.language == "yaml" else json.loads)(block.code)
 
 
+KEYED = re.compile(r"^([^\s-][^\s:]*): (.*)$")  # `KEY: ARGS`
+END = re.compile(r"\s+(#|>|\||&&|;)")  # where a command's arguments end on its line
+
+
 def at_tiny_scale(code: str, args: str) -> str:
-    """`code` with `args` after the last `--config FILE` of every line that runs `main.py fit`."""
-    return "\n".join(re.sub(r"(.*--config \S+)", rf"\1 {args}", line) if "main.py fit" in line else line
-                     for line in code.split("\n"))
+    """`code` with each group of `args` added to the commands it applies to (the module docstring)."""
+    groups = []
+    for group in filter(None, (g.strip() for g in args.split(" | "))):
+        keyed = KEYED.match(group)
+        groups.append(keyed.groups() if keyed else ("main.py fit", group))
+    lines = code.replace("\\\n", " ").split("\n")  # a command continued with `\` is one line
+    for i, line in enumerate(lines):
+        extra = " ".join(args for key, args in groups if key in line)
+        if not extra:
+            continue
+        if "--config" in line and re.search(r"main\.py|-m examples\.", line):
+            lines[i] = re.sub(r"(.*--config \S+)", lambda m: f"{m.group(1)} {extra}", line, count=1)
+        else:
+            key = next(key for key, _ in groups if key in line)
+            end = END.search(line, line.index(key) + len(key))
+            cut = end.start() if end else len(line)
+            lines[i] = f"{line[:cut]} {extra}{line[cut:]}"
+    return "\n".join(lines)
 
 
 def test_tiny_scale_adds_the_arguments_after_the_last_config():
@@ -147,15 +175,34 @@ def test_tiny_scale_adds_the_arguments_after_the_last_config():
         "until python main.py fit --config a.yaml --config b.yaml --x=1 --ckpt_path last; do"
 
 
+def test_tiny_scale_groups_apply_to_the_commands_that_name_their_key():
+    code = ("python main.py fit --config configs/r.yaml --m x   # once\n"
+            "python main.py fit --config configs/p.yaml\n"
+            "python -m apps.x --n 8 \\\n    --k 1 4 > out.txt\n")
+    assert at_tiny_scale(code, "--a=1 | r.yaml: --b=2 | apps.x: --n 2 --k 1").split("\n") == [
+        "python main.py fit --config configs/r.yaml --a=1 --b=2 --m x   # once",
+        "python main.py fit --config configs/p.yaml --a=1",
+        "python -m apps.x --n 8      --k 1 4 --n 2 --k 1 > out.txt", ""]
+
+
+def test_an_excerpt_is_its_file_line_for_line():
+    """A block not run because it is `an excerpt of FILE, line for line` is a run of FILE's lines."""
+    excerpts = [b for b in ALL if b.not_run and EXCERPT.search(b.not_run)]
+    for block in excerpts:
+        path = REPO_ROOT / EXCERPT.search(block.not_run).group(1)
+        assert block.code.strip() in path.read_text(), f"{block.name} is not {path.name} line for line"
+    assert excerpts
+
+
 SCRATCH: dict[Path, Path] = {}  # page -> the scratch directory of its tiny blocks
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, marks=pytest.mark.xdist_group(b.page.name) if b.tiny else ())
+@pytest.mark.parametrize("block", [pytest.param(b, marks=pytest.mark.xdist_group(b.page.name) if b.tiny is not None else ())
                                    for b in RUNNABLE], ids=lambda b: b.name)
 def test_block_runs(block, tmp_path_factory):
     env = {**subprocess_env(), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     code, cwd = block.code, REPO_ROOT
-    if block.tiny:
+    if block.tiny is not None:
         code = at_tiny_scale(code, block.tiny)
         if block.page not in SCRATCH:
             SCRATCH[block.page] = tmp_path_factory.mktemp(block.page.stem)
