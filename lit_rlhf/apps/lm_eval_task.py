@@ -1,6 +1,6 @@
 """A policy on a local verifiable task through lm-evaluation-harness (`pip install lm-eval`).
 
-    python -m lit_rlhf.apps.lm_eval_task --policy outputs/verifiable_math/checkpoints/last.ckpt \\
+    python -m lit_rlhf.apps.lm_eval_task --policy outputs/verifiable_math/policy \\
         --data bundled:arithmetic --split test --limit 60 --output_dir outputs/lm_eval
 
 The policy is exported to `<output_dir>/policy` (a `.ckpt` through `lit_rlhf.export`, a model name
