@@ -34,7 +34,7 @@ from tests.helpers import REPO_ROOT, subprocess_env, write_config
 
 QUICK = REPO_ROOT / "configs" / "quickstart"
 METHODS = ("sft", "reward", "dpo", "kto", "drov", "ppo", "grpo",
-           "remax", "online_dpo", "rejection_sampling", "orpo", "ppo_ptx")
+           "remax", "online_dpo", "rejection_sampling", "orpo", "ppo_ptx", "xpo", "listwise_dpo")
 TINY = "--model.init_args.model=tiny-random-llama"
 VALIDATE_EACH_STEP = ["--trainer.val_check_interval=1", "--trainer.limit_val_batches=1"]
 # the only overrides besides the model: shortening (reward and grpo: tests/test_quickstart.py)
