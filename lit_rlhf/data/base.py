@@ -251,13 +251,16 @@ class RLHFDataModule(L.LightningDataModule):
                          type(self).__name__, role, spec, k, s["min"], s["mean"], s["p50"], s["p90"], s["p95"],
                          s["p99"], s["max"])
 
-    def _loader(self, role: str) -> DataLoader:
+    def _loader(self, role: str, shuffle: bool = True) -> DataLoader:
+        """The loader of split `role`: the train split's through the resumable sampler (shuffled
+        unless `shuffle` is False: a split read in order, as an evaluation reads it), the others in order."""
         ds, trainer = self.dataset(role), getattr(self, "trainer", None)
         batch_size = self.batch_size if role == "train" else self.eval_batch_size
         sampler = None
         if role == "train":
             sampler = ResumableSampler(ds, batch_size, num_replicas=max(1, getattr(trainer, "world_size", 1)),
-                                       rank=getattr(trainer, "global_rank", 0), seed=self.seed, trainer=trainer)
+                                       rank=getattr(trainer, "global_rank", 0), shuffle=shuffle, seed=self.seed,
+                                       trainer=trainer)
         # the loader's own generator draws the per-iterator base seed, not the global generator,
         # so creating an iterator (again, on resume) leaves the global random state alone
         return DataLoader(ds, batch_size=batch_size, sampler=sampler, generator=torch.Generator().manual_seed(self.seed),
