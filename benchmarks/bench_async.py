@@ -89,6 +89,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "median_sampling_s": median("train/time/rollout_sampling") if mode != "sync" else median("train/time/generation"),
         "median_wait_s": median("train/time/rollout_wait"),
         "median_update_s": median("train/time/update"),
+        "median_weight_sync_check_s": median("train/time/weight_sync_check"),  # the sync check, per step
         "staleness_max": max((m.get("train/async/staleness_max", 0.0) for m in metrics), default=0.0),
         "max_sampler_logprob_gap": max((m.get("train/rollout/sampler_logprob_diff_max", 0.0) for m in metrics), default=0.0),
         "step_durations_s": durations,
