@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from transformers import DynamicLayer
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
-from lit_rlhf.ops.sampling import filter_logits
+from lit_rlhf.ops.sampling import apply_temperature, filter_logits, filters
 
 
 @torch.no_grad()
@@ -153,7 +153,8 @@ def sample_tokens(
         if not done:
             logits = logits.to(dtype=torch.float32, copy=True)  # (b, V), the live rows
             if config.do_sample:
-                scores = filter_logits(logits, config.temperature, config.top_k, config.top_p)
+                scores = (filter_logits(logits, config.temperature, config.top_k, config.top_p)
+                          if filters(config.top_k, config.top_p) else apply_temperature(logits, config.temperature))
                 noise = torch.empty((batch, scores.shape[1]), dtype=scores.dtype, device=scores.device)
                 noise = noise.exponential_(1, generator=generator)  # (B, V): multinomial's draws for every row
                 picked = (scores.softmax(dim=-1) / (noise if live.shape[0] == batch else noise[live])).argmax(dim=-1)

@@ -111,7 +111,7 @@ class DAPOModule(GRPOModule):
         n_kept = rounds = generated = 0
         current = batch
         while True:
-            rollout, per_source, _ = self.training_rollout(current)
+            rollout, per_source, _ = super().collect_rollout(current)
             rounds += 1
             generated += rollout.response_ids.shape[0]
             informative = informative_groups(rollout.scores.float(), group)  # (b,)

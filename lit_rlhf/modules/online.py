@@ -98,6 +98,7 @@ class OnlineModule(PolicyModule):
     sampled_models: tuple[str, ...] = ("policy",)
     """The models a training rollout samples, each through `RolloutSource.for_model`, `repeats /
     len` responses per prompt each, alternating (XPO: the policy's, then the reference's)."""
+    synced_gpus: bool = False  # set in `setup` (`needs_synced_gpus`)
     kl_coef: float = 0.0
     """The KL coefficient of every method (`KLControlCallback` moves it: `set_kl_coef`); what it
     weighs is the method's (a KL in the loss or in the reward)."""
@@ -264,12 +265,9 @@ class OnlineModule(PolicyModule):
 
     def collect_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
         """The shaped rollout a training step optimises on -> (rollout, each source's rewards,
-        sampling stats). A method may sample more than once here (DAPO's dynamic sampling)."""
-        return self.training_rollout(batch)
-
-    def training_rollout(self, batch: PromptBatch) -> tuple[Rollout, dict[str, Tensor], dict[str, Tensor]]:
-        """One round of a training step's sampling: `make_rollout` (`repeats` responses per prompt,
-        log-probs when `needs_rollout_logps`), the method's `rollout_extras`, then `shape`."""
+        sampling stats): `make_rollout` (`repeats` responses per prompt, log-probs when
+        `needs_rollout_logps`), the method's `rollout_extras`, then `shape`. A method may call it
+        more than once a step (DAPO's dynamic sampling)."""
         rollout, per_source, stats = self.make_rollout(batch, self.repeats, with_logps=self.needs_rollout_logps)
         extras = self.rollout_extras(batch, rollout)
         if extras:
@@ -309,8 +307,7 @@ class OnlineModule(PolicyModule):
         trained = name == "policy"
         model = self.policy if trained else getattr(self, "ref_model" if name == "reference" else name)
         adapter = adapters.POLICY if trained and self.lora_config is not None else None
-        return SampledModel(name, model, self.tokenizer, adapter, self.rollouts,
-                            needs_synced_gpus(self.attached_trainer), frozen=not trained)
+        return SampledModel(name, model, self.tokenizer, adapter, self.rollouts, self.synced_gpus, frozen=not trained)
 
     def greedy_rollout(self, batch: PromptBatch) -> Rollout:
         """Each prompt's greedy response (B rows, `do_sample` off, the same sampler), scored and
@@ -520,6 +517,7 @@ class OnlineModule(PolicyModule):
         trainer = self.attached_trainer
         if trainer is None:
             return
+        self.synced_gpus = needs_synced_gpus(trainer)  # a sharded policy: every rank generates until all are done
         if isinstance(trainer.strategy, DeepSpeedStrategy) and self.max_grad_norm:  # it clips inside its step
             trainer.strategy.config.setdefault("gradient_clipping", float(self.max_grad_norm))
         if stage == "fit" and not any(isinstance(c, SourceGuard) for c in trainer.callbacks):

@@ -5,7 +5,7 @@ A group whose G rewards are all equal (all right or all wrong, for a 0/1 reward)
 advantage and no gradient; it only dilutes the batch. Dynamic sampling drops such groups and
 samples more prompts until the batch holds B informative groups:
 
-1. the step's B prompts are sampled, scored and shaped as usual (`training_rollout`: the
+1. the step's B prompts are sampled, scored and shaped as usual (`OnlineModule.collect_rollout`: the
    method's extras and the rollout hooks included);
 2. the informative groups are kept (`losses.dapo.informative_groups`);
 3. while fewer than B are kept and fewer than `max_sampling_rounds` rounds were run, B more

@@ -100,40 +100,31 @@ def _describe_row(i: int, prompts: list[str], completions: list[str], columns: d
     return f"{where}: prompt {prompts[i][-120:]!r}, completion {completions[i][:200]!r}"
 
 
-def _first_failing_row(fn: RewardFn, prompts, completions, columns) -> tuple[int, BaseException] | None:
-    """Calls `fn` one row at a time to find the first row it raises on (None if none does)."""
+def _raised(fn: RewardFn, err: BaseException, prompts, completions, columns) -> RewardFunctionError:
+    """The error of a reward function that raised on a batch: it names the function and the first
+    row it raises on (found by calling it again one row at a time), with the dataset row index,
+    prompt and completion."""
+    name = function_name(fn)
     for i in range(len(completions)):
         try:
             fn([prompts[i]], [completions[i]], **{k: [v[i]] for k, v in columns.items()})
-        except Exception as err:  # noqa: BLE001 - any error is the one to report
-            return i, err
-    return None
+        except Exception as row_err:  # noqa: BLE001 - any error is the one to report
+            return RewardFunctionError(f"reward function {name!r} raised {type(row_err).__name__}: {row_err} on "
+                                       + _describe_row(i, prompts, completions, columns))
+    return RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err} on a batch of "
+                               f"{len(completions)} rows (no single row raises on its own)")
 
 
 def call_reward_fn(fn: RewardFn, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
     """Call `fn(prompts, completions, **columns)` and check it returned N finite floats -> (N,).
-
-    A function that raises is reported as a `RewardFunctionError` naming the function and the
-    first row it raises on (found by calling it again one row at a time), with the dataset row
-    index, prompt and completion; the training step stops there. Non-finite rewards are named
-    by row the same way.
-    """
+    A function that raises stops the step with a `RewardFunctionError` naming it and the first row
+    it raises on (`_raised`); non-finite rewards are named by row the same way."""
     name = function_name(fn)
     columns = {k: v for k, v in columns.items() if k not in ("prompts", "completions")}
     try:
         out = fn(prompts, completions, **columns)
     except Exception as err:
-        failing = _first_failing_row(fn, prompts, completions, columns)
-        if failing is None:
-            raise RewardFunctionError(
-                f"reward function {name!r} raised {type(err).__name__}: {err} on a batch of {len(completions)} rows "
-                "(no single row raises on its own)"
-            ) from err
-        i, row_err = failing
-        raise RewardFunctionError(
-            f"reward function {name!r} raised {type(row_err).__name__}: {row_err} on "
-            + _describe_row(i, prompts, completions, columns)
-        ) from err
+        raise _raised(fn, err, prompts, completions, columns) from err
     try:
         rewards = torch.as_tensor(out if isinstance(out, Tensor) else list(out), dtype=torch.float32).detach().cpu()
     except (TypeError, ValueError) as err:
@@ -142,10 +133,8 @@ def call_reward_fn(fn: RewardFn, prompts: list[str], completions: list[str], col
         raise ValueError(f"reward function {name!r} returned shape {tuple(rewards.shape)}, expected ({len(completions)},)")
     bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
     if bad:
-        raise ValueError(
-            f"reward function {name!r} returned non-finite rewards at {len(bad)} row(s) {bad[:8]}; first: "
-            f"{rewards[bad[0]].item()} on " + _describe_row(bad[0], prompts, completions, columns)
-        )
+        raise ValueError(f"reward function {name!r} returned non-finite rewards at {len(bad)} row(s) {bad[:8]}; first: "
+                         f"{rewards[bad[0]].item()} on " + _describe_row(bad[0], prompts, completions, columns))
     return rewards
 
 
@@ -192,7 +181,8 @@ def combine_rewards(
     """
     if not per_source:
         raise ValueError("no reward source: set reward_model and/or reward_fns")
-    values = [normalize_reward(v.float(), normalization, group_size) for v in per_source.values()]
+    values = [v.float() if normalization == "none" else normalize_reward(v.float(), normalization, group_size)
+              for v in per_source.values()]
     weights = [1.0] * len(values) if weights is None else list(weights)
     if len(weights) != len(values):
         raise ValueError(
