@@ -168,28 +168,17 @@ def normalize_reward(rewards: Tensor, how: RewardNormalization, group_size: int 
     return torch.where(equal, torch.zeros_like(z), z).reshape(-1)
 
 
-def combine_rewards(
-    per_source: dict[str, Tensor],
-    weights: Sequence[float] | None,
-    normalization: RewardNormalization = "none",
-    group_size: int = 1,
-) -> Tensor:
-    """Weighted sum of the sources' (N,) rewards, in the order of `per_source` -> (N,).
-
-    With `normalization` other than "none", each source is first normalised on its own
-    (`normalize_reward`, groups of `group_size` rows), then weighted and summed.
-    """
+def combine_rewards(per_source: dict[str, Tensor], weights: Sequence[float] | None,
+                    normalization: RewardNormalization = "none", group_size: int = 1) -> Tensor:
+    """Weighted sum of the sources' (N,) rewards, in the order of `per_source` -> (N,), each first
+    normalised on its own unless `normalization` is "none" (`normalize_reward`, groups of
+    `group_size` rows)."""
     if not per_source:
         raise ValueError("no reward source: set reward_model and/or reward_fns")
+    weights = [1.0] * len(per_source) if weights is None else list(weights)
+    if len(weights) != len(per_source):
+        raise ValueError(f"reward_weights has {len(weights)} entries but there are {len(per_source)} reward sources "
+                         f"({', '.join(per_source)}): give one weight per source, reward model first")
     values = [v.float() if normalization == "none" else normalize_reward(v.float(), normalization, group_size)
               for v in per_source.values()]
-    weights = [1.0] * len(values) if weights is None else list(weights)
-    if len(weights) != len(values):
-        raise ValueError(
-            f"reward_weights has {len(weights)} entries but there are {len(values)} reward sources "
-            f"({', '.join(per_source)}): give one weight per source, reward model first"
-        )
-    total = torch.zeros_like(values[0])
-    for w, v in zip(weights, values):
-        total = total + float(w) * v.to(total.device, total.dtype)
-    return total
+    return sum(float(w) * v for w, v in zip(weights, values))
