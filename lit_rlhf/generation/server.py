@@ -285,10 +285,19 @@ class ServerClient:
         return probe.check(sync, version, expected, scored, dtype, started)
 
     def load_adapter(self, path: str | Path, name: str, previous: str | None = None) -> None:
-        """Serve the LoRA adapter in `path` as model `name`, unloading `previous` first (it may be `name`)."""
+        """Serve the LoRA adapter in `path` as model `name`, unloading `previous` first (it may be
+        `name`), and replacing an adapter the server already serves as `name` (a run resumed
+        against a server that outlived it, which refuses a second load of one name)."""
         if previous is not None:
             self.request("POST", "/v1/unload_lora_adapter", {"lora_name": previous})
-        self.request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        body = {"lora_name": name, "lora_path": str(path)}
+        try:
+            self.request("POST", "/v1/load_lora_adapter", body)
+        except ServerError:
+            if name not in {m["id"] for m in self.request("GET", "/v1/models").get("data", [])}:
+                raise
+            self.request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+            self.request("POST", "/v1/load_lora_adapter", body)
 
     def completion_body(self, prompt: list[int], config: SamplingConfig, eos_token_id: int, seed: int,
                         model: str | None = None) -> dict[str, Any]:

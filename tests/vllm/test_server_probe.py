@@ -67,8 +67,9 @@ def test_every_version_pushed_to_the_server_is_checked(server, vllm_model_dir, t
 
 
 def test_a_lora_adapter_is_checked_as_served_and_an_unmerged_one_raises(server, vllm_model_dir, tmp_path):
-    """The trainer's LoRA policy: its adapter served as a LoRA model of its own passes; the base
-    sent as full weights without the adapter merged raises."""
+    """The trainer's LoRA policy: its adapter served as a LoRA model of its own passes (also when
+    the server already serves that version's name); the base sent as full weights without the
+    adapter merged raises."""
     base = moved(load_causal_lm(vllm_model_dir, load_tokenizer(vllm_model_dir), dtype="float32").eval(), 3, 4.0)
     trainer = adapters.add_lora(copy.deepcopy(base), adapters.lora_config({"r": 4}))
     with torch.no_grad():
@@ -84,3 +85,6 @@ def test_a_lora_adapter_is_checked_as_served_and_an_unmerged_one_raises(server, 
     lora = sampler(server, vllm_model_dir, tmp_path / "lora", probe, trainer.peft_config[adapters.POLICY])
     assert push(lora, probe, 3, trained_weights(trainer), trainer) and lora.model_name == "policy-v3"
     assert push(lora, probe, 4, trained_weights(trainer), trainer) and lora.model_name == "policy-v4"
+    # a run resumed against the same server: a new sampler pushes a version the server already serves
+    resumed = sampler(server, vllm_model_dir, tmp_path / "resumed", probe, trainer.peft_config[adapters.POLICY])
+    assert push(resumed, probe, 4, trained_weights(trainer), trainer) and resumed.model_name == "policy-v4"
