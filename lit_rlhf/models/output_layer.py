@@ -81,17 +81,15 @@ def run_as_forward(module: nn.Module, fn, *args):
     try:
         return module(*args)
     finally:
-        if own is None:
-            del module.forward
-        else:
+        del module.forward
+        if own is not None:
             module.forward = own
 
 
 def as_root_forward(model: nn.Module, fn, *args):
-    """`fn(*args)` run as the forward of `model`'s FSDP2 root (`run_as_forward`), or plainly
-    without one: the chunked path calls the decoder and the output layer itself, and under FSDP2
-    the embedding, final norm and output layer belong to the root's unit. The root is the one
-    `decide_at_fit_start` recorded, else searched (`sharded_root`)."""
+    """`fn(*args)` run as the forward of `model`'s FSDP2 root (`run_as_forward`; recorded by
+    `decide_at_fit_start`, else searched), or plainly without one: the chunked path calls the
+    decoder and the output layer itself, and the embedding, final norm and output layer are in the root's unit."""
     root = _roots[model] if model in _roots else sharded_root(model)
     return fn(*args) if root is None else run_as_forward(root, fn, *args)
 

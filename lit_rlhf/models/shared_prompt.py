@@ -112,8 +112,7 @@ def shared_per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: 
     else:  # the logits from the first context position of any packed row on (`logits_to_keep`)
         length = layout.input_ids.shape[1]
         first = int((where % length).min())
-        out = _run(model, layout, _input_dtype(model), logits_to_keep=length - first)
-        logits = out.logits  # (M, L - first, V)
+        logits = _run(model, layout, _input_dtype(model), logits_to_keep=length - first).logits  # (M, L - first, V)
         rows, cols = where // length, where % length - first
         picked = filtered_token_logps(logits[rows, cols], targets, temperature, top_k, top_p)  # (S,)
     out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)  # (N, T-1)
