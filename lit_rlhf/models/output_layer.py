@@ -124,8 +124,10 @@ def decide_at_fit_start(model: nn.Module, input_ids: Tensor) -> None:
     """Decide what every step reads for `model` once its strategy placed and sharded it: its FSDP2
     root (`as_root_forward`; none before sharding) and the chunked path (`decide_chunked`: a
     forward that gathers ZeRO-3 and FSDP2 shards, so every rank calls it)."""
-    _roots[model] = sharded_root(model)
+    root = _roots[model] = sharded_root(model)
     decide_chunked(model, input_ids)
+    if root is not None:  # FSDP2 reshards a root after its backward: the probe's forward has none
+        root.reshard()
 
 
 def chunked_layers(model: nn.Module, input_ids: Tensor) -> tuple[nn.Module, nn.Linear] | None:
