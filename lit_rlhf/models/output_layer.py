@@ -1,10 +1,7 @@
-"""Per-token log-probs of a causal LM on padded rows (`per_token_logps`, public from
-`lit_rlhf.models.logprobs`), and what every log-prob path (padded, shared-prompt, packed,
-distillation) shares: the output layer applied a chunk of scored tokens at a time
-(`lit_rlhf.ops.linear_logprobs`) so the logits of the whole batch never exist, for the models it
-reproduces (`decide_chunked`: not those whose logits are not `output_layer(last hidden state)`, a
-logit soft-cap or scale, a non-`nn.Linear` head; decided once per model, at fit start or first
-use, a refusal warned), and its forwards under sharding (`run_as_forward`, `as_root_forward`).
+"""Per-token log-probs of a causal LM on padded rows (`per_token_logps`), and what every log-prob
+path shares: the output layer applied a chunk of scored tokens at a time, for the models it
+reproduces (`decide_chunked`: once per model, at fit start or first use; a refusal warned), so the
+logits of the whole batch never exist (`lit_rlhf.ops.linear_logprobs`); forwards under sharding.
 """
 
 from __future__ import annotations

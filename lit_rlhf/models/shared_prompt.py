@@ -1,9 +1,8 @@
-"""Log-probs and scalar scores of rows that may share a prompt: on the shared-prompt layout
-(`lit_rlhf.ops.shared_prompt`) each group's prompt runs once for all its completions, with the
-padded path's values (`per_token_logps`, `lit_rlhf.models.output_layer`). The layout's 4D mask
-goes to the model as an additive float mask, which only `sdpa` and `eager` attention take: other
-models, and rows longer than a sliding attention window the mask does not carry, use the padded
-rows (`use_layout`). Also every response log-prob (`token_logps_with_grad`, micro-batched).
+"""Log-probs and scalar scores of rows that may share a prompt, and every response log-prob
+(`token_logps_with_grad`): on the shared-prompt layout (`lit_rlhf.ops.shared_prompt`) each prompt
+runs once for all its completions, with the padded rows' values. Its 4D mask is an additive float
+mask, which only `sdpa` and `eager` attention take: other models, and rows longer than a sliding
+window the mask does not carry, use the padded rows (`use_layout`).
 """
 
 from __future__ import annotations

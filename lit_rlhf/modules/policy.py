@@ -237,10 +237,9 @@ class PolicyModule(TrainingModule):
     # log-probs
 
     def on_fit_start(self) -> None:
-        """The base's start, then what every step reads, decided once per causal LM
-        (`log_prob_models`) now that the strategy has placed and sharded it: whether the chunked path
-        reproduces its logits (`decide_at_fit_start`: a forward every rank runs) and whether it takes
-        the shared-prompt layout (`decide_layout`)."""
+        """The base's start, then what each step's log-probs read, decided per causal LM once placed
+        and sharded: its chunked path (`decide_at_fit_start`, a forward every rank runs) and the
+        shared-prompt layout (`decide_layout`)."""
         super().on_fit_start()
         ids = torch.arange(8, device=self.device)[None]  # the chunked path's probe, a few tokens
         for model in self.log_prob_models():
@@ -250,9 +249,8 @@ class PolicyModule(TrainingModule):
                 decide_layout(model)
 
     def log_prob_models(self) -> list[nn.Module]:
-        """The causal LMs (models that `generate`) this module may compute log-probs with, each as
-        the module they run on: the policy, frozen ones (a reference, a teacher), the base of a
-        LoRA adapter view."""
+        """The causal LMs (models that `generate`) log-probs may run on: the policy, frozen ones (a
+        reference, a teacher), the base under a LoRA adapter view."""
         views = [v for v in vars(self).values() if isinstance(v, adapters.AdapterView)]  # not submodules
         bases = [*self.children(), *self._whole_frozen.values(), *(view.model for view in views)]
         return list({id(m): m for m in bases if callable(getattr(m, "generate", None))}.values())
