@@ -44,10 +44,10 @@ def decide_layout(model: nn.Module) -> int | str:
     return found
 
 
-def use_layout(model: nn.Module, attention_mask: Tensor, sharing: PromptSharing | None) -> bool:
-    """True when `sharing` is given, some rows share a prompt and `model` takes the layout's mask
-    (`decide_layout`, once per model) for rows this long: none past its sliding window."""
-    if sharing is None or not shares_anything(sharing):
+def use_layout(model: nn.Module, attention_mask: Tensor, sharing: PromptSharing) -> bool:
+    """True when some rows share a prompt and `model` takes the layout's mask (`decide_layout`,
+    once per model) for rows this long: none past its sliding window."""
+    if not shares_anything(sharing):
         return False
     window = _windows[model] if model in _windows else decide_layout(model)
     if isinstance(window, str):
@@ -124,7 +124,7 @@ def grouped_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Ten
                         top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Per-token log-probs (N, T): on the shared-prompt layout when it applies (`use_layout`),
     else the padded path (`per_token_logps`). Same values either way."""
-    if use_layout(model, attention_mask, sharing):
+    if sharing is not None and use_layout(model, attention_mask, sharing):
         return shared_per_token_logps(model, input_ids, attention_mask, loss_mask, sharing, temperature, chunk_size, top_k, top_p)
     return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size, top_k, top_p)
 
@@ -166,6 +166,6 @@ def shared_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Te
 def grouped_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, sharing: PromptSharing | None) -> Tensor:
     """Scores (N,) of a `ScalarHeadModel` at each row's last real token, on the shared-prompt
     layout when it applies (`use_layout`), else `model.score`."""
-    if use_layout(model.backbone, attention_mask, sharing):
+    if sharing is not None and use_layout(model.backbone, attention_mask, sharing):
         return shared_scalar_scores(model, input_ids, attention_mask, sharing)
     return model.score(input_ids, attention_mask)
