@@ -21,10 +21,10 @@ __all__ = ["grouped_token_logps", "per_token_logps", "response_logps", "sequence
 def response_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, response_length: int,
                    temperature: float = 1.0, chunk_size: int | None = None, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Log-probs (B, R) of the last R = `response_length` tokens of prompt+response rows, 0 where
-    `attention_mask` is False (`per_token_logps`: only the response's R+1 positions of logits)."""
-    loss_mask = attention_mask.bool().clone()
-    loss_mask[:, :-response_length] = False
-    return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size, top_k, top_p)[:, -response_length:]
+    `attention_mask` is False (`token_logps_with_grad` with the rows split there)."""
+    cut = input_ids.shape[1] - response_length
+    return token_logps_with_grad(model, input_ids[:, :cut], attention_mask[:, :cut], input_ids[:, cut:], attention_mask[:, cut:],
+                                 temperature, None, chunk_size, top_k, top_p)
 
 
 sequence_token_logps = torch.no_grad()(token_logps_with_grad)
