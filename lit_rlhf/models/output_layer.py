@@ -1,9 +1,7 @@
-"""A causal LM's output layer applied a chunk of scored tokens at a time
-(`lit_rlhf.ops.linear_logprobs`), so the logits of the whole batch never exist: which models it
-reproduces (`chunked_layers`: not those whose logits are not `output_layer(last hidden state)`,
-a logit soft-cap or scale, a non-`nn.Linear` head; a refusal warned once per model), and how it
-runs under sharding (the output layer's and the FSDP2 root's forwards, `run_as_forward`). Used by
-every log-prob path: padded (`lit_rlhf.models.logprobs`), shared-prompt, packed, distillation.
+"""Per-token log-probs of a causal LM on padded rows (`per_token_logps`), and what every log-prob
+path shares: the output layer applied a chunk of scored tokens at a time, for the models it
+reproduces (`decide_chunked`: once per model, at fit start or first use; a refusal warned), so the
+logits of the whole batch never exist (`lit_rlhf.ops.linear_logprobs`); forwards under sharding.
 """
 
 from __future__ import annotations
@@ -12,17 +10,19 @@ import logging
 import weakref
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.ops.linear_logprobs import linear_token_logps
-from lit_rlhf.ops.logprobs import position_ids_from_mask
+from lit_rlhf.ops.logprobs import position_ids_from_mask, token_logps_from_logits
 
 log = logging.getLogger(__name__)
 
 # config fields of Hugging Face models whose forward transforms the output layer's logits
 # (Gemma 2/3 soft-capping, Cohere's logit_scale, Granite's logits_scaling)
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
-_chunked_support: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> None (ok) or why not
+_chunked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (decoder, output layer) or why not
+_roots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its FSDP2 root (or None), after sharding
 
 
 def forward_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int = 0) -> Tensor:
@@ -78,17 +78,16 @@ def run_as_forward(module: nn.Module, fn, *args):
     try:
         return module(*args)
     finally:
-        if own is None:
-            del module.forward
-        else:
+        del module.forward
+        if own is not None:
             module.forward = own
 
 
 def as_root_forward(model: nn.Module, fn, *args):
-    """`fn(*args)` run as the forward of `model`'s FSDP2 root (`run_as_forward`), or plainly
-    without one: the chunked path calls the decoder and the output layer itself, and under FSDP2
-    the embedding, final norm and output layer belong to the root's unit."""
-    root = sharded_root(model)
+    """`fn(*args)` run as the forward of `model`'s FSDP2 root (`run_as_forward`; recorded by
+    `decide_at_fit_start`, else searched), or plainly without one: the chunked path calls the
+    decoder and the output layer itself, and the embedding, final norm and output layer are in the root's unit."""
+    root = _roots[model] if model in _roots else sharded_root(model)
     return fn(*args) if root is None else run_as_forward(root, fn, *args)
 
 
@@ -105,16 +104,33 @@ def _probe(model: nn.Module, decoder: nn.Module, head: nn.Linear, input_ids: Ten
     return f"its logits differ from the output layer applied to the decoder's last hidden state (max {float((mine - full).abs().max()):.3g})"
 
 
+def decide_chunked(model: nn.Module, input_ids: Tensor) -> tuple[nn.Module, nn.Linear] | str:
+    """(decoder, output layer) when the chunked path reproduces `model`'s logits, else the reason
+    it does not (warned once per model): structure and config (`decoder_and_output_layer`), then
+    a comparison on the first tokens of `input_ids` (`_probe`). Cached for `chunked_layers`."""
+    found = decoder_and_output_layer(model)
+    if not isinstance(found, str):
+        found = _probe(model, *found, input_ids) or found
+    if isinstance(found, str) and _chunked.get(model) != found:
+        log.warning("log-probs of %s use the dense logits: %s", type(model).__name__, found)
+    _chunked[model] = found
+    return found
+
+
+def decide_at_fit_start(model: nn.Module, input_ids: Tensor) -> None:
+    """Decide what every step reads for `model` once its strategy placed and sharded it: its FSDP2
+    root (`as_root_forward`; none before sharding) and the chunked path (`decide_chunked`: a
+    forward that gathers ZeRO-3 and FSDP2 shards, so every rank calls it)."""
+    root = _roots[model] = sharded_root(model)
+    decide_chunked(model, input_ids)
+    if root is not None:  # FSDP2 reshards a root after its backward: the probe's forward has none
+        root.reshard()
+
+
 def chunked_layers(model: nn.Module, input_ids: Tensor) -> tuple[nn.Module, nn.Linear] | None:
-    """(decoder, output layer) when the chunked path reproduces `model`'s logits, else None;
-    decided once per model (structure, config, then a few-token comparison), a refusal logged."""
-    if model not in _chunked_support:
-        found = decoder_and_output_layer(model)
-        reason = found if isinstance(found, str) else _probe(model, *found, input_ids)
-        if reason is not None:
-            log.warning("log-probs of %s use the dense logits: %s", type(model).__name__, reason)
-        _chunked_support[model] = reason
-    found = decoder_and_output_layer(model) if _chunked_support[model] is None else None
+    """(decoder, output layer) when the chunked path reproduces `model`'s logits, else None; read
+    from `decide_chunked`'s cache (decided here, probing `input_ids`, at a model's first use)."""
+    found = _chunked[model] if model in _chunked else decide_chunked(model, input_ids)
     return None if isinstance(found, str) else found
 
 
@@ -130,3 +146,34 @@ def output_layer_logps(head: nn.Linear, hidden: Tensor, targets: Tensor, scored:
     out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)
     out[scored] = picked
     return out
+
+
+def per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0,
+                    chunk_size: int | None = None, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Per-token log-probs (B, T) of a (left- or right-padded) batch, 0 where `loss_mask` is False:
+    `chunk_size` the chunked path, None dense logits from the position before the batch's first
+    scored token on (`logits_to_keep`); `top_k` / `top_p` the sampler's filter, replayed."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    layers = chunked_layers(model, input_ids) if chunk_size else None
+    if layers is not None:
+        decoder, head = layers
+        scored = loss_mask.bool()[:, 1:]  # column t scores token t from position t - 1; column 0 never
+        if not bool(scored.any()):
+            return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+
+        def chunked(input_ids: Tensor, attention_mask: Tensor, scored: Tensor) -> Tensor:
+            hidden = forward_hidden(decoder, input_ids, attention_mask)  # (B, T, H)
+            return output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored, temperature, chunk_size, top_k, top_p)
+
+        logps = as_root_forward(model, chunked, input_ids, attention_mask, scored)  # (B, T - 1)
+        return F.pad(logps, (1, 0), value=0.0)
+    scored_columns = loss_mask.any(dim=0).nonzero()
+    if scored_columns.numel() == 0:
+        return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    first = max(1, int(scored_columns[0]))  # column 0 has no context and is never scored
+    keep = input_ids.shape[1] - first + 1  # logits of positions first-1 .. T-1
+    logits = forward_logits(model, input_ids, attention_mask, logits_to_keep=keep if first > 1 else 0)
+    logps = token_logps_from_logits(logits, input_ids[:, first - 1:], temperature, top_k, top_p)[:, 1:]  # (B, T - first)
+    logps = F.pad(logps, (first, 0), value=0.0)  # (B, T)
+    return torch.where(loss_mask, logps, torch.zeros((), dtype=logps.dtype, device=logps.device))

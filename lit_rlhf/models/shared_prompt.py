@@ -1,8 +1,8 @@
-"""Log-probs and scalar scores on the shared-prompt layout (`lit_rlhf.ops.shared_prompt`): each
-group's prompt run once for all its completions, the same values as the padded path
-(`lit_rlhf.models.logprobs`). The layout's 4D mask goes to the model as an additive float mask,
-which only `sdpa` and `eager` attention take: other models use the padded layout
-(`layout_support`).
+"""Log-probs and scalar scores of rows that may share a prompt, and every response log-prob
+(`token_logps_with_grad`): on the shared-prompt layout (`lit_rlhf.ops.shared_prompt`) each prompt
+runs once for all its completions, with the padded rows' values. Its 4D mask is an additive float
+mask, which only `sdpa` and `eager` attention take: other models, and rows longer than a sliding
+window the mask does not carry, use the padded rows (`use_layout`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN
-from lit_rlhf.models.logprobs import per_token_logps
-from lit_rlhf.models.output_layer import as_root_forward, chunked_layers, output_layer_logps
+from lit_rlhf.models.output_layer import as_root_forward, chunked_layers, output_layer_logps, per_token_logps
 from lit_rlhf.ops.logprobs import filtered_token_logps
 from lit_rlhf.ops.rl import last_true_index
 from lit_rlhf.ops.shared_prompt import build_layout, longest, shares_anything
@@ -25,33 +24,45 @@ from lit_rlhf.types import PromptSharing, SharedPromptLayout
 log = logging.getLogger(__name__)
 
 SUPPORTED_ATTENTION = ("sdpa", "eager", SDPA_VARLEN)  # sdpa_varlen is sdpa for a 4D mask
-_warned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> reason already logged
+_windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> sliding window (0: none) or why not
+_long_rows_warned: weakref.WeakSet = weakref.WeakSet()
 
 
-def layout_support(model: nn.Module, longest_row: int = 0) -> str | None:
-    """None when `model` takes the shared-prompt layout's 4D mask, else the reason it does not
-    (warned once per model): another attention implementation, or a batch whose longest row
-    (`longest_row` real tokens) exceeds a sliding attention window, which the 4D mask does not carry."""
+def decide_layout(model: nn.Module) -> int | str:
+    """`model`'s sliding attention window (0: none) when it takes the layout's 4D mask, else the
+    reason it does not (its attention implementation; warned). Cached for `use_layout`."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None) if config is not None else None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     window = getattr(text, "sliding_window", None) if getattr(text, "use_sliding_window", True) is not False else None
-    reason = None
+    found = window if isinstance(window, int) else 0
     if impl not in SUPPORTED_ATTENTION:
-        reason = (f"attention implementation {impl!r} takes no custom 4D attention mask (shared prompts need "
-                  f"one of {SUPPORTED_ATTENTION}); using the padded layout")
-    elif isinstance(window, int) and longest_row > window:
-        reason = (f"rows of {longest_row} tokens exceed its sliding attention window ({window}), which the shared "
-                  "layout's mask does not apply; using the padded layout")
-    if reason is not None and model not in _warned:
-        log.warning("shared prompts are off for %s: %s", type(model).__name__, reason)
-        _warned[model] = reason
-    return reason
+        found = (f"attention implementation {impl!r} takes no custom 4D attention mask (shared prompts need "
+                 f"one of {SUPPORTED_ATTENTION}); using the padded layout")
+        log.warning("shared prompts are off for %s: %s", type(model).__name__, found)
+    _windows[model] = found
+    return found
 
 
-def use_layout(model: nn.Module, attention_mask: Tensor, sharing: PromptSharing | None) -> bool:
-    """True when `sharing` is given, some rows share a prompt and `model` takes the layout's mask."""
-    return sharing is not None and shares_anything(sharing) and layout_support(model, longest(attention_mask)) is None
+def use_layout(model: nn.Module, attention_mask: Tensor, sharing: PromptSharing) -> bool:
+    """True when some rows share a prompt and `model` takes the layout's mask (`decide_layout`,
+    once per model) for rows this long: none past its sliding window."""
+    if not shares_anything(sharing):
+        return False
+    window = _windows[model] if model in _windows else decide_layout(model)
+    if isinstance(window, str):
+        return False
+    if window and longest(attention_mask) > window:
+        _warn_long_rows(model, longest(attention_mask), window)
+        return False
+    return True
+
+
+def _warn_long_rows(model: nn.Module, longest_row: int, window: int) -> None:
+    if model not in _long_rows_warned:  # once per model
+        _long_rows_warned.add(model)
+        log.warning("shared prompts are off for %s: rows of %d tokens exceed its sliding attention window (%d), which "
+                    "the shared layout's mask does not apply; using the padded layout", type(model).__name__, longest_row, window)
 
 
 def _input_dtype(model: nn.Module) -> torch.dtype:
@@ -72,17 +83,8 @@ def layout_hidden(decoder: nn.Module, layout: SharedPromptLayout) -> Tensor:
     return hidden.reshape(-1, hidden.shape[-1])
 
 
-def shared_per_token_logps(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    loss_mask: Tensor,
-    sharing: PromptSharing,
-    temperature: float = 1.0,
-    chunk_size: int | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> Tensor:
+def shared_per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, sharing: PromptSharing,
+                           temperature: float = 1.0, chunk_size: int | None = None, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """`per_token_logps` (same arguments, same (N, T) values) on the shared-prompt layout."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -109,8 +111,7 @@ def shared_per_token_logps(
     else:  # the logits from the first context position of any packed row on (`logits_to_keep`)
         length = layout.input_ids.shape[1]
         first = int((where % length).min())
-        out = _run(model, layout, _input_dtype(model), logits_to_keep=length - first)
-        logits = out.logits  # (M, L - first, V)
+        logits = _run(model, layout, _input_dtype(model), logits_to_keep=length - first).logits  # (M, L - first, V)
         rows, cols = where // length, where % length - first
         picked = filtered_token_logps(logits[rows, cols], targets, temperature, top_k, top_p)  # (S,)
     out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)  # (N, T-1)
@@ -118,22 +119,35 @@ def shared_per_token_logps(
     return F.pad(out, (1, 0), value=0.0)
 
 
-def grouped_token_logps(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    loss_mask: Tensor,
-    sharing: PromptSharing | None,
-    temperature: float = 1.0,
-    chunk_size: int | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> Tensor:
+def grouped_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
+                        sharing: PromptSharing | None, temperature: float = 1.0, chunk_size: int | None = None,
+                        top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Per-token log-probs (N, T): on the shared-prompt layout when it applies (`use_layout`),
     else the padded path (`per_token_logps`). Same values either way."""
-    if use_layout(model, attention_mask, sharing):
+    if sharing is not None and use_layout(model, attention_mask, sharing):
         return shared_per_token_logps(model, input_ids, attention_mask, loss_mask, sharing, temperature, chunk_size, top_k, top_p)
     return per_token_logps(model, input_ids, attention_mask, loss_mask, temperature, chunk_size, top_k, top_p)
+
+
+def token_logps_with_grad(model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
+                          temperature: float = 1.0, micro_batch_size: int | None = None, chunk_size: int | None = None,
+                          top_k: int = 0, top_p: float = 1.0, groups: Tensor | None = None) -> Tensor:
+    """Log-probs (B, R) of sampled responses after left-padded prompts, 0 where `response_mask`
+    is False, differentiable, `micro_batch_size` rows at a time. `groups` (B,): rows with equal ids
+    have the same prompt (a GRPO group), computed once per micro-batch where the model takes the
+    shared-prompt layout (`grouped_token_logps`; the same values)."""
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # (B, P+R)
+    attention_mask = torch.cat([prompt_mask.bool(), response_mask.bool()], dim=1)
+    loss_mask = torch.cat([torch.zeros_like(prompt_mask, dtype=torch.bool), response_mask.bool()], dim=1)
+    width, size = prompt_ids.shape[1], micro_batch_size or input_ids.shape[0]
+    ends = torch.full((input_ids.shape[0],), width, dtype=torch.long, device=input_ids.device)
+    out = []
+    for start in range(0, input_ids.shape[0], size):
+        rows = slice(start, start + size)
+        sharing = None if groups is None else PromptSharing(ends[rows], groups[rows])
+        out.append(grouped_token_logps(model, input_ids[rows], attention_mask[rows], loss_mask[rows], sharing, temperature,
+                                       chunk_size, top_k, top_p)[:, width:])
+    return torch.cat(out)
 
 
 def shared_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, sharing: PromptSharing) -> Tensor:
@@ -152,31 +166,6 @@ def shared_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Te
 def grouped_scalar_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, sharing: PromptSharing | None) -> Tensor:
     """Scores (N,) of a `ScalarHeadModel` at each row's last real token, on the shared-prompt
     layout when it applies (`use_layout`), else `model.score`."""
-    if use_layout(model.backbone, attention_mask, sharing):
+    if sharing is not None and use_layout(model.backbone, attention_mask, sharing):
         return shared_scalar_scores(model, input_ids, attention_mask, sharing)
     return model.score(input_ids, attention_mask)
-
-
-def shared_response_logps(
-    model: nn.Module,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    response_ids: Tensor,
-    response_mask: Tensor,
-    groups: Tensor,
-    temperature: float = 1.0,
-    micro_batch_size: int | None = None,
-    chunk_size: int | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> Tensor:
-    """`token_logps_with_grad` (N, R), each micro-batch computing each of its prompts once:
-    `groups` (N,), rows with equal ids have the same prompt (a GRPO group). Same values."""
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # (N, P+R)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1).bool()
-    loss_mask = torch.cat([torch.zeros_like(prompt_mask, dtype=torch.bool), response_mask.bool()], dim=1)
-    width, size = prompt_ids.shape[1], micro_batch_size or input_ids.shape[0]
-    ends = torch.full(groups.shape, width, dtype=torch.long, device=groups.device)
-    return torch.cat([grouped_token_logps(model, input_ids[s:s + size], attention_mask[s:s + size], loss_mask[s:s + size],
-                                          PromptSharing(ends[s:s + size], groups[s:s + size]), temperature, chunk_size,
-                                          top_k, top_p)[:, width:] for s in range(0, input_ids.shape[0], size)])

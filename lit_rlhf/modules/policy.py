@@ -22,15 +22,15 @@ import torch
 from torch import Tensor, nn
 
 from lit_rlhf import models
-from lit_rlhf.generation import token_logps_with_grad
 from lit_rlhf.models import adapters, scalar_adapters
+from lit_rlhf.models.output_layer import decide_at_fit_start
+from lit_rlhf.models.shared_prompt import decide_layout, grouped_token_logps, token_logps_with_grad
 from lit_rlhf.training.base import TrainingModule
 from lit_rlhf.training.memory import Memory
 from lit_rlhf.training.moved import refuse_moved
 from lit_rlhf.training.optim import SchedulerName, decay_groups
 from lit_rlhf.training.settings import record_settings
 from lit_rlhf.ops import masked_sum
-from lit_rlhf.models.shared_prompt import grouped_token_logps, shared_response_logps
 from lit_rlhf.types import PromptSharing
 
 log = logging.getLogger(__name__)
@@ -236,12 +236,30 @@ class PolicyModule(TrainingModule):
 
     # log-probs
 
+    def on_fit_start(self) -> None:
+        """The base's start, then what each step's log-probs read, decided per causal LM once placed
+        and sharded: its chunked path (`decide_at_fit_start`, a forward every rank runs) and the
+        shared-prompt layout (`decide_layout`)."""
+        super().on_fit_start()
+        ids = torch.arange(8, device=self.device)[None]  # the chunked path's probe, a few tokens
+        for model in self.log_prob_models():
+            if self.logprob_chunk_size:
+                decide_at_fit_start(model, ids)
+            if self.shared_prompt:
+                decide_layout(model)
+
+    def log_prob_models(self) -> list[nn.Module]:
+        """The causal LMs (models that `generate`) log-probs may run on: the policy, frozen ones (a
+        reference, a teacher), the base under a LoRA adapter view."""
+        views = [v for v in vars(self).values() if isinstance(v, adapters.AdapterView)]  # not submodules
+        bases = [*self.children(), *self._whole_frozen.values(), *(view.model for view in views)]
+        return list({id(m): m for m in bases if callable(getattr(m, "generate", None))}.values())
+
     def model_logps(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
                     temperature: float = 1.0, sharing: PromptSharing | None = None) -> Tensor:
         """Per-token log-probs (B, T) of a causal LM on the tokens where `loss_mask` is True (0
-        elsewhere), chunked or dense as `logprob_chunk_size` says. `sharing` says which rows
-        share a prompt (`PreferenceBatch.sharing`): with `shared_prompt` on, each such prompt is
-        computed once (`lit_rlhf.ops.shared_prompt`); the values are the same either way."""
+        elsewhere), chunked or dense as `logprob_chunk_size` says; with `shared_prompt` on, each
+        prompt `sharing` names is computed once (the same values)."""
         active = adapters.activated(model) if isinstance(model, adapters.AdapterView) else nullcontext(model)
         with active as module:  # a LoRA adapter on the shared base: run with it active
             return grouped_token_logps(module, input_ids, attention_mask, loss_mask,
@@ -258,31 +276,19 @@ class PolicyModule(TrainingModule):
         """Per-token log-probs (B, T) of a frozen causal LM (e.g. `ref_model`), without grad."""
         return self.model_logps(getattr(self, name), input_ids, attention_mask, loss_mask, temperature, sharing)
 
-    def response_token_logps(
-        self,
-        model: nn.Module,
-        prompt_ids: Tensor,
-        prompt_mask: Tensor,
-        response_ids: Tensor,
-        response_mask: Tensor,
-        temperature: float = 1.0,
-        micro_batch_size: int | None = None,
-        groups: Tensor | None = None,
-    ) -> Tensor:
-        """Log-probs (B, R) of sampled responses under `model` (0 where `response_mask` is
-        False), differentiable unless called under `torch.no_grad()`; chunked or dense as
-        `logprob_chunk_size` says. `groups` (B,): rows with equal ids have the same prompt (a
-        GRPO group): with `shared_prompt` on, each micro-batch computes each of its prompts once.
-        The policy's log-probs replay the sampler's top-k / top-p (`logprob_filter`,
-        `lit_rlhf.ops.sampling`: the distribution sampled); any other model's are of the full vocabulary."""
+    def response_token_logps(self, model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
+                             response_mask: Tensor, temperature: float = 1.0, micro_batch_size: int | None = None,
+                             groups: Tensor | None = None) -> Tensor:
+        """Log-probs (B, R) of sampled responses under `model` (`token_logps_with_grad`: 0 where
+        `response_mask` is False, differentiable unless under `torch.no_grad()`); `groups` (B,)
+        names rows with the same prompt, computed once with `shared_prompt` on. The policy's
+        replay the sampler's top-k / top-p (`logprob_filter`), any other model's are of the full vocabulary."""
         top_k, top_p = self.logprob_filter if model is self.policy else (0, 1.0)
         active = adapters.activated(model) if isinstance(model, adapters.AdapterView) else nullcontext(model)
         with active as module:  # a LoRA adapter on the shared base: run with it active
-            if groups is None or not self.shared_prompt:
-                return token_logps_with_grad(module, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                                             micro_batch_size, self.logprob_chunk_size, top_k, top_p)
-            return shared_response_logps(module, prompt_ids, prompt_mask, response_ids, response_mask, groups,
-                                         temperature, micro_batch_size, self.logprob_chunk_size, top_k, top_p)
+            return token_logps_with_grad(module, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
+                                         micro_batch_size, self.logprob_chunk_size, top_k, top_p,
+                                         groups if self.shared_prompt else None)
 
     @staticmethod
     def sequence_logps(per_token: Tensor, mask: Tensor) -> Tensor:

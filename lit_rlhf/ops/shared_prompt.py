@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from lit_rlhf.types import PromptSharing, SharedPromptLayout
 
@@ -43,9 +44,10 @@ def build_layout(input_ids: Tensor, attention_mask: Tensor, sharing: PromptShari
     for row, group in enumerate(groups):
         members.setdefault(group, []).append(row)
     n, width = ids_cpu.shape
-    token_index = torch.full((n, width), -1, dtype=torch.long)
+    token_index = torch.full((n, width), -1, dtype=torch.long)  # packed place within its packed row
+    row_of = torch.empty(n, dtype=torch.long)  # the packed row of each row
     packed_ids, packed_pos, packed_seg = [], [], []
-    for rows in members.values():
+    for m, rows in enumerate(members.values()):
         first = rows[0]
         prompt_cols = mask_cpu[first, : ends[first]].nonzero().flatten()
         prompt = ids_cpu[first, prompt_cols]
@@ -64,20 +66,14 @@ def build_layout(input_ids: Tensor, attention_mask: Tensor, sharing: PromptShari
             positions.append(p + torch.arange(c))
             segments.append(torch.full((c,), j, dtype=torch.long))
             offset += c
+        row_of[rows] = m
         packed_ids.append(torch.cat(pieces))
         packed_pos.append(torch.cat(positions))
         packed_seg.append(torch.cat(segments))
-    length = max(row.shape[0] for row in packed_ids)
     pad_id = int(ids_cpu[~mask_cpu][0]) if bool((~mask_cpu).any()) else 0
-    out_ids = torch.full((len(packed_ids), length), pad_id, dtype=torch.long)
-    out_pos = torch.zeros((len(packed_ids), length), dtype=torch.long)
-    out_seg = torch.full((len(packed_ids), length), -1, dtype=torch.long)
-    for m, (ids, pos, seg) in enumerate(zip(packed_ids, packed_pos, packed_seg)):
-        out_ids[m, : ids.shape[0]], out_pos[m, : ids.shape[0]], out_seg[m, : ids.shape[0]] = ids, pos, seg
+    out_ids = pad_sequence(packed_ids, batch_first=True, padding_value=pad_id)  # (M, L)
+    out_pos = pad_sequence(packed_pos, batch_first=True)
+    out_seg = pad_sequence(packed_seg, batch_first=True, padding_value=-1)
     # flat index into (M * L): packed row m's token q is m * L + q
-    row_of = torch.empty(n, dtype=torch.long)
-    for m, rows in enumerate(members.values()):
-        row_of[rows] = m
-    token_index = torch.where(token_index >= 0, token_index + row_of[:, None] * length, token_index)
-    layout = SharedPromptLayout(out_ids, out_pos, out_seg, token_index)
-    return layout.to(input_ids.device)
+    token_index = torch.where(token_index >= 0, token_index + row_of[:, None] * out_ids.shape[1], token_index)
+    return SharedPromptLayout(out_ids, out_pos, out_seg, token_index).to(input_ids.device)

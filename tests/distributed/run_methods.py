@@ -64,10 +64,10 @@ class GradProbe(L.Callback):
         if self.done:
             return
         self.done = True
-        from lit_rlhf.models.output_layer import _chunked_support  # the per-model decision of the log-prob path
+        from lit_rlhf.models.output_layer import _chunked  # the per-model decision of the log-prob path
 
         policy = pl_module.policy
-        out = {"chunked_path": policy in _chunked_support and _chunked_support[policy] is None}
+        out = {"chunked_path": isinstance(_chunked.get(policy), tuple)}
         for name, param in (("lm_head", policy.lm_head.weight), ("embed", policy.model.embed_tokens.weight)):
             if hasattr(param, "ds_id"):  # ZeRO-3: gather the reduced gradient (collective)
                 from deepspeed.utils import safe_get_full_grad

@@ -13,7 +13,6 @@ import torch
 from lit_rlhf.generation import SamplingConfig, generate_responses
 from lit_rlhf.generation import sequence_token_logps
 from lit_rlhf.models.packed import packed_token_logps
-from lit_rlhf.models.shared_prompt import shared_response_logps
 from lit_rlhf.ops import linear_token_logps
 from lit_rlhf.ops.logprobs import filtered_token_logps
 
@@ -72,8 +71,8 @@ def _trainer_logps(model, sample, temperature, top_k, top_p):
         for micro in (1, 4):
             padded = sequence_token_logps(model, ids, mask, response, response_mask, temperature, micro, chunk, **filt)
             out[f"padded mb{micro} chunk {chunk}"] = padded[response_mask]
-        shared = shared_response_logps(model, ids, mask, response, response_mask, torch.tensor([0, 0, 1, 1]),
-                                       temperature, 4, chunk, **filt)
+        shared = sequence_token_logps(model, ids, mask, response, response_mask, temperature, 4, chunk, **filt,
+                                      groups=torch.tensor([0, 0, 1, 1]))
         out[f"shared chunk {chunk}"] = shared[response_mask]
         # every row's prompt and response end to end in one packed row, positions restarting
         pieces = [torch.cat([ids[b][mask[b]], response[b][response_mask[b]]]) for b in range(ids.shape[0])]

@@ -135,8 +135,7 @@ def test_grpo_group_logps_and_gradients_match_the_padded_rows(tied, micro_batch_
     padded = token_logps_with_grad(*args, chunk_size=4)
     (padded * weights).sum().backward()
     padded_grads = grads(model)
-    shared = sp.shared_response_logps(model, prompt_ids, prompt_mask, response_ids, response_mask, groups, 1.3,
-                                      micro_batch_size, chunk_size=4)
+    shared = token_logps_with_grad(*args, chunk_size=4, groups=groups)
     (shared * weights).sum().backward()
     torch.testing.assert_close(shared, padded, atol=ATOL, rtol=0)
     assert_same_grads(grads(model), padded_grads)
@@ -171,7 +170,7 @@ def test_rollout_reward_scores_read_each_completion_at_its_own_last_token():
 
 def test_attention_without_4d_masks_falls_back_to_the_padded_rows(monkeypatch, caplog):
     model = tiny_lm(tied=False)
-    model.config._attn_implementation = "flash_attention_2"  # read only by layout_support here
+    model.config._attn_implementation = "flash_attention_2"  # read only by decide_layout here
     batch = pair_batch()
     called = []
     monkeypatch.setattr(sp, "per_token_logps", lambda *args, **kwargs: called.append(args[1].shape) or "padded")
@@ -195,14 +194,19 @@ def test_bf16_autocast_takes_the_layout_mask(attention):
     torch.testing.assert_close(shared, padded, atol=2e-2, rtol=0)
 
 
-def test_rows_longer_than_a_sliding_window_use_the_padded_rows(monkeypatch):
-    model = tiny_lm(tied=False)
+def test_rows_longer_than_a_sliding_window_use_the_padded_rows(monkeypatch, caplog):
     batch = pair_batch()
-    model.config.sliding_window = 64
-    assert sp.layout_support(model, longest_row=64) is None
-    model.config.sliding_window = int(batch.attention_mask.sum(dim=1).max()) - 1
-    assert "sliding attention window" in sp.layout_support(model, longest_row=int(batch.attention_mask.sum(dim=1).max()))
+    longest = int(batch.attention_mask.sum(dim=1).max())
+    fits = tiny_lm(tied=False)
+    fits.config.sliding_window = longest
+    assert sp.decide_layout(fits) == longest and sp.use_layout(fits, batch.attention_mask, batch.sharing)
+    model = tiny_lm(tied=False)
+    model.config.sliding_window = longest - 1
     called = []
     monkeypatch.setattr(sp, "shared_per_token_logps", lambda *args, **kwargs: called.append(1))
-    padded = sp.grouped_token_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask, batch.sharing)
+    with caplog.at_level(logging.WARNING, logger="lit_rlhf.models.shared_prompt"):
+        padded = sp.grouped_token_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask, batch.sharing)
+        sp.grouped_token_logps(model, batch.input_ids, batch.attention_mask, batch.loss_mask, batch.sharing)
     assert not called and padded.shape == batch.input_ids.shape
+    warnings = [r.getMessage() for r in caplog.records if "sliding attention window" in r.getMessage()]
+    assert len(warnings) == 1 and f"rows of {longest} tokens" in warnings[0]  # named once per model
