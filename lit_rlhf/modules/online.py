@@ -238,9 +238,6 @@ class OnlineModule(PolicyModule):
         stats["perf/tokens_per_sec"] = rollout.attention_mask.sum().float() / max(updated - started, 1e-9)
         stats["data/padding_fraction"] = torch.tensor(padding_fraction(rollout))  # prompt and response PAD
         stats["objective/episodes"] = torch.tensor(float(self.episodes))
-        probe = getattr(getattr(self.rollout_source, "engine", None), "probe", None)  # a verified weight sync
-        if probe is not None:
-            stats["time/weight_sync_check"] = torch.tensor(probe.seconds)
         if "time/rollout_wait" in stats:  # the share of the step the learner waited for its batch
             stats["perf/trainer_idle_fraction"] = stats["time/rollout_wait"] / max(updated - started, 1e-9)
         self.log_stats("train", stats, prog_bar=("objective/scores", "objective/kl"))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from lit_rlhf.generation import SamplingConfig
 from lit_rlhf.online.correction import RolloutCorrection, source_correction
 from lit_rlhf.online.sources import Responses, RolloutSource, SampledModel, standalone
+from lit_rlhf.types import PromptBatch, Rollout
 
 
 class VLLMSampler(RolloutSource):
@@ -35,6 +37,13 @@ class VLLMSampler(RolloutSource):
         self.engine_kwargs = dict(engine_kwargs or {})
         self.correction = source_correction(tis_cap, correction)
         self.engine = None  # built on the first rollout
+
+    def sample(self, model: SampledModel, batch: PromptBatch, repeats: int, sampling: SamplingConfig,
+               training: bool = True) -> tuple[Rollout, dict[str, Tensor]]:
+        """`RolloutSource.sample`; the stats: the seconds of the last weight-sync check, if any."""
+        rollout, stats = super().sample(model, batch, repeats, sampling, training)
+        probe = getattr(self.engine, "probe", None)
+        return rollout, ({} if probe is None else {"time/weight_sync_check": torch.tensor(probe.seconds)})
 
     def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
                  sampling: SamplingConfig) -> Responses:

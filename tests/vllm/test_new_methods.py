@@ -78,6 +78,7 @@ def test_new_online_methods_sample_with_the_engine(name, vllm_model_dir, engine)
     finally:
         del engine.generate  # back to the class method
     assert calls == rows * 2  # every response of both rollouts came from the engine
+    assert float(trainer.callback_metrics["train/time/weight_sync_check"]) > 0  # the sync after step 1, checked
     assert any(not torch.equal(v, initial[k]) for k, v in module.policy.state_dict().items())
     assert all(w is None for w in weighed) != (name in WEIGHED), weighed  # weights only with a correction
     if name == "grpo_correction":  # the engine agrees with the learner: nothing masked, the mismatch logged
