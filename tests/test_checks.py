@@ -208,6 +208,13 @@ def test_an_online_modules_update_split_is_checked_at_start_up(tmp_path):
                        "num_minibatches (e.g. num_minibatches=1)")
 
 
+def test_group_reward_normalisation_needs_several_samples_per_prompt(tmp_path):
+    module = PPOModule(model=TINY, reward_fns=[CharacterFractionReward()], reward_normalization="group", max_new_tokens=2)
+    with pytest.raises(ConfigError, match=r"reward_normalization 'group' z-scores a prompt's samples, and PPOModule "
+                                          r"samples 1 per prompt: use 'batch' or 'none'"):
+        fit(module, tldr_prompts(), tmp_path)
+
+
 def test_every_problem_is_listed_at_once(tmp_path):
     module = GRPOModule(model=TINY, reward_fns=[CharacterFractionReward()], num_generations=2, num_minibatches=4,
                         max_new_tokens=4000)

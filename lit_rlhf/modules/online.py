@@ -351,9 +351,6 @@ class OnlineModule(PolicyModule):
         if dropped is not None:
             per_source = {k: torch.where(dropped, torch.zeros_like(v), v) for k, v in per_source.items()}
         how = self.reward_normalization if self.training else "none"
-        if how == "group" and group_size < 2:
-            raise ValueError("reward_normalization 'group' needs several samples per prompt (GRPO's "
-                             "num_generations); this method samples one: use 'batch' or 'none'")
         return combine_rewards(per_source, self.reward_weights, how, group_size), per_source
 
     def shape(self, rollout: Rollout) -> Rollout:
@@ -499,10 +496,14 @@ class OnlineModule(PolicyModule):
     # the fit: checks, the source's life, the budget, checkpoints
 
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
-        """The shared problems, the source's, and the update's split: the rows a rollout's update
-        trains on (`update_rows`) divide into `num_minibatches` minibatches of whole groups."""
+        """The shared problems, the source's, the reward's normalisation, and the update's split:
+        the rows a rollout's update trains on (`update_rows`) divide into `num_minibatches`
+        minibatches of whole groups."""
         resamples = bool(getattr(self, "dynamic_sampling", False))
         problems = super().check_config(trainer, datamodule) + self.rollout_source.problems(trainer, type(self), resamples)
+        if self.reward_normalization == "group" and self.repeats < 2:
+            problems.append(f"reward_normalization 'group' z-scores a prompt's samples, and {type(self).__name__} "
+                            f"samples {self.repeats} per prompt: use 'batch' or 'none'")
         batch_size = getattr(datamodule, "batch_size", None)
         if batch_size:
             problems += split_problem(type(self).__name__, batch_size, self.repeats, self.update_rows(batch_size),
