@@ -387,10 +387,7 @@ class OnlineModule(PolicyModule):
             kl = masked_sum(rollout.logps - rollout.ref_logps, mask, dim=1)  # (N,) k1, summed per sequence
             stats["objective/kl"] = kl.mean()
             stats["objective/rlhf_reward"] = (rollout.scores.float() - self.kl_coef * kl).mean()
-        if rollout.sampler_logps is not None and mask.any() and self.logprob_temperature == self.sampling.temperature:
-            diff = (rollout.logps.float() - rollout.sampler_logps.float()).abs()[mask]  # trainer vs sampler
-            stats["rollout/sampler_logprob_diff"] = diff.mean()
-            stats["rollout/sampler_logprob_diff_max"] = diff.max()
+        if rollout.sampler_logps is not None and self.logprob_temperature == self.sampling.temperature:
             stats.update(correction.correction_stats(rollout, self.rollout_source.correction))
         return stats
 

@@ -81,17 +81,20 @@ def source_correction(tis_cap: float | None, correction: RolloutCorrection | dic
 
 
 def correction_stats(rollout: Rollout, correction: RolloutCorrection | None) -> dict[str, Tensor]:
-    """`rollout_correction/{kl_k1, kl_k3, ratio_mean, ratio_min, ratio_max, ratio_p05, ratio_p50,
+    """`rollout/sampler_logprob_diff` (mean and max of |learner - sampler| per token) and
+    `rollout_correction/{kl_k1, kl_k3, ratio_mean, ratio_min, ratio_max, ratio_p05, ratio_p50,
     ratio_p95, masked_fraction, weight_mean}` of the rollout's learner log-probs (`logps`: the
     ones the correction weighs with) against its sampler's; {} without either. The masked
     fraction and the weights' mean are the ratio's (the off-policy sequence mask reads the
     advantages, which the update computes: not counted here); 0 and 1 with no correction."""
-    if rollout.sampler_logps is None or rollout.logps is None:
+    if rollout.sampler_logps is None or rollout.logps is None or not rollout.loss_mask.any():
         return {}
     train, sampler, mask = rollout.logps, rollout.sampler_logps, rollout.loss_mask
     applied = None if correction is None else correction.apply(train, sampler, mask)
-    stats = mismatch_stats(train, sampler, mask, applied)
-    return {f"rollout_correction/{name}": value for name, value in stats._asdict().items()}
+    stats = mismatch_stats(train, sampler, mask, applied)._asdict()
+    diff = (train.float() - sampler.float()).abs()[mask]  # the trainer's log-probs against the sampler's
+    return {"rollout/sampler_logprob_diff": diff.mean(), "rollout/sampler_logprob_diff_max": diff.max(),
+            **{f"rollout_correction/{name}": value for name, value in stats.items()}}
 
 
 

@@ -100,15 +100,11 @@ def place_rewards(scores: Tensor, mask: Tensor, turn_rewards: Tensor | None = No
 
 def kl_penalized_sequence_rewards(scores: Tensor, old_logps: Tensor, ref_logps: Tensor | None, mask: Tensor,
                                   kl_coef: float) -> tuple[Tensor, Tensor]:
-    """Whole-response rewards with the KL penalty inside: r_i = score_i - kl_coef * KL_i,
-    KL_i = sum_t (log pi_old - log pi_ref)(y_i,t), the k1 estimate of the sequence's KL (Ziegler et
-    al. 2019's penalised reward on a whole response; RLOO, Ahmadian et al. 2024, and ReMax, Li et
-    al. 2023, put it there).
-
-    scores: (N,); old_logps, ref_logps: (N, T) per-token log-probs of the sampled tokens under the
-    sampling policy and the reference (ref_logps may be None when kl_coef == 0); mask: (N, T) bool.
-    Returns (rewards (N,), kl (N,)), both without gradient.
-    """
+    """Whole-response rewards with the KL penalty inside -> (rewards (N,), kl (N,)), no gradient:
+    r_i = score_i - kl_coef * KL_i, KL_i = sum_t (log pi_old - log pi_ref)(y_i,t), the sequence's k1
+    KL (Ziegler et al. 2019's penalised reward on a whole response, as in RLOO, Ahmadian et al.
+    2024, and ReMax, Li et al. 2023). scores (N,); old_logps, ref_logps (N, T): the sampled tokens'
+    log-probs under the sampling policy and the reference (ref_logps None when kl_coef == 0); mask (N, T) bool."""
     if ref_logps is None:
         if kl_coef != 0.0:
             raise ValueError("ref_logps is required when kl_coef != 0")
