@@ -5,8 +5,8 @@ The first training batch of a tiny fit of GRPO, RLOO, PPO and DPO runs under a p
 `on_train_batch_start` to the return of the module's `on_train_batch_end` (the sampling, the
 scoring, the update and the hooks), and every `lit_rlhf` function it enters is recorded. Bounds
 held here, per method: the files entered (without `types.py` and `ops/`, tensor helpers taken on
-trust), their lines, and the lines of code of the functions entered (without blank lines,
-comments and docstrings: what a reader follows; the functions' full spans are printed beside).
+trust), their lines, the lines of the functions entered (their full spans, docstrings included)
+and, of those, the lines of code (neither blank, comments nor docstrings).
 
 Measured at 882bf0e, before the online step became `OnlineModule`'s methods (files / lines /
 function lines, code lines): GRPO 27 / 4,844 / 1,606, 1,198; RLOO 26 / 4,416 / 1,442, 1,080;
@@ -23,24 +23,24 @@ import pytest
 
 from tests.reading_trace import PACKAGE, REPO, Trace, trace_step
 
-# method: (files, lines of those files, code lines of the functions entered) at most: the targets
-# GRPO and RLOO 14 / 3,000 / 1,100, PPO 16 / 3,400 / 1,300, DPO 10 / 2,000 / 650, except GRPO's
-# function code lines, held at their measure (2026-12-04: GRPO 14 / 2,935 / 1,143, RLOO 14 / 2,674
-# / 1,027, PPO 16 / 3,018 / 1,056, DPO 8 / 1,479 / 541).
+# method: (files, lines of those files, function lines, code lines of those functions) at most: the
+# targets, GRPO and RLOO 14 / 3,000 / 1,100, PPO 16 / 3,400 / 1,300, DPO 10 / 2,000 / 650, except
+# GRPO's function lines, held at their measure (2026-12-05: GRPO 14 / 2,957 / 1,255 / 979, RLOO 14 /
+# 2,696 / 1,098 / 863, PPO 16 / 3,095 / 1,219 / 928, DPO 8 / 1,530 / 586 / 461): RLOO's step plus
+# GRPO's own loss, advantages and the variants' hooks (~220 lines).
 BOUNDS = {
-    "GRPOModule": (14, 3000, 1150),
-    "RLOOModule": (14, 3000, 1100),
-    "PPOModule": (16, 3400, 1300),
-    "DPOModule": (10, 2000, 650),
+    "GRPOModule": (14, 3000, 1260, 1100),
+    "RLOOModule": (14, 3000, 1100, 1100),
+    "PPOModule": (16, 3400, 1300, 1300),
+    "DPOModule": (10, 2000, 650, 650),
 }
 
 
 def violations(name: str, trace: Trace) -> list[str]:
     """The bounds `trace` exceeds (none when it holds them)."""
-    most = BOUNDS[name]
-    found = (trace.files, trace.file_lines, trace.code_lines)
-    labels = ("files", "lines", "function code lines")
-    return [f"{label} {n} > {bound}" for label, n, bound in zip(labels, found, most) if n > bound]
+    found = (trace.files, trace.file_lines, trace.function_lines, trace.code_lines)
+    labels = ("files", "lines", "function lines", "function code lines")
+    return [f"{label} {n} > {bound}" for label, n, bound in zip(labels, found, BOUNDS[name]) if n > bound]
 
 
 def row(name: str, trace: Trace) -> str:
