@@ -109,9 +109,10 @@ class DAPOModule(GRPOModule):
         kept: list[tuple[Rollout, dict[str, Tensor]]] = []
         dropped: list[tuple[Rollout, dict[str, Tensor]]] = []
         n_kept = rounds = generated = 0
-        current = batch
+        current, source_stats = batch, {}
         while True:
-            rollout, per_source, _ = super().collect_rollout(current)
+            rollout, per_source, sampled = super().collect_rollout(current)
+            source_stats = source_stats or sampled  # the sampler's stats of the step's own prompts
             rounds += 1
             generated += rollout.response_ids.shape[0]
             informative = informative_groups(rollout.scores.float(), group)  # (b,)
@@ -136,6 +137,7 @@ class DAPOModule(GRPOModule):
         world = max(1, self.trainer.world_size)
         self.episodes += (generated - size * group) * world  # the rows trained on are counted by the step
         stats = {
+            **source_stats,
             "dynamic_sampling/rounds": torch.tensor(float(rounds)),
             "dynamic_sampling/informative_groups": torch.tensor(float(found)),
             "dynamic_sampling/filled_groups": torch.tensor(float(max(0, size - found))),

@@ -43,7 +43,9 @@ class VLLMSampler(RolloutSource):
         """`RolloutSource.sample`; the stats: the seconds of the last weight-sync check, if any."""
         rollout, stats = super().sample(model, batch, repeats, sampling, training)
         probe = getattr(self.engine, "probe", None)
-        return rollout, ({} if probe is None else {"time/weight_sync_check": torch.tensor(probe.seconds)})
+        if probe is not None:
+            stats = {**stats, "time/weight_sync_check": torch.tensor(probe.seconds)}
+        return rollout, stats
 
     def generate(self, model: SampledModel, prompt_ids: Tensor, prompt_mask: Tensor,
                  sampling: SamplingConfig) -> Responses:

@@ -11,6 +11,7 @@ import torch
 from lightning import Callback
 
 from lit_rlhf.modules import DAPOModule, GRPOModule, GSPOModule, ReinforcePPModule
+from lit_rlhf.online import HFSampler
 from lit_rlhf.rewards import CharacterFractionReward, RewardFunctionError
 from tests.modules.test_grpo import LETTERS, fit
 
@@ -35,6 +36,14 @@ class Last(Callback):
         self.rollouts.append(rollout)
 
 
+class StatSampler(HFSampler):
+    """The in-process sampler reporting a stat of its own, as a vLLM or asynchronous source does."""
+
+    def sample(self, model, batch, repeats, sampling, training=True):
+        rollout, stats = super().sample(model, batch, repeats, sampling, training)
+        return rollout, {**stats, "time/source_stat": torch.tensor(float(batch.input_ids.shape[0]))}
+
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
@@ -43,11 +52,12 @@ def test_dynamic_sampling_keeps_informative_groups_and_counts_the_extra_generati
     # GRPO's clip and every completion in the loss: dynamic sampling alone
     module = DAPOModule(model="tiny-random-llama", reward_fns=[half_flat_reward], num_generations=2,
                         max_new_tokens=4, kl_coef=0.0, dynamic_sampling=True, max_sampling_rounds=3, total_episodes=32,
-                        clip_eps_high=0.2, mask_truncated=False)
+                        clip_eps_high=0.2, mask_truncated=False, rollout=StatSampler())
     seen = Last()
     trainer, metrics = fit(module, tmp_path, [seen])
     assert len(metrics) >= 2 and len(seen.rollouts) == len(metrics)
     for m, rollout in zip(metrics, seen.rollouts):
+        assert m["train/time/source_stat"] == 4  # the source's stats of the step's own 4 prompts, kept
         rounds, found, filled = (m[f"train/dynamic_sampling/{k}"] for k in ("rounds", "informative_groups",
                                                                           "filled_groups"))
         assert 1 <= rounds <= 3 and m["train/dynamic_sampling/rollouts_per_step"] == rounds
