@@ -52,8 +52,9 @@ def use_layout(model: nn.Module, attention_mask: Tensor, sharing: PromptSharing)
     window = _windows[model] if model in _windows else decide_layout(model)
     if isinstance(window, str):
         return False
-    if window and longest(attention_mask) > window:
-        _warn_long_rows(model, longest(attention_mask), window)
+    rows = longest(attention_mask) if window else 0  # a host sync only for a model with a window
+    if rows > window:
+        _warn_long_rows(model, rows, window)
         return False
     return True
 
