@@ -93,7 +93,7 @@ def run_worker(args: argparse.Namespace, scope: str, variant: str) -> dict:
             if chunk is None:
                 logps = selective_log_softmax(head(hidden), targets)  # (B, C)
             else:
-                logps = linear_token_logps(hidden.flatten(0, 1), head.weight, head.bias, targets.flatten(), chunk_size=chunk)[0]
+                logps = linear_token_logps(hidden.flatten(0, 1), head.weight, head.bias, targets.flatten(), chunk_size=chunk)
             return -logps.mean()
     else:
 

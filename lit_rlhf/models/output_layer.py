@@ -140,7 +140,7 @@ def output_layer_logps(head: nn.Linear, hidden: Tensor, targets: Tensor, scored:
     computed as the output layer's forward (`run_as_forward`: ZeRO-3 gathers its weight)."""
 
     def forward(h: Tensor, t: Tensor) -> Tensor:
-        return linear_token_logps(h, head.weight, head.bias, t, temperature, chunk_size, top_k=top_k, top_p=top_p)[0]
+        return linear_token_logps(h, head.weight, head.bias, t, temperature, chunk_size, top_k, top_p)
 
     picked = run_as_forward(head, forward, hidden[scored], targets[scored])  # (N,)
     out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)

@@ -1,12 +1,11 @@
-"""Token log-probs and entropies from hidden states and the output layer, a chunk of tokens at a time.
+"""Token log-probs from hidden states and the output layer, a chunk of tokens at a time.
 
 The output layer `z = (h W^T + b) / temperature` is applied to `chunk_size` rows at a time, each
-chunk's logits reduced to the picked log-prob (and the entropy) and freed, and recomputed chunk by
-chunk in backward: the (N, V) logits never exist. For one row with `lse = logsumexp(z)`,
-`p = softmax(z)`, target `y`:
+chunk's logits reduced to the picked log-prob and freed, and recomputed chunk by chunk in
+backward: the (N, V) logits never exist. For one row with `lse = logsumexp(z)`, `p = softmax(z)`,
+target `y`:
 
     logp_y = z_y - lse                      d logp_y / dz = onehot(y) - p
-    H = lse - sum_j p_j z_j                 dH / dz_j = -p_j (log p_j + H)
 
 and with `g = dL/dz / temperature`: `dL/dh = g W`, `dL/dW = g^T h`, `dL/db = sum_rows g`. Under
 autocast the matmuls run in the autocast dtype, the softmax in float32. The idea of Liger-Kernel's
@@ -47,21 +46,20 @@ def _logsumexp_(z: Tensor) -> Tensor:
 
 
 class LinearTokenLogps(torch.autograd.Function):
-    """`(log_softmax(z)[target], entropy(softmax(z)))` with `z = (hidden W^T + b) / temperature`,
-    computed and differentiated `chunk_size` rows at a time (the logits are recomputed in backward),
-    `z` top-k / top-p filtered when they are set (the mask a constant of the logits).
+    """`log_softmax(z)[target]` with `z = (hidden W^T + b) / temperature`, computed and
+    differentiated `chunk_size` rows at a time (the logits are recomputed in backward), `z` top-k /
+    top-p filtered when they are set (the mask a constant of the logits).
 
-    hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) long -> logps (N,) and
-    entropy (N,) (zeros unless `with_entropy`), both float32 (float64 for a float64 layer).
+    hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) long -> logps (N,) float32
+    (float64 for a float64 layer).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, compute_dtype, with_entropy, top_k, top_p):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, compute_dtype, top_k, top_p):
         acc = torch.promote_types(compute_dtype, torch.float32)
         n = hidden.shape[0]
         logps = torch.empty(n, dtype=acc, device=hidden.device)
         lses = torch.empty(n, dtype=acc, device=hidden.device)
-        entropy = torch.zeros(n, dtype=acc, device=hidden.device)
         with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(compute_dtype)
             b = None if bias is None else bias.to(compute_dtype)
@@ -69,31 +67,24 @@ class LinearTokenLogps(torch.autograd.Function):
                 end = min(start + chunk_size, n)
                 z = _chunk_logits(hidden[start:end], w, b, temperature, acc, targets[start:end], top_k, top_p)  # (c, V)
                 picked = z.gather(-1, targets[start:end, None]).squeeze(-1)  # (c,)
-                if with_entropy:
-                    lse = torch.logsumexp(z, dim=-1)  # (c,)
-                    p = torch.softmax(z, dim=-1)
-                    entropy[start:end] = lse - (p * z).sum(-1)
-                    del p
-                else:
-                    lse = _logsumexp_(z)  # overwrites z: one (c, V) buffer instead of two
+                lse = _logsumexp_(z)  # overwrites z: one (c, V) buffer instead of two
                 lses[start:end] = lse
                 logps[start:end] = picked - lse
                 del z
-        ctx.save_for_backward(hidden, weight, bias, targets, lses, entropy)
+        ctx.save_for_backward(hidden, weight, bias, targets, lses)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
-        ctx.with_entropy, ctx.has_bias, ctx.filter = with_entropy, bias is not None, (top_k, top_p)
-        return logps, entropy
+        ctx.has_bias, ctx.filter = bias is not None, (top_k, top_p)
+        return logps
 
     @staticmethod
-    def backward(ctx, grad_logps, grad_entropy):
-        hidden, weight, bias, targets, lses, entropy = ctx.saved_tensors
+    def backward(ctx, grad_logps):
+        hidden, weight, bias, targets, lses = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         acc = lses.dtype
         temperature, chunk = ctx.temperature, ctx.chunk_size
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if (need_b and ctx.has_bias) else None
-        use_entropy = ctx.with_entropy and grad_entropy is not None
         with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(ctx.compute_dtype)
             b = None if bias is None else bias.to(ctx.compute_dtype)
@@ -102,13 +93,7 @@ class LinearTokenLogps(torch.autograd.Function):
                 h = hidden[start:end]
                 logp = _chunk_logits(h, w, b, temperature, acc, targets[start:end], *ctx.filter).sub_(lses[start:end, None])
                 g_lp = grad_logps[start:end, None].to(acc)  # (c, 1)
-                if use_entropy:  # dH/dz = -p (log p + H)
-                    p = logp.exp()
-                    g = logp.add_(entropy[start:end, None]).mul_(p).mul_(-grad_entropy[start:end, None].to(acc))
-                    g.sub_(p.mul_(g_lp))
-                    del p
-                else:  # p = exp(log p) in place: one (c, V) buffer
-                    g = logp.exp_().mul_(-g_lp)
+                g = logp.exp_().mul_(-g_lp)  # -p dL/dlogp, p = exp(log p) in place: one (c, V) buffer
                 del logp
                 g.scatter_add_(-1, targets[start:end, None], g_lp)  # + onehot(y) * dL/dlogp
                 # dL/d(h W^T + b) = dL/dz / temperature: the vector-Jacobian product of the linear
@@ -126,7 +111,7 @@ class LinearTokenLogps(torch.autograd.Function):
                 del g, g_c
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def linear_token_logps(
@@ -136,16 +121,12 @@ def linear_token_logps(
     targets: Tensor,
     temperature: float = 1.0,
     chunk_size: int = 256,
-    with_entropy: bool = False,
     top_k: int = 0,
     top_p: float = 1.0,
-) -> tuple[Tensor, Tensor | None]:
+) -> Tensor:
     """Log-probs (N,) of `targets` under `softmax((hidden W^T + b) / temperature)` (top-k / top-p
-    filtered as sampled, `lit_rlhf.ops.sampling`), and the entropies (N,) of the full-vocabulary
-    distributions when `with_entropy` (else None; not with a filter), never holding more than
-    `chunk_size` rows of logits. hidden (N, H), weight (V, H), bias (V,) or None, targets (N,)."""
-    if with_entropy and filters(top_k, top_p):
-        raise ValueError("with_entropy scores the full vocabulary: call it without top_k / top_p")
+    filtered as sampled, `lit_rlhf.ops.sampling`), never holding more than `chunk_size` rows of
+    logits. hidden (N, H), weight (V, H), bias (V,) or None, targets (N,)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size <= 0:
@@ -153,6 +134,5 @@ def linear_token_logps(
     if hidden.ndim != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden (N, H) and targets (N,), got {tuple(hidden.shape)} and {tuple(targets.shape)}")
     dtype = _compute_dtype(hidden, weight)
-    logps, entropy = LinearTokenLogps.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size), dtype,
-                                            with_entropy, int(top_k), float(top_p))
-    return logps, (entropy if with_entropy else None)
+    return LinearTokenLogps.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size), dtype, int(top_k),
+                                  float(top_p))

@@ -1,5 +1,5 @@
 """The chunked output layer (`linear_token_logps`: logits recomputed chunk by chunk in backward)
-against the dense logits: values, gradients, entropies, memory, bad arguments. Through a causal LM:
+against the dense logits: values, gradients, memory, bad arguments. Through a causal LM:
 `tests/models/test_logprobs.py`."""
 
 import pytest
@@ -13,9 +13,7 @@ V, H = 96, 32
 
 def _dense(hidden, weight, bias, targets, temperature):
     z = F.linear(hidden, weight, bias) / temperature  # (N, V)
-    logp = F.log_softmax(z, -1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return logp.gather(-1, targets[:, None]).squeeze(-1), entropy
+    return F.log_softmax(z, -1).gather(-1, targets[:, None]).squeeze(-1)
 
 
 def _leaves(n, dtype=torch.float32, bias=True, seed=0):
@@ -31,35 +29,15 @@ def _leaves(n, dtype=torch.float32, bias=True, seed=0):
 def test_values_and_gradients_equal_the_dense_logits_fp32(bias):
     hidden, weight, b, targets = _leaves(23, bias=bias)
     leaves = [t for t in (hidden, weight, b) if t is not None]
-    gen = torch.Generator().manual_seed(1)
-    g_lp, g_ent = torch.randn(23, generator=gen), torch.randn(23, generator=gen)
-    # 23 rows in chunks of 5: the last chunk is partial
-    logps, entropy = linear_token_logps(hidden, weight, b, targets, temperature=0.7, chunk_size=5, with_entropy=True)
-    grads = torch.autograd.grad((logps * g_lp).sum() + (entropy * g_ent).sum(), leaves)
-    ref_logps, ref_entropy = _dense(hidden, weight, b, targets, 0.7)
-    ref_grads = torch.autograd.grad((ref_logps * g_lp).sum() + (ref_entropy * g_ent).sum(), leaves)
-    assert logps.dtype == torch.float32 and entropy.dtype == torch.float32
-    torch.testing.assert_close(logps, ref_logps, atol=1e-5, rtol=0)
-    torch.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=0)
-    for got, want in zip(grads, ref_grads):  # hidden states, output weight (and bias)
-        # the weight gradient sums 23 rows of entropy-gradient products in another order than the
-        # dense path: float32 rounding reaches ~1.2e-5 on some CPUs' kernels (a wrong gradient is off
-        # by 1e-2 or more)
-        torch.testing.assert_close(got, want, atol=3e-5, rtol=0)
-
-
-@pytest.mark.parametrize("bias", [True, False])
-def test_without_entropy_values_and_gradients_equal_the_dense_logits_fp32(bias):
-    hidden, weight, b, targets = _leaves(23, bias=bias)
-    leaves = [t for t in (hidden, weight, b) if t is not None]
     g_lp = torch.randn(23, generator=torch.Generator().manual_seed(1))
-    logps, entropy = linear_token_logps(hidden, weight, b, targets, temperature=0.7, chunk_size=5)
-    assert entropy is None
+    # 23 rows in chunks of 5: the last chunk is partial
+    logps = linear_token_logps(hidden, weight, b, targets, temperature=0.7, chunk_size=5)
     grads = torch.autograd.grad((logps * g_lp).sum(), leaves)
-    ref_logps, _ = _dense(hidden, weight, b, targets, 0.7)
+    ref_logps = _dense(hidden, weight, b, targets, 0.7)
     ref_grads = torch.autograd.grad((ref_logps * g_lp).sum(), leaves)
+    assert logps.dtype == torch.float32
     torch.testing.assert_close(logps, ref_logps, atol=1e-5, rtol=0)
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads):  # hidden states, output weight (and bias)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
@@ -76,7 +54,7 @@ def test_in_place_logsumexp_equals_torchs_bit_for_bit():
 
 
 def test_one_chunk_of_logits_lives_at_a_time_in_forward_and_backward():
-    """The largest buffers of the chunked path are (chunk, V) logits: without entropies, the
+    """The largest buffers of the chunked path are (chunk, V) logits: the
     forward and the backward pass each hold one of them at a time (the log-sum-exp and the softmax
     are computed in the logits' own memory)."""
     vocab, hidden_size, chunk, n = 4096, 8, 16, 50
@@ -86,7 +64,7 @@ def test_one_chunk_of_logits_lives_at_a_time_in_forward_and_backward():
     targets = torch.randint(0, vocab, (n,), generator=gen)
     chunk_bytes = chunk * vocab * 4
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        logps, _ = linear_token_logps(hidden, weight, None, targets, chunk_size=chunk)
+        logps = linear_token_logps(hidden, weight, None, targets, chunk_size=chunk)
         logps.sum().backward()
     live, most = set(), 0
     for event in sorted((e for e in _allocations(prof)), key=lambda e: e.start_time_ns):
@@ -110,13 +88,13 @@ def _allocations(prof):
             yield node
 
 
-def test_float64_gradcheck_with_entropy_and_temperature():
+def test_float64_gradcheck_with_temperature():
     gen = torch.Generator().manual_seed(3)
     hidden, weight, b = (torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_() for shape in ((7, 4), (9, 4), (9,)))
     targets = torch.randint(0, 9, (7,), generator=gen)
 
     def fn(h, w, bb):
-        return linear_token_logps(h, w, bb, targets, temperature=1.3, chunk_size=3, with_entropy=True)
+        return linear_token_logps(h, w, bb, targets, temperature=1.3, chunk_size=3)
 
     assert torch.autograd.gradcheck(fn, (hidden, weight, b))
 
