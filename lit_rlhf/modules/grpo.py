@@ -153,8 +153,18 @@ class GRPOModule(OnlineModule):
         """The loss of a micro-batch of n rows: logps (n, R) with gradient; old_logps (n, R) or None
         (on-policy); ref_logps (n, R) or None (`kl_coef` 0); advantages: the rows of `advantages`;
         mask: the rows of `loss_mask`; token_weights: the rollout correction's factor (n, R) or None
-        (`OnlineModule.tis_weights`); with `entropy_control`, Clip-Cov's keep-mask multiplies them
-        and KL-Cov's penalty is added per token, as is the entropy bonus's term."""
+        (`OnlineModule.tis_weights`); with entropy settings, their terms (`entropy_terms`)."""
+        penalty = None
+        if self.entropy_control is not None or self.entropy_bonus is not None:
+            token_weights, penalty = self.entropy_terms(logps, old_logps, advantages, mask, token_weights)
+        return grpo_policy_loss(logps, old_logps, ref_logps, advantages, mask, self.clip_eps_low, self.clip_eps_high,
+                                self.kl_coef, self.aggregation, max_completion_length=mask.shape[1],
+                                token_weights=token_weights, token_penalty=penalty)
+
+    def entropy_terms(self, logps: Tensor, old_logps: Tensor | None, advantages: Tensor, mask: Tensor,
+                      token_weights: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """What the entropy settings add to `policy_loss`: (token_weights, times Clip-Cov's
+        keep-mask; a per-token penalty, KL-Cov's plus the entropy bonus's term), None where none."""
         keep, penalty = None, None
         if self.entropy_control is not None:
             keep, penalty = self.entropy_control.apply(logps, old_logps, advantages, mask, self.clip_eps_low,
@@ -163,9 +173,7 @@ class GRPOModule(OnlineModule):
         if self.entropy_bonus is not None and self.entropy_coef > 0:
             bonus = entropy_bonus_penalty(logps, mask, self.entropy_coef)
             penalty = bonus if penalty is None else penalty + bonus
-        return grpo_policy_loss(logps, old_logps, ref_logps, advantages, mask, self.clip_eps_low, self.clip_eps_high,
-                                self.kl_coef, self.aggregation, max_completion_length=mask.shape[1],
-                                token_weights=token_weights, token_penalty=penalty)
+        return token_weights, penalty
 
     @property
     def token_mean(self) -> bool:
@@ -215,11 +223,17 @@ class GRPOModule(OnlineModule):
         stats["rewards/group_std"] = grouped.std(dim=1).mean()
         stats["rewards/zero_std_fraction"] = (grouped == grouped[:, :1]).all(dim=1).float().mean()
         stats["advantages/abs_mean"] = per_row.abs().mean()
-        if self.entropy_bonus is not None:  # the coefficient of this update, then the next one's
-            entropy = sampled_entropy(filled if on_policy else rollout.logps, mask)
-            stats["entropy/coef"], stats["entropy/estimate"] = torch.tensor(self.entropy_coef), entropy
-            self.entropy_coef = self.entropy_bonus.next_coef(self.entropy_coef, float(entropy))
+        if self.entropy_bonus is not None:
+            stats.update(self.adapt_entropy_coef(filled if on_policy else rollout.logps, mask))
         return (rollout._replace(logps=filled) if on_policy else rollout), stats
+
+    def adapt_entropy_coef(self, logps: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        """The entropy bonus's coefficient of this update and the sampled entropy estimate (to log);
+        then the next update's coefficient (`EntropyBonus.next_coef`)."""
+        entropy = sampled_entropy(logps, mask)
+        stats = {"entropy/coef": torch.tensor(self.entropy_coef), "entropy/estimate": entropy}
+        self.entropy_coef = self.entropy_bonus.next_coef(self.entropy_coef, float(entropy))
+        return stats
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
