@@ -215,6 +215,15 @@ def test_group_reward_normalisation_needs_several_samples_per_prompt(tmp_path):
         fit(module, tldr_prompts(), tmp_path)
 
 
+def test_a_pair_loss_needs_micro_batches_of_whole_pairs(tmp_path):
+    from lit_rlhf.modules import OnlineDPOModule
+
+    module = OnlineDPOModule(model=TINY, reward_fns=[CharacterFractionReward()], micro_batch_size=3, max_new_tokens=2)
+    with pytest.raises(ConfigError, match=r"OnlineDPOModule's loss reads whole groups of 2 rows: micro_batch_size "
+                                          r"\(3\) must be a multiple of 2"):
+        fit(module, tldr_prompts(batch_size=2), tmp_path)
+
+
 def test_every_problem_is_listed_at_once(tmp_path):
     module = GRPOModule(model=TINY, reward_fns=[CharacterFractionReward()], num_generations=2, num_minibatches=4,
                         max_new_tokens=4000)

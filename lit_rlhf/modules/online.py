@@ -31,7 +31,7 @@ from lit_rlhf.online import correction, environment
 from lit_rlhf.online.async_source import SourceGuard
 from lit_rlhf.online.moved import MOVED
 from lit_rlhf.online.sources import HFSampler, Responses, RolloutSource, SampledModel, checked_source
-from lit_rlhf.online.update import (LossResult, StepLoss, loss_parts, micro_rows, minibatch_weight, minibatches,
+from lit_rlhf.online.update import (LossResult, StepLoss, loss_parts, minibatch_weight, minibatches,
                                     split_problem)
 from lit_rlhf.ops import masked_sum
 from lit_rlhf.rewards import RewardNormalization
@@ -437,7 +437,7 @@ class OnlineModule(PolicyModule):
         count = 0
         for epoch in range(epochs):
             for rows in minibatches(n_rows, num_minibatches, group, shuffle=epoch > 0):
-                micro = micro_rows(len(rows), group, self.micro_batch_size, self.whole_groups, type(self).__name__)
+                micro = self.micro_batch_size or len(rows)  # whole groups with `whole_groups` (`check_config`)
                 total, extra, micros = minibatch_weight(rows, row_weights), self.step_loss(), -(-len(rows) // micro)
 
                 def accumulate() -> bool:
@@ -495,12 +495,16 @@ class OnlineModule(PolicyModule):
     def check_config(self, trainer: Any, datamodule: Any) -> list[str]:
         """The shared problems, the source's, the reward's normalisation, and the update's split:
         the rows a rollout's update trains on (`update_rows`) divide into `num_minibatches`
-        minibatches of whole groups."""
+        minibatches of whole groups, and micro-batches of whole groups for a loss that reads them
+        (`whole_groups`)."""
         resamples = bool(getattr(self, "dynamic_sampling", False))
         problems = super().check_config(trainer, datamodule) + self.rollout_source.problems(trainer, type(self), resamples)
         if self.reward_normalization == "group" and self.repeats < 2:
             problems.append(f"reward_normalization 'group' z-scores a prompt's samples, and {type(self).__name__} "
                             f"samples {self.repeats} per prompt: use 'batch' or 'none'")
+        if self.whole_groups and self.micro_batch_size and self.micro_batch_size % self.repeats:
+            problems.append(f"{type(self).__name__}'s loss reads whole groups of {self.repeats} rows: micro_batch_size "
+                            f"({self.micro_batch_size}) must be a multiple of {self.repeats}")
         batch_size = getattr(datamodule, "batch_size", None)
         if batch_size:
             problems += split_problem(type(self).__name__, batch_size, self.repeats, self.update_rows(batch_size),

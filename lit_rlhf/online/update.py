@@ -9,7 +9,7 @@ A method's `update` calls `OnlineModule.run_updates(n_rows, passes, num_minibatc
   every pass: the first pass keeps the rollout's order (its first micro-batch is the one the old
   log-probs were computed on: bitwise equal ratios, D7), every later pass shuffles the *groups*.
   A loss that reads a group at once (a pair loss) sets `whole_groups = True`: its micro-batches
-  then hold whole groups too (`micro_batch_size` a multiple of the group size, checked).
+  then hold whole groups too (`micro_batch_size` a multiple of the group size, checked at start-up).
 - **One meaning of `micro_batch_size`**: rows per forward pass, in scoring and in the update.
 - **Exact accumulation.** Each micro-batch's loss is weighted by its share of the minibatch's
   total weight (rows, or `row_weights` such as response tokens, summed over ranks), so the
@@ -61,16 +61,6 @@ def minibatches(n_rows: int, num_minibatches: int, group_size: int = 1, shuffle:
     order = torch.randperm(n_groups) if shuffle else torch.arange(n_groups)
     rows = (order.unsqueeze(1) * group_size + torch.arange(group_size)).flatten()  # whole groups, in order
     return iter(rows.view(num_minibatches, -1))
-
-
-def micro_rows(n: int, group_size: int, micro_batch_size: int | None, whole_groups: bool, method: str) -> int:
-    """Rows per micro-batch of a minibatch of `n` rows: `micro_batch_size` (None = all), whole
-    groups when the method's loss reads a group at once (`whole_groups`)."""
-    micro = micro_batch_size or n
-    if whole_groups and micro % group_size:
-        raise ValueError(f"{method}'s loss reads whole groups of {group_size} rows: micro_batch_size ({micro}) "
-                         f"must be a multiple of {group_size}")
-    return micro
 
 
 def split_problem(method: str, batch_size: int, repeats: int, rows: int, num_minibatches: int) -> list[str]:
