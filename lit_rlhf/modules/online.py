@@ -432,9 +432,7 @@ class OnlineModule(PolicyModule):
         # DDP's gradient sync needs every trained parameter's gradient from each backward pass:
         # a loss's parts then run one backward pass of their sum
         separate = not isinstance(self.trainer.strategy.model, DistributedDataParallel)
-        totals: dict[str, Tensor] = {}
-        first: dict[str, Tensor] = {}
-        count = 0
+        seen: list[dict[str, Tensor]] = []  # each micro-batch's stats
         for epoch in range(epochs):
             for rows in minibatches(n_rows, num_minibatches, group, shuffle=epoch > 0):
                 micro = self.micro_batch_size or len(rows)  # whole groups with `whole_groups` (`check_config`)
@@ -443,7 +441,6 @@ class OnlineModule(PolicyModule):
                 def accumulate() -> bool:
                     """Forward and backward over the minibatch's micro-batches; False when a loss is
                     not finite (`on_nonfinite: skip`; `error` raises)."""
-                    nonlocal count, first
                     for index, start in enumerate(range(0, len(rows), micro)):
                         part_rows = rows[start: start + micro]
                         share = len(part_rows) if row_weights is None else row_weights[part_rows].sum()
@@ -457,10 +454,7 @@ class OnlineModule(PolicyModule):
                                 return False
                             self.manual_backward(loss)
                             stats.update(part_stats)
-                        first = first or {k: v.detach() for k, v in stats.items()}
-                        for k, v in stats.items():
-                            totals[k] = totals.get(k, 0.0) + v.detach().float()
-                        count += 1
+                        seen.append({k: v.detach().float() for k, v in stats.items()})
                     return True
 
                 if self.optimizer_in_backward:  # each parameter updated by its backward pass, inside the step
@@ -469,9 +463,9 @@ class OnlineModule(PolicyModule):
                     self.online_optimizer_step(optimizer)
                 else:
                     optimizer.zero_grad(set_to_none=True)
-        out = {k: v / max(count, 1) for k, v in totals.items()}
-        if "policy/ratio_mean" in first:
-            out["policy/first_ratio_mean"] = first["policy/ratio_mean"]
+        out = {k: sum(s.get(k, 0.0) for s in seen) / len(seen) for k in dict.fromkeys(k for s in seen for k in s)}
+        if "policy/ratio_mean" in out:
+            out["policy/first_ratio_mean"] = seen[0]["policy/ratio_mean"]
         return out
 
     def online_optimizer_step(self, optimizer: Any, closure: Callable[[], bool] | None = None) -> None:
