@@ -38,11 +38,8 @@ def generate_responses(
                                 generator=generator, return_logps=return_logps)
     finally:
         model.train(was_training)
-    if not return_logps:
-        return finish_responses(sampled, config.max_new_tokens, eos_token_id, pad_token_id)
-    finished = finish_responses(sampled[0], config.max_new_tokens, eos_token_id, pad_token_id)
-    logps = torch.nn.functional.pad(sampled[1], (0, config.max_new_tokens - sampled[1].shape[1]))
-    return (*finished, logps.masked_fill(~finished[1], 0.0))
+    tokens, logps = sampled if return_logps else (sampled, None)
+    return finish_responses(tokens, config.max_new_tokens, eos_token_id, pad_token_id, logps)
 
 
 def _all_ranks_done(done: bool, device: torch.device) -> bool:
