@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicLayer
+from transformers import Cache, DynamicCache, DynamicLayer
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
 from lit_rlhf.ops.sampling import apply_temperature, filter_logits, filters
@@ -81,9 +81,7 @@ class _PreallocatedLayer(DynamicLayer):
 def _decode_cache(model: nn.Module, length: int) -> tuple[object, bool]:
     """(cache, preallocated): a cache of `_PreallocatedLayer`s for a model with full attention in
     every layer; otherwise (sliding windows, linear attention) the model's own dynamic cache."""
-    from transformers import Cache, DynamicCache
-
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    config = model.config.get_text_config(decoder=True)
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     if getattr(config, "sliding_window", None) is None and set(types) == {"full_attention"}:
         return Cache(layers=[_PreallocatedLayer(length) for _ in types]), True
