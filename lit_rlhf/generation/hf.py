@@ -120,8 +120,7 @@ def sample_tokens(
     # without left padding no mask is needed: the model's causal attention is the same, minus
     # the per-call mask handling (a third of a decoding step for a small model on CPU)
     unpadded = bool(prompt_mask.all())
-    # rows with the same prompt (GRPO's G copies, RLOO's k) share one prefill: the unique prompts
-    # are computed once and their cache rows copied, the same keys, values and first logits
+    # rows with the same prompt (GRPO's G copies) share one prefill: its cache rows and logits are copied
     unique, inverse = torch.unique(torch.cat([prompt_ids, attention_mask], dim=1), dim=0, return_inverse=True)
     shared = unique.shape[0] < batch
     rows = slice(None)
