@@ -155,3 +155,40 @@ def test_the_sampler_table_in_results_md_is_its_raw_file_rendered():
     shown = shown.split(bench_generation.END, 1)[0].strip("\n")
     raw = re.search(r"Raw file: `([^`]+)`", shown).group(1)
     assert shown == bench_generation.render_samplers(json.loads((root / raw).read_text()))
+
+
+@pytest.mark.parametrize("prompts", ["padded", "unpadded"])
+def test_synced_gpus_a_finished_rank_keeps_forwarding_for_its_peer_and_samples_the_same(monkeypatch, prompts):
+    # one process stands in for a rank whose peer needs every token: `_all_ranks_done` reports
+    # "done" only once this rank has made the peer's forward passes (the prefill, then R - 1)
+    from lit_rlhf.generation import hf
+
+    model, eos = small_vocab_lm(), 3  # a token this model draws often: every row ends early
+    ids, mask = left_padded([3, 9, 5, 7] if prompts == "padded" else [6] * 4, seed=6)
+    config = SamplingConfig(max_new_tokens=24)
+    alone = sample_tokens(model, ids, mask, config, eos, PAD, generator=torch.Generator().manual_seed(0))
+    assert alone.shape[1] < config.max_new_tokens - 2
+    calls: list[bool] = []
+    monkeypatch.setattr(hf, "_all_ranks_done", lambda done, device: calls.append(done) or len(calls) == 24)
+    sizes, handle = batch_sizes_of(model)
+    synced = sample_tokens(model, ids, mask, config, eos, PAD, synced_gpus=True,
+                           generator=torch.Generator().manual_seed(0))
+    handle.remove()
+    assert torch.equal(synced, alone) and len(sizes) == config.max_new_tokens
+    assert calls == [False] * (alone.shape[1] - 1) + [True] * (24 - alone.shape[1] + 1)
+
+
+@pytest.mark.parametrize("rows", [4, 8])
+def test_generate_responses_logps_are_the_loops_on_kept_tokens_and_zero_elsewhere(rows):
+    # eos 3, drawn often by this model: 4 rows all end early (the loop returns R' < R columns); of
+    # 8, finished rows stay in the forward passes (no compaction yet) and draw tokens after EOS
+    model, eos = small_vocab_lm(), 3
+    ids, mask = left_padded([3, 9, 5, 7, 4, 8, 6, 2][:rows], seed=6)
+    config = SamplingConfig(max_new_tokens=24, temperature=0.8)
+    tokens, loop_logps = sample_tokens(model, ids, mask, config, eos, PAD, generator=torch.Generator().manual_seed(0),
+                                       return_logps=True)
+    _, kept, _, logps = generate_responses(model, ids, mask, config, eos, PAD,
+                                           generator=torch.Generator().manual_seed(0), return_logps=True)
+    assert logps.shape == kept.shape == (rows, 24) and (tokens.shape[1] < 24) == (rows == 4)
+    assert torch.equal(logps[kept], loop_logps[kept[:, :tokens.shape[1]]]) and bool((logps[kept] < 0).all())
+    assert bool((logps[~kept] == 0).all()) and bool((loop_logps[~kept[:, :tokens.shape[1]]] != 0).any()) == (rows == 8)

@@ -59,14 +59,17 @@ def check_prompts(prompt_mask: Tensor, eos_token_id: int, pad_token_id: int) -> 
         raise ValueError("prompts must be left padded (D5): the last column of the prompt mask has padding")
 
 
-def finish_responses(responses: Tensor, max_new_tokens: int, eos_token_id: int,
-                     pad_token_id: int) -> tuple[Tensor, Tensor, Tensor]:
+def finish_responses(responses: Tensor, max_new_tokens: int, eos_token_id: int, pad_token_id: int,
+                     logps: Tensor | None = None) -> tuple[Tensor, ...]:
     """Sampled tokens (B, R' <= R) -> (response_ids (B, R), response_mask (B, R), has_eos (B,)):
-    PAD-filled to R = `max_new_tokens` and cut after the first EOS (D23)."""
-    missing = max_new_tokens - responses.shape[1]
-    if missing > 0:
-        responses = torch.nn.functional.pad(responses, (0, missing), value=pad_token_id)
-    return truncate_after_eos(responses, eos_token_id, pad_token_id)
+    PAD-filled to R = `max_new_tokens` and cut after the first EOS (D23); with the sampler's
+    `logps` (B, R'), also them (B, R), 0 outside the mask."""
+    fill = (0, max_new_tokens - responses.shape[1])
+    ids, mask, has_eos = truncate_after_eos(torch.nn.functional.pad(responses, fill, value=pad_token_id),
+                                            eos_token_id, pad_token_id)
+    if logps is None:
+        return ids, mask, has_eos
+    return ids, mask, has_eos, torch.nn.functional.pad(logps, fill).masked_fill(~mask, 0.0)
 
 
 def needs_synced_gpus(trainer) -> bool:

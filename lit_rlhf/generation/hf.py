@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicLayer
+from transformers import Cache, DynamicCache, DynamicLayer
 
 from lit_rlhf.generation.config import SamplingConfig, check_prompts, finish_responses
 from lit_rlhf.ops.sampling import apply_temperature, filter_logits, filters
@@ -38,11 +38,8 @@ def generate_responses(
                                 generator=generator, return_logps=return_logps)
     finally:
         model.train(was_training)
-    if not return_logps:
-        return finish_responses(sampled, config.max_new_tokens, eos_token_id, pad_token_id)
-    finished = finish_responses(sampled[0], config.max_new_tokens, eos_token_id, pad_token_id)
-    logps = torch.nn.functional.pad(sampled[1], (0, config.max_new_tokens - sampled[1].shape[1]))
-    return (*finished, logps.masked_fill(~finished[1], 0.0))
+    tokens, logps = sampled if return_logps else (sampled, None)
+    return finish_responses(tokens, config.max_new_tokens, eos_token_id, pad_token_id, logps)
 
 
 def _all_ranks_done(done: bool, device: torch.device) -> bool:
@@ -84,9 +81,7 @@ class _PreallocatedLayer(DynamicLayer):
 def _decode_cache(model: nn.Module, length: int) -> tuple[object, bool]:
     """(cache, preallocated): a cache of `_PreallocatedLayer`s for a model with full attention in
     every layer; otherwise (sliding windows, linear attention) the model's own dynamic cache."""
-    from transformers import Cache, DynamicCache
-
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    config = model.config.get_text_config(decoder=True)
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     if getattr(config, "sliding_window", None) is None and set(types) == {"full_attention"}:
         return Cache(layers=[_PreallocatedLayer(length) for _ in types]), True
@@ -125,8 +120,7 @@ def sample_tokens(
     # without left padding no mask is needed: the model's causal attention is the same, minus
     # the per-call mask handling (a third of a decoding step for a small model on CPU)
     unpadded = bool(prompt_mask.all())
-    # rows with the same prompt (GRPO's G copies, RLOO's k) share one prefill: the unique prompts
-    # are computed once and their cache rows copied, the same keys, values and first logits
+    # rows with the same prompt (GRPO's G copies) share one prefill: its cache rows and logits are copied
     unique, inverse = torch.unique(torch.cat([prompt_ids, attention_mask], dim=1), dim=0, return_inverse=True)
     shared = unique.shape[0] < batch
     rows = slice(None)
@@ -143,15 +137,15 @@ def sample_tokens(
         attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(batch, config.max_new_tokens)], dim=1)
         if preallocated and getattr(model.config, "_attn_implementation", None) == "sdpa":
             attention_mask = attention_mask[:, None, None, :]
-    position = positions[:, -1:]  # (B, 1)
-    live = torch.arange(batch, device=prompt_ids.device)  # the full batch's rows still in the forward passes
-    unfinished = torch.ones(batch, dtype=torch.bool, device=prompt_ids.device)  # (B,)
+    live = torch.arange(batch, device=prompt_ids.device)  # the full batch's rows in the forward passes
+    position = positions[:, -1:]  # (b, 1), of the live rows
+    unfinished = torch.ones(batch, dtype=torch.bool, device=prompt_ids.device)  # (b,): live rows before their EOS
     tokens: list[Tensor] = []
     logps: list[Tensor] = []
     done, length = False, prompt_ids.shape[1]  # length: the cache's, prompt and decoding forwards
     while True:
         if not done:
-            logits = logits.to(dtype=torch.float32, copy=True)  # (b, V), the live rows
+            logits = logits.to(dtype=torch.float32, copy=True)  # (b, V)
             if config.do_sample:
                 scores = (filter_logits(logits, config.temperature, config.top_k, config.top_p)
                           if filters(config.top_k, config.top_p) else apply_temperature(logits, config.temperature))
@@ -161,27 +155,24 @@ def sample_tokens(
             else:
                 scores = logits
                 picked = logits.argmax(dim=-1)  # (b,)
-            next_tokens = torch.full((batch,), pad_token_id, dtype=torch.long, device=live.device).index_copy_(
-                0, live, picked)  # (B,)
             if return_logps:
                 logps.append(torch.zeros(batch, device=live.device).index_copy_(
                     0, live, scores.log_softmax(dim=-1).gather(1, picked[:, None]).squeeze(1)))  # (B,)
-            next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad_token_id))
-            tokens.append(next_tokens)
-            unfinished &= next_tokens != eos_token_id
-            running = int(unfinished[live].sum())  # the step's one host sync (rows outside `live` are finished)
+            picked = torch.where(unfinished, picked, pad_token_id)  # a row past its EOS continues with PAD
+            tokens.append(torch.full((batch,), pad_token_id, device=live.device).index_copy_(0, live, picked))
+            unfinished &= picked != eos_token_id
+            running = int(unfinished.sum())  # the step's one host sync
             done = len(tokens) == config.max_new_tokens or running == 0
         # every rank takes the same decision here, so all make the same number of forward passes
         if _all_ranks_done(done, prompt_ids.device) if synced_gpus else done:
             break
         if 0 < running <= live.shape[0] * 3 // 4:  # compact: the rows still running, their cache and state
-            keep = unfinished[live].nonzero().squeeze(1)
-            live, position = live[keep], position[keep]
+            keep = unfinished.nonzero().squeeze(1)
+            live, position, unfinished, picked = live[keep], position[keep], unfinished[keep], picked[keep]
             cache.batch_select_indices(keep)
         # the next forward: the token just sampled (a finished rank repeats its last one for its peers)
-        last = tokens[-1][live, None]  # (b, 1)
         position, length = position + 1, length + 1
-        out = model(input_ids=last, attention_mask=None if unpadded else attention_mask[live, ..., :length],
+        out = model(input_ids=picked[:, None], attention_mask=None if unpadded else attention_mask[live, ..., :length],
                     position_ids=position, past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1]
     if return_logps:

@@ -92,12 +92,9 @@ def side_by_side(rollouts: Sequence[Rollout]) -> Rollout:
 
 def repeated_prompts(batch: PromptBatch, repeats: int) -> tuple[Tensor, Tensor, dict[str, list[Any]]]:
     """The batch's left-padded prompts and meta columns, each prompt `repeats` times (contiguous)."""
-    prompt_ids, prompt_mask = batch.input_ids, batch.attention_mask.bool()  # (B, P)
-    meta = {k: list(v) for k, v in batch.meta.items()}
-    if repeats > 1:
-        prompt_ids = prompt_ids.repeat_interleave(repeats, dim=0)  # (B*G, P)
-        prompt_mask = prompt_mask.repeat_interleave(repeats, dim=0)
-        meta = {k: [x for x in v for _ in range(repeats)] for k, v in meta.items()}
+    prompt_ids = batch.input_ids.repeat_interleave(repeats, dim=0)  # (B*G, P)
+    prompt_mask = batch.attention_mask.bool().repeat_interleave(repeats, dim=0)
+    meta = {k: [x for x in v for _ in range(repeats)] for k, v in batch.meta.items()}
     return prompt_ids, prompt_mask, meta
 
 

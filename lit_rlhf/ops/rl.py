@@ -66,12 +66,10 @@ def truncate_after_eos(response_ids: Tensor, eos_token_id: int, pad_token_id: in
     A response without EOS keeps all R tokens.
     """
     is_eos = response_ids == eos_token_id
-    has_eos = is_eos.any(dim=1)
     # number of EOS tokens strictly before position t; position t is kept when that count is 0
     eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
     response_mask = eos_before == 0
-    truncated = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_token_id))
-    return truncated, response_mask, has_eos
+    return response_ids.masked_fill(~response_mask, pad_token_id), response_mask, is_eos.any(dim=1)
 
 
 def last_true_index(mask: Tensor) -> Tensor:
