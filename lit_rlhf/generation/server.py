@@ -335,10 +335,8 @@ class ServerClient:
                 raise ServerError(f"the server returned {len(ids)} tokens but {len(logps)} log-probs for row {i}")
             tokens[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
             sampler[i, :len(ids)] = torch.tensor(logps, dtype=torch.float32)
-        response_ids, response_mask, has_eos = finish_responses(tokens, R, eos_token_id, pad_token_id)
-        sampler = torch.where(response_mask, sampler, torch.zeros((), dtype=sampler.dtype))
-        device = prompt_ids.device
-        return response_ids.to(device), response_mask.to(device), has_eos.to(device), sampler.to(device)
+        finished = finish_responses(tokens, R, eos_token_id, pad_token_id, sampler)  # the sampler's log-probs 0 past EOS
+        return tuple(t.to(prompt_ids.device) for t in finished)
 
 
 def main(argv: list[str] | None = None) -> None:

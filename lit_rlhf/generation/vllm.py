@@ -279,7 +279,5 @@ class VLLMEngine:
             if completion.logprobs:
                 sampler[i, :len(ids)] = torch.tensor(
                     [step[t].logprob for step, t in zip(completion.logprobs, ids)], dtype=torch.float32)
-        response_ids, response_mask, has_eos = finish_responses(tokens, R, eos_token_id, pad_token_id)
-        device = prompt_ids.device
-        sampler = torch.where(response_mask, sampler, torch.zeros((), dtype=sampler.dtype))
-        return response_ids.to(device), response_mask.to(device), has_eos.to(device), sampler.to(device)
+        finished = finish_responses(tokens, R, eos_token_id, pad_token_id, sampler)  # the sampler's log-probs 0 past EOS
+        return tuple(t.to(prompt_ids.device) for t in finished)
