@@ -153,8 +153,6 @@ def per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
     """Per-token log-probs (B, T) of a (left- or right-padded) batch, 0 where `loss_mask` is False:
     `chunk_size` the chunked path, None dense logits from the position before the batch's first
     scored token on (`logits_to_keep`); `top_k` / `top_p` the sampler's filter, replayed."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     layers = chunked_layers(model, input_ids) if chunk_size else None
     if layers is not None:
         decoder, head = layers

@@ -20,14 +20,6 @@ from torch import Tensor
 from lit_rlhf.ops.sampling import apply_temperature, filters, keep_targets
 
 
-def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
-    """The dtype the output layer's matmul runs in: the autocast dtype when autocast is on."""
-    device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type) and weight.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        return torch.get_autocast_dtype(device_type)
-    return weight.dtype
-
-
 def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float, acc: torch.dtype, targets: Tensor,
                   top_k: int, top_p: float) -> Tensor:
     """(c, H) -> (c, V) logits divided by the temperature (`apply_temperature`), in `acc` (float32
@@ -114,25 +106,17 @@ class LinearTokenLogps(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
-def linear_token_logps(
-    hidden: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    targets: Tensor,
-    temperature: float = 1.0,
-    chunk_size: int = 256,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> Tensor:
+def linear_token_logps(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float = 1.0,
+                       chunk_size: int = 256, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Log-probs (N,) of `targets` under `softmax((hidden W^T + b) / temperature)` (top-k / top-p
     filtered as sampled, `lit_rlhf.ops.sampling`), never holding more than `chunk_size` rows of
     logits. hidden (N, H), weight (V, H), bias (V,) or None, targets (N,)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
     if hidden.ndim != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden (N, H) and targets (N,), got {tuple(hidden.shape)} and {tuple(targets.shape)}")
-    dtype = _compute_dtype(hidden, weight)
+    device = hidden.device.type  # the matmuls run in the autocast dtype when autocast is on
+    autocast = torch.is_autocast_enabled(device) and weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    dtype = torch.get_autocast_dtype(device) if autocast else weight.dtype
     return LinearTokenLogps.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size), dtype, int(top_k),
                                   float(top_p))
