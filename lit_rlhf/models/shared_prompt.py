@@ -11,7 +11,6 @@ import logging
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN
@@ -103,8 +102,7 @@ def shared_per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: 
 
         def chunked(where: Tensor, targets: Tensor) -> Tensor:  # as the FSDP2 root's forward, if sharded
             hidden = layout_hidden(decoder, layout)[where]  # (S, H)
-            ones = torch.ones((1, where.shape[0]), dtype=torch.bool, device=where.device)
-            return output_layer_logps(head, hidden[None], targets[None], ones, temperature, chunk_size, top_k, top_p)[0]
+            return output_layer_logps(head, hidden, targets, temperature, chunk_size, top_k, top_p)
 
         picked = as_root_forward(model, chunked, where, targets)
     else:  # the logits from the first context position of any packed row on (`logits_to_keep`)
@@ -113,9 +111,9 @@ def shared_per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: 
         logits = _run(model, layout, logits_to_keep=length - first).logits  # (M, L - first, V)
         rows, cols = where // length, where % length - first
         picked = filtered_token_logps(logits[rows, cols], targets, temperature, top_k, top_p)  # (S,)
-    out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)  # (N, T-1)
-    out[scored] = picked
-    return F.pad(out, (1, 0), value=0.0)
+    out = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+    out[:, 1:][scored] = picked
+    return out
 
 
 def grouped_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
