@@ -302,14 +302,13 @@ class SharedPromptLayout(NamedTuple):
 
     def attention_bias(self, dtype: torch.dtype) -> Tensor:
         """(M, 1, L, L) additive attention mask in `dtype`: 0 where query i may attend to key j
-        (j <= i, and j on the prompt or on i's own completion), the dtype's minimum elsewhere.
-        A padding position attends to itself only, so no row of the softmax is empty."""
+        (j <= i, and j on the prompt or on i's own segment), the dtype's minimum elsewhere. Every
+        position sees itself, so no row of the softmax is empty; no real token sees padding."""
         seg = self.segment_ids
         length = seg.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=seg.device).tril()
         query, key = seg[:, :, None], seg[:, None, :]  # (M, L, 1), (M, 1, L)
-        allowed = causal & (key >= 0) & ((key == 0) | (key == query))
-        allowed |= torch.eye(length, dtype=torch.bool, device=seg.device)
+        allowed = causal & ((key == 0) | (key == query))
         bias = torch.zeros(allowed.shape, dtype=dtype, device=seg.device)
         return bias.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 

@@ -134,18 +134,15 @@ def chunked_layers(model: nn.Module, input_ids: Tensor) -> tuple[nn.Module, nn.L
     return None if isinstance(found, str) else found
 
 
-def output_layer_logps(head: nn.Linear, hidden: Tensor, targets: Tensor, scored: Tensor, temperature: float, chunk_size: int,
+def output_layer_logps(head: nn.Linear, hidden: Tensor, targets: Tensor, temperature: float, chunk_size: int,
                        top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Log-probs (B, T) of `targets` at the `scored` positions of `hidden` (B, T, H), 0 elsewhere,
-    computed as the output layer's forward (`run_as_forward`: ZeRO-3 gathers its weight)."""
+    """Log-probs (S,) of `targets` (S,) from `hidden` (S, H) (`linear_token_logps`), computed as the
+    output layer's forward (`run_as_forward`: ZeRO-3 gathers its weight)."""
 
     def forward(h: Tensor, t: Tensor) -> Tensor:
         return linear_token_logps(h, head.weight, head.bias, t, temperature, chunk_size, top_k, top_p)
 
-    picked = run_as_forward(head, forward, hidden[scored], targets[scored])  # (N,)
-    out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)
-    out[scored] = picked
-    return out
+    return run_as_forward(head, forward, hidden, targets)
 
 
 def per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float = 1.0,
@@ -153,8 +150,6 @@ def per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
     """Per-token log-probs (B, T) of a (left- or right-padded) batch, 0 where `loss_mask` is False:
     `chunk_size` the chunked path, None dense logits from the position before the batch's first
     scored token on (`logits_to_keep`); `top_k` / `top_p` the sampler's filter, replayed."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     layers = chunked_layers(model, input_ids) if chunk_size else None
     if layers is not None:
         decoder, head = layers
@@ -163,11 +158,13 @@ def per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor,
             return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
 
         def chunked(input_ids: Tensor, attention_mask: Tensor, scored: Tensor) -> Tensor:
-            hidden = forward_hidden(decoder, input_ids, attention_mask)  # (B, T, H)
-            return output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored, temperature, chunk_size, top_k, top_p)
+            hidden = forward_hidden(decoder, input_ids, attention_mask)[:, :-1]  # (B, T - 1, H)
+            return output_layer_logps(head, hidden[scored], input_ids[:, 1:][scored], temperature, chunk_size, top_k, top_p)
 
-        logps = as_root_forward(model, chunked, input_ids, attention_mask, scored)  # (B, T - 1)
-        return F.pad(logps, (1, 0), value=0.0)
+        picked = as_root_forward(model, chunked, input_ids, attention_mask, scored)  # (S,)
+        logps = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+        logps[:, 1:][scored] = picked
+        return logps
     scored_columns = loss_mask.any(dim=0).nonzero()
     if scored_columns.numel() == 0:
         return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)

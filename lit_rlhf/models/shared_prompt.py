@@ -11,7 +11,6 @@ import logging
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN
@@ -72,14 +71,14 @@ def _input_dtype(model: nn.Module) -> torch.dtype:
     return weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
 
 
-def _run(model: nn.Module, layout: SharedPromptLayout, dtype: torch.dtype, **kwargs):
-    return model(input_ids=layout.input_ids, attention_mask=layout.attention_bias(dtype),
+def _run(model: nn.Module, layout: SharedPromptLayout, **kwargs):
+    return model(input_ids=layout.input_ids, attention_mask=layout.attention_bias(_input_dtype(model)),
                  position_ids=layout.position_ids, use_cache=False, **kwargs)
 
 
 def layout_hidden(decoder: nn.Module, layout: SharedPromptLayout) -> Tensor:
     """Last hidden states of the packed rows, flattened: (M * L, H)."""
-    out = _run(decoder, layout, _input_dtype(decoder))
+    out = _run(decoder, layout)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden.reshape(-1, hidden.shape[-1])
 
@@ -87,8 +86,6 @@ def layout_hidden(decoder: nn.Module, layout: SharedPromptLayout) -> Tensor:
 def shared_per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, sharing: PromptSharing,
                            temperature: float = 1.0, chunk_size: int | None = None, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """`per_token_logps` (same arguments, same (N, T) values) on the shared-prompt layout."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     layout = build_layout(input_ids, attention_mask, sharing)
     scored = loss_mask.bool()[:, 1:]  # column t scores token t from the hidden state of token t - 1
     context = layout.token_index[:, :-1]  # (N, T-1) packed place of the previous token
@@ -105,19 +102,18 @@ def shared_per_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: 
 
         def chunked(where: Tensor, targets: Tensor) -> Tensor:  # as the FSDP2 root's forward, if sharded
             hidden = layout_hidden(decoder, layout)[where]  # (S, H)
-            ones = torch.ones((1, where.shape[0]), dtype=torch.bool, device=where.device)
-            return output_layer_logps(head, hidden[None], targets[None], ones, temperature, chunk_size, top_k, top_p)[0]
+            return output_layer_logps(head, hidden, targets, temperature, chunk_size, top_k, top_p)
 
         picked = as_root_forward(model, chunked, where, targets)
     else:  # the logits from the first context position of any packed row on (`logits_to_keep`)
         length = layout.input_ids.shape[1]
         first = int((where % length).min())
-        logits = _run(model, layout, _input_dtype(model), logits_to_keep=length - first).logits  # (M, L - first, V)
+        logits = _run(model, layout, logits_to_keep=length - first).logits  # (M, L - first, V)
         rows, cols = where // length, where % length - first
         picked = filtered_token_logps(logits[rows, cols], targets, temperature, top_k, top_p)  # (S,)
-    out = torch.zeros(scored.shape, dtype=picked.dtype, device=picked.device)  # (N, T-1)
-    out[scored] = picked
-    return F.pad(out, (1, 0), value=0.0)
+    out = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+    out[:, 1:][scored] = picked
+    return out
 
 
 def grouped_token_logps(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,

@@ -279,10 +279,9 @@ class PolicyModule(TrainingModule):
     def response_token_logps(self, model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
                              response_mask: Tensor, temperature: float = 1.0, micro_batch_size: int | None = None,
                              groups: Tensor | None = None) -> Tensor:
-        """Log-probs (B, R) of sampled responses under `model` (`token_logps_with_grad`: 0 where
-        `response_mask` is False, differentiable unless under `torch.no_grad()`); `groups` (B,)
-        names rows with the same prompt, computed once with `shared_prompt` on. The policy's
-        replay the sampler's top-k / top-p (`logprob_filter`), any other model's are of the full vocabulary."""
+        """Log-probs (B, R) of sampled responses under `model` (`token_logps_with_grad`); `groups` (B,)
+        names rows with the same prompt, computed once with `shared_prompt` on. The policy's replay
+        the sampler's top-k / top-p (`logprob_filter`), any other model's are of the full vocabulary."""
         top_k, top_p = self.logprob_filter if model is self.policy else (0, 1.0)
         active = adapters.activated(model) if isinstance(model, adapters.AdapterView) else nullcontext(model)
         with active as module:  # a LoRA adapter on the shared base: run with it active

@@ -20,14 +20,6 @@ from torch import Tensor
 from lit_rlhf.ops.sampling import apply_temperature, filters, keep_targets
 
 
-def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
-    """The dtype the output layer's matmul runs in: the autocast dtype when autocast is on."""
-    device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type) and weight.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        return torch.get_autocast_dtype(device_type)
-    return weight.dtype
-
-
 def _chunk_logits(h: Tensor, w: Tensor, b: Tensor | None, temperature: float, acc: torch.dtype, targets: Tensor,
                   top_k: int, top_p: float) -> Tensor:
     """(c, H) -> (c, V) logits divided by the temperature (`apply_temperature`), in `acc` (float32
@@ -57,56 +49,52 @@ class LinearTokenLogps(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, compute_dtype, top_k, top_p):
         acc = torch.promote_types(compute_dtype, torch.float32)
-        n = hidden.shape[0]
-        logps = torch.empty(n, dtype=acc, device=hidden.device)
-        lses = torch.empty(n, dtype=acc, device=hidden.device)
+        logps = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
+        lses = torch.empty_like(logps)
         with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(compute_dtype)
             b = None if bias is None else bias.to(compute_dtype)
-            for start in range(0, n, chunk_size):
-                end = min(start + chunk_size, n)
-                z = _chunk_logits(hidden[start:end], w, b, temperature, acc, targets[start:end], top_k, top_p)  # (c, V)
-                picked = z.gather(-1, targets[start:end, None]).squeeze(-1)  # (c,)
-                lse = _logsumexp_(z)  # overwrites z: one (c, V) buffer instead of two
-                lses[start:end] = lse
-                logps[start:end] = picked - lse
+            for start in range(0, hidden.shape[0], chunk_size):
+                rows = slice(start, start + chunk_size)
+                z = _chunk_logits(hidden[rows], w, b, temperature, acc, targets[rows], top_k, top_p)  # (c, V)
+                logps[rows] = z.gather(-1, targets[rows, None]).squeeze(-1)  # read before z is overwritten
+                lses[rows] = _logsumexp_(z)  # in z's memory: one (c, V) buffer instead of two
                 del z
         ctx.save_for_backward(hidden, weight, bias, targets, lses)
-        ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
-        ctx.has_bias, ctx.filter = bias is not None, (top_k, top_p)
-        return logps
+        ctx.settings = temperature, chunk_size, compute_dtype, top_k, top_p
+        return logps.sub_(lses)
 
     @staticmethod
     def backward(ctx, grad_logps):
         hidden, weight, bias, targets, lses = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        temperature, chunk_size, compute_dtype, top_k, top_p = ctx.settings
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]  # need_b is False without a bias
         acc = lses.dtype
-        temperature, chunk = ctx.temperature, ctx.chunk_size
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if (need_b and ctx.has_bias) else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
         with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
-            w = weight.to(ctx.compute_dtype)
-            b = None if bias is None else bias.to(ctx.compute_dtype)
-            for start in range(0, hidden.shape[0], chunk):
-                end = min(start + chunk, hidden.shape[0])
-                h = hidden[start:end]
-                logp = _chunk_logits(h, w, b, temperature, acc, targets[start:end], *ctx.filter).sub_(lses[start:end, None])
-                g_lp = grad_logps[start:end, None].to(acc)  # (c, 1)
+            w = weight.to(compute_dtype)
+            b = None if bias is None else bias.to(compute_dtype)
+            for start in range(0, hidden.shape[0], chunk_size):
+                rows = slice(start, start + chunk_size)
+                h = hidden[rows]
+                logp = _chunk_logits(h, w, b, temperature, acc, targets[rows], top_k, top_p).sub_(lses[rows, None])
+                g_lp = grad_logps[rows, None].to(acc)  # (c, 1)
                 g = logp.exp_().mul_(-g_lp)  # -p dL/dlogp, p = exp(log p) in place: one (c, V) buffer
                 del logp
-                g.scatter_add_(-1, targets[start:end, None], g_lp)  # + onehot(y) * dL/dlogp
+                g.scatter_add_(-1, targets[rows, None], g_lp)  # + onehot(y) * dL/dlogp
                 # dL/d(h W^T + b) = dL/dz / temperature: the vector-Jacobian product of the linear
                 # map apply_temperature is that same map
                 g = apply_temperature(g, temperature, inplace=True)
-                g_c = g.to(ctx.compute_dtype)
+                g_c = g.to(compute_dtype)
                 if need_h:
-                    grad_h[start:end] = (g_c @ w).to(hidden.dtype)
+                    grad_h[rows] = (g_c @ w).to(hidden.dtype)
                 if need_w and g_c.dtype == acc:  # accumulate in place: no (V, H) temporary per chunk
                     grad_w.addmm_(g_c.t(), h.to(acc))
                 elif need_w:
-                    grad_w.add_((g_c.t() @ h.to(ctx.compute_dtype)).to(acc))
-                if grad_b is not None:
+                    grad_w.add_((g_c.t() @ h.to(compute_dtype)).to(acc))
+                if need_b:
                     grad_b.add_(g.sum(0))
                 del g, g_c
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
@@ -114,25 +102,17 @@ class LinearTokenLogps(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
-def linear_token_logps(
-    hidden: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    targets: Tensor,
-    temperature: float = 1.0,
-    chunk_size: int = 256,
-    top_k: int = 0,
-    top_p: float = 1.0,
-) -> Tensor:
+def linear_token_logps(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float = 1.0,
+                       chunk_size: int = 256, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Log-probs (N,) of `targets` under `softmax((hidden W^T + b) / temperature)` (top-k / top-p
     filtered as sampled, `lit_rlhf.ops.sampling`), never holding more than `chunk_size` rows of
     logits. hidden (N, H), weight (V, H), bias (V,) or None, targets (N,)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
     if hidden.ndim != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"expected hidden (N, H) and targets (N,), got {tuple(hidden.shape)} and {tuple(targets.shape)}")
-    dtype = _compute_dtype(hidden, weight)
+    device = hidden.device.type  # the matmuls run in the autocast dtype when autocast is on
+    autocast = torch.is_autocast_enabled(device) and weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    dtype = torch.get_autocast_dtype(device) if autocast else weight.dtype
     return LinearTokenLogps.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size), dtype, int(top_k),
                                   float(top_p))

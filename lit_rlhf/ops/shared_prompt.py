@@ -36,15 +36,15 @@ def build_layout(input_ids: Tensor, attention_mask: Tensor, sharing: PromptShari
     completions). Groups are packed in the order of their first row. Raises ValueError when rows
     of one group have different prompt tokens.
     """
-    ids_cpu, mask_cpu = input_ids.detach().cpu(), attention_mask.detach().cpu().bool()
-    ends, groups = sharing.prompt_end.detach().cpu().tolist(), sharing.groups.detach().cpu().tolist()
-    if len(ends) != ids_cpu.shape[0] or len(groups) != ids_cpu.shape[0]:
-        raise ValueError(f"prompt sharing describes {len(groups)} rows, the batch has {ids_cpu.shape[0]}")
+    ids_cpu, mask_cpu = input_ids.cpu(), attention_mask.cpu().bool()
+    ends, groups = sharing.prompt_end.tolist(), sharing.groups.tolist()
+    n = ids_cpu.shape[0]
+    if len(ends) != n or len(groups) != n:
+        raise ValueError(f"prompt sharing describes {len(groups)} rows, the batch has {n}")
     members: dict[int, list[int]] = {}
     for row, group in enumerate(groups):
         members.setdefault(group, []).append(row)
-    n, width = ids_cpu.shape
-    token_index = torch.full((n, width), -1, dtype=torch.long)  # packed place within its packed row
+    token_index = torch.full(ids_cpu.shape, -1, dtype=torch.long)  # packed place within its packed row
     row_of = torch.empty(n, dtype=torch.long)  # the packed row of each row
     packed_ids, packed_pos, packed_seg = [], [], []
     for m, rows in enumerate(members.values()):

@@ -77,7 +77,7 @@ def test_layout_of_one_pair_by_hand():
     ]
 
 
-def test_left_padded_group_layout_and_padding_row_attends_to_itself():
+def test_left_padded_group_layout_and_no_empty_softmax_row():
     # left-padded prompt [PAD, 5, 6] with responses [7, EOS] and [8, PAD] (mask False after the cut)
     ids = torch.tensor([[PAD, 5, 6, 7, EOS], [PAD, 5, 6, 8, PAD]])
     mask = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 1, 0]], dtype=torch.bool)
