@@ -15,7 +15,6 @@ import logging
 import weakref
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lit_rlhf.models.attention import SDPA_VARLEN, boundaries_from_positions, boundaries_given
@@ -103,11 +102,13 @@ def packed_token_logps(model: nn.Module, input_ids: Tensor, position_ids: Tensor
         def chunked(input_ids: Tensor, position_ids: Tensor, scored: Tensor) -> Tensor:  # as the FSDP2 root's forward
             out = _packed_forward(decoder, input_ids, position_ids)
             hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # (R, L, H)
-            return output_layer_logps(head, hidden[:, :-1], input_ids[:, 1:], scored[:, 1:], temperature, chunk_size,
+            return output_layer_logps(head, hidden[:, :-1][scored], input_ids[:, 1:][scored], temperature, chunk_size,
                                       top_k, top_p)
 
-        logps = as_root_forward(model, chunked, input_ids, position_ids, scored)
-        return F.pad(logps, (1, 0), value=0.0)
+        picked = as_root_forward(model, chunked, input_ids, position_ids, scored[:, 1:])  # (S,)
+        logps = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+        logps[:, 1:][scored[:, 1:]] = picked
+        return logps
     logits = _packed_forward(model, input_ids, position_ids).logits
     logps = token_logps_from_logits(logits, input_ids, temperature, top_k, top_p)
     return torch.where(scored, logps, torch.zeros((), dtype=logps.dtype, device=logps.device))
