@@ -220,7 +220,7 @@ class Rollout(NamedTuple):
         rollout scores its environment tokens as context only."""
         if per_token is None or self.action_mask is None:
             return per_token
-        return torch.where(self.loss_mask, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+        return per_token.masked_fill(~self.loss_mask, 0.0)
 
     @property
     def input_ids(self) -> Tensor:  # (B, P+R)

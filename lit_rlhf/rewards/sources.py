@@ -116,11 +116,10 @@ def _raised(fn: RewardFn, err: BaseException, prompts, completions, columns) -> 
 
 
 def call_reward_fn(fn: RewardFn, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
-    """Call `fn(prompts, completions, **columns)` and check it returned N finite floats -> (N,).
-    A function that raises stops the step with a `RewardFunctionError` naming it and the first row
-    it raises on (`_raised`); non-finite rewards are named by row the same way."""
+    """Call `fn(prompts, completions, **columns)` and check it returned N finite floats -> (N,); a
+    raise (`RewardFunctionError`, `_raised`) or a non-finite reward names the function and the row."""
     name = function_name(fn)
-    columns = {k: v for k, v in columns.items() if k not in ("prompts", "completions")}
+    columns = {k: v for k, v in columns.items() if k not in ("prompts", "completions")}  # fn's positional names
     try:
         out = fn(prompts, completions, **columns)
     except Exception as err:
