@@ -338,7 +338,7 @@ class OnlineModule(PolicyModule):
                        "truncated": (~rollout.has_eos).tolist(), **rollout.meta}
             for fn in self.reward_fns:
                 name = function_name(fn)
-                while name in per_source:
+                while name in per_source or (name == "environment" and episodes is not None):  # the return's name
                     name += "_"
                 per_source[name] = call_reward_fn(fn, list(prompts), completions, columns)
         if episodes is not None:  # the environment's return, after the other sources

@@ -133,3 +133,24 @@ def test_grpo_with_skip_trains_on_the_other_groups_and_checkpoints_the_counts():
     fresh = EnvironmentRollouts(FlakyEnv(3), on_env_error="skip", max_env_errors=4)
     fresh.load_state_dict(state)
     assert fresh.env_errors.state_dict() == state["env_errors"]
+
+
+def environment(prompts, completions, **columns):
+    """A reward function that happens to carry the environment source's name."""
+    return [0.5] * len(completions)
+
+
+def test_a_reward_function_named_environment_keeps_its_reward_beside_the_environments_return():
+    from lit_rlhf.data.collate import PromptCollator
+    from lit_rlhf.modules import GRPOModule
+    from lit_rlhf.online import EnvironmentRollouts
+
+    torch.manual_seed(0)
+    source = EnvironmentRollouts(FlakyEnv(3, prompt_column="prompt"), max_turns=3, max_episode_tokens=64)
+    module = GRPOModule(model="tiny-random-llama", rollout=source, reward_fns=[environment], max_new_tokens=6,
+                        num_generations=2, kl_coef=0.0, log_completions_every_n_steps=0)
+    tok = module.tokenizer
+    rows = [{"_prompt_ids": tok("fine", add_special_tokens=False)["input_ids"], "prompt": "fine", "fail_at": None}]
+    _, per_source, _ = module.make_rollout(PromptCollator(tok.pad_token_id)(rows), repeats=2)
+    assert list(per_source) == ["environment_", "environment"]
+    assert per_source["environment_"].tolist() == [0.5, 0.5]
