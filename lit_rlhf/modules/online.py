@@ -445,7 +445,9 @@ class OnlineModule(PolicyModule):
                         part_rows = rows[start: start + micro]
                         share = len(part_rows) if row_weights is None else row_weights[part_rows].sum()
                         stats: dict[str, Tensor] = {}
-                        for part, (loss, part_stats) in enumerate(loss_parts(loss_fn(part_rows), separate)):
+                        result = loss_fn(part_rows)  # one (loss, stats) pair, or the parts of a loss
+                        parts = [result] if isinstance(result, tuple) else loss_parts(result, separate)
+                        for part, (loss, part_stats) in enumerate(parts):
                             loss = loss * (share / total)
                             if part == 0 and extra is not None:  # the step's own term, in the first part's backward
                                 extra_loss, extra_stats = extra(index, micros)

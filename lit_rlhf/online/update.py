@@ -32,13 +32,12 @@ LossResult = Union[tuple[Tensor, dict[str, Tensor]], Iterable[tuple[Tensor, dict
 StepLoss = Callable[[int, int], tuple[Tensor, dict[str, Tensor]]]  # (micro, micros) -> (loss, stats): `step_loss`
 
 
-def loss_parts(result: LossResult, separate: bool = True) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
-    """A `loss_fn` result as its parts: one (loss, stats) pair, or the pairs a generator yields
-    (each computed only when the previous one's backward pass is done). `separate=False`: the
-    parts summed into one (every part's forward pass first, then one backward pass)."""
-    if isinstance(result, tuple):
-        yield result
-    elif separate:
+def loss_parts(result: Iterable[tuple[Tensor, dict[str, Tensor]]],
+               separate: bool = True) -> Iterator[tuple[Tensor, dict[str, Tensor]]]:
+    """The parts of a loss, the (loss, stats) pairs a `loss_fn` generator yields (each computed
+    only when the previous one's backward pass is done). `separate=False`: the parts summed into
+    one (every part's forward pass first, then one backward pass)."""
+    if separate:
         yield from result
     else:
         parts = list(result)
