@@ -4,6 +4,7 @@ method, and `RewardModule` build on it); its class docstring lists what lives he
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -177,7 +178,7 @@ class TrainingModule(LightningModule):
         trainer, plugin = self.trainer, self.trainer.precision_plugin
         if not isinstance(plugin, MixedPrecision) or plugin.scaler is not None:
             return super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        value = trainer.gradient_clip_val or 0.0 if gradient_clip_val is None else gradient_clip_val
+        value = (trainer.gradient_clip_val or 0.0) if gradient_clip_val is None else gradient_clip_val
         algorithm = GradClipAlgorithmType(gradient_clip_algorithm or trainer.gradient_clip_algorithm or "norm")
         Precision.clip_gradients(plugin, optimizer, value, algorithm)
 
@@ -225,16 +226,14 @@ class TrainingModule(LightningModule):
         """Automatic optimisation: step only when the gradients are finite (see `on_nonfinite`)."""
 
         def guarded_closure():
-            loss = optimizer_closure() if optimizer_closure is not None else None
+            loss = optimizer_closure()
             if not self.gradients_finite():
                 optimizer.zero_grad()
                 raise SkipStep
             return loss
 
-        try:
+        with contextlib.suppress(SkipStep):
             optimizer.step(closure=guarded_closure)
-        except SkipStep:
-            pass
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
