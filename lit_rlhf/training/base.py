@@ -321,11 +321,9 @@ class TrainingModule(LightningModule):
         step with gradient checkpointing peaks), at the batches where Lightning's automatic
         optimisation would zero them only after `training_step`; the step computes the same.
         Manual optimisation (`OnlineModule`) frees them after each optimizer step itself."""
-        trainer = self.attached_trainer
-        if trainer is None or not self.automatic_optimization or batch_idx % trainer.accumulate_grad_batches:
-            return
-        for param in self.parameters():
-            param.grad = None
+        if self.automatic_optimization and batch_idx % self.trainer.accumulate_grad_batches == 0:
+            for param in self.parameters():
+                param.grad = None
 
     def on_before_backward(self, loss: Tensor) -> None:
         self.release_freed_host_memory()  # the forward pass's freed blocks, before the backward pass's own
