@@ -4,6 +4,7 @@ method, and `RewardModule` build on it); its class docstring lists what lives he
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -175,9 +176,9 @@ class TrainingModule(LightningModule):
         plugin refuses an optimizer that unscales inside its step, which matters only when a
         GradScaler scales (fp16, where `build_adamw` builds the non-fused AdamW)."""
         trainer, plugin = self.trainer, self.trainer.precision_plugin
-        if not isinstance(plugin, MixedPrecision) or getattr(plugin, "scaler", None) is not None:
+        if not isinstance(plugin, MixedPrecision) or plugin.scaler is not None:
             return super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        value = trainer.gradient_clip_val or 0.0 if gradient_clip_val is None else gradient_clip_val
+        value = (trainer.gradient_clip_val or 0.0) if gradient_clip_val is None else gradient_clip_val
         algorithm = GradClipAlgorithmType(gradient_clip_algorithm or trainer.gradient_clip_algorithm or "norm")
         Precision.clip_gradients(plugin, optimizer, value, algorithm)
 
@@ -225,16 +226,14 @@ class TrainingModule(LightningModule):
         """Automatic optimisation: step only when the gradients are finite (see `on_nonfinite`)."""
 
         def guarded_closure():
-            loss = optimizer_closure() if optimizer_closure is not None else None
+            loss = optimizer_closure()
             if not self.gradients_finite():
                 optimizer.zero_grad()
                 raise SkipStep
             return loss
 
-        try:
+        with contextlib.suppress(SkipStep):
             optimizer.step(closure=guarded_closure)
-        except SkipStep:
-            pass
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
@@ -322,11 +321,9 @@ class TrainingModule(LightningModule):
         step with gradient checkpointing peaks), at the batches where Lightning's automatic
         optimisation would zero them only after `training_step`; the step computes the same.
         Manual optimisation (`OnlineModule`) frees them after each optimizer step itself."""
-        trainer = self.attached_trainer
-        if trainer is None or not self.automatic_optimization or batch_idx % trainer.accumulate_grad_batches:
-            return
-        for param in self.parameters():
-            param.grad = None
+        if self.automatic_optimization and batch_idx % self.trainer.accumulate_grad_batches == 0:
+            for param in self.parameters():
+                param.grad = None
 
     def on_before_backward(self, loss: Tensor) -> None:
         self.release_freed_host_memory()  # the forward pass's freed blocks, before the backward pass's own
@@ -353,17 +350,12 @@ class TrainingModule(LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.release_freed_host_memory()
-        trainer = self.attached_trainer
-        if trainer is not None:  # for a checkpoint after a cut-short epoch (`lit_rlhf.resume.as_mid_epoch`)
-            progress = trainer.fit_loop.epoch_progress.current
-            self._epoch_counters_at_batch = (progress.processed, progress.completed)
-        if not self.step_stats_due():
-            return
+        progress = self.trainer.fit_loop.epoch_progress.current  # a cut-short epoch's checkpoint (`lit_rlhf.resume`)
+        self._epoch_counters_at_batch = (progress.processed, progress.completed)
         mask = getattr(batch, "attention_mask", None)
-        if self._step_started_at is None or mask is None:
-            return
-        elapsed = time.perf_counter() - self._step_started_at
-        self.log("train/perf/tokens_per_sec", float(mask.sum()) / max(elapsed, 1e-9), on_step=True, on_epoch=False)
+        if self._step_started_at is not None and mask is not None and self.step_stats_due():  # offline steps are timed
+            elapsed = time.perf_counter() - self._step_started_at
+            self.log("train/perf/tokens_per_sec", float(mask.sum()) / max(elapsed, 1e-9), on_step=True, on_epoch=False)
 
     def step_stats_due(self) -> bool:
         """Whether this step's stats reach the logger (every `log_every_n_steps`; every step under
@@ -377,7 +369,7 @@ class TrainingModule(LightningModule):
         Training stats are per step, and only the progress-bar ones when `step_stats_due` is not."""
         on_step = stage == "train"
         if on_step and not self.step_stats_due():
-            shown = getattr(self.attached_trainer, "progress_bar_callback", None) is not None
+            shown = self.trainer.progress_bar_callback is not None
             stats = {name: value for name, value in stats.items() if shown and name in prog_bar}
         for name, value in stats.items():
             if isinstance(value, Tensor):

@@ -99,6 +99,7 @@ def test_sft_train_and_validation_scalars_share_the_optimizer_step_axis(tmp_path
     assert trainer.global_step == 4
     assert steps_of(rows, "train/loss") == [1, 2, 3, 4]
     assert steps_of(rows, "val/loss") == [2, 4]
+    assert steps_of(rows, "train/perf/tokens_per_sec") == [1, 2, 3, 4]  # timed from each batch's start
     assert all(float(row["epoch"]) == 0 for row in rows)  # the epoch column is kept (logged beside the step)
 
 
