@@ -466,8 +466,9 @@ class OnlineModule(PolicyModule):
                 else:
                     optimizer.zero_grad(set_to_none=True)
         out = {k: sum(s.get(k, 0.0) for s in seen) / len(seen) for k in dict.fromkeys(k for s in seen for k in s)}
-        if "policy/ratio_mean" in out:
-            out["policy/first_ratio_mean"] = seen[0]["policy/ratio_mean"]
+        first = seen[0] if seen else {}
+        if "policy/ratio_mean" in first:
+            out["policy/first_ratio_mean"] = first["policy/ratio_mean"]
         return out
 
     def online_optimizer_step(self, optimizer: Any, closure: Callable[[], bool] | None = None) -> None:
