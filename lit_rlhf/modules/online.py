@@ -336,10 +336,9 @@ class OnlineModule(PolicyModule):
                            else [t.final_text for t in episodes])
             columns = {"completion_length": rollout.loss_mask.sum(dim=1).tolist(),  # the policy's tokens, EOS included
                        "truncated": (~rollout.has_eos).tolist(), **rollout.meta}
+            taken = ("environment",) if episodes is not None else ()  # the environment's return, added below
             for fn in self.reward_fns:
-                name = function_name(fn)
-                while name in per_source or (name == "environment" and episodes is not None):  # the return's name
-                    name += "_"
+                name = function_name(fn, {*per_source, *taken})
                 per_source[name] = call_reward_fn(fn, list(prompts), completions, columns)
         if episodes is not None:  # the environment's return, after the other sources
             per_source["environment"] = torch.tensor([t.reward for t in episodes], dtype=torch.float32)

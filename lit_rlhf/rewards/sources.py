@@ -4,7 +4,7 @@ function is called and checked, and how several sources are combined into one sc
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Collection, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -79,10 +79,12 @@ def prompt_texts(rollout: Any, tokenizer: Any, k: int | None = None) -> list[str
     return tokenizer.batch_decode([ids[m].tolist() for ids, m in zip(rollout.prompt_ids[:k], rollout.prompt_mask[:k])])
 
 
-def function_name(fn: RewardFn) -> str:
-    """A short, metric-friendly name of a reward function or callable object."""
-    name = getattr(fn, "__name__", None) or type(fn).__name__
-    return name.strip("_<>") or "reward_fn"
+def function_name(fn: RewardFn, taken: Collection[str] = ()) -> str:
+    """A short, metric-friendly name of a reward function or callable object, "_" added while `taken`."""
+    name = (getattr(fn, "__name__", None) or type(fn).__name__).strip("_<>") or "reward_fn"
+    while name in taken:  # another source's name
+        name += "_"
+    return name
 
 
 RewardNormalization = Literal["none", "group", "batch"]
